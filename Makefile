@@ -1,0 +1,42 @@
+# MergePipe: `make demo` runs the main job end to end, `make test` runs the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU build of torch that lies on the build machines' disk; see README.
+TORCH := torch==2.13.0
+
+.PHONY: demo test test-all lint bench bench-quick clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	$(PIP) install -q $(TORCH) -e '.[test,dev]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/mergepipe demo
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -q
+
+test-all: $(VENV)/.installed-test
+	$(PY) -m pytest -q -m ''
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy mergepipe catalog planner executor service
+
+bench: $(VENV)/.installed-test
+	$(VENV)/bin/mergepipe bench
+
+bench-quick: $(VENV)/.installed-test
+	$(VENV)/bin/mergepipe bench --quick
+
+clean:
+	rm -rf $(VENV) demo-output bench-output .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Catalog: database access, checkpoint reading and ingestion."""

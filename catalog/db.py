@@ -1,0 +1,129 @@
+"""The one seam to the catalog database (SQLAlchemy Core over DuckDB; PostgreSQL later)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MIGRATIONS_DIR = REPO_ROOT / "migrations"
+SCHEMA_FILE = REPO_ROOT / "catalog_schema.sql"
+SQL_DIRS = [Path(__file__).resolve().parent / "sql"]
+
+_MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+CREATE_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     INTEGER PRIMARY KEY,
+    name        VARCHAR NOT NULL,
+    applied_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
+)"""
+SELECT_APPLIED = "SELECT version FROM schema_migrations ORDER BY version"
+INSERT_APPLIED = "INSERT INTO schema_migrations (version, name) VALUES (:version, :name)"
+
+
+@cache
+def load_sql(name: str) -> sa.TextClause:
+    """The named statement from a `sql/NAME.sql` file (bound parameters as `:name`)."""
+    for d in SQL_DIRS:
+        p = d / f"{name}.sql"
+        if p.exists():
+            return sa.text(p.read_text())
+    raise KeyError(f"no SQL file named {name!r} in {[str(d) for d in SQL_DIRS]}")
+
+
+def register_sql_dir(path: Path) -> None:
+    """Let another package (planner, service) keep its SQL files beside its code."""
+    if path not in SQL_DIRS:
+        SQL_DIRS.append(path)
+
+
+def split_statements(script: str) -> list[str]:
+    """Split a schema/migration script on `;` at line ends (our files keep one per line end)."""
+    no_comments = "\n".join(line.split("--", 1)[0] for line in script.splitlines())
+    return [s.strip() for s in no_comments.split(";") if s.strip()]
+
+
+def migrations() -> list[tuple[int, str, Path]]:
+    out = []
+    for p in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        m = _MIGRATION_NAME.match(p.name)
+        if not m:
+            raise RuntimeError(f"migration file name {p.name!r} is not NNNN_name.sql")
+        out.append((int(m.group(1)), m.group(2), p))
+    return out
+
+
+class Catalog:
+    """A catalog database. Threads share it; each `transaction()` uses its own connection."""
+
+    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+        self.path = Path(path)
+        self.url = f"duckdb:///{self.path}"
+        # No file or network access from SQL: the catalog only ever reads its own tables.
+        self.engine = sa.create_engine(
+            self.url,
+            connect_args={"config": {"enable_external_access": False}},
+            pool_size=8,
+            max_overflow=16,
+        )
+        self._write_lock = threading.RLock()
+        if migrate:
+            self.migrate()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- migrations ---------------------------------------------------------------------------
+    def migrate(self) -> list[int]:
+        """Apply the pending numbered migrations in order; returns the versions applied."""
+        applied_now = []
+        with self.transaction() as conn:
+            conn.execute(sa.text(CREATE_MIGRATIONS_TABLE))
+            done = {r[0] for r in conn.execute(sa.text(SELECT_APPLIED))}
+            for version, name, path in migrations():
+                if version in done:
+                    continue
+                for stmt in split_statements(path.read_text()):
+                    conn.execute(sa.text(stmt))
+                conn.execute(sa.text(INSERT_APPLIED), {"version": version, "name": name})
+                applied_now.append(version)
+        return applied_now
+
+    # -- access -------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[sa.Connection]:
+        """One atomic unit of work: commits on success, rolls back on any error."""
+        with self._write_lock, self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def reader(self) -> Iterator[sa.Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    def query(self, statement: str | sa.TextClause, params: Mapping[str, Any] | None = None
+              ) -> list[sa.Row[Any]]:
+        """Rows of a named statement (`load_sql` name) or a TextClause, with bound parameters."""
+        stmt = load_sql(statement) if isinstance(statement, str) else statement
+        with self.reader() as conn:
+            return list(conn.execute(stmt, dict(params or {})))
+
+    def execute(self, statement: str | sa.TextClause,
+                params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> None:
+        stmt = load_sql(statement) if isinstance(statement, str) else statement
+        with self.transaction() as conn:
+            conn.execute(stmt, params if params is not None else {})

@@ -1,0 +1,177 @@
+"""Parse safetensors headers ourselves and convert raw tensor bytes to and from float32."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from mergepipe.errors import InvalidCheckpoint
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
+TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+DTYPE_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16",
+               "fp32": "F32", "fp16": "F16", "bf16": "BF16",
+               "F32": "F32", "F16": "F16", "BF16": "BF16"}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a safetensors file: where its bytes are and how to read them."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str  # absolute path
+    data_offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_SIZES[self.dtype]
+
+    @property
+    def n_rows(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def row_bytes(self) -> int:
+        return self.nbytes // self.n_rows if self.n_rows else 0
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    path: str
+    header_len: int  # 8 + JSON bytes: where the data section starts
+    size: int
+    metadata: dict[str, str]
+    tensors: list[TensorEntry]  # in data-offset order
+
+
+def normalize_dtype(name: str) -> str:
+    """'bfloat16' / 'bf16' / 'BF16' -> 'BF16'; rejects what we cannot merge."""
+    try:
+        return DTYPE_NAMES[name]
+    except KeyError:
+        raise InvalidCheckpoint(f"unsupported dtype {name!r} (use float32, float16 or bfloat16)",
+                                field="dtype") from None
+
+
+def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
+    """Parse and validate the header of one safetensors file, reading only the header bytes."""
+    path = os.path.abspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
+    try:
+        size = os.fstat(fd).st_size
+        raw_len = os.pread(fd, 8, 0)
+        if len(raw_len) < 8:
+            raise InvalidCheckpoint(f"{path}: file too short for a safetensors header")
+        (n,) = struct.unpack("<Q", raw_len)
+        if n > MAX_HEADER_BYTES:
+            raise InvalidCheckpoint(f"{path}: header length {n} exceeds the {MAX_HEADER_BYTES} limit")
+        if 8 + n > size:
+            raise InvalidCheckpoint(f"{path}: header length {n} is larger than the file ({size} bytes)")
+        raw = os.pread(fd, n, 8)
+    finally:
+        os.close(fd)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidCheckpoint(f"{path}: header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise InvalidCheckpoint(f"{path}: header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise InvalidCheckpoint(f"{path}: __metadata__ is not an object")
+    data_start = 8 + n
+    data_len = size - data_start
+    entries = []
+    for name, info in header.items():
+        entries.append(_entry(path, name, info, data_start, data_len))
+    entries.sort(key=lambda e: (e.data_offset, e.name))
+    end = data_start
+    for e in entries:
+        if e.data_offset < end and e.nbytes > 0:
+            raise InvalidCheckpoint(f"{path}: tensor {e.name!r} overlaps the previous tensor")
+        end = max(end, e.data_offset + e.nbytes)
+    return SafetensorsHeader(path, data_start, size, {str(k): str(v) for k, v in metadata.items()},
+                             entries)
+
+
+def _entry(path: str, name: str, info: object, data_start: int, data_len: int) -> TensorEntry:
+    if not isinstance(info, dict):
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: entry is not an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if dtype not in DTYPE_SIZES:
+        raise InvalidCheckpoint(
+            f"{path}: tensor {name!r}: dtype {dtype!r} unsupported (F32, F16, BF16)")
+    if (not isinstance(shape, list) or len(shape) > 8
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**48
+                       for d in shape)):
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: invalid shape {shape!r}")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: invalid data_offsets {offsets!r}")
+    begin, end = offsets
+    numel = 1
+    for d in shape:
+        numel *= d
+    if not 0 <= begin <= end:
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: data_offsets {offsets} out of order")
+    if end > data_len:
+        raise InvalidCheckpoint(
+            f"{path}: tensor {name!r}: data_offsets {offsets} run past the end of the file "
+            f"(data section is {data_len} bytes; truncated file?)")
+    if end - begin != numel * DTYPE_SIZES[dtype]:
+        raise InvalidCheckpoint(
+            f"{path}: tensor {name!r}: {end - begin} bytes for shape {shape} of {dtype}")
+    return TensorEntry(name, dtype, tuple(shape), path, data_start + begin, end - begin)
+
+
+def to_float32(raw: bytes | bytearray | memoryview, dtype: str,
+               shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Raw little-endian tensor bytes -> a float32 torch tensor (a copy, writable)."""
+    t = torch.frombuffer(bytearray(raw) if isinstance(raw, bytes) else raw,
+                         dtype=TORCH_DTYPES[dtype])
+    t = t.to(torch.float32) if dtype != "F32" else t.clone()
+    return t.reshape(shape) if shape is not None else t
+
+
+def from_float32(t: torch.Tensor, dtype: str) -> bytes:
+    """A float32 tensor -> raw bytes in `dtype` (round to nearest even, as torch does)."""
+    out = t.to(TORCH_DTYPES[dtype]).contiguous()
+    return out.view(torch.uint8).numpy().tobytes() if out.numel() else b""
+
+
+def encode_header(entries: list[tuple[str, str, tuple[int, ...]]],
+                  metadata: dict[str, str] | None = None) -> tuple[bytes, list[tuple[int, int]]]:
+    """Header bytes (length prefix + JSON, padded to 8) and each tensor's (begin, end)."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = metadata
+    spans = []
+    pos = 0
+    for name, dtype, shape in entries:
+        n = DTYPE_SIZES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + n]}
+        spans.append((pos, pos + n))
+        pos += n
+    js = json.dumps(header, separators=(",", ":")).encode()
+    js += b" " * (-(len(js) + 8) % 8)
+    return struct.pack("<Q", len(js)) + js, spans

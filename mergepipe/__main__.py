@@ -1,0 +1,7 @@
+"""`python -m mergepipe` runs the CLI."""
+
+import sys
+
+from mergepipe.cli import main
+
+sys.exit(main())

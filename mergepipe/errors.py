@@ -1,0 +1,68 @@
+"""Domain exceptions; each carries the HTTP status that says whose fault it is."""
+
+from __future__ import annotations
+
+
+class MergePipeError(Exception):
+    """Base of every error we raise on purpose; `status` maps it to HTTP."""
+
+    status = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            out["field"] = self.field
+        return out
+
+
+class InvalidRequest(MergePipeError):
+    """The request makes no sense (bad operator, density, budget, shapes...)."""
+
+    status = 422
+    code = "invalid_request"
+
+
+class InvalidCheckpoint(InvalidRequest):
+    """A checkpoint file is corrupt, truncated or does not match its base."""
+
+    code = "invalid_checkpoint"
+
+
+class NotFound(MergePipeError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(MergePipeError):
+    status = 409
+    code = "conflict"
+
+
+class Forbidden(MergePipeError):
+    status = 403
+    code = "forbidden"
+
+
+class Unauthorized(MergePipeError):
+    status = 401
+    code = "unauthorized"
+
+
+class SourceChanged(MergePipeError):
+    """A registered file changed on disk after ingestion; re-ingest it."""
+
+    status = 409
+    code = "source_changed"
+
+
+class BudgetViolation(MergePipeError):
+    """Internal invariant: the executor was about to read past the budget."""
+
+    status = 500
+    code = "budget_violation"

@@ -1,0 +1,30 @@
+"""Shared fixtures: a fresh catalog and a small seeded family on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from catalog.db import Catalog
+from tests import factory
+
+
+@pytest.fixture
+def catalog(tmp_path: Path):
+    cat = Catalog(tmp_path / "catalog.duckdb")
+    yield cat
+    cat.close()
+
+
+@pytest.fixture
+def family(tmp_path: Path) -> dict[str, Path]:
+    """A bf16 base and three full experts (one with an untouched tensor)."""
+    root = tmp_path / "family"
+    base = factory.make_base(root / "base", seed=0)
+    out = {"base": base}
+    for i in range(3):
+        out[f"e{i}"] = factory.make_expert(
+            base, root / f"e{i}", seed=100 + i,
+            zero_tensors=("model.norm.weight",) if i == 0 else ())
+    return out
