@@ -1,0 +1,1 @@
+"""Benchmarks: checkpoint family generator and the benchmark suite."""
