@@ -18,6 +18,8 @@ class Settings:
     api_token: str | None = None
     sql_row_limit: int = 10_000
     sql_timeout_s: float = 10.0
+    max_body_bytes: int = 1 << 20        # larger request bodies are refused with 413
+    shutdown_grace_s: float = 30.0       # how long `serve` waits for running jobs on SIGTERM
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None, **overrides: object) -> Settings:
@@ -29,5 +31,9 @@ class Settings:
             output_root=Path(e.get("MERGEPIPE_OUTPUT_ROOT") or "./outputs"),
             workers=int(e.get("MERGEPIPE_WORKERS") or 2),
             api_token=e.get("MERGEPIPE_API_TOKEN") or None,
+            sql_row_limit=int(e.get("MERGEPIPE_SQL_ROW_LIMIT") or 10_000),
+            sql_timeout_s=float(e.get("MERGEPIPE_SQL_TIMEOUT_S") or 10.0),
+            max_body_bytes=int(e.get("MERGEPIPE_MAX_BODY_BYTES") or 1 << 20),
+            shutdown_grace_s=float(e.get("MERGEPIPE_SHUTDOWN_GRACE_S") or 30.0),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]

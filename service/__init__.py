@@ -1,0 +1,1 @@
+"""The HTTP API (FastAPI): ingestion and merge jobs, manifests, lineage, read-only SQL."""

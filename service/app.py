@@ -1,0 +1,55 @@
+"""create_app(settings): the FastAPI application, its routers, handler, limits and workers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from catalog.db import Catalog
+from mergepipe.settings import Settings
+from service import errors
+from service.jobs import JobRunner
+from service.limits import BodyLimit
+from service.routes import health, lineage, merges, models, plans, sql
+from service.state import AppState
+
+log = logging.getLogger("mergepipe.service")
+
+DESCRIPTION = """Budgeted, catalog-planned merging of LLM checkpoint families.
+
+Register checkpoints with `POST /v1/models` (an ingestion job), dry-run a plan with
+`POST /v1/plans`, run a merge with `POST /v1/merges` and follow it with `GET /v1/merges/{id}`.
+Every error is `{"error": {"code", "message", "field"?}}`. When the server has an API token,
+`POST /v1/models` and `POST /v1/merges` need `Authorization: Bearer <token>`."""
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The application; the catalog opens (and migrates) and the workers start at start-up."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cat = Catalog(settings.catalog)
+        runner = JobRunner(cat, settings)
+        app.state.mergepipe = AppState(settings=settings, cat=cat, runner=runner)
+        runner.start()
+        log.info("mergepipe service: catalog %s, output root %s, %d worker(s), data roots %s",
+                 settings.catalog, settings.output_root, settings.workers,
+                 ":".join(map(str, settings.data_roots)) or "(none)")
+        try:
+            yield
+        finally:
+            if not runner.stop():
+                log.warning("jobs still running after %.0fs; they are marked failed at the "
+                            "next start-up", settings.shutdown_grace_s)
+            cat.close()
+
+    app = FastAPI(title="MergePipe", version="1", description=DESCRIPTION, lifespan=lifespan)
+    errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    for r in (health.router, models.router, plans.router, merges.router, lineage.router,
+              sql.router):
+        app.include_router(r)
+    return app

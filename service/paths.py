@@ -1,0 +1,66 @@
+"""Confinement: ingestion paths inside the data roots, merge outputs inside the output root."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from mergepipe.errors import Conflict, Forbidden, InvalidRequest
+
+# Model and output names become directory names under the output root: one path segment.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+def check_name(name: str, field: str) -> str:
+    """A model / output name: letters, digits, '.', '_', '-'; no slash, no '..'."""
+    if not _NAME.match(name) or ".." in name:
+        raise InvalidRequest(f"{field} {name!r} is not a valid name (1-128 of A-Z a-z 0-9 . _ -, "
+                             "starting with a letter or digit, no '..')", field=field)
+    return name
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> Path:
+    """The real path of `raw` if it lies inside a data root (symlinks resolved) and exists.
+
+    Relative paths are taken relative to the first data root. Confinement is checked before
+    existence so that nothing is revealed about files outside the roots."""
+    if not data_roots:
+        raise Forbidden("no data roots are configured (MERGEPIPE_DATA_ROOTS); the server may "
+                        "not read any path", field=field)
+    if "\x00" in raw or not raw.strip():
+        raise InvalidRequest(f"{field} {raw!r} is not a valid path", field=field)
+    roots = [Path(os.path.realpath(r)) for r in data_roots]
+    p = Path(raw)
+    if not p.is_absolute():
+        p = roots[0] / p
+    real = Path(os.path.realpath(p))
+    if not any(_inside(real, r) for r in roots):
+        raise Forbidden(f"{field} {raw!r} is outside the allowed data roots", field=field)
+    if not real.exists():
+        raise InvalidRequest(f"{field} {raw!r} does not exist", field=field)
+    return real
+
+
+def output_dir(output_root: Path, name: str, field: str = "output.name") -> Path:
+    """OUTPUT_ROOT/<name> for a valid name that is not taken on disk."""
+    check_name(name, field)
+    root = Path(os.path.realpath(output_root))
+    out = root / name
+    if os.path.lexists(out):
+        raise Conflict(f"output {name!r} already exists in the output root", field=field)
+    return out
+
+
+def temp_dirs(output_root: Path) -> list[Path]:
+    """Leftover temporary outputs (`.NAME.tmp-*`) of runs that died before publishing."""
+    root = Path(output_root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith(".") and ".tmp-" in p.name)

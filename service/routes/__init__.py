@@ -1,0 +1,1 @@
+"""One router per resource: models, plans, merges, lineage, sql, health."""

@@ -1,0 +1,34 @@
+"""GET /healthz: the catalog answers and the workers are alive."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from mergepipe.errors import MergePipeError
+from service import store
+from service.schemas import Health
+from service.state import State
+
+router = APIRouter(tags=["health"])
+
+
+class Unavailable(MergePipeError):
+    """The catalog does not answer or no worker is alive."""
+
+    status = 503
+    code = "unavailable"
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness and readiness")
+def healthz(st: State) -> dict[str, Any]:
+    try:
+        store.ping(st.cat)
+        queued, running = store.job_counts(st.cat)
+    except Exception as e:  # noqa: BLE001 - any catalog failure means: not healthy
+        raise Unavailable(f"catalog does not answer ({type(e).__name__})") from None
+    alive = sum(t.is_alive() for t in st.runner.threads)
+    if alive == 0:
+        raise Unavailable("no job worker is alive")
+    return {"status": "ok", "workers": alive, "queued": queued, "running": running}

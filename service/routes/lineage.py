@@ -1,0 +1,25 @@
+"""GET /v1/lineage/{name}: ancestors and descendants, recursive over chained merges."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from mergepipe.errors import NotFound
+from service import store
+from service.schemas import LineageOut
+from service.state import State
+from service.views import find_model
+
+router = APIRouter(prefix="/v1", tags=["lineage"])
+
+
+@router.get("/lineage/{name}", response_model=LineageOut,
+            summary="Ancestors and descendants of a model with roles and weights")
+def lineage(name: str, st: State) -> dict[str, Any]:
+    ancestors, descendants = store.lineage(st.cat, name)
+    if not ancestors and not descendants and find_model(st.cat, name) is None:
+        raise NotFound(f"model {name!r} not found", field="name")
+    depth = max((e["depth"] for e in ancestors), default=0)
+    return {"name": name, "ancestors": ancestors, "descendants": descendants, "depth": depth}

@@ -1,0 +1,113 @@
+"""POST /v1/merges (a merge job), its status, manifest and touched blocks (paged)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Response
+
+from mergepipe.errors import Conflict, InvalidRequest, NotFound
+from service import store
+from service.auth import require_token
+from service.paths import output_dir
+from service.routes.plans import check_inputs, plan_summary, to_request
+from service.schemas import MergeAccepted, MergeIn, MergeList, MergeOut, TouchedPage
+from service.state import AppState, State
+from service.views import ensure_name_free, merge_out
+
+router = APIRouter(prefix="/v1", tags=["merges"])
+MANIFEST_FILE = "manifest.json"
+
+
+@router.post("/merges", status_code=202, response_model=MergeAccepted,
+             dependencies=[Depends(require_token)], summary="Start a budgeted merge job")
+def start_merge(body: MergeIn, response: Response,
+                st: State) -> dict[str, Any]:
+    from executor.run import new_merge
+
+    req = to_request(body, body.output.dtype)
+    out = output_dir(st.settings.output_root, body.output.name)
+    check_inputs(st.cat, req)
+    plan_summary(st.cat, req)  # what the planner rejects is the caller's 4xx, now, not later
+    with st.names:
+        ensure_name_free(st.cat, body.output.name, "output.name")
+        out = output_dir(st.settings.output_root, body.output.name)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        merge_id = new_merge(st.cat, req, body.output.name, out)
+    st.runner.submit("merge", merge_id)
+    response.headers["Location"] = f"/v1/merges/{merge_id}"
+    return {"id": merge_id, "status": "queued"}
+
+
+def _merge(st: AppState, merge_id: str) -> dict[str, Any]:
+    row = store.get_merge(st.cat, merge_id)
+    if row is None:
+        raise NotFound(f"merge {merge_id!r} not found", field="merge_id")
+    return row
+
+
+@router.get("/merges", response_model=MergeList, summary="Merges, newest first")
+def list_all(st: State, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+             offset: Annotated[int, Query(ge=0, le=2**62)] = 0) -> dict[str, Any]:
+    return {"merges": [merge_out(r, st.cat, st.runner)
+                       for r in store.list_merges(st.cat, limit, offset)]}
+
+
+@router.get("/merges/{merge_id}", response_model=MergeOut,
+            summary="Status, progress, realized I/O and error of a merge")
+def get_one(merge_id: str, st: State) -> dict[str, Any]:
+    return merge_out(_merge(st, merge_id), st.cat, st.runner)
+
+
+@router.get("/merges/{merge_id}/manifest", summary="The manifest published with the output")
+def manifest(merge_id: str, st: State) -> dict[str, Any]:
+    row = _merge(st, merge_id)
+    if row["status"] != "succeeded":
+        raise Conflict(f"merge {merge_id} is {row['status']}; a manifest exists once it "
+                       "succeeded", field="merge_id")
+    path = Path(row["output_path"] or "") / MANIFEST_FILE
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise NotFound(f"the manifest of merge {merge_id} is gone from {path}",
+                       field="merge_id") from None
+    return data
+
+
+def _cursor(rank: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"rank": rank}).encode()).decode().rstrip("=")
+
+
+def _after_rank(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        rank = json.loads(raw)["rank"]
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        raise InvalidRequest("cursor is not one this API returned", field="cursor") from None
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise InvalidRequest("cursor is not one this API returned", field="cursor")
+    return rank
+
+
+@router.get("/merges/{merge_id}/touched-blocks", response_model=TouchedPage,
+            summary="The access set of a merge in planner order (limit/offset or cursor)")
+def touched_blocks(merge_id: str, st: State,
+                   limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+                   offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+                   cursor: Annotated[str | None, Query(
+                       max_length=200, description="next_cursor of the previous page")] = None) -> dict[str, Any]:
+    _merge(st, merge_id)
+    if cursor is not None and offset:
+        raise InvalidRequest("give either offset or cursor, not both", field="cursor")
+    after = _after_rank(cursor) if cursor is not None else -1
+    rows = store.touched_page(st.cat, merge_id, after_rank=after, limit=limit + 1, offset=offset)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"merge_id": merge_id, "total": store.touched_count(st.cat, merge_id),
+            "limit": limit, "offset": offset,
+            "next_cursor": _cursor(rows[-1]["rank"]) if more and rows else None,
+            "blocks": rows}

@@ -1,0 +1,88 @@
+"""POST /v1/models (an ingestion job), GET /v1/models, /v1/models/{name}, /v1/ingestions/{id}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Response
+
+from mergepipe.errors import Conflict, InvalidRequest, NotFound
+from service import store
+from service.auth import require_token
+from service.paths import check_name, confine_input
+from service.schemas import IngestJobOut, ModelIn, ModelList, ModelOut
+from service.state import AppState, State
+from service.views import ensure_name_free, find_model, job_out, model_out
+
+router = APIRouter(prefix="/v1", tags=["models"])
+
+
+@router.post("/models", status_code=202, response_model=IngestJobOut,
+             dependencies=[Depends(require_token)],
+             summary="Register a checkpoint: starts an ingestion job")
+def register_model(body: ModelIn, response: Response,
+                   st: State) -> dict[str, Any]:
+    cat = st.cat
+    name = check_name(body.name, "name")
+    if body.base is None and body.kind != "full":
+        raise InvalidRequest(f"a {body.kind} checkpoint needs a base model", field="base")
+    if body.base is not None:
+        if body.block_bytes is not None:
+            raise InvalidRequest("block_bytes applies to bases only; experts use their base's "
+                                 "block grid", field="block_bytes")
+        _check_base(st, body.base)
+    path = confine_input(body.path, st.settings.data_roots)
+    with st.names:
+        ensure_name_free(cat, name, "name")
+        job_id = store.new_ingest_job(cat, model=name, kind=body.kind, path=str(path),
+                                      base=body.base, block_bytes=body.block_bytes,
+                                      with_stats=body.stats)
+    st.runner.submit("ingest", job_id)
+    response.headers["Location"] = f"/v1/models/{name}"
+    job = store.get_ingest_job(cat, job_id)
+    assert job is not None
+    return job_out(job, st.runner)
+
+
+def _check_base(st: AppState, base: str) -> None:
+    """The base must be ready or still being ingested (the job then waits for it)."""
+    row = find_model(st.cat, base)
+    if row is not None:
+        if row.get("base"):
+            raise InvalidRequest(f"model {base!r} is itself an expert of {row['base']!r}; "
+                                 "register experts against the base", field="base")
+        return
+    if store.active_ingest_job(st.cat, base):
+        return
+    job = store.latest_ingest_job(st.cat, base)
+    if job is not None and job["status"] == "failed":
+        raise Conflict(f"base model {base!r} failed to ingest: {job['error']}", field="base")
+    raise NotFound(f"base model {base!r} not found", field="base")
+
+
+@router.get("/models", response_model=ModelList, summary="All models, ingesting and failed too")
+def list_all(st: State) -> dict[str, Any]:
+    from catalog.models import list_models
+    rows = [model_out(dict(r), None, st.runner) for r in list_models(st.cat)]
+    rows += [model_out(None, j, st.runner) for j in store.unfinished_ingest_models(st.cat)]
+    rows.sort(key=lambda m: m["name"])
+    return {"models": rows}
+
+
+@router.get("/models/{name}", response_model=ModelOut, summary="One model and its last ingestion")
+def get_one(name: str, st: State) -> dict[str, Any]:
+    row = find_model(st.cat, name)
+    job = store.latest_ingest_job(st.cat, name)
+    if row is None and (job is None or job["status"] == "succeeded"):
+        raise NotFound(f"model {name!r} not found", field="name")
+    if row is not None and job is not None and job["status"] != "succeeded":
+        job = job if job["status"] in ("queued", "running") else None
+    return model_out(row, job, st.runner)
+
+
+@router.get("/ingestions/{job_id}", response_model=IngestJobOut, summary="One ingestion job")
+def get_ingestion(job_id: str, st: State) -> dict[str, Any]:
+    job = store.get_ingest_job(st.cat, job_id)
+    if job is None:
+        raise NotFound(f"ingestion job {job_id!r} not found", field="job_id")
+    return job_out(job, st.runner)

@@ -1,0 +1,23 @@
+"""POST /v1/sql: one read-only SELECT over the catalog, with row and time limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from catalog.readonly_sql import run_readonly
+from service import store
+from service.schemas import SqlIn, SqlOut
+from service.state import State
+
+router = APIRouter(prefix="/v1", tags=["sql"])
+
+
+@router.post("/sql", response_model=SqlOut,
+             summary="Read-only SQL (one SELECT; no files, no network, row and time limits)")
+def sql(body: SqlIn, st: State) -> dict[str, Any]:
+    out = run_readonly(st.cat, body.sql, row_limit=st.settings.sql_row_limit,
+                       timeout_s=st.settings.sql_timeout_s)
+    out["rows"] = store.jsonable(out["rows"])
+    return out

@@ -1,0 +1,166 @@
+"""Request and response bodies of the HTTP API (pydantic); they are also the OpenAPI schema."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Name = Field(min_length=1, max_length=128, description="letters, digits, '.', '_', '-'")
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# -- requests ---------------------------------------------------------------------------------
+class ModelIn(_In):
+    name: str = Name
+    path: str = Field(min_length=1, max_length=4096,
+                      description="checkpoint file or directory inside a data root "
+                                  "(relative paths: relative to the first root)")
+    kind: Literal["full", "delta", "lora"] = "full"
+    base: str | None = Field(None, min_length=1, max_length=128,
+                             description="the base model (omit to register a base)")
+    block_bytes: int | None = Field(None, gt=0, le=1 << 30,
+                                    description="block size of the grid (bases only)")
+    stats: bool = Field(True, description="compute delta statistics (false: header-only)")
+
+
+class ExpertIn(_In):
+    model: str = Name
+    weight: float | None = None
+    density: float | None = None
+
+
+class BudgetIn(_In):
+    fraction: float | None = Field(None, description="of the operator's full-read cost")
+    bytes: int | None = Field(None, description="expert bytes")
+
+    @model_validator(mode="after")
+    def _one(self) -> BudgetIn:
+        if (self.fraction is None) == (self.bytes is None):
+            raise ValueError('give exactly one of {"fraction": f} or {"bytes": n}')
+        return self
+
+
+class OutputIn(_In):
+    name: str = Name
+    dtype: Literal["F32", "F16", "BF16", "float32", "float16", "bfloat16"] | None = None
+
+
+class PlanIn(_In):
+    base: str = Name
+    experts: list[ExpertIn] = Field(min_length=1, max_length=256)
+    operator: str = Field(min_length=1, max_length=64)
+    params: dict[str, Any] | None = None
+    budget: BudgetIn | None = Field(None, description="default: the full read")
+    seed: int | None = Field(None, ge=0, lt=2**63)
+
+
+class MergeIn(PlanIn):
+    output: OutputIn
+
+
+class SqlIn(_In):
+    sql: str = Field(min_length=1, max_length=100_000)
+
+
+# -- responses --------------------------------------------------------------------------------
+class Progress(_Out):
+    done: int
+    total: int
+    unit: Literal["bytes", "blocks"]
+
+
+class IngestJobOut(_Out):
+    id: str
+    kind: Literal["ingest"] = "ingest"
+    model: str
+    status: Literal["queued", "running", "succeeded", "failed"]
+    progress: Progress
+    error: str | None = None
+
+
+class ModelOut(_Out):
+    name: str
+    status: Literal["ingesting", "ready", "failed"]
+    kind: str
+    path: str
+    base: str | None = None
+    error: str | None = None
+    job: IngestJobOut | None = None
+
+
+class ModelList(_Out):
+    models: list[ModelOut]
+
+
+class MergeAccepted(_Out):
+    id: str
+    status: str
+
+
+class MergeOut(_Out):
+    id: str
+    merge_id: str
+    status: Literal["queued", "running", "succeeded", "failed"]
+    operator: str
+    base: str
+    progress: Progress
+    error: str | None = None
+
+
+class MergeList(_Out):
+    merges: list[MergeOut]
+
+
+class TouchedBlock(_Out):
+    model: str
+    tensor: str
+    block_index: int
+    nbytes: int
+    utility: float
+    rank: int
+
+
+class TouchedPage(_Out):
+    merge_id: str
+    total: int
+    limit: int
+    offset: int
+    next_cursor: str | None
+    blocks: list[TouchedBlock]
+
+
+class LineageEdge(_Out):
+    child: str
+    parent: str
+    role: str
+    weight: float | None
+    merge_id: str
+    depth: int
+
+
+class LineageOut(_Out):
+    name: str
+    ancestors: list[LineageEdge]
+    descendants: list[LineageEdge]
+    depth: int
+
+
+class SqlOut(_Out):
+    columns: list[str]
+    rows: list[list[Any]]
+    truncated: bool
+
+
+class Health(_Out):
+    status: Literal["ok"]
+    workers: int
+    queued: int
+    running: int

@@ -1,0 +1,1 @@
+SELECT * FROM ingest_jobs WHERE job_id = :job_id

@@ -1,0 +1,1 @@
+SELECT * FROM merges WHERE merge_id = :merge_id
