@@ -1,0 +1,180 @@
+"""mergekit YAML configs: parsing, translation to merge requests, and refusals naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from mergepipe.errors import InvalidRequest
+from mergepipe.mergekit_config import parse_config
+
+
+def refused(text: str) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as e:
+        parse_config(text)
+    return e.value
+
+
+TIES = """
+merge_method: ties
+base_model: base
+models:
+  - model: base
+  - model: e1
+    parameters: {weight: 1.0, density: 0.5}
+  - model: e2
+    parameters: {weight: 0.5, density: 0.3}
+parameters:
+  normalize: true
+  lambda: 0.9
+dtype: bfloat16
+out_dtype: float16
+"""
+
+
+def test_ties_config_maps_to_request_args() -> None:
+    cfg = parse_config(TIES)
+    args = cfg.request_args("B", ["E1", "E2"])
+    assert args == {
+        "base": "B", "operator": "ties", "output_dtype": "F16",
+        "experts": [{"model": "E1", "weight": 1.0, "density": 0.5},
+                    {"model": "E2", "weight": 0.5, "density": 0.3}],
+        "params": {"normalize": True, "lambda": 0.9},
+    }
+    assert cfg.base is not None and cfg.base.text == "base"
+    assert [e.ref.key for e in cfg.experts] == ["models[1].model", "models[2].model"]
+
+
+def test_dtype_is_the_output_dtype_without_out_dtype() -> None:
+    cfg = parse_config("merge_method: task_arithmetic\nbase_model: b\nmodels: [{model: e}]\n"
+                       "dtype: float32\n")
+    assert cfg.output_dtype == "F32"
+    assert parse_config("merge_method: task_arithmetic\nbase_model: b\nmodels: [e]\n"
+                        ).output_dtype is None
+
+
+def test_global_weight_and_density_are_defaults() -> None:
+    cfg = parse_config("merge_method: dare_ties\nbase_model: b\nmodels:\n  - model: e1\n"
+                       "  - model: e2\n    parameters: {weight: 2}\n"
+                       "parameters: {weight: 0.5, density: 0.7, rescale: false}\n")
+    args = cfg.request_args("b", ["e1", "e2"])
+    assert [e["weight"] for e in args["experts"]] == [0.5, 2.0]
+    assert args["params"] == {"density": 0.7, "rescale": "none"}
+
+
+def test_dare_rescale_defaults_to_mergekit_l1() -> None:
+    cfg = parse_config("merge_method: dare_linear\nbase_model: b\nmodels: [e]\n")
+    assert cfg.params["rescale"] == "l1"
+    assert any("rescale" in n for n in cfg.notes)
+
+
+def test_linear_base_weight_is_folded_into_coefficients() -> None:
+    # mergekit: M = (2 B + 1 E1 + 1 E2) / 4 = B + 1/4 D1 + 1/4 D2
+    cfg = parse_config("merge_method: linear\nbase_model: b\nmodels:\n"
+                       "  - {model: b, parameters: {weight: 2}}\n"
+                       "  - {model: e1, parameters: {weight: 1}}\n"
+                       "  - {model: e2, parameters: {weight: 1}}\n")
+    args = cfg.request_args("b", ["e1", "e2"])
+    assert [e["weight"] for e in args["experts"]] == [0.25, 0.25]
+    assert args["params"]["normalize"] is False
+
+
+def test_linear_base_weight_zero_is_the_experts_average() -> None:
+    cfg = parse_config("merge_method: linear\nbase_model: b\nmodels:\n"
+                       "  - {model: b, parameters: {weight: 0}}\n"
+                       "  - {model: e1, parameters: {weight: 1}}\n"
+                       "  - {model: e2, parameters: {weight: 3}}\n")
+    args = cfg.request_args("b", ["e1", "e2"])
+    assert [e["weight"] for e in args["experts"]] == [0.25, 0.75]
+
+
+def test_linear_without_base_keeps_mergekit_normalize() -> None:
+    cfg = parse_config("merge_method: linear\nmodels:\n  - {model: e1, parameters: {weight: 1}}\n"
+                       "  - {model: e2, parameters: {weight: 3}}\n")
+    assert cfg.base is None
+    args = cfg.request_args("b", ["e1", "e2"])
+    assert [e["weight"] for e in args["experts"]] == [1.0, 3.0]
+    assert args["params"]["normalize"] is True
+
+
+def test_linear_unnormalized_must_sum_to_one() -> None:
+    ok = parse_config("merge_method: linear\nmodels:\n  - {model: e1, parameters: {weight: 0.25}}\n"
+                      "  - {model: e2, parameters: {weight: 0.75}}\nparameters: {normalize: false}")
+    assert ok.request_args("b", ["e1", "e2"])["params"]["normalize"] is False
+    e = refused("merge_method: linear\nmodels:\n  - {model: e1, parameters: {weight: 1}}\n"
+                "  - {model: e2, parameters: {weight: 1}}\nparameters: {normalize: false}")
+    assert e.field == "parameters.normalize" and "sum to 1" in e.message
+
+
+def test_linear_base_needs_a_weight_like_mergekit() -> None:
+    e = refused("merge_method: linear\nbase_model: b\nmodels: [e1, e2]\n")
+    assert e.field == "base_model" and "weight: 0" in e.message
+
+
+def test_lora_reference() -> None:
+    cfg = parse_config("merge_method: task_arithmetic\nbase_model: /m/base\nmodels:\n"
+                       "  - model: /m/base+/m/adapter\n")
+    assert cfg.experts[0].ref.text == "/m/base" and cfg.experts[0].ref.lora == "/m/adapter"
+
+
+@pytest.mark.parametrize(("text", "key", "words"), [
+    ("merge_method: slerp\nbase_model: b\nmodels: [e]", "merge_method", "sphere"),
+    ("merge_method: model_stock\nbase_model: b\nmodels: [e]", "merge_method", "every expert"),
+    ("merge_method: frob\nbase_model: b\nmodels: [e]", "merge_method", "unknown method"),
+    ("base_model: b\nmodels: [e]", "merge_method", "required"),
+    ("merge_method: ties\nbase_model: b\nslices:\n  - sources: [{model: e, layer_range: [0, 2]}]",
+     "slices", "layer"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer_source: union", "tokenizer_source",
+     "tokenizer surgery"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer: {source: union}", "tokenizer",
+     "tokenizer surgery"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\nchat_template: chatml", "chat_template",
+     "chat template"),
+    ("merge_method: ties\nbase_model: b\nmodels:\n  - model: e\n    parameters:\n"
+     "      weight: [0, 0.5, 1]", "models[0].parameters.weight", "gradient"),
+    ("merge_method: ties\nbase_model: b\nmodels:\n  - model: e\n    parameters:\n      density:\n"
+     "        - {filter: mlp, value: 0.5}\n        - {value: 0.3}",
+     "models[0].parameters.density", "filter"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\nparameters: {lambda: [1, 2]}",
+     "parameters.lambda", "gradient"),
+    ("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e, parameters: {density: 1.5}}",
+     "models[0].parameters.density", "outside (0, 1]"),
+    ("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e, parameters: {weight: abc}}",
+     "models[0].parameters.weight", "finite number"),
+    ("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e, parameters: {gamma: 0.1}}",
+     "models[0].parameters.gamma", "not a parameter"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\nparameters: {rescale: true}",
+     "parameters.rescale", "dare"),
+    ("merge_method: task_arithmetic\nbase_model: b\nmodels:\n  - {model: e, parameters: "
+     "{density: 0.5}}", "models[0].parameters.density", "no effect"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\ndtype: int8", "dtype", "not supported"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\nout_dtype: float64", "out_dtype",
+     "not supported"),
+    ("merge_method: ties\nbase_model: b\nmodels: [b]", "models", "only the base"),
+    ("merge_method: ties\nbase_model: b", "models", "required"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\nfoo: 1", "foo", "unknown key"),
+    ("merge_method: ties\nbase_model: b+lora\nmodels: [e]", "base_model", "full checkpoint"),
+    ("merge_method: ties\nbase_model: org/model@main\nmodels: [e]", "base_model", "revision"),
+    ("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e, extra: 1}", "models[0].extra",
+     "unknown key"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\nparameters: {normalize: maybe}",
+     "parameters.normalize", "true or false"),
+    ("- just\n- a list", "config", "mapping"),
+    ("merge_method: [ties\n", "config", "not valid YAML"),
+])
+def test_refusals_name_the_key_and_why(text: str, key: str, words: str) -> None:
+    e = refused(text)
+    assert e.field == key, e.message
+    assert e.message.startswith(key) or key == "config", e.message
+    assert words in e.message, e.message
+
+
+def test_tokenizer_source_base_is_what_we_do_anyway() -> None:
+    cfg = parse_config("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer_source: base")
+    assert any("tokenizer" in n for n in cfg.notes)
+
+
+def test_parameters_of_the_base_entry_are_ignored_for_task_methods() -> None:
+    cfg = parse_config("merge_method: ties\nbase_model: b\nmodels:\n"
+                       "  - {model: b, parameters: {weight: 3}}\n  - model: e\n")
+    assert [e.ref.text for e in cfg.experts] == ["e"]
+    assert any("models[0]" in n for n in cfg.notes)
