@@ -1,0 +1,5 @@
+SELECT tensor, ordinal, file_index, dtype, shape, data_offset, nbytes,
+       lora_a_file_index, lora_a_offset, lora_a_nbytes, lora_a_dtype, lora_a_shape
+FROM tensors
+WHERE model = :model
+ORDER BY ordinal

@@ -1,0 +1,2 @@
+INSERT INTO lineage (child, parent, role, weight, merge_id)
+VALUES (:child, :parent, :role, :weight, :merge_id)

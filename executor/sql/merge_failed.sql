@@ -1,0 +1,4 @@
+UPDATE merges
+SET status = 'failed', error = :error, exec_seconds = :exec_seconds,
+    finished_at = current_timestamp
+WHERE merge_id = :merge_id

@@ -1,0 +1,4 @@
+INSERT INTO merges (merge_id, status, operator, base, request, params, seed, output_name,
+                    output_path)
+VALUES (:merge_id, 'queued', :operator, :base, :request, :params, :seed, :output_name,
+        :output_path)

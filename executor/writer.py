@@ -1,0 +1,176 @@
+"""Write a safetensors checkpoint block by block: header first, each block pwritten at its offset."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import xxhash
+
+from catalog.checkpoint import INDEX_FILE
+from catalog.safetensors_format import DTYPE_SIZES, TORCH_DTYPES, encode_header
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    """One written tensor and the xxh3-128 of its bytes."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str  # file name inside the output directory
+    content_hash: str
+
+
+@dataclass
+class _Slot:
+    file: str
+    fd: int
+    offset: int  # absolute offset of the tensor's data in the file
+    dtype: str
+    shape: tuple[int, ...]
+    row_bytes: int
+    n_rows: int
+    next_row: int
+    hasher: xxhash.xxh3_128
+
+
+def encode(t: torch.Tensor, dtype: str) -> memoryview:
+    """A float32 tensor as raw little-endian bytes of `dtype` (no extra copy)."""
+    out = t.to(TORCH_DTYPES[dtype]).contiguous()
+    return out.reshape(-1).view(torch.uint8).numpy().data
+
+
+class CheckpointWriter:
+    """An output checkpoint laid out like the base: same files, tensor order and names."""
+
+    def __init__(self, out_dir: Path,
+                 files: list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]], *,
+                 metadata: dict[str, dict[str, str]] | None = None,
+                 write_index: bool = False) -> None:
+        """`files`: (file name, [(tensor, dtype, shape), ...]) in output order."""
+        self.out_dir = Path(out_dir)
+        self.write_index = write_index
+        self._slots: dict[str, _Slot] = {}
+        self._order: list[str] = []
+        self._fds: list[int] = []
+        self.total_bytes = 0
+        try:
+            for fname, tensors in files:
+                header, spans = encode_header(tensors, (metadata or {}).get(fname))
+                fd = os.open(self.out_dir / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                self._fds.append(fd)
+                _pwrite_all(fd, header, 0)
+                data_len = spans[-1][1] if spans else 0
+                os.ftruncate(fd, len(header) + data_len)
+                self.total_bytes += data_len
+                for (name, dtype, shape), (begin, _end) in zip(tensors, spans, strict=True):
+                    n_rows = shape[0] if shape else 1
+                    numel = 1
+                    for d in shape:
+                        numel *= d
+                    row_bytes = numel * DTYPE_SIZES[dtype] // n_rows if n_rows else 0
+                    self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
+                                              row_bytes,
+                                              n_rows, 0, xxhash.xxh3_128())
+                    self._order.append(name)
+        except BaseException:
+            self.abort()
+            raise
+
+    def write(self, tensor: str, row_start: int, data: bytes | bytearray | memoryview) -> None:
+        """Write rows starting at `row_start` (rows of a tensor must come in order)."""
+        s = self._slots[tensor]
+        if row_start != s.next_row:
+            raise RuntimeError(f"output tensor {tensor!r}: rows written out of order "
+                               f"(expected row {s.next_row}, got {row_start})")
+        n = len(data) if not isinstance(data, memoryview) else data.nbytes
+        rows = n // s.row_bytes if s.row_bytes else s.n_rows
+        if s.row_bytes and (n % s.row_bytes or row_start + rows > s.n_rows):
+            raise RuntimeError(f"output tensor {tensor!r}: {n} bytes at row {row_start} do not "
+                               f"fit its shape {list(s.shape)}")
+        _pwrite_all(s.fd, data, s.offset + row_start * s.row_bytes)
+        s.hasher.update(data)
+        s.next_row = row_start + rows
+
+    def finish(self) -> list[OutputTensor]:
+        """Check every row was written, fsync and close the files; the tensors with hashes."""
+        out = []
+        for name in self._order:
+            s = self._slots[name]
+            if s.next_row != s.n_rows:
+                raise RuntimeError(f"output tensor {name!r}: only {s.next_row} of {s.n_rows} "
+                                   "rows were written")
+            out.append(OutputTensor(name, s.dtype, s.shape, s.file, s.hasher.hexdigest()))
+        for fd in self._fds:
+            os.fsync(fd)
+        self.abort()
+        if self.write_index:
+            index = {"metadata": {"total_size": self.total_bytes},
+                     "weight_map": {t.name: t.file for t in out}}
+            write_json(self.out_dir / INDEX_FILE, index)
+        return out
+
+    def abort(self) -> None:
+        """Close the files without checks (the caller discards the directory)."""
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+
+def write_json(path: Path, obj: object) -> None:
+    """Write JSON and fsync it."""
+    data = (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _pwrite_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+# Weight files in other formats would be stale next to the merged safetensors: never copied.
+STALE_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf")
+CONFIG_FILE = "config.json"
+HF_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def copy_extra_files(paths: list[str], out_dir: Path, dtype: str | None) -> list[str]:
+    """Copy the base's non-weight files (config, tokenizer); config.json gets the output dtype."""
+    copied = []
+    for p in paths:
+        src = Path(p)
+        if src.name.endswith(STALE_WEIGHT_SUFFIXES) or not src.is_file():
+            continue
+        dst = out_dir / src.name
+        if src.name == CONFIG_FILE:
+            try:
+                cfg = json.loads(src.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                cfg = None
+            if isinstance(cfg, dict) and dtype is not None:
+                cfg["torch_dtype"] = HF_DTYPE_NAMES[dtype]
+                if "dtype" in cfg:
+                    cfg["dtype"] = HF_DTYPE_NAMES[dtype]
+                write_json(dst, cfg)
+                copied.append(src.name)
+                continue
+        with open(src, "rb") as fin, open(dst, "wb") as fout:
+            while chunk := fin.read(1 << 20):
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        copied.append(src.name)
+    return copied
