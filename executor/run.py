@@ -9,6 +9,7 @@ from typing import Any
 
 from catalog.db import Catalog
 from executor import manifest, publish, stream
+from executor.model_card import CARD_FILE, render_model_card
 from executor.register import register_output, scan_output
 from executor.replay import replay as replay
 from executor.replay import request_from_dict
@@ -60,6 +61,9 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: Progress | None = None,
         manifest.write_manifest(stage, manifest.build_manifest(
             merge_id=merge_id, prep=prep, result=result, output_name=name, output_path=target,
             plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0))
+        (stage / CARD_FILE).write_text(render_model_card(request.to_dict(), summary(
+            merge_id, prep, result, output=target, output_name=name, plan_seconds=plan_seconds,
+            wall_seconds=time.perf_counter() - wall0), name=name))
         publish.publish(stage, target, overwrite=overwrite)
         stage, published = None, True
         scanned = scan_output(cat, target, name, request.base, merge_id)
