@@ -1,0 +1,64 @@
+"""The operator contract: what a block operator receives and returns (docs/CONTRACTS.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+
+class Trim(Protocol):
+    """TIES trim threshold of one expert tensor (planner.plan.TrimThreshold satisfies it)."""
+
+    @property
+    def tau(self) -> float: ...  # k-th largest |delta| of the tensor
+    @property
+    def above(self) -> int: ...  # count of |delta| > tau
+    @property
+    def tied(self) -> int: ...  # count of |delta| == tau
+    @property
+    def k(self) -> int: ...  # int(density * numel): entries to keep
+
+
+@dataclass(frozen=True)
+class ExpertBlock:
+    """One expert's view of the block being merged; `delta` None means the block was not read."""
+
+    index: int  # position of the expert in the request
+    model: str
+    delta: torch.Tensor | None  # float32 delta of this block, None = not read
+    weight: float
+    density: float
+    trim: Trim | None  # TIES trim of this expert's tensor (ties only)
+    key: int  # keyed_hash.expert_key(seed, model, tensor)
+
+
+@dataclass(frozen=True)
+class BlockContext:
+    """Where the block sits and the request's global parameters."""
+
+    tensor: str
+    block_index: int
+    flat_offset: int  # flat index (within the tensor) of the block's first element
+    params: dict[str, Any] = field(default_factory=dict)  # normalize, lambda, rescale, renormalize
+    n_experts: int = 0
+    all_weights: tuple[float, ...] = ()  # weights of all experts of the request
+
+    @property
+    def lam(self) -> float:
+        """The global scale `lambda` (default 1.0)."""
+        return float(self.params.get("lambda", 1.0))
+
+    def normalize(self, default: bool) -> bool:
+        """The `normalize` parameter, or the operator's default when the request left it out."""
+        return bool(self.params.get("normalize", default))
+
+
+Operator = Callable[[torch.Tensor, list[ExpertBlock], BlockContext], torch.Tensor]
+
+
+def read_experts(experts: list[ExpertBlock]) -> list[ExpertBlock]:
+    """The experts whose block was read (omitted ones add nothing)."""
+    return [e for e in experts if e.delta is not None]

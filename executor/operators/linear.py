@@ -1,0 +1,25 @@
+"""linear (alias avg): M = B + lambda * sum_i alpha_i D_i, alpha_i = w_i / sum_j w_j (normalize)."""
+
+from __future__ import annotations
+
+import torch
+
+from executor.operators.base import BlockContext, ExpertBlock, read_experts
+from executor.operators.sparsify import finish, ordered_sum, weight_total, weighted
+
+
+def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
+    """Weighted average of the experts' deltas on the base; omitted blocks add nothing.
+
+    The coefficients are fixed by all experts' weights; with renormalize='selected' the
+    divisor is the sum of the weights of the experts read for this block instead.
+    """
+    read = read_experts(experts)
+    if not read:
+        return base.clone()
+    mixed = ordered_sum([weighted(e.delta, e.weight) for e in read if e.delta is not None])
+    divisor = None
+    if ctx.normalize(True):
+        selected = ctx.params.get("renormalize", "fixed") == "selected"
+        divisor = weight_total([e.weight for e in read] if selected else ctx.all_weights)
+    return finish(base, mixed, ctx.lam, divisor)
