@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Merge experts into their base reading at most --budget expert bytes. The "
                     "output (safetensors laid out like the base, plus manifest.json) appears "
                     "atomically in --out and is registered as a model.")
+    p.add_argument("config", nargs="?", type=Path, metavar="CONFIG.yml",
+                   help="a mergekit YAML config saying what to merge (instead of --base, "
+                        "--experts, --op, --param); local paths in it are registered on the fly")
     add_request_arguments(p)
     p.add_argument("--out", type=Path, help="output directory (must not exist or be empty)")
     p.add_argument("--name", help="model name of the output in the catalog (default: the "
@@ -79,10 +82,13 @@ def request_from_args(args: argparse.Namespace) -> MergeRequest:
 def run(args: argparse.Namespace) -> int:
     from executor.run import merge
 
-    request = request_from_args(args)
+    request = None if args.config else request_from_args(args)
     if args.out is None:
         raise InvalidRequest("--out is required", field="output")
     with Catalog(args.settings.catalog) as cat, ProgressBar(enabled=not args.json) as bar:
+        if request is None:
+            from mergepipe.mergekit_cli import config_request
+            request = config_request(cat, args)
         result = merge(cat, request, args.out, output_name=args.name, progress=bar.update,
                        threads=args.threads, overwrite=args.overwrite)
     if args.json:
