@@ -1,10 +1,12 @@
-"""Run one user-supplied read-only SELECT over the catalog, with row and time limits."""
+"""Run one user-supplied read-only SELECT over the catalog, with row, size and time limits."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from typing import Any
 
+import duckdb
 import sqlglot
 import sqlglot.expressions as exp
 from sqlglot.errors import ParseError
@@ -12,28 +14,70 @@ from sqlglot.errors import ParseError
 from catalog.db import Catalog
 from mergepipe.errors import InvalidRequest
 
-# Functions that read files or the network, or touch settings; refused even though the
-# database itself also runs with enable_external_access=false.
+# Functions that read files or the network, touch settings or state, or reveal the server's
+# files; refused even though the database itself also runs with enable_external_access=false.
 FORBIDDEN_FUNCTIONS = {
     "read_csv", "read_csv_auto", "read_parquet", "parquet_scan", "read_json", "read_json_auto",
     "read_json_objects", "read_ndjson", "read_text", "read_blob", "glob", "sniff_csv",
     "parquet_metadata", "parquet_schema", "iceberg_scan", "delta_scan", "sqlite_scan",
     "postgres_scan", "mysql_scan", "read_xlsx", "getenv", "current_setting", "set_config",
-    "http_get", "query", "query_table",
+    "http_get", "query", "query_table", "checkpoint", "force_checkpoint", "setseed",
+    "nextval", "getvariable",
 }
+FORBIDDEN_PREFIXES = ("read_", "pragma_", "duckdb_", "sqlite_", "postgres_", "mysql_",
+                      "iceberg_", "delta_", "parquet_", "http", "write_", "copy_", "load_",
+                      "install_", "enable_", "disable_", "set_", "which_secret")
+# Table functions a query may use in FROM besides the catalog's own tables and views.
+ALLOWED_TABLE_FUNCTIONS = {"range", "generate_series", "unnest"}
 FORBIDDEN_NODES = (exp.Insert, exp.Update, exp.Delete, exp.Create, exp.Drop, exp.Alter,
                    exp.Command, exp.Set, exp.Pragma, exp.Copy, exp.Attach, exp.Detach,
                    exp.Merge, exp.Use, exp.Transaction, exp.Commit, exp.Rollback, exp.Into,
                    exp.LoadData, exp.Export)
+SELECT_TABLES = ("SELECT table_name FROM information_schema.tables "
+                 "WHERE table_schema = 'main' AND table_catalog = current_database()")
 
 
-def check_readonly(sql: str) -> None:
-    """Raise InvalidRequest unless `sql` is exactly one SELECT / WITH ... SELECT statement."""
+def _function_name(node: exp.Func) -> str:
+    return (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+
+
+def _forbidden_function(name: str) -> bool:
+    return name in FORBIDDEN_FUNCTIONS or name.startswith(FORBIDDEN_PREFIXES)
+
+
+def _check_table(node: exp.Table, tables: Collection[str], ctes: set[str]) -> None:
+    """A FROM item must be a catalog table or view, a CTE, information_schema, or range()."""
+    if isinstance(node.this, exp.Literal):
+        raise InvalidRequest(f"reading files ({node.this.sql()}) is not allowed", field="sql")
+    if isinstance(node.this, exp.Func):
+        name = _function_name(node.this)
+        if name not in ALLOWED_TABLE_FUNCTIONS:
+            raise InvalidRequest(f"table function {name}() is not allowed; query the catalog's "
+                                 "tables", field="sql")
+        return
+    name, schema = node.name.lower(), node.db.lower()
+    if node.catalog:
+        raise InvalidRequest(f"table {node.sql()} names another database", field="sql")
+    if schema == "information_schema":
+        return
+    if schema not in ("", "main"):
+        raise InvalidRequest(f"schema {node.db!r} is not part of the catalog", field="sql")
+    if (not schema and name in ctes) or name in tables:
+        return
+    raise InvalidRequest(f"table {node.name!r} is not a catalog table (try: SELECT table_name "
+                         "FROM information_schema.tables)", field="sql")
+
+
+def check_readonly(sql: str, tables: Collection[str] | None = None) -> None:
+    """Raise InvalidRequest unless `sql` is exactly one SELECT / WITH ... SELECT statement.
+
+    With `tables` (lower-case names of the catalog's tables and views), FROM items are also
+    restricted to those, the query's CTEs, information_schema and range/generate_series/unnest."""
     if not isinstance(sql, str) or not sql.strip():
         raise InvalidRequest("sql is empty", field="sql")
     try:
         statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
-    except ParseError as e:
+    except (ParseError, sqlglot.errors.TokenError) as e:
         raise InvalidRequest(f"sql does not parse: {str(e).splitlines()[0]}", field="sql") from None
     if len(statements) != 1:
         raise InvalidRequest(f"exactly one statement is allowed, got {len(statements)}",
@@ -42,25 +86,48 @@ def check_readonly(sql: str) -> None:
     if not isinstance(tree, exp.Query):
         raise InvalidRequest(f"only SELECT queries are allowed, not {tree.key.upper()}",
                              field="sql")
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     for node in tree.walk():
         if isinstance(node, FORBIDDEN_NODES):
             raise InvalidRequest(f"{node.key.upper()} is not allowed in a read-only query",
                                  field="sql")
         if isinstance(node, exp.Func):
-            name = (node.sql_name() if not isinstance(node, exp.Anonymous) else node.name).lower()
-            if name in FORBIDDEN_FUNCTIONS:
+            name = _function_name(node)
+            if _forbidden_function(name):
                 raise InvalidRequest(f"function {name}() is not allowed (no file or network "
-                                     "access)", field="sql")
-        if isinstance(node, exp.Table) and isinstance(node.this, exp.Literal):
-            raise InvalidRequest(f"reading files ({node.this.sql()}) is not allowed", field="sql")
+                                     "access, no settings or state)", field="sql")
+        if isinstance(node, exp.Table):
+            if tables is not None:
+                _check_table(node, tables, ctes)
+            elif isinstance(node.this, exp.Literal):
+                raise InvalidRequest(f"reading files ({node.this.sql()}) is not allowed",
+                                     field="sql")
+
+
+def _check_with_duckdb(raw: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """DuckDB's own parser must agree: one statement, of type SELECT."""
+    try:
+        statements = raw.extract_statements(sql)
+    except duckdb.Error as e:
+        raise InvalidRequest(f"sql does not parse: {str(e).splitlines()[0]}", field="sql") from None
+    if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+        raise InvalidRequest("only one SELECT query is allowed", field="sql")
 
 
 def run_readonly(cat: Catalog, sql: str, *, row_limit: int = 10_000,
-                 timeout_s: float = 10.0) -> dict[str, Any]:
-    """{columns, rows, truncated} of a checked read-only query; interrupted after `timeout_s`."""
+                 timeout_s: float = 10.0, byte_limit: int = 16 << 20) -> dict[str, Any]:
+    """{columns, rows, truncated} of a checked read-only query; interrupted after `timeout_s`;
+    refused when the result's text and blob cells exceed `byte_limit` bytes."""
     check_readonly(sql)
     with cat.reader() as conn:
         raw = conn.connection.driver_connection
+        assert raw is not None
+        try:
+            tables = {str(r[0]).lower() for r in conn.exec_driver_sql(SELECT_TABLES)}
+        finally:
+            conn.rollback()
+        check_readonly(sql, tables)
+        _check_with_duckdb(raw, sql)
         timer = threading.Timer(timeout_s, raw.interrupt)
         timer.start()
         try:
@@ -80,8 +147,12 @@ def run_readonly(cat: Catalog, sql: str, *, row_limit: int = 10_000,
         finally:
             timer.cancel()
     truncated = len(rows) > row_limit
-    return {"columns": columns, "rows": [list(_jsonable(v) for v in r) for r in rows[:row_limit]],
-            "truncated": truncated}
+    out = [[_jsonable(v) for v in r] for r in rows[:row_limit]]
+    size = sum(len(v) for r in out for v in r if isinstance(v, str))
+    if size > byte_limit:
+        raise InvalidRequest(f"the result holds {size} bytes of text, over the {byte_limit} byte "
+                             "limit; select fewer rows or columns", field="sql")
+    return {"columns": columns, "rows": out, "truncated": truncated}
 
 
 def _jsonable(v: Any) -> Any:
