@@ -54,12 +54,27 @@ class OutputIn(_In):
 
 
 class PlanIn(_In):
-    base: str = Name
-    experts: list[ExpertIn] = Field(min_length=1, max_length=256)
-    operator: str = Field(min_length=1, max_length=64)
+    base: str | None = Field(None, min_length=1, max_length=128,
+                             description="required unless config_yaml is given")
+    experts: list[ExpertIn] | None = Field(None, min_length=1, max_length=256)
+    operator: str | None = Field(None, min_length=1, max_length=64)
     params: dict[str, Any] | None = None
     budget: BudgetIn | None = Field(None, description="default: the full read")
     seed: int | None = Field(None, ge=0, lt=2**63)
+    config_yaml: str | None = Field(
+        None, min_length=1, max_length=1_000_000,
+        description="a mergekit YAML config instead of base/experts/operator/params; its models "
+                    "are registered names or paths in the data roots (ingested on the fly)")
+
+    @model_validator(mode="after")
+    def _request_or_config(self) -> PlanIn:
+        given = [k for k in ("base", "experts", "operator", "params") if getattr(self, k)]
+        if self.config_yaml is not None and given:
+            raise ValueError(f"give either config_yaml or {'/'.join(given)}, not both")
+        missing = [k for k in ("base", "experts", "operator") if getattr(self, k) is None]
+        if self.config_yaml is None and missing:
+            raise ValueError(f"{', '.join(missing)} required (or a mergekit config_yaml)")
+        return self
 
 
 class MergeIn(PlanIn):

@@ -13,8 +13,9 @@ from fastapi import APIRouter, Depends, Query, Response
 from mergepipe.errors import Conflict, InvalidRequest, NotFound
 from service import store
 from service.auth import require_token
+from service.config_yaml import body_request
 from service.paths import output_dir
-from service.routes.plans import check_inputs, plan_summary, to_request
+from service.routes.plans import check_inputs, plan_summary
 from service.schemas import MergeAccepted, MergeIn, MergeList, MergeOut, TouchedPage
 from service.state import AppState, State
 from service.views import ensure_name_free, merge_out
@@ -29,7 +30,7 @@ def start_merge(body: MergeIn, response: Response,
                 st: State) -> dict[str, Any]:
     from executor.run import new_merge
 
-    req = to_request(body, body.output.dtype)
+    req = body_request(st, body, body.output.dtype)
     out = output_dir(st.settings.output_root, body.output.name)
     check_inputs(st.cat, req)
     plan_summary(st.cat, req)  # what the planner rejects is the caller's 4xx, now, not later

@@ -18,6 +18,7 @@ router = APIRouter(prefix="/v1", tags=["plans"])
 
 def to_request(body: PlanIn, output_dtype: str | None = None) -> MergeRequest:
     """The validated merge request of a plan / merge body (422 naming the field)."""
+    assert body.base and body.experts and body.operator  # PlanIn checks them (or config_yaml)
     experts = [e.model_dump(exclude_none=True) for e in body.experts]
     budget = body.budget.model_dump(exclude_none=True) if body.budget is not None else None
     return build_request(base=body.base, experts=experts, operator=body.operator,
@@ -39,6 +40,7 @@ def plan_summary(cat: Catalog, req: MergeRequest) -> dict[str, Any]:
 
 @router.post("/plans", summary="Dry run: the plan summary (bytes, bound, hash) of a merge")
 def plan(body: PlanIn, st: State) -> dict[str, Any]:
-    req = to_request(body)
+    from service.config_yaml import body_request
+    req = body_request(st, body)
     check_inputs(st.cat, req)
     return plan_summary(st.cat, req)
