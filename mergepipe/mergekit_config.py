@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from mergepipe.errors import Forbidden, InvalidRequest, MergePipeError
+from mergepipe.errors import InvalidRequest, MergePipeError
 from mergepipe.request import MergeRequest, build_request
 
 SUPPORTED_METHODS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties")
@@ -401,11 +401,18 @@ def _yaml_key(request_field: str | None, cfg: MergekitConfig) -> str | None:
 # -- resolution against the catalog ------------------------------------------------------------
 
 Progress = Callable[[str, int, int], None]  # (model name, done bytes, total bytes)
+Locate = Callable[[str, str], Path]  # (path as written, YAML key) -> real path
 
 
-def resolve(cat: Any, cfg: MergekitConfig, *, ingest: bool = True,
-            data_roots: Iterable[Path] = (), progress: Progress | None = None) -> ResolvedConfig:
-    """Match every model to a registered one (by name or path) or ingest it, the base first."""
+def resolve(cat: Any, cfg: MergekitConfig, *, ingest: bool = True, locate: Locate | None = None,
+            reserved: Iterable[str] = (), progress: Progress | None = None) -> ResolvedConfig:
+    """Match every model to a registered one (by name or path) or ingest it, the base first.
+
+    `locate(text, key)` turns a path from the config into a real path (default: local paths,
+    relative to the working directory, as mergekit); the service confines them to its data
+    roots. `reserved` names are not used for models ingested here.
+    """
+    locate = locate or local_path
     from catalog.models import list_models
     models = list_models(cat)
     ingested: list[str] = []
@@ -413,17 +420,22 @@ def resolve(cat: Any, cfg: MergekitConfig, *, ingest: bool = True,
     def find_or_ingest(ref: ModelRef, base: str | None, kind: str) -> str:
         nonlocal models
         found = _match(ref, models, base=base)
-        if found is None:
-            path = _local_path(ref, data_roots)
-            if (path / "adapter_config.json").exists():
-                kind = "lora"
-            found = _ingest(cat, path, ref, base, kind, models, ingest, progress)
-            ingested.append(found)
-            models = list_models(cat)
+        if found is not None:
+            return found
+        path = locate(ref.text, ref.key)
+        found = _match(ref, models, base=base, path=path)
+        if found is not None:
+            return found
+        if (path / "adapter_config.json").exists():
+            kind = "lora"
+        taken = {str(m["name"]) for m in models} | set(reserved)
+        found = _ingest(cat, path, ref, base, kind, taken, ingest, progress)
+        ingested.append(found)
+        models = list_models(cat)
         return found
 
     if cfg.base is None:
-        base_name = _infer_base(cfg, models)
+        base_name = _infer_base(cfg, models, locate)
     else:
         base_name = find_or_ingest(cfg.base, None, "full")
     names: list[str] = []
@@ -443,14 +455,19 @@ def resolve(cat: Any, cfg: MergekitConfig, *, ingest: bool = True,
     return ResolvedConfig(cfg, base_name, names, ingested)
 
 
-def _infer_base(cfg: MergekitConfig, models: list[dict[str, Any]]) -> str:
+def _infer_base(cfg: MergekitConfig, models: list[dict[str, Any]], locate: Locate) -> str:
     """No base_model (mergekit linear): use the base all experts are registered against."""
-    bases = set()
+    bases: set[str | None] = set()
     for e in cfg.experts:
-        cands = [m for m in models if e.ref.lora is None and _names(e.ref, m) and m.get("base")]
-        bases |= {m["base"] for m in cands}
-        if not cands:
-            bases.add(None)
+        found = None
+        if e.ref.lora is None:
+            try:
+                found = _match(e.ref, models, base=None, any_base=True) or _match(
+                    e.ref, models, base=None, path=locate(e.ref.text, e.ref.key), any_base=True)
+            except MergePipeError:
+                found = None
+        row = next((m for m in models if m["name"] == found), None)
+        bases.add(row.get("base") if row else None)
     if len(bases) == 1 and None not in bases:
         return str(bases.pop())
     raise InvalidRequest(
@@ -460,23 +477,24 @@ def _infer_base(cfg: MergekitConfig, models: list[dict[str, Any]]) -> str:
             "the average" if cfg.operator == "linear" else ""), field="base_model")
 
 
-def _names(ref: ModelRef, m: Mapping[str, Any]) -> bool:
-    if m.get("name") == ref.text:
-        return True
+def _same_path(a: object, b: Path) -> bool:
     try:
-        return os.path.samefile(str(m.get("path")), ref.text)
+        return os.path.samefile(str(a), b)
     except OSError:
         return False
 
 
-def _match(ref: ModelRef, models: list[dict[str, Any]], *, base: str | None) -> str | None:
-    """The registered model named `ref` (or ingested from its path) with the right base."""
-    by_name = [m for m in models if m.get("name") == ref.text]
-    cands = by_name or [m for m in models if _names(ref, m)]
-    right = [m for m in cands if m.get("base") == base]
+def _match(ref: ModelRef, models: list[dict[str, Any]], *, base: str | None,
+           path: Path | None = None, any_base: bool = False) -> str | None:
+    """The registered model named `ref` (or, given `path`, ingested from it) with base `base`."""
+    if path is None:
+        cands = [m for m in models if m.get("name") == ref.text]
+    else:
+        cands = [m for m in models if _same_path(m.get("path"), path)]
+    right = [m for m in cands if any_base or m.get("base") == base]
     if not right:
-        if by_name:
-            m = by_name[0]
+        if cands and path is None:
+            m = cands[0]
             role = "a base model" if m.get("base") is None else f"an expert of {m['base']!r}"
             want = "a base model" if base is None else f"an expert of {base!r}"
             raise InvalidRequest(f"{ref.key}: model {ref.text!r} is registered as {role}, but "
@@ -491,24 +509,26 @@ def _match(ref: ModelRef, models: list[dict[str, Any]], *, base: str | None) -> 
     return str(sorted(ready, key=lambda m: str(m["name"]))[0]["name"])
 
 
-def _local_path(ref: ModelRef, roots: Iterable[Path]) -> Path:
-    path = Path(ref.text).expanduser()
+def local_path(text: str, key: str) -> Path:
+    """A local checkpoint path from the config (relative to the working directory)."""
+    path = Path(text).expanduser()
     if not path.exists():
-        hub = re.fullmatch(r"[\w.-]+/[\w.-]+", ref.text) is not None
-        hint = (f"; MergePipe never downloads - fetch it first (hf download {ref.text} "
-                "--local-dir DIR) and give the directory" if hub else "")
-        raise InvalidRequest(f"{ref.key}: {ref.text!r} is neither a registered model nor a local "
-                             f"path{hint}", field=ref.key)
-    path = path.resolve()
-    roots = [Path(r).resolve() for r in roots]
-    if roots and not any(path.is_relative_to(r) for r in roots):
-        raise Forbidden(f"{ref.key}: {path} is outside MERGEPIPE_DATA_ROOTS", field=ref.key)
-    return path
+        raise not_found(text, key)
+    return path.resolve()
 
 
-def _ingest(cat: Any, path: Path, ref: ModelRef, base: str | None, kind: str,
-            models: list[dict[str, Any]], ingest: bool, progress: Progress | None) -> str:
-    name = _free_name(path, {str(m["name"]) for m in models})
+def not_found(text: str, key: str) -> InvalidRequest:
+    """The error for a model that is neither registered nor on disk (with the fix)."""
+    hub = re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None
+    hint = (f"; MergePipe never downloads - fetch it first (hf download {text} --local-dir DIR) "
+            "and give the directory" if hub else "")
+    return InvalidRequest(f"{key}: {text!r} is neither a registered model nor a local path{hint}",
+                          field=key)
+
+
+def _ingest(cat: Any, path: Path, ref: ModelRef, base: str | None, kind: str, taken: set[str],
+            ingest: bool, progress: Progress | None) -> str:
+    name = _free_name(path, taken)
     if not ingest:
         raise InvalidRequest(f"{ref.key}: {path} is not registered; register it first "
                              f"(mergepipe ingest {path} --name {name}"
@@ -523,7 +543,8 @@ def _ingest(cat: Any, path: Path, ref: ModelRef, base: str | None, kind: str,
 
 
 def _free_name(path: Path, taken: set[str]) -> str:
-    stem = _NAME_CHARS.sub("-", path.name.removesuffix(".safetensors")).strip("-.") or "model"
+    stem = _NAME_CHARS.sub("-", path.name.removesuffix(".safetensors")).strip("-._")[:100]
+    stem = stem or "model"
     name, n = stem, 2
     while name in taken:
         name, n = f"{stem}-{n}", n + 1
@@ -531,9 +552,9 @@ def _free_name(path: Path, taken: set[str]) -> str:
 
 
 def load_config(cat: Any, text: str | bytes, *, budget: object = None, seed: int | None = 0,
-                ingest: bool = True, data_roots: Iterable[Path] = (),
+                ingest: bool = True, locate: Locate | None = None, reserved: Iterable[str] = (),
                 progress: Progress | None = None) -> tuple[MergeRequest, ResolvedConfig]:
     """Parse, resolve (ingesting local paths) and build the merge request of a mergekit config."""
-    resolved = resolve(cat, parse_config(text), ingest=ingest, data_roots=data_roots,
+    resolved = resolve(cat, parse_config(text), ingest=ingest, locate=locate, reserved=reserved,
                        progress=progress)
     return resolved.request(budget=budget, seed=seed), resolved
