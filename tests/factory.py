@@ -35,6 +35,17 @@ TINY_SHAPES: dict[str, tuple[int, ...]] = {
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
           "torch_dtype": "bfloat16"}
 
+# TINY_SHAPES completed into a real LlamaForCausalLM (post-attention norms) with a config that
+# transformers and mergekit understand: 4 heads of 8, 2 KV heads (k/v_proj 16 rows), MLP 48.
+LLAMA_SHAPES: dict[str, tuple[int, ...]] = {
+    **TINY_SHAPES,
+    **{f"model.layers.{i}.post_attention_layernorm.weight": (32,) for i in range(2)},
+}
+LLAMA_CONFIG = {**CONFIG, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 2,
+                "vocab_size": 64, "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
+                "hidden_act": "silu", "tie_word_embeddings": False}
+
 
 def random_weights(shapes: dict[str, tuple[int, ...]], seed: int, scale: float = 0.05
                    ) -> dict[str, torch.Tensor]:
