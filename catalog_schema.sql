@@ -49,6 +49,7 @@ CREATE TABLE tensors (
     lora_a_nbytes  BIGINT,
     lora_a_dtype   VARCHAR,
     lora_a_shape   BIGINT[],
+    lora_scale     DOUBLE,                     -- LoRA only: this tensor's alpha / r (or / sqrt(r))
     PRIMARY KEY (model, tensor)
 );
 

@@ -80,14 +80,17 @@ def _shards_from_index(p: Path) -> list[Path]:
 
 def _check_index(p: Path, ckpt: Checkpoint) -> None:
     wm = _load_json(p / INDEX_FILE)["weight_map"]
+    assert isinstance(wm, dict)  # checked by _shards_from_index
     actual = {t.name: os.path.basename(t.file) for t in ckpt.tensors}
     for name, shard in wm.items():
         if actual.get(name) != shard:
             raise InvalidCheckpoint(
                 f"{p / INDEX_FILE}: tensor {name!r} mapped to {shard!r} but "
                 f"{'found in ' + repr(actual[name]) if name in actual else 'not found in any shard'}")
-    for name in actual.keys() - wm.keys():
-        raise InvalidCheckpoint(f"{p / INDEX_FILE}: tensor {name!r} is not in the weight_map")
+    extra = sorted(actual.keys() - wm.keys())
+    if extra:
+        raise InvalidCheckpoint(f"{p / INDEX_FILE}: tensor {extra[0]!r} (in "
+                                f"{actual[extra[0]]!r}) is not in the weight_map")
 
 
 def _adapter(p: Path) -> Checkpoint:

@@ -1,0 +1,284 @@
+"""Stream a checkpoint's blocks through worker threads: content hashes, delta stats, trim thresholds."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import xxhash
+
+from catalog.lora import lora_delta
+from catalog.safetensors_format import TensorEntry, to_float32
+from catalog.stats import BlockStats, NonFiniteDelta, TrimThresholds, scan_block
+from catalog.storage import LocalFileReader
+from mergepipe.errors import InvalidCheckpoint
+
+MODES = ("hash", "full", "delta", "lora")
+# Exponent bits that mark Inf / NaN, per dtype (checked on raw bytes when no delta is computed).
+_NONFINITE = {"BF16": (torch.int16, 0x7F80), "F16": (torch.int16, 0x7C00),
+              "F32": (torch.int32, 0x7F800000)}
+
+
+@dataclass(frozen=True)
+class Span:
+    """A byte range of a file."""
+
+    path: str
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class TensorPlan:
+    """One tensor to scan: its own bytes on the base's row grid, and how to get its delta.
+
+    mode: "hash" (content hashes only), "full" (delta = own - base), "delta" (own bytes are the
+    delta) or "lora" (own bytes are lora_B; delta = lora_delta(B rows, lora_a, lora_scale)).
+    """
+
+    name: str
+    mode: str
+    entry: TensorEntry
+    rows: list[tuple[int, int]]
+    base: TensorEntry | None = None  # full: the base tensor (same shape, any float dtype)
+    lora_a: Span | None = None
+    lora_a_dtype: str | None = None
+    lora_a_shape: tuple[int, ...] | None = None
+    lora_scale: float | None = None
+
+    def span(self, i: int) -> Span:
+        start, end = self.rows[i]
+        rb = self.entry.row_bytes
+        return Span(self.entry.file, self.entry.data_offset + start * rb, (end - start) * rb)
+
+    def base_span(self, i: int) -> Span:
+        assert self.base is not None
+        start, end = self.rows[i]
+        rb = self.base.row_bytes
+        return Span(self.base.file, self.base.data_offset + start * rb, (end - start) * rb)
+
+
+@dataclass
+class TensorResult:
+    """What a scan found for one tensor."""
+
+    name: str
+    hashes: list[str]
+    stats: list[BlockStats] | None
+    trim: TrimThresholds | None
+
+
+@dataclass
+class _State:
+    plan: TensorPlan
+    index: int
+    hashes: list[str] = field(default_factory=list)
+    stats: list[BlockStats] = field(default_factory=list)
+    trim: TrimThresholds | None = None
+    remaining: int = 0
+    cached: torch.Tensor | None = None  # |delta| of a one-block tensor, for the refinement
+    lora_a: torch.Tensor | None = None
+
+
+_torch_lock = threading.Lock()
+_torch_users = 0
+_torch_threads_before = 0
+
+
+@contextmanager
+def single_threaded_torch() -> Iterator[None]:
+    """Run torch ops on one thread each while scanning: parallelism comes from our workers.
+
+    torch's intra-op threads on top of our worker threads oversubscribe the cores and make every
+    small op slower; the previous setting comes back when the last scan in the process ends.
+    """
+    global _torch_users, _torch_threads_before
+    with _torch_lock:
+        if _torch_users == 0:
+            _torch_threads_before = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _torch_users += 1
+    try:
+        yield
+    finally:
+        with _torch_lock:
+            _torch_users -= 1
+            if _torch_users == 0:
+                torch.set_num_threads(_torch_threads_before)
+
+
+def default_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
+                 progress: Callable[[int, int], None] | None = None,
+                 workers: int | None = None) -> list[TensorResult]:
+    """Scan every block of every plan (in order, `workers` blocks at a time); results per plan.
+
+    Memory: about (2 x workers) blocks in flight plus one threshold histogram per open tensor.
+    """
+    workers = workers or default_workers()
+    total = sum(p.span(i).nbytes for p in plans for i in range(len(p.rows)))
+    done = 0
+    results: list[TensorResult | None] = [None] * len(plans)
+    refine: deque[tuple[_State, int, bool]] = deque()
+
+    def blocks() -> Iterator[tuple[_State, int, bool]]:
+        for k, plan in enumerate(plans):
+            st = _State(plan, k, [""] * len(plan.rows), remaining=len(plan.rows))
+            if plan.mode != "hash":
+                st.stats = [BlockStats(0.0, 0.0, 0.0, 0)] * len(plan.rows)
+                st.trim = TrimThresholds(plan.entry.numel if plan.mode != "lora"
+                                         else _lora_numel(plan))
+            if plan.mode == "lora":
+                st.lora_a = _read_lora_a(plan, reader)
+            for i in range(len(plan.rows)):
+                yield st, i, False
+
+    source = blocks()
+
+    def next_task() -> tuple[_State, int, bool] | None:
+        if refine:
+            return refine.popleft()
+        return next(source, None)
+
+    def finish_level(st: _State) -> None:
+        assert st.trim is not None
+        st.trim.finish_level()
+        while st.trim.pending and st.cached is not None:
+            st.trim.add(st.trim.block_counts(st.cached.view(torch.int32)))
+            st.trim.finish_level()
+        if st.trim.pending:
+            st.remaining = len(st.plan.rows)
+            refine.extend((st, i, True) for i in range(len(st.plan.rows)))
+        else:
+            finish(st)
+
+    def finish(st: _State) -> None:
+        results[st.index] = TensorResult(st.plan.name, st.hashes,
+                                         st.stats if st.trim is not None else None, st.trim)
+        st.cached = st.lora_a = None
+
+    window = 2 * workers
+    inflight: deque[tuple[Future[Any], _State, int, bool]] = deque()
+    with single_threaded_torch(), ThreadPoolExecutor(workers, "mergepipe-scan") as pool:
+        try:
+            while True:
+                while len(inflight) < window and (task := next_task()) is not None:
+                    st, i, is_refine = task
+                    fn = _refine_block if is_refine else _scan_block
+                    inflight.append((pool.submit(fn, st, i, reader), st, i, is_refine))
+                if not inflight:
+                    break
+                fut, st, i, is_refine = inflight.popleft()
+                out = fut.result()
+                st.remaining -= 1
+                if is_refine:
+                    assert st.trim is not None
+                    st.trim.add(out)
+                else:
+                    h, stats, counts, cached = out
+                    st.hashes[i] = h
+                    if st.trim is not None:
+                        st.stats[i] = stats
+                        st.trim.add(counts)
+                        st.cached = cached
+                    done += st.plan.span(i).nbytes
+                    if progress is not None:
+                        progress(done, total)
+                if st.remaining == 0:
+                    if st.trim is None:
+                        finish(st)
+                    else:
+                        finish_level(st)
+        finally:
+            for fut, *_ in inflight:
+                fut.cancel()
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]
+
+
+def _scan_block(st: _State, i: int, reader: LocalFileReader
+                ) -> tuple[str, BlockStats | None, torch.Tensor | None, torch.Tensor | None]:
+    plan = st.plan
+    span = plan.span(i)
+    raw = reader.read(span.path, span.offset, span.nbytes)
+    digest = xxhash.xxh3_128_hexdigest(raw)
+    if plan.mode == "hash":
+        if has_nonfinite(raw, plan.entry.dtype):
+            raise InvalidCheckpoint(f"{_where(plan, i)}: NaN or Inf in the weights")
+        return digest, None, None, None
+    a = _abs_delta(st, i, raw, reader)
+    try:
+        stats, counts = scan_block(a)
+    except NonFiniteDelta as e:
+        raise InvalidCheckpoint(f"{_where(plan, i)}: {_nonfinite_cause(plan, raw, str(e))}"
+                                ) from None
+    return digest, stats, counts, a if len(plan.rows) == 1 else None
+
+
+def _refine_block(st: _State, i: int, reader: LocalFileReader) -> torch.Tensor:
+    assert st.trim is not None
+    span = st.plan.span(i)
+    a = _abs_delta(st, i, reader.read(span.path, span.offset, span.nbytes), reader)
+    return st.trim.block_counts(a.view(torch.int32))
+
+
+def _abs_delta(st: _State, i: int, raw: bytearray, reader: LocalFileReader) -> torch.Tensor:
+    """|delta| of block i as a flat float32 tensor."""
+    plan = st.plan
+    x = to_float32(raw, plan.entry.dtype)
+    if plan.mode == "full":
+        bs = plan.base_span(i)
+        assert plan.base is not None
+        x.sub_(to_float32(reader.read(bs.path, bs.offset, bs.nbytes), plan.base.dtype))
+    elif plan.mode == "lora":
+        assert st.lora_a is not None and plan.lora_scale is not None
+        start, end = plan.rows[i]
+        x = lora_delta(x.view(end - start, -1), st.lora_a, plan.lora_scale).view(-1)
+    return x.abs_()
+
+
+def _read_lora_a(plan: TensorPlan, reader: LocalFileReader) -> torch.Tensor:
+    assert plan.lora_a is not None and plan.lora_a_dtype is not None
+    s = plan.lora_a
+    raw = reader.read(s.path, s.offset, s.nbytes)
+    if has_nonfinite(raw, plan.lora_a_dtype):
+        raise InvalidCheckpoint(f"{s.path}: tensor {plan.name!r}: NaN or Inf in lora_A")
+    return to_float32(raw, plan.lora_a_dtype, plan.lora_a_shape)
+
+
+def _lora_numel(plan: TensorPlan) -> int:
+    assert plan.lora_a_shape is not None
+    return plan.entry.shape[0] * plan.lora_a_shape[1]
+
+
+def has_nonfinite(raw: bytearray | memoryview, dtype: str) -> bool:
+    """Whether raw little-endian floats of `dtype` hold a NaN or an Inf (exponent all ones)."""
+    if len(raw) == 0:
+        return False
+    int_dtype, mask = _NONFINITE[dtype]
+    t = torch.frombuffer(raw, dtype=int_dtype)
+    return bool(torch.any((t & mask) == mask))
+
+
+def _where(plan: TensorPlan, i: int) -> str:
+    start, end = plan.rows[i]
+    return f"{plan.entry.file}: tensor {plan.name!r} block {i} (rows {start}..{end})"
+
+
+def _nonfinite_cause(plan: TensorPlan, raw: bytearray, what: str) -> str:
+    if has_nonfinite(raw, plan.entry.dtype):
+        part = "lora_B" if plan.mode == "lora" else "weights"
+        return f"NaN or Inf in the {part}"
+    if plan.mode == "full":
+        return f"the delta against the base is {what} (float32 overflow)"
+    return f"the delta is {what} (float32 overflow)"

@@ -1,0 +1,4 @@
+-- All block statistics of one model at once; every parameter except the model is a list.
+INSERT INTO block_stats (model, tensor, block_index, l2, l1, max_abs, nnz)
+SELECT :model, unnest(:tensor), unnest(:block_index), unnest(:l2), unnest(:l1),
+       unnest(:max_abs), unnest(:nnz)

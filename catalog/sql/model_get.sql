@@ -1,0 +1,2 @@
+-- One model row by name.
+SELECT * FROM models WHERE name = :name

@@ -1,0 +1,5 @@
+-- Register a model (ingestion's write phase).
+INSERT INTO models (name, kind, path, base, status, error, has_stats, block_bytes, n_tensors,
+                    tensor_bytes, lora_scale, source_merge, ingest_seconds)
+VALUES (:name, :kind, :path, :base, :status, :error, :has_stats, :block_bytes, :n_tensors,
+        :tensor_bytes, :lora_scale, :source_merge, :ingest_seconds)

@@ -1,0 +1,2 @@
+-- The tensors of a model in checkpoint order.
+SELECT * FROM tensors WHERE model = :model ORDER BY ordinal
