@@ -11,7 +11,7 @@ from mergepipe.errors import Unauthorized
 
 def require_token(request: Request) -> None:
     """FastAPI dependency: 401 unless `Authorization: Bearer <token>` matches the setting."""
-    token: str | None = request.app.state.settings.api_token
+    token: str | None = request.app.state.mergepipe.settings.api_token
     if not token:
         return
     header = request.headers.get("authorization", "")

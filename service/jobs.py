@@ -154,7 +154,7 @@ class JobRunner:
             error = e.message
         except Exception as e:  # noqa: BLE001 - recorded on the job; the worker goes on
             log.exception("ingestion %s of %r failed", job_id, job["model"])
-            error = f"internal error during ingestion ({type(e).__name__}: {e})"
+            error = f"internal error during ingestion ({_brief(e)})"
         p = self.progress.get(key, {})
         store.finish_ingest_job(self.cat, job_id, error=error, done_bytes=p.get("done", 0),
                                 total_bytes=p.get("total", 0))
@@ -173,5 +173,10 @@ class JobRunner:
             store.fail_merge(self.cat, merge_id, e.message)
         except Exception as e:  # noqa: BLE001 - recorded on the merge; the worker goes on
             log.exception("merge %s failed", merge_id)
-            store.fail_merge(self.cat, merge_id,
-                             f"internal error during the merge ({type(e).__name__}: {e})")
+            store.fail_merge(self.cat, merge_id, f"internal error during the merge ({_brief(e)})")
+
+
+def _brief(e: BaseException) -> str:
+    """Type and first line of an unexpected error, short enough for a status field."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:300]}"
