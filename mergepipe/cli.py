@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "mergepipe.commands.serve",
     "mergepipe.commands.demo",
     "mergepipe.commands.bench",
+    "mergepipe.commands.gen_family",
 ]
 
 DESCRIPTION = """\
