@@ -1,0 +1,87 @@
+"""Start-up recovery: what was running when the server died is failed and cleaned; queued resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from catalog.db import Catalog
+from mergepipe.request import build_request
+from service import store
+from tests.api_helpers import (
+    EXPERTS,
+    client_for,
+    make_family,
+    register_family,
+    settings_for,
+    wait,
+)
+
+pytest.importorskip("catalog.ingest")
+pytest.importorskip("executor.run")
+
+
+def test_restart_fails_running_jobs_removes_temp_outputs_and_resumes_queued(
+        tmp_path: Path) -> None:
+    from executor import manifest
+    from executor.run import new_merge
+
+    family = make_family(tmp_path / "data" / "family")
+    settings = settings_for(tmp_path)
+    with client_for(settings) as c:
+        register_family(c, family)
+
+    # The state a server killed mid-work leaves behind (written while no server runs).
+    out = settings.output_root
+    req = build_request(base="base", experts=[{"model": e} for e in EXPERTS], operator="ties",
+                        params={"density": 0.5}, budget={"fraction": 0.5}, seed=1)
+    with Catalog(settings.catalog) as cat:
+        half = store.new_ingest_job(cat, model="half", kind="full", path=str(family["e0"]),
+                                    base="base", block_bytes=None, with_stats=True)
+        store.start_ingest_job(cat, half)
+        later = store.new_ingest_job(cat, model="later", kind="full", path=str(family["e1"]),
+                                     base="base", block_bytes=None, with_stats=True)
+        crashed = new_merge(cat, req, "crashed", out / "crashed")
+        manifest.mark_running(cat, crashed)
+        resumed = new_merge(cat, req, "resumed", out / "resumed")
+    stage = out / ".crashed.tmp-deadbeef"
+    stage.mkdir(parents=True)
+    (stage / "model.safetensors").write_bytes(b"half written")
+    keep = out / "unrelated"
+    keep.mkdir()
+
+    with client_for(settings) as c:
+        m = c.get(f"/v1/merges/{crashed}").json()
+        assert m["status"] == "failed" and "server stopped" in m["error"]
+        assert not stage.exists() and not (out / "crashed").exists() and keep.is_dir()
+        h = c.get("/v1/models/half").json()
+        assert h["status"] == "failed" and "server stopped" in h["error"]
+        assert c.get(f"/v1/ingestions/{half}").json()["status"] == "failed"
+        assert wait(c, "/v1/models/later")["status"] == "ready"
+        assert c.get(f"/v1/ingestions/{later}").json()["status"] == "succeeded"
+        r = wait(c, f"/v1/merges/{resumed}")
+        assert r["status"] == "succeeded", r
+        assert (out / "resumed" / "manifest.json").is_file()
+        # a failed name is free again
+        again = c.post("/v1/models", json={"name": "half", "path": str(family["e0"]),
+                                           "base": "base"})
+        assert again.status_code == 202, again.text
+        assert wait(c, "/v1/models/half")["status"] == "ready"
+
+
+def test_stopping_leaves_queued_jobs_queued(tmp_path: Path) -> None:
+    """A job the workers never took stays queued in the catalog across a stop."""
+    from service.jobs import JobRunner
+
+    family = make_family(tmp_path / "data" / "family")
+    settings = settings_for(tmp_path)
+    with Catalog(settings.catalog) as cat:
+        runner = JobRunner(cat, settings)
+        runner.stop(grace_s=1)  # stopped before it ever started
+        job = store.new_ingest_job(cat, model="base", kind="full", path=str(family["base"]),
+                                   base=None, block_bytes=None, with_stats=True)
+        runner.submit("ingest", job)
+        assert store.get_ingest_job(cat, job)["status"] == "queued"  # type: ignore[index]
+    with client_for(settings) as c:
+        assert wait(c, "/v1/models/base")["status"] == "ready"
