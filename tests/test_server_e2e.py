@@ -32,6 +32,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def mergepipe_command() -> list[str]:
+    """The installed `mergepipe` entry point (as in the container), else `python -m mergepipe`."""
+    script = Path(sys.executable).parent / "mergepipe"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "mergepipe"]
+
+
 class Api:
     """A minimal JSON client (standard library), as a user's script would be."""
 
@@ -72,14 +78,14 @@ def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Api, Path]
     make_family(data / "family")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
+    # The container's start command and settings (Dockerfile / docker-compose.yml), on loopback.
     env.update(MERGEPIPE_CATALOG=str(tmp_path / "catalog.duckdb"), MERGEPIPE_API_TOKEN=TOKEN,
+               MERGEPIPE_DATA_ROOTS=str(data), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "outputs"),
                MERGEPIPE_WORKERS="2", PYTHONPATH=str(REPO))
     log = (tmp_path / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mergepipe", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--data-root", str(data), "--output-root", str(tmp_path / "outputs"),
-         "--log-level", "warning"],
-        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([*mergepipe_command(), "serve", "--host", "127.0.0.1",
+                             "--port", str(port), "--log-level", "warning"],
+                            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     api = Api(port, TOKEN)
     try:
         for _ in range(300):

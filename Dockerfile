@@ -1,0 +1,42 @@
+# MergePipe HTTP API: `mergepipe serve` with settings from MERGEPIPE_* variables.
+# Build:  docker build -t mergepipe .
+#         (choose the wheel index for the CPU build of torch with --build-arg PIP_INDEX_URL=...
+#          or PIP_EXTRA_INDEX_URL=...; the default index is used otherwise)
+# Run:    docker compose up   (see docker-compose.yml for volumes and settings)
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+
+# torch first and alone: the largest layer, rebuilt only when its pin changes.
+RUN pip install "torch==2.13.0"
+
+WORKDIR /app
+COPY . /app
+# Editable: the catalog finds catalog_schema.sql and migrations/ beside its package.
+RUN pip install -e . \
+    && useradd --create-home --uid 1000 mergepipe \
+    && mkdir -p /data/catalog /data/models /data/outputs \
+    && chown -R mergepipe:mergepipe /data/catalog /data/outputs
+
+ENV MERGEPIPE_CATALOG=/data/catalog/mergepipe.duckdb \
+    MERGEPIPE_DATA_ROOTS=/data/models \
+    MERGEPIPE_OUTPUT_ROOT=/data/outputs \
+    MERGEPIPE_WORKERS=2
+
+USER mergepipe
+EXPOSE 8000
+VOLUME ["/data/catalog", "/data/outputs"]
+
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status == 200 else 1)"]
+
+# SIGTERM stops it cleanly: running jobs get MERGEPIPE_SHUTDOWN_GRACE_S (30 s), exit status 0;
+# jobs still queued resume at the next start.
+STOPSIGNAL SIGTERM
+CMD ["mergepipe", "serve", "--host", "0.0.0.0", "--port", "8000"]
