@@ -35,7 +35,7 @@ def body_request(st: AppState, body: PlanIn, output_dtype: str | None = None) ->
         except MergePipeError as e:
             if "does not exist" in e.message:
                 raise not_found(text, key) from None
-            raise type(e)(f"{key}: {e.message}", field=key) from None
+            raise
 
     try:
         with st.names:  # names of models ingested here are claimed as POST /v1/models does
