@@ -21,6 +21,8 @@ from catalog.storage import LocalFileReader
 from mergepipe.errors import InvalidCheckpoint
 
 MODES = ("hash", "full", "delta", "lora")
+INLINE_BELOW = 8 << 20  # scans of fewer bytes run in the calling thread
+SORT_BELOW = 1 << 16  # one-block tensors this small get their thresholds by sorting
 # Exponent bits that mark Inf / NaN, per dtype (checked on raw bytes when no delta is computed).
 _NONFINITE = {"BF16": (torch.int16, 0x7F80), "F16": (torch.int16, 0x7C00),
               "F32": (torch.int32, 0x7F800000)}
@@ -152,6 +154,8 @@ def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
 
     def finish_level(st: _State) -> None:
         assert st.trim is not None
+        if st.cached is not None and st.cached.numel() <= SORT_BELOW:
+            st.trim.solve_sorted(st.cached)
         st.trim.finish_level()
         while st.trim.pending and st.cached is not None:
             st.trim.add(st.trim.block_counts(st.cached.view(torch.int32)))
@@ -169,7 +173,9 @@ def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
 
     window = 2 * workers
     inflight: deque[tuple[Future[Any], _State, int, bool]] = deque()
-    with single_threaded_torch(), ThreadPoolExecutor(workers, "mergepipe-scan") as pool:
+    pool: ThreadPoolExecutor | _Inline = (ThreadPoolExecutor(workers, "mergepipe-scan")
+                                          if total >= INLINE_BELOW else _Inline())
+    with single_threaded_torch(), pool:
         try:
             while True:
                 while len(inflight) < window and (task := next_task()) is not None:
@@ -204,6 +210,24 @@ def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
                 fut.cancel()
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+class _Inline:
+    """Runs each task at submit, in the calling thread (small scans: no thread hand-offs)."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+            fut.set_exception(e)
+        return fut
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def _scan_block(st: _State, i: int, reader: LocalFileReader

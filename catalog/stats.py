@@ -16,6 +16,9 @@ DENSITY_STEPS = 100  # trim thresholds for densities 0.01, 0.02, ..., 1.00
 LEVEL_SHIFTS = (16, 8, 0)
 TOP_BINS = 1 << 15
 SUB_BINS = 1 << 8
+SPARSE_BELOW = 8192  # smaller blocks give (keys, counts): cheaper than 64Ki dense bins
+
+Histogram = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # dense counts, or (keys, counts)
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ def trim_ks(numel: int) -> list[int]:
     return [int((j + 1) / DENSITY_STEPS * numel) for j in range(DENSITY_STEPS)]
 
 
-def scan_block(a: torch.Tensor) -> tuple[BlockStats, torch.Tensor]:
+def scan_block(a: torch.Tensor) -> tuple[BlockStats, Histogram]:
     """Stats of a block from its flat float32 |delta|, and its level-0 threshold histogram.
 
     The histogram has 2 * 2**15 counts: for each top-16-bit prefix, the entries whose lower 16
@@ -50,10 +53,25 @@ def scan_block(a: torch.Tensor) -> tuple[BlockStats, torch.Tensor]:
     if not math.isfinite(max_abs):  # NaN propagates through amax
         raise NonFiniteDelta("NaN" if math.isnan(max_abs) else "Inf")
     bits = a.view(torch.int32)
-    counts = torch.bincount(_mixed_key(bits, 16, bits >> 16), minlength=2 * TOP_BINS)
+    counts = _histogram(_mixed_key(bits, 16, bits >> 16), 2 * TOP_BINS)
     l1 = float(a.sum(dtype=torch.float64))
     l2 = float(torch.linalg.vector_norm(a, dtype=torch.float64))
-    return BlockStats(l2, l1, max_abs, n - int(counts[0])), counts
+    zeros = int(counts[0]) if isinstance(counts, torch.Tensor) else _sparse_count(counts, 0)
+    return BlockStats(l2, l1, max_abs, n - zeros), counts
+
+
+
+def _histogram(key: torch.Tensor, size: int) -> Histogram:
+    if key.numel() < SPARSE_BELOW and key.numel() < size:
+        keys, counts = torch.unique(key, return_counts=True)
+        return keys.long(), counts
+    return torch.bincount(key, minlength=size)
+
+
+def _sparse_count(h: tuple[torch.Tensor, torch.Tensor], key: int) -> int:
+    keys, counts = h
+    hit = counts[keys == key]
+    return int(hit[0]) if hit.numel() else 0
 
 
 def _mixed_key(bits: torch.Tensor, shift: int, prefix: torch.Tensor) -> torch.Tensor:
@@ -96,10 +114,13 @@ class TrimThresholds:
     def pending(self) -> bool:
         return bool(self._queries)
 
-    def add(self, counts: torch.Tensor) -> None:
-        self._counts += counts
+    def add(self, counts: Histogram) -> None:
+        if isinstance(counts, torch.Tensor):
+            self._counts += counts
+        else:
+            self._counts.index_add_(0, counts[0], counts[1])
 
-    def block_counts(self, bits: torch.Tensor) -> torch.Tensor:
+    def block_counts(self, bits: torch.Tensor) -> Histogram:
         """Histogram of one block for the current refinement level (bits = |delta| as int32)."""
         assert self.level >= 1
         sel = bits.reshape(-1)
@@ -115,10 +136,25 @@ class TrimThresholds:
         shift = LEVEL_SHIFTS[self.level]
         child = ((sel >> shift) & (SUB_BINS - 1)).long()
         key = _mixed_key(sel, shift, slot * SUB_BINS + child)
-        return torch.bincount(key, minlength=2 * SUB_BINS * self.n_slots)
+        return _histogram(key, 2 * SUB_BINS * self.n_slots)
+
+    def solve_sorted(self, a: torch.Tensor) -> None:
+        """Resolve every pending query from all of the tensor's |delta| at once (small tensors)."""
+        asc = torch.sort(a.reshape(-1)).values
+        n = asc.numel()
+        ks = torch.tensor([q.above + q.rank for q in self._queries], dtype=torch.int64)
+        taus = asc[n - ks]
+        lo = torch.searchsorted(asc, taus, right=False)
+        hi = torch.searchsorted(asc, taus, right=True)
+        for q, tau, lo_i, hi_i in zip(self._queries, taus.tolist(), lo.tolist(), hi.tolist(),
+                                      strict=True):
+            self.tau[q.j], self.above[q.j], self.tied[q.j] = float(tau), n - hi_i, hi_i - lo_i
+        self._queries = []
 
     def finish_level(self) -> None:
         """Resolve every query whose value is now known; set up the next level for the rest."""
+        if not self._queries:
+            return
         children = TOP_BINS if self.level == 0 else SUB_BINS
         counts = self._counts.view(self.n_slots, children, 2).numpy()
         total = counts.sum(axis=2)

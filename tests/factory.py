@@ -117,8 +117,15 @@ def make_delta(base: Path, out: Path, *, seed: int, scale: float = 0.01, dtype: 
 
 def make_lora(base: Path, out: Path, *, seed: int, r: int = 4, alpha: float = 8.0,
               targets: tuple[str, ...] = ("q_proj", "v_proj"), use_rslora: bool = False,
-              dtype: str = "F32", scale: float = 0.05) -> Path:
-    """A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors)."""
+              dtype: str = "F32", scale: float = 0.05,
+              rank_pattern: dict[str, int] | None = None,
+              alpha_pattern: dict[str, float] | None = None,
+              config: dict[str, object] | None = None) -> Path:
+    """A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors).
+
+    rank_pattern / alpha_pattern follow PEFT: a key matches a module name that ends with it
+    (regex); `config` overrides entries of adapter_config.json.
+    """
     b = load(base)
     g = torch.Generator().manual_seed(seed)
     tensors = {}
@@ -126,16 +133,26 @@ def make_lora(base: Path, out: Path, *, seed: int, r: int = 4, alpha: float = 8.
         if t.ndim != 2 or not any(f".{m}." in n for m in targets):
             continue
         stem = n.removesuffix(".weight")
-        tensors[f"base_model.model.{stem}.lora_A.weight"] = torch.randn(r, t.shape[1], generator=g) * scale
-        tensors[f"base_model.model.{stem}.lora_B.weight"] = torch.randn(t.shape[0], r, generator=g) * scale
+        rank = _pattern_value(rank_pattern, stem, r)
+        tensors[f"base_model.model.{stem}.lora_A.weight"] = torch.randn(rank, t.shape[1], generator=g) * scale
+        tensors[f"base_model.model.{stem}.lora_B.weight"] = torch.randn(t.shape[0], rank, generator=g) * scale
     out.mkdir(parents=True, exist_ok=True)
     save_file({n: t.to(TORCH[dtype]) for n, t in tensors.items()},
               str(out / "adapter_model.safetensors"))
     (out / "adapter_config.json").write_text(json.dumps({
         "peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": list(targets),
         "use_rslora": use_rslora, "fan_in_fan_out": False, "bias": "none",
-        "base_model_name_or_path": str(base), "task_type": "CAUSAL_LM"}))
+        "rank_pattern": rank_pattern or {}, "alpha_pattern": alpha_pattern or {},
+        "base_model_name_or_path": str(base), "task_type": "CAUSAL_LM", **(config or {})}))
     return out
+
+
+def _pattern_value(pattern: dict[str, int] | None, module: str, default: int) -> int:
+    import re
+    for key, value in (pattern or {}).items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default
 
 
 def _dtype_of(path: Path) -> str:
