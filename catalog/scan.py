@@ -16,7 +16,7 @@ import xxhash
 
 from catalog.lora import lora_delta
 from catalog.safetensors_format import TensorEntry, to_float32
-from catalog.stats import BlockStats, NonFiniteDelta, TrimThresholds, scan_block
+from catalog.stats import BlockStats, Histogram, NonFiniteDelta, TrimThresholds, scan_block
 from catalog.storage import LocalFileReader
 from mergepipe.errors import InvalidCheckpoint
 
@@ -231,7 +231,7 @@ class _Inline:
 
 
 def _scan_block(st: _State, i: int, reader: LocalFileReader
-                ) -> tuple[str, BlockStats | None, torch.Tensor | None, torch.Tensor | None]:
+                ) -> tuple[str, BlockStats | None, Histogram | None, torch.Tensor | None]:
     plan = st.plan
     span = plan.span(i)
     raw = reader.read(span.path, span.offset, span.nbytes)
@@ -249,7 +249,7 @@ def _scan_block(st: _State, i: int, reader: LocalFileReader
     return digest, stats, counts, a if len(plan.rows) == 1 else None
 
 
-def _refine_block(st: _State, i: int, reader: LocalFileReader) -> torch.Tensor:
+def _refine_block(st: _State, i: int, reader: LocalFileReader) -> Histogram:
     assert st.trim is not None
     span = st.plan.span(i)
     a = _abs_delta(st, i, reader.read(span.path, span.offset, span.nbytes), reader)
