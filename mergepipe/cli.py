@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "mergepipe.commands.demo",
     "mergepipe.commands.bench",
     "mergepipe.commands.gen_family",
+    "mergepipe.commands.fidelity",
 ]
 
 DESCRIPTION = """\

@@ -1,0 +1,89 @@
+"""Downstream measurements: teacher-forced KL between models, greedy exact match, L2 deviation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.fidelity.model import collate
+from benchmarks.fidelity.tasks import PAD, Example
+
+
+@torch.no_grad()
+def log_probs(model: Any, examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token log-probs (N, T-1, V) float32 and the target ids (N, T-1), PAD-padded."""
+    ids, _ = collate([e.ids() for e in examples], [0] * len(examples))
+    logits = model(input_ids=ids, attention_mask=(ids != PAD).long()).logits[:, :-1].float()
+    return torch.log_softmax(logits, dim=-1), ids[:, 1:]
+
+
+def masks(examples: list[Example], targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Boolean (N, T-1) masks of the positions scored: all real tokens, and answer tokens."""
+    real = targets != PAD
+    answer = torch.zeros_like(real)
+    for i, e in enumerate(examples):
+        answer[i, e.answer_start - 1:len(e.ids()) - 1] = True
+    return {"all": real, "answer": answer & real}
+
+
+def token_kl(ref: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """KL(ref || other) per position, from log-probs (N, T, V) -> (N, T)."""
+    return (ref.exp() * (ref - other)).sum(-1).clamp_min(0.0)
+
+
+def kl_summary(ref: torch.Tensor, other: torch.Tensor, examples: list[Example],
+               targets: torch.Tensor) -> dict[str, Any]:
+    """Mean per-token KL(ref || other) over all / answer tokens, overall and per task."""
+    kl = token_kl(ref, other)
+    m = masks(examples, targets)
+    tasks = sorted({e.task for e in examples})
+    out: dict[str, Any] = {}
+    for scope, mask in m.items():
+        out[scope] = float(kl[mask].mean())
+        out[f"{scope}_by_task"] = {}
+        for t in tasks:
+            rows = torch.tensor([e.task == t for e in examples])
+            out[f"{scope}_by_task"][t] = float(kl[rows][mask[rows]].mean())
+    return out
+
+
+def exact_match(lp: torch.Tensor, examples: list[Example], targets: torch.Tensor
+                ) -> dict[str, float]:
+    """Greedy exact match per task, computed teacher-forced.
+
+    Greedy decoding reproduces the answer (newline included) iff the argmax at every answer
+    position equals the gold token given the gold prefix, so one forward pass suffices.
+    """
+    ok = (lp.argmax(-1) == targets) | ~masks(examples, targets)["answer"]
+    per = ok.all(-1)
+    out: dict[str, float] = {}
+    for t in sorted({e.task for e in examples}):
+        rows = torch.tensor([e.task == t for e in examples])
+        out[t] = float(per[rows].float().mean())
+    out["mean"] = float(sum(out.values()) / len(out))
+    return out
+
+
+def task_accuracy(model: Any, examples: list[Example]) -> dict[str, float]:
+    """Greedy exact match of a model on examples, per task and mean."""
+    lp, targets = log_probs(model, examples)
+    return exact_match(lp, examples, targets)
+
+
+def load_state(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors checkpoint directory, as float32."""
+    from safetensors.torch import load_file
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        out.update({k: v.float() for k, v in load_file(f).items()})
+    return out
+
+
+def l2_deviation(full: dict[str, torch.Tensor], other: dict[str, torch.Tensor]
+                 ) -> dict[str, float]:
+    """||full - other||_2 over all tensors (float64 sums), and relative to ||full||_2."""
+    diff = sum(float((full[k].double() - other[k].double()).pow(2).sum()) for k in full)
+    norm = sum(float(full[k].double().pow(2).sum()) for k in full)
+    return {"abs": diff ** 0.5, "rel": (diff / norm) ** 0.5}

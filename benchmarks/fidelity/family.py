@@ -1,0 +1,95 @@
+"""Train the family: a base on generic text, then one expert per task fine-tuned from it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.fidelity.model import ModelSize, TrainSpec, load_model, new_model, save_bf16, train
+from benchmarks.fidelity.tasks import TASKS, eval_set, pretrain_ids, task_examples
+
+FAMILY_FILE = "fidelity-family.json"
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """Everything that determines the trained family (its hash names the cache folder)."""
+
+    size: ModelSize = field(default_factory=ModelSize)
+    tasks: tuple[str, ...] = ("reverse", "sort", "shift", "modadd")
+    pretrain: TrainSpec = field(default_factory=lambda: TrainSpec(steps=300, batch=32, lr=3e-3))
+    finetune: TrainSpec = field(default_factory=lambda: TrainSpec(steps=250, batch=32, lr=1.5e-3))
+    seed: int = 0
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _pretrain_sampler(seed: int) -> Any:
+    pool = pretrain_ids(20_000, seed)
+
+    def sample(rng: random.Random, batch: int) -> tuple[list[list[int]], list[int]]:
+        seqs = [pool[rng.randrange(len(pool))] for _ in range(batch)]
+        return seqs, [1] * batch
+    return sample
+
+
+def _task_sampler(task: str, seed: int) -> Any:
+    pool = task_examples(task, 20_000, seed)
+
+    def sample(rng: random.Random, batch: int) -> tuple[list[list[int]], list[int]]:
+        exs = [pool[rng.randrange(len(pool))] for _ in range(batch)]
+        return [e.ids() for e in exs], [e.answer_start for e in exs]
+    return sample
+
+
+def build_family(spec: FamilySpec, root: Path, *, rebuild: bool = False) -> dict[str, Any]:
+    """Train (or reuse from root/<key>) the base and experts; returns the family description."""
+    from benchmarks.fidelity.evaluate import task_accuracy
+
+    out = root / f"family-{spec.key()}"
+    info_path = out / FAMILY_FILE
+    if info_path.exists() and not rebuild:
+        return dict(json.loads(info_path.read_text()))
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    print(f"  training base ({spec.pretrain.steps} steps)", flush=True)
+    base = new_model(spec.size, spec.seed)
+    base_log = train(base, _pretrain_sampler(spec.seed), spec.pretrain, spec.seed)
+    save_bf16(base, out / "base")
+    evals = eval_set(list(spec.tasks), 64, spec.seed)
+    info: dict[str, Any] = {
+        "spec": asdict(spec), "key": spec.key(), "path": str(out),
+        "base": {"path": str(out / "base"), "train": base_log,
+                 "accuracy": task_accuracy(load_model(out / "base"), evals)},
+        "experts": {},
+    }
+    for i, task in enumerate(spec.tasks):
+        print(f"  fine-tuning expert {task!r} ({spec.finetune.steps} steps)", flush=True)
+        model = load_model(out / "base")  # the stored (bf16-rounded) base: exact deltas
+        log = train(model, _task_sampler(task, spec.seed), spec.finetune, spec.seed + 1 + i)
+        save_bf16(model, out / task)
+        info["experts"][task] = {"path": str(out / task), "train": log,
+                                 "accuracy": task_accuracy(load_model(out / task), evals)}
+    info["train_seconds"] = time.perf_counter() - t0
+    info["torch"] = torch.__version__
+    info_path.write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def expert_names(info: dict[str, Any]) -> list[str]:
+    """The family's expert (task) names in training order."""
+    return list(info["experts"])
+
+
+__all__ = ["FamilySpec", "TASKS", "build_family", "expert_names"]

@@ -1,0 +1,78 @@
+"""Benchmark baseline: a seeded random access set with the bytes of the planner's access set."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, replace
+
+from catalog.db import Catalog
+from mergepipe.request import ADDITIVE_OPERATORS
+from planner import knapsack
+from planner.plan import Plan, PlannedBlock
+from planner.validate import load_models
+from planner.weights import rank_weights, trim_indexes
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate block of the planner (utility = |alpha_i| * ||D_itb||_2)."""
+
+    model: str
+    tensor: str
+    block_index: int
+    nbytes: int
+    lora_a_nbytes: int
+    utility: float
+
+
+def candidates(cat: Catalog, plan: Plan) -> list[Candidate]:
+    """The candidate blocks the planner chose `plan`'s access set from (its own queries)."""
+    req = plan.request
+    with cat.reader() as conn:
+        _, models = load_models(conn, req)
+        knapsack.load_request(conn, models, rank_weights(req), trim_indexes(req))
+        full_read = knapsack.build_candidates(conn)
+        rows = knapsack.candidate_list(conn)
+    if full_read != plan.full_read_bytes:
+        raise RuntimeError(f"candidate set changed since planning ({full_read} bytes, plan "
+                           f"{plan.full_read_bytes})")
+    if any(r.fallback for r in rows):
+        raise RuntimeError("random plans need block statistics for every expert (no fallback)")
+    return [Candidate(r.model, r.tensor, int(r.block_index), int(r.nbytes),
+                      int(r.lora_a_nbytes), float(r.utility)) for r in rows]
+
+
+def random_plan(plan: Plan, cands: list[Candidate], seed: int) -> Plan:
+    """A plan for the same request whose blocks are a seeded random subset of the candidates,
+    as many bytes as fit in plan.planned_expert_bytes (first-fit in shuffled order)."""
+    target = plan.planned_expert_bytes
+    order = list(cands)
+    random.Random(seed).shuffle(order)
+    chosen: list[Candidate] = []
+    touched: set[tuple[str, str]] = set()
+    spent = 0
+    for c in order:
+        cost = c.nbytes + (0 if (c.model, c.tensor) in touched else c.lora_a_nbytes)
+        if spent + cost <= target:
+            chosen.append(c)
+            touched.add((c.model, c.tensor))
+            spent += cost
+    keys = {(c.model, c.tensor, c.block_index) for c in chosen}
+    omitted = sum(c.utility for c in cands if (c.model, c.tensor, c.block_index) not in keys)
+    blocks = [PlannedBlock(c.model, c.tensor, c.block_index, c.nbytes, c.utility, rank)
+              for rank, c in enumerate(chosen)]
+    digest = hashlib.sha256(json.dumps(
+        {"base_plan": plan.plan_hash, "random_seed": seed,
+         "blocks": sorted([b.model, b.tensor, b.block_index] for b in blocks)}).encode()
+    ).hexdigest()
+    additive = plan.request.operator in ADDITIVE_OPERATORS and plan.omission_bound is not None
+    return replace(plan, plan_hash=digest, planned_expert_bytes=spent, blocks=blocks,
+                   omission_bound=omitted if additive else None, experts=[],
+                   omission_bound_note=None if additive else plan.omission_bound_note)
+
+
+def retained_utility(plan: Plan) -> float:
+    """Sum of the utilities of a plan's blocks."""
+    return sum(b.utility for b in plan.blocks)
