@@ -125,11 +125,21 @@ class JobRunner:
             self.progress[job] = {**extra, "done": int(done or 0), "total": int(total or 0)}
         return update
 
-    def _wait_for_base(self, base: str) -> None:
-        """An expert registered right after its base waits for the base's ingestion to end."""
-        while not self.stopping.is_set() and store.active_ingest_job(self.cat, base):
+    def _wait_for_base(self, job_id: str, base: str) -> bool:
+        """An expert registered right after its base waits for the base's ingestion to end.
+
+        False (and the job goes back to the end of the queue) while the base's job has not
+        started, so that a worker never waits on a job queued behind it."""
+        while not self.stopping.is_set():
+            active = store.active_ingest_job(self.cat, base)
+            if active is None:
+                return True
+            if active["status"] == "queued" and ("ingest", active["job_id"]) not in self.running:
+                self.queue.put(("ingest", job_id))
+                return False
             with self.changed:
                 self.changed.wait(0.2)
+        return False
 
     def _ingest(self, job_id: str) -> None:
         from catalog.ingest import DEFAULT_BLOCK_BYTES, ingest_model
@@ -137,9 +147,7 @@ class JobRunner:
         job = store.get_ingest_job(self.cat, job_id)
         if job is None or job["status"] != "queued":
             return
-        if job["base"]:
-            self._wait_for_base(job["base"])
-        if self.stopping.is_set():
+        if job["base"] and not self._wait_for_base(job_id, job["base"]):
             return
         store.start_ingest_job(self.cat, job_id)
         key: Job = ("ingest", job_id)

@@ -74,9 +74,9 @@ def unfinished_ingest_models(cat: Catalog) -> list[dict[str, Any]]:
     return _all(cat, "svc_unfinished_ingest_models")
 
 
-def active_ingest_job(cat: Catalog, model: str) -> str | None:
-    rows = cat.query("svc_active_ingest_job", {"model": model})
-    return str(rows[0][0]) if rows else None
+def active_ingest_job(cat: Catalog, model: str) -> dict[str, Any] | None:
+    """{job_id, status} of the queued or running ingestion of `model`, or None."""
+    return _one(cat, "svc_active_ingest_job", {"model": model})
 
 
 def start_ingest_job(cat: Catalog, job_id: str) -> None:

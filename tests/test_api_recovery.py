@@ -85,3 +85,17 @@ def test_stopping_leaves_queued_jobs_queued(tmp_path: Path) -> None:
         assert store.get_ingest_job(cat, job)["status"] == "queued"  # type: ignore[index]
     with client_for(settings) as c:
         assert wait(c, "/v1/models/base")["status"] == "ready"
+
+
+def test_an_expert_queued_before_its_base_does_not_block_a_single_worker(
+        tmp_path: Path) -> None:
+    family = make_family(tmp_path / "data" / "family")
+    settings = settings_for(tmp_path, workers=1)
+    with Catalog(settings.catalog) as cat:
+        store.new_ingest_job(cat, model="e0", kind="full", path=str(family["e0"]), base="base",
+                             block_bytes=None, with_stats=True)
+        store.new_ingest_job(cat, model="base", kind="full", path=str(family["base"]),
+                             base=None, block_bytes=None, with_stats=True)
+    with client_for(settings) as c:
+        assert wait(c, "/v1/models/e0", timeout=30)["status"] == "ready"
+        assert c.get("/v1/models/base").json()["status"] == "ready"

@@ -31,7 +31,11 @@ def test_mutating_endpoints_need_the_bearer_token(secured: TestClient, tmp_path:
         assert_error(r, 401, "unauthorized")
         assert r.headers["www-authenticate"] == "Bearer"
         assert_error(c.post("/v1/merges", json={}, headers=headers), 401, "unauthorized")
+    # a mergekit config may name unregistered paths, which get ingested: a write too
+    cfg = {"config_yaml": "merge_method: linear\nmodels:\n  - model: a\n"}
+    assert_error(c.post("/v1/plans", json=cfg), 401, "unauthorized")
     ok = {"Authorization": f"Bearer {TOKEN}"}
+    assert c.post("/v1/plans", json=cfg, headers=ok).status_code != 401
     # past the token check, the request itself is judged
     r = c.post("/v1/merges", json={}, headers=ok)
     assert_error(r, 422, "invalid_request")

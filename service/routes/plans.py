@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from catalog.db import Catalog
 from mergepipe.request import MergeRequest, build_request
 from service import store
+from service.auth import require_token
 from service.schemas import PlanIn
 from service.state import State
 from service.views import require_ready
@@ -39,8 +40,10 @@ def plan_summary(cat: Catalog, req: MergeRequest) -> dict[str, Any]:
 
 
 @router.post("/plans", summary="Dry run: the plan summary (bytes, bound, hash) of a merge")
-def plan(body: PlanIn, st: State) -> dict[str, Any]:
+def plan(body: PlanIn, st: State, request: Request) -> dict[str, Any]:
     from service.config_yaml import body_request
+    if body.config_yaml is not None:
+        require_token(request)  # a config may name unregistered paths: they get ingested
     req = body_request(st, body)
     check_inputs(st.cat, req)
     return plan_summary(st.cat, req)
