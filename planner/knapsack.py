@@ -1,0 +1,109 @@
+"""Run the planner's SQL: candidate units, knapsack prefix and fill passes, totals, access set."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from catalog.db import load_sql
+from mergepipe.errors import BudgetViolation, InvalidRequest
+from planner.validate import ModelInfo
+
+
+@dataclass(frozen=True)
+class ExpertTotals:
+    """One expert's candidate and selected blocks and bytes after the knapsack."""
+
+    candidate_blocks: int
+    selected_blocks: int
+    full_read_bytes: int
+    planned_bytes: int
+    omitted_utility: float
+
+
+def load_request(conn: sa.Connection, experts: list[ModelInfo], rank_weights: list[float],
+                 trim_js: list[int | None]) -> None:
+    """Put the request's experts in this connection's temp table (bound parameters only)."""
+    conn.execute(load_sql("planner_request_create"))
+    conn.execute(load_sql("planner_request_insert"), [
+        {"position": i, "model": m.name, "rank_weight": w, "trim_j": j, "has_stats": m.has_stats}
+        for i, (m, w, j) in enumerate(zip(experts, rank_weights, trim_js, strict=True))])
+
+
+def build_candidates(conn: sa.Connection) -> int:
+    """Create the ranked candidate units; returns C_full, the operator's full-read bytes.
+    Refuses (InvalidRequest) an expert whose statistics miss a candidate's rows."""
+    conn.execute(load_sql("planner_candidates_create"))
+    gap = conn.execute(load_sql("planner_missing_stats")).first()
+    if gap is not None:
+        model, tensor, missing = gap
+        raise InvalidRequest(f"expert {model!r} is registered with statistics but has no "
+                             f"{missing} rows for tensor {tensor!r}; re-ingest it",
+                             field="experts")
+    return int(conn.execute(load_sql("planner_full_read")).scalar_one())
+
+
+def select(conn: sa.Connection, budget: int) -> int:
+    """Greedy knapsack in rank order under `budget`: the prefix whose running cost fits, then
+    fill passes over the leftover until one adds nothing. Returns the bytes planned."""
+    n, added, spent = 0, 0, 0
+    while True:
+        added, spent = conn.execute(load_sql("planner_spent"),
+                                    {"pass": n, "budget": budget}).one()
+        spent = int(spent)
+        if spent > budget:  # impossible by construction; never hand out an unsound plan
+            raise BudgetViolation(f"planner selected {spent} bytes over the budget of {budget}")
+        if n > 0 and added == 0:
+            return spent
+        n += 1
+        conn.execute(load_sql("planner_fill_pass"),
+                     {"pass": n, "budget": budget, "remaining": budget - spent})
+
+
+def totals(conn: sa.Connection, budget: int) -> dict[int, ExpertTotals]:
+    """Per expert position: candidate/selected blocks, full-read and planned bytes, omitted
+    utility. Experts without any candidate are absent."""
+    return {int(r[0]): ExpertTotals(int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]))
+            for r in conn.execute(load_sql("planner_totals"), {"budget": budget})}
+
+
+def access_set(conn: sa.Connection, budget: int) -> tuple[Sequence[tuple[Any, ...]], str]:
+    """(model, tensor, block_index, nbytes, utility) of the selected blocks in rank order, and
+    the sha256 of the access set with the blocks' content hashes."""
+    conn.execute(load_sql("planner_access_create"), {"budget": budget})
+    # Plain DB-API tuples: a full-budget plan has 10^5+ rows, and Row objects cost 2x.
+    result = conn.execute(load_sql("planner_access"))
+    rows = result.cursor.fetchall()
+    result.close()
+    digest = conn.execute(load_sql("planner_access_digest")).scalar_one()
+    return rows, str(digest)
+
+
+def trim_rows(conn: sa.Connection) -> list[tuple[Any, ...]]:
+    """(model, tensor, numel, trim_j, tau, above, tied) of every ties expert tensor."""
+    return [tuple(r) for r in conn.execute(load_sql("planner_trims"))]
+
+
+def content_digest(conn: sa.Connection, model: str) -> str:
+    """sha256 of a model's block content hashes in checkpoint order."""
+    return str(conn.execute(load_sql("planner_content_digest"), {"model": model}).scalar_one())
+
+
+def candidate_list(conn: sa.Connection) -> Sequence[sa.Row[Any]]:
+    """Candidate units after `build_candidates`, in rank order: model, tensor, block_index (None
+    for a fallback tensor), nbytes, lora_a_nbytes, utility (None for fallback), fallback,
+    unit_rank."""
+    return conn.execute(load_sql("planner_candidate_list")).all()
+
+
+def lora_identity(conn: sa.Connection) -> dict[int, list[list[Any]]]:
+    """Per expert position: [tensor, lora_scale, lora_a dtype, shape, nbytes, l2, l1, max_abs]
+    of each LoRA-adapted tensor (what block content hashes do not cover)."""
+    out: dict[int, list[list[Any]]] = {}
+    for r in conn.execute(load_sql("planner_lora_identity")):
+        shape = None if r[4] is None else [int(d) for d in r[4]]
+        out.setdefault(int(r[0]), []).append([r[1], r[2], r[3], shape, r[5], r[6], r[7], r[8]])
+    return out

@@ -1,0 +1,192 @@
+"""The plan of a budgeted merge (`make_plan`) and its report (`Plan.summary`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from itertools import count
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from catalog.db import Catalog, register_sql_dir
+from mergepipe.request import ADDITIVE_OPERATORS, SPARSE_OPERATORS, MergeRequest
+from planner import knapsack
+from planner.hashing import plan_hash
+from planner.validate import ModelInfo, load_models
+from planner.weights import rank_weights, trim_indexes, trim_k
+
+register_sql_dir(Path(__file__).resolve().parent / "sql")
+
+FALLBACK_ORDER = ("whole tensors, ranked after every block of the experts with statistics, "
+                  "in checkpoint order (tensor ordinal, then expert position)")
+
+
+@dataclass(frozen=True)
+class TrimThreshold:
+    """TIES trim of one (expert, tensor) at the requested density (see DESIGN section 3)."""
+
+    tau: float   # k-th largest |delta|
+    above: int   # count of |delta| > tau
+    tied: int    # count of |delta| == tau
+    k: int       # int(density * numel)
+
+
+class PlannedBlock(NamedTuple):
+    """One expert block of the access set (immutable; a tuple so that 10^5 of them are cheap)."""
+
+    model: str
+    tensor: str
+    block_index: int
+    nbytes: int       # bytes read for the block (LoRA: lora_B rows; lora_A is charged apart)
+    utility: float    # |alpha_i| * l2 of the block's delta; 0.0 for fallback experts (unknown)
+    rank: int         # position in the access set (0 = first in the planner's order)
+
+
+@dataclass(frozen=True)
+class ExpertPlan:
+    """One expert's share of the plan."""
+
+    position: int
+    model: str
+    kind: str
+    weight: float
+    density: float | None
+    coefficient: float        # alpha_i (the ranking weight's sign included)
+    fallback: bool            # planned at tensor granularity (no statistics)
+    candidate_blocks: int
+    selected_blocks: int
+    full_read_bytes: int
+    planned_bytes: int        # selected bytes incl. lora_A once per touched tensor
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "kind": self.kind, "weight": self.weight,
+                "density": self.density, "coefficient": self.coefficient,
+                "fallback": self.fallback, "candidate_blocks": self.candidate_blocks,
+                "selected_blocks": self.selected_blocks, "full_read_bytes": self.full_read_bytes,
+                "planned_bytes": self.planned_bytes}
+
+
+@dataclass
+class Plan:
+    """The access set of a merge under its budget, with what the user needs to judge it."""
+
+    request: MergeRequest
+    plan_hash: str
+    budget_bytes: int
+    full_read_bytes: int
+    planned_expert_bytes: int
+    omission_bound: float | None
+    fallback_experts: list[str]
+    blocks: list[PlannedBlock]
+    trims: dict[tuple[str, str], TrimThreshold]
+    experts: list[ExpertPlan] = field(default_factory=list)
+    candidate_blocks: int = 0
+    omission_bound_note: str | None = None   # why there is no bound, when there is none
+    planning_seconds: float = 0.0
+
+    def selected(self) -> dict[tuple[str, str], set[int]]:
+        """(model, tensor) -> indexes of the blocks to read."""
+        out: dict[tuple[str, str], set[int]] = {}
+        for b in self.blocks:
+            out.setdefault((b.model, b.tensor), set()).add(b.block_index)
+        return out
+
+    @property
+    def touched_ratio(self) -> float:
+        """Planned bytes over the operator's full-read bytes (0.0 when there is nothing to read)."""
+        return self.planned_expert_bytes / self.full_read_bytes if self.full_read_bytes else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The plan report (CLI --json, POST /v1/plans, the merge manifest)."""
+        r = self.request
+        return {
+            "plan_hash": self.plan_hash,
+            "operator": r.operator,
+            "base": r.base,
+            "experts": [e.to_dict() for e in self.experts],
+            "params": dict(r.params),
+            "seed": r.seed,
+            "budget": r.budget.to_dict(),
+            "budget_bytes": self.budget_bytes,
+            "full_read_bytes": self.full_read_bytes,
+            "planned_expert_bytes": self.planned_expert_bytes,
+            "touched_ratio": self.touched_ratio,
+            "selected_blocks": len(self.blocks),
+            "candidate_blocks": self.candidate_blocks,
+            "omission_bound": self.omission_bound,
+            "omission_bound_note": self.omission_bound_note,
+            "fallback_experts": list(self.fallback_experts),
+            "fallback_order": FALLBACK_ORDER if self.fallback_experts else None,
+            "planning_seconds": self.planning_seconds,
+        }
+
+
+def bound_note(request: MergeRequest, fallback: list[str]) -> str | None:
+    """Why the omitted-update bound does not apply to this request (None: it applies)."""
+    if request.operator not in ADDITIVE_OPERATORS:
+        return f"no bound: {request.operator} is not a fixed-coefficient additive operator"
+    if request.operator == "linear" and request.params.get("renormalize") == "selected":
+        return "no bound: renormalize=selected changes the coefficients with the access set"
+    if fallback:
+        return f"no bound: no statistics for {', '.join(fallback)}"
+    return None
+
+
+def _expert_plans(request: MergeRequest, models: list[ModelInfo],
+                  per_expert: dict[int, knapsack.ExpertTotals]) -> list[ExpertPlan]:
+    sparse = request.operator in SPARSE_OPERATORS
+    densities = request.densities()
+    empty = knapsack.ExpertTotals(0, 0, 0, 0, 0.0)
+    out = []
+    for i, (m, spec, alpha) in enumerate(zip(models, request.experts, request.coefficients(),
+                                             strict=True)):
+        t = per_expert.get(i, empty)
+        out.append(ExpertPlan(i, m.name, m.kind, spec.weight, densities[i] if sparse else None,
+                              alpha, not m.has_stats, t.candidate_blocks, t.selected_blocks,
+                              t.full_read_bytes, t.planned_bytes))
+    return out
+
+
+def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
+    """Validate `request` against the catalog and choose its access set under the budget."""
+    t0 = time.perf_counter()
+    trim_js = trim_indexes(request)
+    with cat.reader() as conn:
+        base, models = load_models(conn, request)
+        knapsack.load_request(conn, models, rank_weights(request), trim_js)
+        full_read = knapsack.build_candidates(conn)
+        budget = request.budget.resolve(full_read)
+        planned = knapsack.select(conn, budget)
+        per_expert = knapsack.totals(conn, budget)
+        rows, access_digest = knapsack.access_set(conn, budget)
+        trim_rows = knapsack.trim_rows(conn)
+        base_digest = knapsack.content_digest(conn, base.name)
+        lora = knapsack.lora_identity(conn)
+
+    # C-level construction (rows + rank): a full-budget plan has 10^5+ blocks.
+    blocks = list(map(PlannedBlock._make, map(tuple.__add__, rows, zip(count()))))
+    trims = {(m, t): TrimThreshold(float(tau), int(above), int(tied), trim_k(j, numel))
+             for m, t, numel, j, tau, above, tied in trim_rows}
+    fallback = [m.name for m in models if not m.has_stats]
+    experts = _expert_plans(request, models, per_expert)
+    note = bound_note(request, fallback)
+    bound = None if note else math.fsum(t.omitted_utility for t in per_expert.values())
+    touched = {(b.model, b.tensor) for b in blocks} if trims else set()
+    digest = plan_hash(
+        request=request.to_dict(),
+        budget_bytes=budget,
+        base_content=base_digest,
+        experts=[{"model": m.name, "kind": m.kind, "has_stats": m.has_stats,
+                  "lora_scale": m.lora_scale, "lora": lora.get(i, [])}
+                 for i, m in enumerate(models)],
+        trims=sorted([m, t, tr.tau if math.isfinite(tr.tau) else repr(tr.tau), tr.above,
+                      tr.tied, tr.k] for (m, t), tr in trims.items() if (m, t) in touched),
+        access=access_digest,
+    )
+    return Plan(
+        request=request, plan_hash=digest, budget_bytes=budget, full_read_bytes=full_read,
+        planned_expert_bytes=planned, omission_bound=bound, fallback_experts=fallback,
+        blocks=blocks, trims=trims, experts=experts,
+        candidate_blocks=sum(e.candidate_blocks for e in experts), omission_bound_note=note,
+        planning_seconds=time.perf_counter() - t0)

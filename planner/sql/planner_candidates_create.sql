@@ -1,0 +1,73 @@
+-- Candidate units of the access set, ranked, with the knapsack prefix sums.
+--   * experts with statistics: one unit per block that can contribute: utility > 0 (nonzero
+--     delta, nonzero coefficient) and, for ties, max |delta| >= the tensor's trim threshold tau;
+--   * experts without statistics (fallback): one unit per whole tensor, ranked after every block
+--     unit, in checkpoint order (tensor ordinal, then expert position).
+-- Rank: utility per byte, descending; ties broken by expert position, tensor ordinal, block
+-- index, so the order is total and the same on every run.
+-- cost: bytes of the unit, plus a LoRA expert's lora_A on the first unit of each (expert,
+-- tensor) in rank order (lora_A is read once per touched tensor). cumulative: running cost in
+-- rank order; the knapsack prefix under budget B is `cumulative <= B`, and SUM(cost) = C_full.
+-- missing: a candidate whose statistics are incomplete (the planner refuses the request).
+-- Units carry integer keys (expert position, tensor ordinal) only: names are joined back for
+-- the access set, which keeps the window sorts light.
+CREATE OR REPLACE TEMP TABLE planner_candidates AS
+WITH block_units AS (
+    SELECT r.position, t.ordinal, b.block_index, 1 AS n_blocks, b.nbytes,
+           COALESCE(t.lora_a_nbytes, 0) AS lora_a_nbytes,
+           r.rank_weight * s.l2 AS utility, FALSE AS fallback,
+           CASE WHEN s.model IS NULL THEN 'block_stats'
+                WHEN r.trim_j IS NOT NULL AND (ts.model IS NULL OR len(ts.trim_tau) < r.trim_j)
+                THEN 'tensor_stats' END AS missing
+    FROM planner_request r
+    JOIN blocks b ON b.model = r.model
+    JOIN tensors t ON t.model = b.model AND t.tensor = b.tensor
+    LEFT JOIN block_stats s
+        ON s.model = b.model AND s.tensor = b.tensor AND s.block_index = b.block_index
+    LEFT JOIN tensor_stats ts
+        ON r.trim_j IS NOT NULL AND ts.model = b.model AND ts.tensor = b.tensor
+    WHERE r.has_stats AND r.rank_weight > 0
+      AND (s.model IS NULL
+           OR (s.l2 > 0 AND (r.trim_j IS NULL OR ts.model IS NULL
+                             OR len(ts.trim_tau) < r.trim_j
+                             OR s.max_abs >= ts.trim_tau[r.trim_j])))
+),
+tensor_units AS (
+    SELECT r.position, t.ordinal, CAST(NULL AS INTEGER) AS block_index,
+           COUNT(*) AS n_blocks, SUM(b.nbytes) AS nbytes,
+           COALESCE(t.lora_a_nbytes, 0) AS lora_a_nbytes,
+           CAST(NULL AS DOUBLE) AS utility, TRUE AS fallback, CAST(NULL AS VARCHAR) AS missing
+    FROM planner_request r
+    JOIN tensors t ON t.model = r.model
+    JOIN blocks b ON b.model = t.model AND b.tensor = t.tensor
+    WHERE NOT r.has_stats AND r.rank_weight > 0
+    GROUP BY r.position, t.ordinal, t.lora_a_nbytes
+),
+units AS MATERIALIZED (
+    SELECT position, ordinal, block_index, CAST(n_blocks AS BIGINT) AS n_blocks,
+           CAST(nbytes AS BIGINT) AS nbytes, CAST(lora_a_nbytes AS BIGINT) AS lora_a_nbytes,
+           utility, fallback, missing,
+           -(utility / nbytes) AS neg_density,                          -- NULL for fallback
+           CASE WHEN fallback THEN ordinal ELSE position END AS order_a,
+           CASE WHEN fallback THEN position ELSE ordinal END AS order_b
+    FROM (SELECT * FROM block_units UNION ALL SELECT * FROM tensor_units) AS u
+),
+costed AS (
+    SELECT *, nbytes AS cost FROM units WHERE lora_a_nbytes = 0
+    UNION ALL
+    SELECT *, nbytes + CASE
+               WHEN ROW_NUMBER() OVER (PARTITION BY position, ordinal
+                                       ORDER BY fallback, neg_density, order_a, order_b,
+                                                block_index) = 1
+               THEN lora_a_nbytes ELSE 0 END AS cost
+    FROM units WHERE lora_a_nbytes > 0
+)
+SELECT position, ordinal, block_index, n_blocks, nbytes, lora_a_nbytes, utility, fallback,
+       missing, cost,
+       ROW_NUMBER() OVER w AS unit_rank,
+       SUM(cost) OVER w AS cumulative,
+       CAST(NULL AS INTEGER) AS pass,   -- fill pass that selected the unit (prefix: NULL)
+       CAST(0 AS BIGINT) AS charged     -- bytes charged by that fill pass
+FROM costed
+WINDOW w AS (ORDER BY fallback, neg_density NULLS LAST, order_a, order_b, block_index
+             ROWS UNBOUNDED PRECEDING)

@@ -1,0 +1,2 @@
+INSERT INTO planner_request (position, model, rank_weight, trim_j, has_stats)
+VALUES (:position, :model, :rank_weight, :trim_j, :has_stats)

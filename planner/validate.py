@@ -1,0 +1,62 @@
+"""Check a merge request against the catalog: models exist, are ready and share the base."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from catalog.db import load_sql
+from mergepipe.errors import Conflict, InvalidRequest, NotFound
+from mergepipe.request import MergeRequest
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The catalog facts the planner needs about one model of the request."""
+
+    name: str
+    kind: str
+    base: str | None
+    has_stats: bool
+    lora_scale: float | None
+
+
+def _ready(row: dict[str, Any], role: str, field: str) -> ModelInfo:
+    if row["status"] != "ready":
+        why = f": {row['error']}" if row.get("error") else ""
+        raise Conflict(f"{role} model {row['name']!r} is {row['status']}, not ready{why}",
+                       field=field)
+    return ModelInfo(row["name"], row["kind"], row["base"], bool(row["has_stats"]),
+                     row["lora_scale"])
+
+
+def load_models(conn: sa.Connection, request: MergeRequest) -> tuple[ModelInfo, list[ModelInfo]]:
+    """The base and the experts of `request` as catalog facts; NotFound / Conflict / InvalidRequest
+    naming the model when one is missing, not ready, or not an expert of the request's base."""
+    names = [request.base] + [e.model for e in request.experts]
+    rows = {r["name"]: dict(r) for r in
+            conn.execute(load_sql("planner_models"), {"names": names}).mappings()}
+    row = rows.get(request.base)
+    if row is None:
+        raise NotFound(f"base model {request.base!r} is not in the catalog", field="base")
+    base = _ready(row, "base", "base")
+    if base.kind != "full":
+        raise InvalidRequest(f"base model {base.name!r} is a {base.kind} checkpoint; a base must "
+                             "be a full checkpoint", field="base")
+    experts = []
+    for i, spec in enumerate(request.experts):
+        field = f"experts[{i}].model"
+        row = rows.get(spec.model)
+        if row is None:
+            raise NotFound(f"expert model {spec.model!r} is not in the catalog", field=field)
+        info = _ready(row, "expert", field)
+        if info.base is None:
+            raise InvalidRequest(f"expert {info.name!r} is registered as a base model (no base), "
+                                 f"not as an expert of {request.base!r}", field=field)
+        if info.base != request.base:
+            raise InvalidRequest(f"expert {info.name!r} was derived from base {info.base!r}, "
+                                 f"not from the request's base {request.base!r}", field=field)
+        experts.append(info)
+    return base, experts

@@ -1,0 +1,36 @@
+"""Per-expert ranking weights |alpha_i| and TIES trim-grid indexes derived from a merge request."""
+
+from __future__ import annotations
+
+from mergepipe.errors import InvalidRequest
+from mergepipe.request import MergeRequest
+
+TRIM_GRID = 100  # tensor_stats.trim_* hold one entry per 1% of density
+
+
+def rank_weights(request: MergeRequest) -> list[float]:
+    """|alpha_i| per expert: the coefficient the operator applies to D_i (a ranking weight for
+    ties/dare: |lambda * w_i|, divided by sum w when normalize)."""
+    return [abs(a) for a in request.coefficients()]
+
+
+def trim_index(density: float, model: str) -> int:
+    """1-based index of `density` on the catalog's 1% trim grid (SQL arrays are 1-based)."""
+    j = round(density * TRIM_GRID)
+    if not 1 <= j <= TRIM_GRID or abs(density * TRIM_GRID - j) > 1e-6:
+        raise InvalidRequest(f"ties density {density} of expert {model!r} is not on the 1% grid "
+                             "of the catalog's trim thresholds", field="density")
+    return j
+
+
+def trim_k(j: int, numel: int) -> int:
+    """Entries kept by the trim at grid index j: k = int(density * numel), density = j / 100."""
+    return int(j / TRIM_GRID * numel)
+
+
+def trim_indexes(request: MergeRequest) -> list[int | None]:
+    """Per expert: the trim-grid index for `ties` (whose trim excludes blocks), else None."""
+    if request.operator != "ties":
+        return [None] * len(request.experts)
+    return [trim_index(d, e.model)
+            for d, e in zip(request.densities(), request.experts, strict=True)]
