@@ -1,0 +1,93 @@
+"""Replay re-executes the stored access set and verifies every output tensor hash."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from catalog.db import Catalog
+from executor.run import merge, replay
+from mergepipe.cli import main
+from mergepipe.errors import Conflict, NotFound
+from mergepipe.request import build_request
+from tests.executor_family import ingest_family
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("replay")
+    cat = Catalog(root / "catalog.duckdb")
+    ingest_family(cat, root / "fam")
+    cat.close()
+    return root
+
+
+@pytest.fixture
+def catalog(family: Path, tmp_path: Path) -> Iterator[Catalog]:
+    """A copy of the module's catalog (each test may change its records)."""
+    shutil.copy(family / "catalog.duckdb", tmp_path / "catalog.duckdb")
+    cat = Catalog(tmp_path / "catalog.duckdb")
+    yield cat
+    cat.close()
+
+
+@pytest.fixture
+def done(catalog: Catalog, tmp_path: Path) -> dict:
+    req = build_request(base="base", experts="e0,e1,e2:0.5", operator="ties", budget=0.5,
+                        params={"density": 0.3}, seed=11)
+    return merge(catalog, req, tmp_path / "out")
+
+
+def test_replay_matches_and_reads_the_same_bytes(catalog: Catalog, done: dict,
+                                                 tmp_path: Path) -> None:
+    r = replay(catalog, done["merge_id"])
+    assert r["match"] and not r["mismatched_tensors"] and r["n_tensors"] == 19
+    assert r["output_hash"] == done["output_hash"]
+    assert r["expert_bytes_read"] == done["expert_bytes_read"]
+    assert r["output"] is None
+    kept = replay(catalog, done["merge_id"], tmp_path / "again")
+    assert kept["match"] and (tmp_path / "again" / "model.safetensors").exists()
+
+
+def test_replay_uses_the_stored_access_set_not_a_new_plan(catalog: Catalog, done: dict) -> None:
+    # Drop half the access set from the record: replay must follow the record (and differ).
+    with catalog.transaction() as conn:
+        conn.execute(sa.text("DELETE FROM touched_blocks WHERE merge_id = :m AND rank % 2 = 1"),
+                     {"m": done["merge_id"]})
+    r = replay(catalog, done["merge_id"])
+    assert not r["match"] and r["mismatched_tensors"]
+    assert r["expert_bytes_read"] < done["expert_bytes_read"]
+
+
+def test_cli_replay_exit_status(catalog: Catalog, done: dict, capsys: pytest.CaptureFixture
+                                ) -> None:
+    db = str(catalog.path)
+    catalog.close()
+    assert main(["--catalog", db, "replay", done["merge_id"], "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["match"] is True and out["merge_id"] == done["merge_id"]
+    cat = Catalog(db)
+    with cat.transaction() as conn:
+        conn.execute(sa.text("UPDATE output_tensors SET content_hash = 'x' WHERE merge_id = :m "
+                             "AND tensor = 'lm_head.weight'"), {"m": done["merge_id"]})
+    cat.close()
+    assert main(["--catalog", db, "replay", done["merge_id"]]) == 1
+    text = capsys.readouterr().out
+    assert "MISMATCH" in text and "differs: lm_head.weight" in text
+    assert main(["--catalog", db, "replay", "m-000000000000"]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_replay_refuses_unknown_and_unfinished_merges(catalog: Catalog, done: dict) -> None:
+    with pytest.raises(NotFound):
+        replay(catalog, "m-nope")
+    with catalog.transaction() as conn:
+        conn.execute(sa.text("UPDATE merges SET status = 'failed' WHERE merge_id = :m"),
+                     {"m": done["merge_id"]})
+    with pytest.raises(Conflict, match="only succeeded merges"):
+        replay(catalog, done["merge_id"])
