@@ -56,7 +56,7 @@ def _fuzz(client: TestClient, examples: int) -> None:
 
 
 def test_fuzz_the_api_quickly(fuzz_client: TestClient) -> None:
-    _fuzz(fuzz_client, examples=10)
+    _fuzz(fuzz_client, examples=5)
 
 
 @pytest.mark.slow
