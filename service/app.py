@@ -35,7 +35,7 @@ def create_app(settings: Settings) -> FastAPI:
         runner = JobRunner(cat, settings)
         app.state.mergepipe = AppState(settings=settings, cat=cat, runner=runner)
         runner.start()
-        log.info("mergepipe service: catalog %s, output root %s, %d worker(s), data roots %s",
+        log.info("catalog %s, output root %s, %d worker(s), data roots %s",
                  settings.catalog, settings.output_root, settings.workers,
                  ":".join(map(str, settings.data_roots)) or "(none)")
         try:

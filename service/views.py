@@ -81,6 +81,8 @@ def merge_out(row: dict[str, Any], cat: Catalog, runner: JobRunner) -> dict[str,
     """A merges row with its id, progress (blocks), realized I/O and per-expert reads."""
     out = dict(row)
     out["id"] = row["merge_id"]
+    if isinstance(out.get("plan"), dict):  # per-tensor TIES trims: in the manifest, not here
+        out["plan"] = {k: v for k, v in out["plan"].items() if k != "trims"}
     live = runner.live_progress("merge", row["merge_id"]) or {}
     out["progress"] = {"done": live.get("done", row.get("blocks_done") or 0),
                        "total": live.get("total", row.get("blocks_total") or 0),
