@@ -128,3 +128,26 @@ def test_tied_embeddings_budgeted_ties_loads_in_base_dtype(
     meta = front_matter(out / "README.md")["mergepipe"]
     assert meta["budget"] == {"fraction": 0.5} and meta["parameters"]["density"] == 0.5
     generate(out)
+
+
+def test_sharded_base_gives_a_sharded_output_with_index(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from executor.run import merge
+    base = hf_family.make_base(tmp_path / "base", max_shard_size="40KB")
+    shards = sorted(p.name for p in base.glob("*.safetensors"))
+    assert len(shards) > 1
+    fam = {"base": base, "e0": hf_family.make_expert(base, tmp_path / "e0", seed=1),
+           "e1": hf_family.make_expert(base, tmp_path / "e1", seed=2)}
+    with Catalog(tmp_path / "c.duckdb") as cat:
+        experts = ingest_family(cat, fam)
+        merge(cat, build_request(base="base", experts=",".join(experts),
+                                 operator="task_arithmetic", params={"lambda": 0.5}),
+              tmp_path / "out")
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("*.safetensors")) == shards
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(shards)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.dtype == torch.bfloat16
+    generate(out)
