@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from executor.operators.keyed_hash import expert_key, uniform
+from executor.operators.keyed_hash import below, below_at, expert_key, uniform
 
 MASK = (1 << 64) - 1
 
@@ -85,3 +85,24 @@ def test_empty_block_and_bad_offset():
     assert uniform(1, 5, (0, 4)).shape == (0, 4)
     with pytest.raises(ValueError):
         uniform(1, -1, (2,))
+
+
+@pytest.mark.parametrize("p", [0.0, 1e-9, 0.3, 0.5, 0.999, 1.0])
+def test_below_is_uniform_less_than_p_without_floats(p):
+    key = expert_key(2, "e", "t")
+    u = uniform(key, 17, (50, 40))
+    assert torch.equal(below(key, 17, (50, 40), p), u < p)
+    idx = torch.tensor([17, 18, 500, 2016, 3], dtype=torch.int64)
+    assert below_at(key, idx, p).tolist() == [_reference(key, int(i)) < p for i in idx]
+
+
+def test_below_at_an_exact_draw_is_strict():
+    key = expert_key(0, "e", "t")
+    u = uniform(key, 0, (1000,))
+    for i in (0, 7, 999):
+        p = float(u[i])  # p equal to the draw: not below
+        assert not bool(below(key, 0, (1000,), p)[i])
+        assert not bool(below_at(key, torch.tensor([i]), p)[0])
+        assert bool(below_at(key, torch.tensor([i]), p + 2.0**-53)[0])
+    with pytest.raises(ValueError):
+        below_at(key, torch.tensor([-1]), 0.5)

@@ -127,6 +127,21 @@ def test_tie_rule_keeps_k_in_expectation_and_is_keyed():
     assert other is not None and not torch.equal(keep, other)
 
 
+@pytest.mark.parametrize("op", ["ties", "dare_ties"])
+def test_tie_heavy_merge_is_the_same_whatever_the_block_split(op):
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(30, 8, generator=g)
+    deltas = [(torch.randint(-3, 4, (30, 8), generator=g) * 2.0**-9).float() for _ in range(3)]
+    trims = [exact_trim(d, 0.4) for d in deltas]
+    assert all(t.tied > t.k - t.above > 0 for t in trims)  # the tie rule decides
+    w, dens = [1.0, 2.0, 0.5], [0.4] * 3
+    whole = merge_tensor(op, base, deltas, w, densities=dens, trims=trims, seed=3)
+    for sizes in ([1], [4, 9], [7, 7, 7]):
+        split = merge_tensor(op, base, deltas, w, densities=dens, trims=trims, seed=3,
+                             blocks=row_blocks(30, sizes))
+        assert torch.equal(whole, split), sizes
+
+
 def test_trim_density_one_and_none_keep_everything():
     d = T([0.0, 1.0, -1.0, 1.0])
     full = trim_mask(d, exact_trim(d, 1.0), 0, 0)

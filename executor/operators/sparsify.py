@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from executor.operators.base import Trim
-from executor.operators.keyed_hash import uniform
+from executor.operators.keyed_hash import below, below_at
 
 RESCALES = ("density", "l1", "none")
 L1_EPS = 1e-7  # mergekit rescaled_masked_tensor: norms below this are left unscaled
@@ -26,16 +26,13 @@ def trim_mask(delta: torch.Tensor, trim: Trim | None, key: int,
     """
     if trim is None:
         return None
-    mag = delta.abs()
+    mag = delta.abs().contiguous()
     keep = mag > trim.tau
     if trim.tied > 0 and trim.k > trim.above:
-        at_tau = mag == trim.tau
-        if bool(at_tau.any()):
+        at_tau = (mag == trim.tau).reshape(-1).nonzero().squeeze(1)
+        if at_tau.numel():
             p = (trim.k - trim.above) / trim.tied
-            if p >= 1.0:
-                keep |= at_tau
-            else:
-                keep |= at_tau & (uniform(key, flat_offset, delta.shape) < p)
+            keep.view(-1)[at_tau] = below_at(key, at_tau + flat_offset, p)
     return keep
 
 
@@ -53,7 +50,7 @@ def drop_mask(key: int, flat_offset: int, shape: torch.Size | tuple[int, ...],
         return None
     if density <= 0.0:
         raise ValueError(f"density {density} must be in (0, 1]")
-    return uniform(key, flat_offset, shape) < density
+    return below(key, flat_offset, shape, density)
 
 
 def random_drop(delta: torch.Tensor, density: float, key: int, flat_offset: int,
@@ -106,11 +103,12 @@ def disjoint_sum(weighted_deltas: Sequence[torch.Tensor], weights: Sequence[floa
     kept where its sign equals the elected one, so zeros never vote. `mixed` sums the kept
     entries, `divisor` the weights of the kept entries (0 -> 1, as mergekit).
     """
-    positive = ordered_sum(weighted_deltas) >= 0
+    elected = torch.ones_like(weighted_deltas[0])
+    elected[ordered_sum(weighted_deltas) < 0] = -1.0
     mixed = torch.zeros_like(weighted_deltas[0])
     divisor = torch.zeros_like(weighted_deltas[0])
     for wd, w in zip(weighted_deltas, weights, strict=True):
-        keep = torch.where(positive, wd > 0, wd < 0)
+        keep = (wd * elected) > 0  # same sign as elected; zeros (and NaN) never vote
         mixed += wd * keep
         divisor += torch.tensor(w, dtype=divisor.dtype) * keep
     divisor[divisor == 0] = 1
