@@ -14,6 +14,7 @@ import torch
 from catalog.checkpoint import open_checkpoint
 from catalog.db import Catalog
 from executor import stream
+from executor.operators import BlockContext
 from executor.replay import StoredBlock, StoredPlan
 from executor.run import execute_plan, merge
 from mergepipe.errors import BudgetViolation, Conflict, SourceChanged
@@ -167,7 +168,7 @@ def test_failure_mid_way_leaves_no_output_and_no_temp_dir(shared: dict, tmp_path
     calls = {"n": 0}
     real = operators.REGISTRY["linear"]
 
-    def flaky(base, experts, ctx):  # type: ignore[no-untyped-def]
+    def flaky(base: torch.Tensor, experts: list, ctx: BlockContext) -> torch.Tensor:
         calls["n"] += 1
         if calls["n"] == 20:
             raise RuntimeError("disk on fire")

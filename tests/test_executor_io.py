@@ -48,7 +48,7 @@ def test_trace_parser_handles_unfinished_calls(tmp_path: Path) -> None:
     trace = "\n".join([
         f'101 pread64(5<{f}>, ""..., 256, 1024) = 256',
         f"102 pread64(6<{f}>,  <unfinished ...>",
-        f'101 read(3</usr/lib/x.so>, ""..., 832) = 832',
+        '101 read(3</usr/lib/x.so>, ""..., 832) = 832',
         '102 <... pread64 resumed>""..., 512, 4096) = 512',
         f'103 preadv(7<{f}>, [{{iov_base=""..., iov_len=64}}], 1, 0) = 64',
     ])

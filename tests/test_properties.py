@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from catalog.db import Catalog
 from executor.run import execute_plan
-from mergepipe.request import build_request
+from mergepipe.request import MergeRequest, build_request
 from planner.plan import make_plan
 from tests import factory
 from tests.executor_family import ingest_family
@@ -70,7 +70,7 @@ def requests(draw: st.DrawFn, operators: list[str] = OPERATORS) -> tuple[str, di
                     "budget": draw(st.floats(0.02, 1.0))}
 
 
-def _request(family: str, spec: dict, **over: object):  # type: ignore[no-untyped-def]
+def _request(family: str, spec: dict, **over: object) -> MergeRequest:
     return build_request(base=f"{family}-base", **{**spec, **over})
 
 
