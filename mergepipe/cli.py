@@ -34,7 +34,15 @@ expert's delta against the base. A merge then reads only the expert blocks its p
 under an I/O budget: --budget 0.3 reads at most 30% of the bytes the operator would read in
 full (its full-read cost), --budget 2GiB at most that many bytes. --budget 1 gives exactly
 the standard merge; lower budgets drop the blocks with the least delta per byte first and
-report a bound on the error (additive operators) before anything is read.
+report a bound on the error (additive operators) before anything is read. `plan` shows the
+bytes, the bound and the plan hash of a budget without reading any weight.
+
+examples:
+  mergepipe ingest ./base --name base
+  mergepipe ingest ./math --name math --base base          (or --kind lora for a PEFT adapter)
+  mergepipe plan  --base base --experts math,code:0.5 --op ties --param density=0.5 --budget 0.3
+  mergepipe merge --base base --experts math,code --op ties --budget 0.3 --out ./merged
+  mergepipe merge mergekit.yml --out ./merged --budget 2GiB   (a mergekit config, as is)
 """
 
 
