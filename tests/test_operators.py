@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from executor.operators import REGISTRY, BlockContext, ExpertBlock
 from executor.operators.keyed_hash import expert_key, uniform
@@ -272,3 +274,43 @@ def test_operators_do_not_modify_their_inputs():
         out = REGISTRY[op](b, experts, ctx)
         assert out.dtype == torch.float32 and out.shape == base.shape
         assert torch.equal(b, base) and all(torch.equal(x, y) for x, y in zip(ds, deltas, strict=True))
+
+
+# -- properties over random cases ----------------------------------------------------------------
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_split_and_omission_properties(data):
+    """Any operator: the same result whatever the row split; an omitted block = a zero delta."""
+    op = data.draw(st.sampled_from(OPS))
+    k = data.draw(st.integers(1, 4))
+    rows, cols = data.draw(st.integers(1, 12)), data.draw(st.integers(1, 5))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    base = torch.randn(rows, cols, generator=g)
+    deltas = [torch.randn(rows, cols, generator=g) * 0.01 for _ in range(k)]
+    if data.draw(st.booleans()):  # bf16-like: many ties and exact zeros
+        deltas = [(d * 2**9).round() * 2.0**-9 for d in deltas]
+    w = data.draw(st.lists(st.sampled_from([-1.0, 0.25, 0.5, 1.0, 2.0]), min_size=k, max_size=k))
+    dens = data.draw(st.lists(st.sampled_from([0.1, 0.3, 0.5, 0.9, 1.0]), min_size=k,
+                              max_size=k))
+    trims = [exact_trim(d, p) if p < 1 else None for d, p in zip(deltas, dens, strict=True)]
+    params = {"lambda": data.draw(st.sampled_from([1.0, 0.5])),
+              "normalize": data.draw(st.booleans())}
+    sizes = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=6))
+    blocks = row_blocks(rows, sizes)
+
+    def run(ds, **kw):
+        return merge_tensor(op, base, ds, w, densities=dens, trims=trims, params=params,
+                            seed=5, **kw)
+
+    whole = run(deltas)
+    assert torch.equal(whole, run(deltas, blocks=blocks))
+    omit = {i: set(data.draw(st.lists(st.integers(0, len(blocks) - 1), max_size=3)))
+            for i in range(k)}
+    zeroed = []
+    for i, d in enumerate(deltas):
+        z = d.clone()
+        for b in omit[i]:
+            z[blocks[b][0]:blocks[b][1]] = 0
+        zeroed.append(z)
+    assert torch.equal(run(deltas, blocks=blocks, omit=omit), run(zeroed, blocks=blocks))
