@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 VOCAB = 96
 
 
-def tokenizer():  # type: ignore[no-untyped-def]
+def tokenizer() -> Any:
     """A tiny word-level tokenizer built in memory (what a real base ships as tokenizer files)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -20,7 +21,7 @@ def tokenizer():  # type: ignore[no-untyped-def]
                                    eos_token="</s>", pad_token="<pad>")
 
 
-def config(arch: str = "llama", *, tied: bool = False):  # type: ignore[no-untyped-def]
+def config(arch: str = "llama", *, tied: bool = False) -> Any:
     """A 2-layer config of `arch` (llama | qwen2) with a 96-token vocabulary."""
     from transformers import LlamaConfig, Qwen2Config
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
@@ -65,7 +66,7 @@ def make_family(root: Path, *, arch: str = "llama", tied: bool = False, n_expert
     return fam
 
 
-def make_lora(base: Path, out: Path, *, seed: int, r: int = 4, alpha: float = 8.0,
+def make_lora(base: Path, out: Path, *, seed: int, r: int = 4, alpha: int = 8,
               targets: tuple[str, ...] = ("q_proj", "v_proj", "down_proj"),
               use_rslora: bool = False) -> Path:
     """A PEFT LoRA adapter on `base` with random non-zero lora_A and lora_B, saved with peft."""
@@ -79,7 +80,7 @@ def make_lora(base: Path, out: Path, *, seed: int, r: int = 4, alpha: float = 8.
         for name, p in peft_model.named_parameters():
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    peft_model.save_pretrained(out)
+    peft_model.save_pretrained(str(out))
     return out
 
 
