@@ -36,7 +36,9 @@ def config_request(cat: Any, args: argparse.Namespace) -> MergeRequest:
             raise type(e)(f"{path}: {e.message}", field=e.field) from None
     if not quiet:
         for name in resolved.ingested:
-            print(f"registered {name!r} in the catalog (with statistics)", file=sys.stderr)
+            role = ("as the base" if name == resolved.base else
+                    f"as an expert of {resolved.base!r}, with delta statistics")
+            print(f"registered {name!r} in the catalog {role}", file=sys.stderr)
         for note in resolved.config.notes:
             print(f"note: {note}", file=sys.stderr)
     if getattr(args, "dtype", None):
