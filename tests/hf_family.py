@@ -41,6 +41,8 @@ def make_base(out: Path, *, arch: str = "llama", tied: bool = False, dtype: torc
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3, max_new_tokens=8,
                      do_sample=False).save_pretrained(out)
     tokenizer().save_pretrained(out)
+    # A model card of its own, as Hub models have: the merge output must carry its own card.
+    (out / "README.md").write_text("---\nlicense: apache-2.0\n---\n# The base model\n")
     return out
 
 
