@@ -12,6 +12,13 @@ from catalog.storage import LocalFileReader
 
 def relative_l2(candidate: str | os.PathLike[str], reference: str | os.PathLike[str]) -> float:
     """||candidate - reference||_2 / ||reference||_2 over all tensors (float32 math)."""
+    num, den = l2_distance(candidate, reference)
+    return num / den if den else 0.0
+
+
+def l2_distance(candidate: str | os.PathLike[str], reference: str | os.PathLike[str]
+                ) -> tuple[float, float]:
+    """(||candidate - reference||_2, ||reference||_2) over all tensors."""
     a, b = open_checkpoint(candidate).by_name(), open_checkpoint(reference).by_name()
     if a.keys() != b.keys():
         missing = sorted(a.keys() ^ b.keys())[:3]
@@ -26,4 +33,4 @@ def relative_l2(candidate: str | os.PathLike[str], reference: str | os.PathLike[
             xa = to_float32(reader.read(ta.file, ta.data_offset, ta.nbytes), ta.dtype)
             num += float(xa.sub_(xb).double().square().sum())
             den += float(xb.double().square().sum())
-    return math.sqrt(num / den) if den else 0.0
+    return math.sqrt(num), math.sqrt(den)

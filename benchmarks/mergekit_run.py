@@ -1,20 +1,17 @@
-"""The mergekit baseline: a YAML config equivalent to our request, run in a timed worker.
+"""The mergekit baseline: a YAML config of the same merge, and the worker job that runs it.
 
-Run as `python -m benchmarks.mergekit_run CONFIG OUT [--seed S]`: imports mergekit, then times
-`mergekit-yaml CONFIG OUT --no-copy-tokenizer --no-write-model-card --quiet` in process, so that
-the result separates interpreter start-up and imports from the merge itself.
+The job runs `mergekit-yaml CONFIG OUT --no-copy-tokenizer --no-write-model-card --quiet` in a
+warm worker process (benchmarks.worker), so imports are paid once and reported apart.
 """
 
 from __future__ import annotations
 
-import argparse
+import gc
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
-
-from benchmarks.proc import Timed, child_env, emit, python_cmd, run_timed
 
 CLI_FLAGS = ["--no-copy-tokenizer", "--no-write-model-card", "--quiet"]
 
@@ -40,32 +37,30 @@ def mergekit_config(operator: str, base: Path, experts: list[Path], *,
     return cfg
 
 
-def run_mergekit(config: dict[str, Any], workdir: Path, out: Path, *, seed: int = 0,
-                 timeout: float = 1800.0) -> Timed:
-    """Write the config, run the worker in a child process; wall time, peak RSS, merge time."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg_path = workdir / "mergekit.yml"
-    cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    cmd = python_cmd("benchmarks.mergekit_run", str(cfg_path), str(out.absolute()),
-                     "--seed", str(seed))
-    return run_timed(cmd, env=child_env(), timeout=timeout).check()
+def warm_up() -> None:
+    """Import mergekit (paid once per worker)."""
+    import mergekit.scripts.run_yaml  # noqa: F401
 
 
-def main() -> None:
-    """Worker: import mergekit, time the mergekit-yaml command in process, print the result."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("config")
-    ap.add_argument("out")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    t0 = time.perf_counter()
+def write_config(config: dict[str, Any], path: Path) -> Path:
+    """Write a mergekit YAML config."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """job: config (YAML path), out, seed. Times the mergekit-yaml command in process."""
+    from mergekit.io.tasks import LoaderCache
     from mergekit.scripts.run_yaml import main as mergekit_yaml
-    t1 = time.perf_counter()
-    mergekit_yaml([args.config, args.out, *CLI_FLAGS, "--random-seed", str(args.seed)],
-                  standalone_mode=False)
-    t2 = time.perf_counter()
-    emit({"import_s": t1 - t0, "merge_s": t2 - t1})
 
-
-if __name__ == "__main__":
-    main()
+    t0 = time.perf_counter()
+    try:
+        mergekit_yaml([job["config"], job["out"], *CLI_FLAGS, "--random-seed",
+                       str(job.get("seed", 0))], standalone_mode=False)
+    finally:
+        # mergekit keeps a process-wide cache of open (memory-mapped) loaders: drop it so
+        # that the next job's inputs can be evicted from the page cache and are read cold.
+        LoaderCache().loaders.clear()
+        gc.collect()
+    return {"merge_s": time.perf_counter() - t0}

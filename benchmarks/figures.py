@@ -1,0 +1,200 @@
+"""The five figures of the suite, computed from measured samples (medians over repetitions)."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from benchmarks.coldcache import make_cold
+from benchmarks.deviation import l2_distance, relative_l2
+
+if TYPE_CHECKING:
+    from benchmarks.run import Run, Suite
+
+
+def fixed_budget_bytes(suite: Suite) -> int:
+    """Scaling figure's fixed budget: a share of the full read of the scaling operator at k_main."""
+    from benchmarks.run import Run
+    from catalog.db import Catalog
+    from mergepipe.request import build_request
+    from planner.plan import make_plan
+
+    cfg = suite.cfg
+    req = build_request(**suite.request(Run("ours", cfg.scaling_operator, cfg.k_main)))
+    with Catalog(suite.catalogs["main"]) as cat:
+        full = make_plan(cat, req).full_read_bytes
+    return math.floor(cfg.fixed_budget_share * full)
+
+
+def _ours(suite: Suite, run: Run) -> dict[str, Any]:
+    """Medians of one of our configurations: times, counted bytes, disk bytes."""
+    s = suite.samples[run.key]
+    first = s[0].result["summary"]
+    return {"merge_s": suite.median(run), "exec_s": suite.median_result(run, "summary.exec_seconds"),
+            "plan_s": suite.median_result(run, "summary.plan_seconds"),
+            "expert_bytes": first["expert_bytes_read"], "base_bytes": first["base_bytes_read"],
+            "full_read_bytes": first["full_read_bytes"], "budget_bytes": first["budget_bytes"],
+            "expert_blocks": first["expert_blocks_read"],
+            "disk_expert_bytes": statistics.median(x.disk_expert_bytes for x in s),
+            "runs": [round(x.merge_s, 3) for x in s]}
+
+
+def _mergekit(suite: Suite, run: Run) -> dict[str, Any]:
+    s = suite.samples[run.key]
+    return {"merge_s": suite.median(run),
+            "disk_expert_bytes": statistics.median(x.disk_expert_bytes for x in s),
+            "disk_base_bytes": statistics.median(x.disk_base_bytes for x in s),
+            "runs": [round(x.merge_s, 3) for x in s]}
+
+
+def scaling(suite: Suite, runs: list[Run]) -> list[dict[str, Any]]:
+    """Figure 1: expert bytes and time vs K for mergekit, our full read, ours at fixed bytes."""
+    rows = []
+    for k in suite.cfg.ks:
+        mk, full, fixed = (r for r in runs if r.k == k)
+        rows.append({"k": k, "operator": mk.op, "mergekit": _mergekit(suite, mk),
+                     "ours_full": _ours(suite, full), "ours_fixed": _ours(suite, fixed)})
+    return rows
+
+
+def operators(suite: Suite, runs: list[Run]) -> list[dict[str, Any]]:
+    """Figure 3: each operator at k_main, mergekit vs our full read vs our low budget."""
+    rows = []
+    for i in range(0, len(runs), 3):
+        mk, full, low = runs[i:i + 3]
+        m, f, lo = _mergekit(suite, mk), _ours(suite, full), _ours(suite, low)
+        rows.append({"operator": mk.op, "k": mk.k, "low_budget": low.budget, "mergekit": m,
+                     "ours_full": f, "ours_low": lo,
+                     "speedup_full": m["merge_s"] / f["merge_s"],
+                     "speedup_low": m["merge_s"] / lo["merge_s"],
+                     "ours_vs_mergekit_rel_l2": relative_l2(suite.output(full),
+                                                            suite.output(mk)),
+                     "low_vs_full_rel_l2": relative_l2(suite.output(low), suite.output(full))})
+    return rows
+
+
+def sweep(suite: Suite, runs: list[Run]) -> list[dict[str, Any]]:
+    """Figure 2: budget sweep per operator: bytes, touched blocks, time, deviation from full."""
+    rows = []
+    for op in suite.cfg.sweep_operators:
+        mine = [r for r in runs if r.op == op]
+        full = next(r for r in mine if r.budget == "full")
+        full_blocks = _ours(suite, full)["expert_blocks"]
+        for r in mine:
+            o = _ours(suite, r)
+            dist, norm = l2_distance(suite.output(r), suite.output(full))
+            bound = suite.first(r)["summary"].get("omission_bound")
+            rows.append({"operator": op, "budget": 1.0 if r.budget == "full" else
+                         float(r.budget[2:]), **o,
+                         "touched_ratio": o["expert_blocks"] / full_blocks if full_blocks else 0,
+                         "rel_l2": dist / norm if norm else 0.0, "abs_l2": dist,
+                         "omission_bound": bound})
+    return rows
+
+
+def overheads(suite: Suite, op_runs: list[Run], rss_runs: list[Run]) -> dict[str, Any]:
+    """Figure 4: planning share, manifest and catalog sizes, peak RSS vs model size."""
+    planning = []
+    for r in op_runs:
+        if r.tool != "ours":
+            continue
+        s = suite.samples[r.key]
+        planning.append({"operator": r.op, "budget": r.budget,
+                         "plan_s": suite.median_result(r, "summary.plan_seconds"),
+                         "exec_s": suite.median_result(r, "summary.exec_seconds"),
+                         "merge_s": suite.median(r),
+                         "manifest_bytes": s[0].result["manifest_bytes"]})
+    for p in planning:
+        p["plan_share"] = p["plan_s"] / p["exec_s"] if p["exec_s"] else math.nan
+    catalogs = [{"family": n, "catalog_bytes": i["catalog_bytes"],
+                 "checkpoint_bytes": i["family_bytes"],
+                 "share": i["catalog_bytes"] / i["family_bytes"]}
+                for n, i in suite.setup_info.items()]
+    rss = []
+    for r in rss_runs:
+        s = suite.samples[r.key]
+        rss.append({"family": r.family, "tool": r.tool, "operator": r.op, "k": r.k,
+                    "checkpoint_bytes": suite.setup_info[r.family]["checkpoint_bytes"],
+                    "peak_rss": statistics.median(x.peak_rss for x in s),
+                    "start_rss": statistics.median(int(x.result["start_rss"]) for x in s),
+                    "merge_s": suite.median(r)})
+    return {"planning": planning, "catalogs": catalogs, "rss": rss, "imports": suite.imports}
+
+
+def physical(suite: Suite, run_physical: Callable[..., Any],
+             run_ranges: Callable[..., Any]) -> list[dict[str, Any]]:
+    """Figure 5: cat/dd of exactly the bytes our full-read merges read and write, vs ours."""
+    from benchmarks.run import Run
+    from catalog.db import Catalog
+
+    cfg = suite.cfg
+    rows = []
+    for op in ("linear", "ties"):
+        run = Run("ours", op, cfg.k_main)
+        if run.key not in suite.samples:
+            continue
+        first = suite.first(run)
+        with Catalog(suite.keep[run.key] / "catalog.duckdb") as cat:
+            experts, base = run_ranges(cat, first["summary"]["merge_id"], "base")
+        times = []
+        nread = 0
+        for rep in range(cfg.reps):
+            make_cold([suite.families["main"]])
+            timed, nread = run_physical(experts + base, first["output_bytes"],
+                                        suite.work / "runs" / f"cat-{op}-{rep}")
+            times.append(timed.wall_s)
+        cat_s = statistics.median(times)
+        ours = _ours(suite, run)
+        rows.append({"operator": op, "k": cfg.k_main, "cat_s": cat_s, "cat_runs": times,
+                     "cat_read_bytes": nread,
+                     "ranges_expert_bytes": sum(r.nbytes for r in experts),
+                     "ranges_base_bytes": sum(r.nbytes for r in base),
+                     "write_bytes": first["output_bytes"], **ours,
+                     "ratio_merge": ours["merge_s"] / cat_s, "ratio_exec": ours["exec_s"] / cat_s})
+        suite.log(f"  cat/dd {op}: {cat_s:.2f} s; ours {ours['merge_s']:.2f} s")
+    return rows
+
+
+def machine(where: Path) -> dict[str, Any]:
+    """CPU model, cores, RAM, disk, OS and package versions, date."""
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    disk = ""
+    try:
+        dev = subprocess.run(["df", "--output=source", str(where)], capture_output=True,
+                             text=True, check=True).stdout.split()[-1]
+        name = os.path.basename(dev).rstrip("0123456789")
+        rot = Path(f"/sys/block/{name}/queue/rotational")
+        kind = ("rotational" if rot.read_text().strip() == "1" else "non-rotational") \
+            if rot.exists() else "unknown type"
+        disk = f"{dev} ({kind}), {shutil.disk_usage(where).total / 1e9:.0f} GB"
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        pass
+    versions: dict[str, str | None] = {}
+    for pkg in ("torch", "mergekit", "duckdb", "safetensors"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
+            "disk": disk, "os": f"{platform.system()} {platform.release()}",
+            "python": platform.python_version(), "versions": versions,
+            "load_avg_start": os.getloadavg(),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")}
