@@ -1,0 +1,81 @@
+"""`mergepipe plan`: readable and JSON output, errors as one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from catalog.db import Catalog
+from mergepipe.cli import main
+from tests.planner_rows import Blk, Model, Ten, add_model, base_like
+
+E0 = [Ten("t0", [Blk(100, 4), Blk(100, 0), Blk(100, 1)]), Ten("t1", [Blk(100, 2), Blk(40, 1)])]
+E1 = [Ten("t0", [Blk(100, 6), Blk(100, 2), Blk(100, 2)]), Ten("t1", [Blk(100, 0), Blk(40, 3)])]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    path = tmp_path / "cat.duckdb"
+    with Catalog(path) as cat:
+        add_model(cat, base_like("B", E0))
+        add_model(cat, Model("e0", E0, base="B"))
+        add_model(cat, Model("e1", E1, base="B"))
+        add_model(cat, Model("nostats", E1, base="B", has_stats=False))
+    return str(path)
+
+
+def run(db: str, *args: str) -> int:
+    return main(["--catalog", db, "plan", "--base", "B", *args])
+
+
+def test_json_output(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(db, "--experts", "e0,e1:0.5", "--op", "task_arithmetic", "--budget", "200B",
+               "--param", "lambda=2", "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["operator"] == "task_arithmetic" and out["params"]["lambda"] == 2.0
+    assert (out["budget_bytes"], out["full_read_bytes"], out["planned_expert_bytes"]) == (
+        200, 680, 180)
+    # alpha = (2, 1): total utility 2 x 8 + 13 = 29, selected e0.t0.0 + e1.t1.1 + e0.t1.1 = 13.
+    assert out["omission_bound"] == pytest.approx(16.0)
+    assert [e["planned_bytes"] for e in out["experts"]] == [140, 40]
+    assert len(out["plan_hash"]) == 64 and "blocks" not in out
+
+
+def test_json_blocks(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(db, "--experts", "e0", "--op", "ties", "--param", "density=0.5",
+               "--budget", "0.5", "--blocks", "-1", "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["omission_bound"] is None and out["experts"][0]["density"] == 0.5
+    assert out["blocks"][0] == {"model": "e0", "tensor": "t0", "block_index": 0, "nbytes": 100,
+                                "utility": 4.0, "rank": 0}
+    assert sum(b["nbytes"] for b in out["blocks"]) == out["planned_expert_bytes"] <= 170
+
+
+def test_readable_output(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(db, "--experts", "e0,nostats:0.5", "--op", "linear", "--budget", "0.5",
+               "--blocks", "2") == 0
+    out = capsys.readouterr().out
+    assert "fraction 0.5 of the full read" in out
+    assert "omission bound  none (no statistics for nostats)" in out
+    assert "fallback        nostats: no statistics, planned as whole tensors" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("expert "))
+    assert lines[header + 2].split()[:2] == ["e0", "full"]
+    assert lines[header + 3].split()[-1] == "yes"
+    assert "rank  model  tensor  block  bytes  utility" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--experts", "e0,ghost", "--op", "linear"], "expert model 'ghost' is not in the catalog"),
+    (["--experts", "e0", "--op", "nope"], "unknown operator 'nope'"),
+    (["--experts", "e0", "--op", "linear", "--budget", "0"], "must be a finite number > 0"),
+    (["--experts", "e0", "--op", "ties", "--param", "density"], "use KEY=VALUE"),
+])
+def test_errors_are_one_line(db: str, capsys: pytest.CaptureFixture[str], args: list[str],
+                             message: str) -> None:
+    assert run(db, *args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("mergepipe plan: error:")
+    assert len(err.strip().splitlines()) == 1
