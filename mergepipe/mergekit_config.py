@@ -297,6 +297,10 @@ def _check_params(params: Mapping[str, Any], allowed: set[str], where: str, op: 
             if not 0 < value <= 1:
                 raise InvalidRequest(f"{key}: {value} is outside (0, 1] (the fraction of each "
                                      "delta kept)", field=key)
+            if op == "ties" and abs(value * 100 - round(value * 100)) > 1e-6:
+                raise InvalidRequest(f"{key}: {value} is not on the 1% grid for which the catalog "
+                                     "keeps exact TIES trim thresholds; use e.g. "
+                                     f"{round(value, 2):g}", field=key)
             if op in ("linear", "task_arithmetic") and value != 1:
                 raise InvalidRequest(f"{key}: {op} does not sparsify, so density has no effect "
                                      "(mergekit ignores it too); remove it or use ties / "

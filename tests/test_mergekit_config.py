@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from catalog.db import Catalog
 from mergepipe.errors import InvalidRequest
 from mergepipe.mergekit_config import parse_config
 
@@ -178,3 +181,63 @@ def test_parameters_of_the_base_entry_are_ignored_for_task_methods() -> None:
                        "  - {model: b, parameters: {weight: 3}}\n  - model: e\n")
     assert [e.ref.text for e in cfg.experts] == ["e"]
     assert any("models[0]" in n for n in cfg.notes)
+
+
+# -- resolution against the catalog (names, paths, on-the-fly ingestion) ------------------------
+
+def _ingest_all(catalog: Catalog, family: dict[str, Path]) -> None:
+    from catalog.ingest import ingest_model
+    ingest_model(catalog, family["base"], "base")
+    for n in ("e0", "e1"):
+        ingest_model(catalog, family[n], n, base="base")
+
+
+def test_paths_are_ingested_base_first_then_matched(catalog: Catalog,
+                                                    family: dict[str, Path]) -> None:
+    from catalog.models import get_model
+    from mergepipe.mergekit_config import load_config
+    text = (f"merge_method: ties\nbase_model: {family['base']}\nmodels:\n"
+            f"  - {{model: {family['e0']}, parameters: {{density: 0.5}}}}\n"
+            f"  - {{model: {family['e1']}, parameters: {{density: 0.3, weight: 2}}}}\n")
+    seen: list[str] = []
+    req, resolved = load_config(catalog, text, budget=0.5, seed=3,
+                                progress=lambda name, done, total: seen.append(name))
+    assert resolved.ingested == ["base", "e0", "e1"] and seen[0] == "base"
+    assert get_model(catalog, "e1")["base"] == "base" and get_model(catalog, "e1")["has_stats"]
+    assert [(e.model, e.weight, e.density) for e in req.experts] == [("e0", 1.0, 0.5),
+                                                                       ("e1", 2.0, 0.3)]
+    assert req.budget.fraction == 0.5 and req.seed == 3
+    _, again = load_config(catalog, text)
+    assert again.ingested == [] and again.experts == ["e0", "e1"]
+
+
+def test_registered_names_and_inferred_base(catalog: Catalog, family: dict[str, Path]) -> None:
+    from mergepipe.mergekit_config import load_config
+    _ingest_all(catalog, family)
+    req, _ = load_config(catalog, "merge_method: linear\nmodels:\n"
+                                  "  - {model: e0, parameters: {weight: 1}}\n"
+                                  "  - {model: e1, parameters: {weight: 3}}\n")
+    assert req.base == "base" and req.coefficients() == [0.25, 0.75]
+
+
+def test_resolution_errors_name_the_key(catalog: Catalog, family: dict[str, Path],
+                                        tmp_path: Path) -> None:
+    from mergepipe.mergekit_config import load_config
+    _ingest_all(catalog, family)
+    cases = [
+        ("merge_method: ties\nbase_model: e0\nmodels: [e1]", "base_model", "registered as an "
+         "expert of 'base'"),
+        ("merge_method: ties\nbase_model: base\nmodels: [e0, e0]", "models[1].model",
+         "listed twice"),
+        (f"merge_method: ties\nbase_model: base\nmodels: [{tmp_path / 'nope'}]",
+         "models[0].model", "neither a registered model nor a local path"),
+        ("merge_method: linear\nmodels: [e0, nowhere]", "base_model", "weight: 0"),
+        (f"merge_method: ties\nbase_model: base\nmodels: [{family['e2']}+{family['e0']}]",
+         "models[0].model", "not base_model"),
+        ("merge_method: ties\nbase_model: base\nmodels:\n  - {model: e0, parameters: "
+         "{density: 0.555}}", "models[0].parameters.density", "1% grid"),
+    ]
+    for text, key, words in cases:
+        with pytest.raises(InvalidRequest) as e:
+            load_config(catalog, text)
+        assert e.value.field == key and words in e.value.message, (key, e.value.message)
