@@ -27,6 +27,8 @@ def trim_mask(delta: torch.Tensor, trim: Trim | None, key: int,
     if trim is None:
         return None
     mag = delta.abs().contiguous()
+    if trim.k >= trim.above + trim.tied:  # every tied entry is kept (density 1)
+        return mag >= trim.tau
     keep = mag > trim.tau
     if trim.tied > 0 and trim.k > trim.above:
         at_tau = (mag == trim.tau).reshape(-1).nonzero().squeeze(1)
