@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
+
+from mergepipe.errors import InvalidRequest
 
 DEFAULT_CATALOG = "./mergepipe.duckdb"
 
@@ -29,11 +32,26 @@ class Settings:
             data_roots=tuple(Path(p).resolve() for p in
                              (e.get("MERGEPIPE_DATA_ROOTS") or "").split(":") if p),
             output_root=Path(e.get("MERGEPIPE_OUTPUT_ROOT") or "./outputs"),
-            workers=int(e.get("MERGEPIPE_WORKERS") or 2),
+            workers=_number(e, "MERGEPIPE_WORKERS", int, 2, minimum=1),
             api_token=e.get("MERGEPIPE_API_TOKEN") or None,
-            sql_row_limit=int(e.get("MERGEPIPE_SQL_ROW_LIMIT") or 10_000),
-            sql_timeout_s=float(e.get("MERGEPIPE_SQL_TIMEOUT_S") or 10.0),
-            max_body_bytes=int(e.get("MERGEPIPE_MAX_BODY_BYTES") or 1 << 20),
-            shutdown_grace_s=float(e.get("MERGEPIPE_SHUTDOWN_GRACE_S") or 30.0),
+            sql_row_limit=_number(e, "MERGEPIPE_SQL_ROW_LIMIT", int, 10_000, minimum=1),
+            sql_timeout_s=_number(e, "MERGEPIPE_SQL_TIMEOUT_S", float, 10.0, minimum=0.001),
+            max_body_bytes=_number(e, "MERGEPIPE_MAX_BODY_BYTES", int, 1 << 20, minimum=1),
+            shutdown_grace_s=_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def _number(env: dict[str, str], key: str, cast: type[int] | type[float], default: float,
+            minimum: float) -> Any:
+    """A numeric setting; a clear error naming the variable when it is not a number >= minimum."""
+    raw = env.get(key)
+    if not raw:
+        return cast(default)
+    try:
+        v = cast(raw)
+    except ValueError:
+        v = None
+    if v is None or v != v or v < minimum:
+        raise InvalidRequest(f"{key}={raw!r} must be a number >= {minimum:g}", field=key)
+    return v

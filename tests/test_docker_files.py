@@ -53,3 +53,14 @@ def test_volumes_hold_the_catalog_models_and_outputs() -> None:
     assert str(Path(env["MERGEPIPE_CATALOG"]).parent) in targets
     assert {env["MERGEPIPE_DATA_ROOTS"], env["MERGEPIPE_OUTPUT_ROOT"]} <= targets
     assert any(v.endswith(":ro") and env["MERGEPIPE_DATA_ROOTS"] in v for v in api["volumes"])
+
+
+def test_bad_environment_values_name_the_variable() -> None:
+    import pytest
+
+    from mergepipe.errors import InvalidRequest
+
+    for key, raw in (("MERGEPIPE_WORKERS", "two"), ("MERGEPIPE_WORKERS", "0"),
+                     ("MERGEPIPE_SQL_TIMEOUT_S", "nan"), ("MERGEPIPE_MAX_BODY_BYTES", "-1")):
+        with pytest.raises(InvalidRequest, match=key):
+            Settings.from_env({key: raw})
