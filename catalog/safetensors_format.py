@@ -161,6 +161,19 @@ def to_float32(raw: bytes | bytearray | memoryview, dtype: str,
     return t.reshape(shape) if shape is not None else t
 
 
+def decode_into(raw: bytes | bytearray | memoryview, dtype: str, out: torch.Tensor) -> torch.Tensor:
+    """Raw little-endian floats -> the flat float32 tensor `out` (same element count), in place."""
+    if out.numel() == 0:
+        return out
+    if dtype == "BF16":
+        wide = out.view(torch.int32)
+        wide.copy_(torch.frombuffer(raw, dtype=torch.int16))
+        wide.bitwise_left_shift_(16)
+    else:
+        out.copy_(torch.frombuffer(raw, dtype=TORCH_DTYPES[dtype]))
+    return out
+
+
 def from_float32(t: torch.Tensor, dtype: str) -> bytes:
     """A float32 tensor -> raw bytes in `dtype` (round to nearest even, as torch does)."""
     out = t.to(TORCH_DTYPES[dtype]).contiguous()

@@ -15,8 +15,15 @@ import torch
 import xxhash
 
 from catalog.lora import lora_delta
-from catalog.safetensors_format import TensorEntry, to_float32
-from catalog.stats import BlockStats, Histogram, NonFiniteDelta, TrimThresholds, scan_block
+from catalog.safetensors_format import DTYPE_SIZES, TensorEntry, decode_into, to_float32
+from catalog.stats import (
+    BlockStats,
+    Histogram,
+    NonFiniteDelta,
+    Scratch,
+    TrimThresholds,
+    scan_block,
+)
 from catalog.storage import LocalFileReader
 from mergepipe.errors import InvalidCheckpoint
 
@@ -158,7 +165,7 @@ def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
             st.trim.solve_sorted(st.cached)
         st.trim.finish_level()
         while st.trim.pending and st.cached is not None:
-            st.trim.add(st.trim.block_counts(st.cached.view(torch.int32)))
+            st.trim.add(st.trim.block_counts(st.cached.view(torch.int32), _buffers.scratch))
             st.trim.finish_level()
         if st.trim.pending:
             st.remaining = len(st.plan.rows)
@@ -191,11 +198,12 @@ def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
                     assert st.trim is not None
                     st.trim.add(out)
                 else:
-                    h, stats, counts, cached = out
+                    h, stats, (counts, mixed), cached = out
                     st.hashes[i] = h
                     if st.trim is not None:
                         st.stats[i] = stats
                         st.trim.add(counts)
+                        st.trim.add_mixed(mixed)
                         st.cached = cached
                     done += st.plan.span(i).nbytes
                     if progress is not None:
@@ -230,40 +238,62 @@ class _Inline:
         return None
 
 
+class _Buffers(threading.local):
+    """One worker thread's raw read buffers and tensor scratch, reused block after block."""
+
+    def __init__(self) -> None:
+        self.raw: dict[str, bytearray] = {}
+        self.scratch = Scratch()
+
+    def read(self, reader: LocalFileReader, name: str, span: Span) -> memoryview:
+        buf = self.raw.get(name)
+        if buf is None or len(buf) < span.nbytes:
+            buf = self.raw[name] = bytearray(span.nbytes)
+        view = memoryview(buf)[:span.nbytes]
+        reader.read_into(span.path, span.offset, view)
+        return view
+
+
+_buffers = _Buffers()
+
+
 def _scan_block(st: _State, i: int, reader: LocalFileReader
-                ) -> tuple[str, BlockStats | None, Histogram | None, torch.Tensor | None]:
+                ) -> tuple[str, BlockStats | None, tuple[Histogram | None, torch.Tensor | None],
+                           torch.Tensor | None]:
     plan = st.plan
-    span = plan.span(i)
-    raw = reader.read(span.path, span.offset, span.nbytes)
+    raw = _buffers.read(reader, "own", plan.span(i))
     digest = xxhash.xxh3_128_hexdigest(raw)
     if plan.mode == "hash":
         if has_nonfinite(raw, plan.entry.dtype):
             raise InvalidCheckpoint(f"{_where(plan, i)}: NaN or Inf in the weights")
-        return digest, None, None, None
+        return digest, None, (None, None), None
     a = _abs_delta(st, i, raw, reader)
+    assert st.trim is not None
     try:
-        stats, counts = scan_block(a)
+        stats, counts, mixed = scan_block(a, _buffers.scratch,
+                                          collect_mixed=st.trim.collecting_mixed)
     except NonFiniteDelta as e:
         raise InvalidCheckpoint(f"{_where(plan, i)}: {_nonfinite_cause(plan, raw, str(e))}"
                                 ) from None
-    return digest, stats, counts, a if len(plan.rows) == 1 else None
+    return digest, stats, (counts, mixed), a.clone() if len(plan.rows) == 1 else None
 
 
 def _refine_block(st: _State, i: int, reader: LocalFileReader) -> Histogram:
     assert st.trim is not None
-    span = st.plan.span(i)
-    a = _abs_delta(st, i, reader.read(span.path, span.offset, span.nbytes), reader)
-    return st.trim.block_counts(a.view(torch.int32))
+    a = _abs_delta(st, i, _buffers.read(reader, "own", st.plan.span(i)), reader)
+    return st.trim.block_counts(a.view(torch.int32), _buffers.scratch)
 
 
-def _abs_delta(st: _State, i: int, raw: bytearray, reader: LocalFileReader) -> torch.Tensor:
-    """|delta| of block i as a flat float32 tensor."""
+def _abs_delta(st: _State, i: int, raw: memoryview, reader: LocalFileReader) -> torch.Tensor:
+    """|delta| of block i as a flat float32 tensor (a thread-local buffer: use it or copy it)."""
     plan = st.plan
-    x = to_float32(raw, plan.entry.dtype)
+    n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
+    x = decode_into(raw, plan.entry.dtype, _buffers.scratch.get("x", n, torch.float32))
     if plan.mode == "full":
-        bs = plan.base_span(i)
         assert plan.base is not None
-        x.sub_(to_float32(reader.read(bs.path, bs.offset, bs.nbytes), plan.base.dtype))
+        base_raw = _buffers.read(reader, "base", plan.base_span(i))
+        x.sub_(decode_into(base_raw, plan.base.dtype,
+                           _buffers.scratch.get("y", n, torch.float32)))
     elif plan.mode == "lora":
         assert st.lora_a is not None and plan.lora_scale is not None
         start, end = plan.rows[i]
@@ -291,7 +321,8 @@ def has_nonfinite(raw: bytearray | memoryview, dtype: str) -> bool:
         return False
     int_dtype, mask = _NONFINITE[dtype]
     t = torch.frombuffer(raw, dtype=int_dtype)
-    return bool(torch.any((t & mask) == mask))
+    exponents = torch.bitwise_and(t, mask, out=_buffers.scratch.get("exp", t.numel(), int_dtype))
+    return int(torch.amax(exponents)) == mask
 
 
 def _where(plan: TensorPlan, i: int) -> str:
@@ -299,7 +330,7 @@ def _where(plan: TensorPlan, i: int) -> str:
     return f"{plan.entry.file}: tensor {plan.name!r} block {i} (rows {start}..{end})"
 
 
-def _nonfinite_cause(plan: TensorPlan, raw: bytearray, what: str) -> str:
+def _nonfinite_cause(plan: TensorPlan, raw: memoryview, what: str) -> str:
     if has_nonfinite(raw, plan.entry.dtype):
         part = "lora_B" if plan.mode == "lora" else "weights"
         return f"NaN or Inf in the {part}"

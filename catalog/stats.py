@@ -11,12 +11,13 @@ import torch
 
 DENSITY_STEPS = 100  # trim thresholds for densities 0.01, 0.02, ..., 1.00
 # A float32 |x| read as int32 is monotone in x. Its bits are resolved in three levels: the top 16
-# (sign is 0: 2**15 bins), then the next 8, then the last 8. A level stops early for a bin whose
-# lower bits are all zero (one value only), which is the rule for bf16 / fp16 fine-tune deltas.
+# (sign is 0: 2**15 bins), then the next 8, then the last 8. A bin whose lower bits are all zero
+# holds one value only and needs no further level (the common case for bf16 / fp16 deltas).
 LEVEL_SHIFTS = (16, 8, 0)
 TOP_BINS = 1 << 15
 SUB_BINS = 1 << 8
 SPARSE_BELOW = 8192  # smaller blocks give (keys, counts): cheaper than 64Ki dense bins
+MIXED_CAP = 1 << 22  # mixed entries kept per tensor at most (16 MiB), else refinement passes
 
 Histogram = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # dense counts, or (keys, counts)
 
@@ -35,30 +36,56 @@ class NonFiniteDelta(ValueError):
     """A block's delta holds NaN or Inf (the caller names the tensor and block)."""
 
 
+class Scratch:
+    """Reusable buffers of one worker thread, so that the block kernels allocate nothing."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def get(self, name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._bufs.get((name, dtype))
+        if buf is None or buf.numel() < n:
+            buf = self._bufs[(name, dtype)] = torch.empty(max(n, 1), dtype=dtype)
+        return buf[:n]
+
+
 def trim_ks(numel: int) -> list[int]:
     """k for each density of the grid: int(density * numel), density = (j + 1) / 100."""
     return [int((j + 1) / DENSITY_STEPS * numel) for j in range(DENSITY_STEPS)]
 
 
-def scan_block(a: torch.Tensor) -> tuple[BlockStats, Histogram]:
-    """Stats of a block from its flat float32 |delta|, and its level-0 threshold histogram.
+def scan_block(a: torch.Tensor, scratch: Scratch | None = None, *, collect_mixed: bool = False
+               ) -> tuple[BlockStats, Histogram, torch.Tensor | None]:
+    """Stats of a block from its flat float32 |delta|, its level-0 threshold histogram and,
+    with `collect_mixed`, the bits of its "mixed" entries (lower 16 bits not all zero).
 
     The histogram has 2 * 2**15 counts: for each top-16-bit prefix, the entries whose lower 16
-    bits are zero and those whose lower bits are not. Entries that are exactly 0 are bin 0.
+    bits are zero and those whose lower bits are not. Entries exactly 0 are key 0. Sums are
+    float32 cascade sums (relative error ~1e-7).
     """
     n = a.numel()
     if n == 0:
-        return BlockStats(0.0, 0.0, 0.0, 0), torch.zeros(2 * TOP_BINS, dtype=torch.int64)
+        return BlockStats(0.0, 0.0, 0.0, 0), torch.zeros(2 * TOP_BINS, dtype=torch.int64), None
+    scratch = scratch or Scratch()
     max_abs = float(torch.amax(a))
     if not math.isfinite(max_abs):  # NaN propagates through amax
         raise NonFiniteDelta("NaN" if math.isnan(max_abs) else "Inf")
+    l1 = float(a.sum())
+    sq = torch.mul(a, a, out=scratch.get("sq", n, torch.float32))
+    l2 = math.sqrt(float(sq.sum()))
     bits = a.view(torch.int32)
-    counts = _histogram(_mixed_key(bits, 16, bits >> 16), 2 * TOP_BINS)
-    l1 = float(a.sum(dtype=torch.float64))
-    l2 = float(torch.linalg.vector_norm(a, dtype=torch.float64))
-    zeros = int(counts[0]) if isinstance(counts, torch.Tensor) else _sparse_count(counts, 0)
-    return BlockStats(l2, l1, max_abs, n - zeros), counts
-
+    key = scratch.get("k0", n, torch.int32)
+    low = scratch.get("k1", n, torch.int32)
+    torch.bitwise_right_shift(bits, 16, out=key).bitwise_left_shift_(1)
+    torch.bitwise_and(bits, 0xFFFF, out=low).clamp_(max=1)
+    key.bitwise_or_(low)
+    counts = _histogram(key, 2 * TOP_BINS)
+    if isinstance(counts, torch.Tensor):
+        zeros, n_mixed = int(counts[0]), int(counts[1::2].sum())
+    else:
+        zeros, n_mixed = _sparse_count(counts, 0), int(counts[1][counts[0] % 2 == 1].sum())
+    mixed = torch.masked_select(bits, low.bool()) if collect_mixed and n_mixed else None
+    return BlockStats(l2, l1, max_abs, n - zeros), counts, mixed
 
 
 def _histogram(key: torch.Tensor, size: int) -> Histogram:
@@ -72,14 +99,6 @@ def _sparse_count(h: tuple[torch.Tensor, torch.Tensor], key: int) -> int:
     keys, counts = h
     hit = counts[keys == key]
     return int(hit[0]) if hit.numel() else 0
-
-
-def _mixed_key(bits: torch.Tensor, shift: int, prefix: torch.Tensor) -> torch.Tensor:
-    """2 * prefix + (bits below `shift` are not all zero)."""
-    key = prefix << 1
-    if shift:
-        key |= (bits & ((1 << shift) - 1)).ne(0).to(key.dtype)
-    return key
 
 
 @dataclass
@@ -96,6 +115,7 @@ class TrimThresholds:
 
     Level 0 comes from `scan_block` (pass 1). While `pending`, the caller makes one more pass over
     the tensor's blocks, adding `block_counts(|delta| bits)` of each, then calls `finish_level`.
+    Results: `tau[j]`, `above[j]`, `tied[j]` for density (j + 1) / 100.
     """
 
     def __init__(self, numel: int) -> None:
@@ -107,36 +127,65 @@ class TrimThresholds:
         self.level = 0
         self.n_slots = 1
         self._queries = [_Query(j, k, 0, 0, 0) for j, k in enumerate(self.ks) if k > 0]
-        self._luts: list[torch.Tensor] = []  # level L >= 1: (slot at L-1, child) -> slot at L
+        # Level L >= 1: int32 table from (slot at L-1, child) to slot at L; entries that lead to
+        # no refined bin point at a last "dump" slot whose counts are thrown away.
+        self._luts: list[torch.Tensor] = []
         self._counts = torch.zeros(2 * TOP_BINS, dtype=torch.int64)
+        # The bits of every mixed entry, while they are few: with them level 0 is exact for
+        # bf16 / fp16 deltas (mixed entries are a few per mille there); None once past the cap.
+        self._mixed: list[torch.Tensor] | None = []
+        self._mixed_n = 0
+        self._mixed_cap = min(MIXED_CAP, max(1 << 16, numel // 32))
+
+    @property
+    def collecting_mixed(self) -> bool:
+        return self._mixed is not None and self.level == 0
+
+    def add_mixed(self, bits: torch.Tensor | None) -> None:
+        """Keep a block's mixed entries (from scan_block) until there are too many of them."""
+        if bits is None or self._mixed is None:
+            return
+        self._mixed_n += bits.numel()
+        if self._mixed_n > self._mixed_cap:
+            self._mixed = None
+        else:
+            self._mixed.append(bits)
 
     @property
     def pending(self) -> bool:
         return bool(self._queries)
 
     def add(self, counts: Histogram) -> None:
+        """Add a block's histogram (from scan_block at level 0, block_counts after)."""
         if isinstance(counts, torch.Tensor):
-            self._counts += counts
+            self._counts += counts[:self._counts.numel()]
         else:
-            self._counts.index_add_(0, counts[0], counts[1])
+            keys, n = counts
+            keep = keys < self._counts.numel()
+            self._counts.index_add_(0, keys[keep], n[keep])
 
-    def block_counts(self, bits: torch.Tensor) -> Histogram:
+    def block_counts(self, bits: torch.Tensor, scratch: Scratch | None = None) -> Histogram:
         """Histogram of one block for the current refinement level (bits = |delta| as int32)."""
         assert self.level >= 1
-        sel = bits.reshape(-1)
-        slot = torch.zeros(0, dtype=torch.int64)
-        for lvl, lut in enumerate(self._luts, start=1):
-            if lvl == 1:
-                idx = torch.index_select(lut, 0, (sel >> LEVEL_SHIFTS[0]).long())
-            else:
-                child = ((sel >> LEVEL_SHIFTS[lvl - 1]) & (SUB_BINS - 1)).long()
-                idx = torch.index_select(lut, 0, slot * SUB_BINS + child)
-            keep = idx >= 0
-            sel, slot = sel[keep], idx[keep]
+        scratch = scratch or Scratch()
+        bits = bits.reshape(-1)
+        n = bits.numel()
+        slot, tmp, child = (scratch.get(k, n, torch.int32) for k in ("k0", "k1", "k2"))
+        torch.bitwise_right_shift(bits, LEVEL_SHIFTS[0], out=tmp)
+        torch.index_select(self._luts[0], 0, tmp, out=slot)
+        for lvl in range(2, self.level + 1):  # walk down to the bins refined at this level
+            torch.bitwise_right_shift(bits, LEVEL_SHIFTS[lvl - 1], out=child).bitwise_and_(0xFF)
+            slot.bitwise_left_shift_(8).bitwise_or_(child)
+            torch.index_select(self._luts[lvl - 1], 0, slot, out=tmp)
+            slot, tmp = tmp, slot
         shift = LEVEL_SHIFTS[self.level]
-        child = ((sel >> shift) & (SUB_BINS - 1)).long()
-        key = _mixed_key(sel, shift, slot * SUB_BINS + child)
-        return _histogram(key, 2 * SUB_BINS * self.n_slots)
+        slot.bitwise_left_shift_(9)
+        torch.bitwise_right_shift(bits, shift, out=child).bitwise_and_(0xFF).bitwise_left_shift_(1)
+        slot.bitwise_or_(child)
+        if shift:
+            torch.bitwise_and(bits, (1 << shift) - 1, out=child).clamp_(max=1)
+            slot.bitwise_or_(child)
+        return _histogram(slot, 2 * SUB_BINS * (self.n_slots + 1))
 
     def solve_sorted(self, a: torch.Tensor) -> None:
         """Resolve every pending query from all of the tensor's |delta| at once (small tensors)."""
@@ -158,8 +207,9 @@ class TrimThresholds:
         children = TOP_BINS if self.level == 0 else SUB_BINS
         counts = self._counts.view(self.n_slots, children, 2).numpy()
         total = counts.sum(axis=2)
-        # Cumulative counts from the largest child down, per slot.
-        from_top = np.cumsum(total[:, ::-1], axis=1)
+        from_top = np.cumsum(total[:, ::-1], axis=1)  # counts from the largest child down
+        mixed = (np.sort(np.concatenate([t.numpy() for t in self._mixed]))
+                 if self.level == 0 and self._mixed else None)
         unresolved: list[_Query] = []
         for q in self._queries:
             cs = from_top[q.slot]
@@ -169,12 +219,14 @@ class TrimThresholds:
             q.rank -= above_in
             q.above += above_in
             q.prefix = child if self.level == 0 else (q.prefix << 8) | child
-            if counts[q.slot, child, 1] == 0:  # one value: lower bits all zero
+            if counts[q.slot, child, 1] == 0:  # one value: the lower bits are all zero
                 self.tau[q.j] = _f32(q.prefix << LEVEL_SHIFTS[self.level])
                 self.above[q.j] = q.above
                 self.tied[q.j] = int(total[q.slot, child])
+            elif mixed is not None:
+                self._resolve_mixed(q, mixed, int(total[q.slot, child]))
             else:
-                q.slot = q.slot * children + child  # provisional key, remapped below
+                q.slot = q.slot * children + child  # (parent slot, child), remapped below
                 unresolved.append(q)
         self._queries = unresolved
         if not unresolved:
@@ -182,8 +234,10 @@ class TrimThresholds:
         if self.level + 1 >= len(LEVEL_SHIFTS):  # cannot happen: the last level has no lower bits
             raise AssertionError("trim threshold refinement did not converge")
         keys = sorted({q.slot for q in unresolved})
-        lut = torch.full((self.n_slots * children,), -1, dtype=torch.int64)
-        lut[torch.tensor(keys)] = torch.arange(len(keys))
+        # Indexed by (parent slot, child); the parent's dump slot (n_slots) leads to the dump too.
+        lut = torch.full(((self.n_slots + (self.level > 0)) * children,), len(keys),
+                         dtype=torch.int32)
+        lut[torch.tensor(keys)] = torch.arange(len(keys), dtype=torch.int32)
         remap = {k: i for i, k in enumerate(keys)}
         for q in unresolved:
             q.slot = remap[q.slot]
@@ -191,6 +245,28 @@ class TrimThresholds:
         self.level += 1
         self.n_slots = len(keys)
         self._counts = torch.zeros(2 * SUB_BINS * self.n_slots, dtype=torch.int64)
+
+
+    def _resolve_mixed(self, q: _Query, mixed: np.ndarray, in_bin: int) -> None:
+        """Level 0, a bin with mixed entries whose bits were all kept: pick the value directly.
+
+        The bin holds its mixed entries (known exactly) above in_bin - M entries equal to the
+        bin's smallest value (prefix << 16, lower bits zero)."""
+        lo_bits = q.prefix << 16
+        lo = int(np.searchsorted(mixed, lo_bits, side="left"))
+        hi = int(np.searchsorted(mixed, lo_bits + (1 << 16), side="left"))
+        n_mixed = hi - lo
+        if q.rank <= n_mixed:
+            value = int(mixed[hi - q.rank])  # the rank-th largest mixed entry of the bin
+            first = int(np.searchsorted(mixed, value, side="left"))
+            last = int(np.searchsorted(mixed, value, side="right"))
+            self.tau[q.j] = _f32(value)
+            self.above[q.j] = q.above + hi - last
+            self.tied[q.j] = last - first
+        else:
+            self.tau[q.j] = _f32(lo_bits)
+            self.above[q.j] = q.above + n_mixed
+            self.tied[q.j] = in_bin - n_mixed
 
 
 def _f32(bits: int) -> float:

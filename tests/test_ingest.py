@@ -236,13 +236,13 @@ def test_scan_reads_files_by_range_never_whole(tmp_path: Path, catalog, monkeypa
     expert = factory.make_expert(base, tmp_path / "e", seed=24)
     ingest_model(catalog, base, "base", block_bytes=SMALL)
     sizes: list[int] = []
-    real = scan.LocalFileReader.read
+    real = scan.LocalFileReader.read_into
 
-    def spy(self, path: str, offset: int, nbytes: int) -> bytearray:
-        sizes.append(nbytes)
-        return real(self, path, offset, nbytes)
+    def spy(self, path: str, offset: int, out: memoryview) -> None:
+        sizes.append(len(out))
+        real(self, path, offset, out)
 
-    monkeypatch.setattr(scan.LocalFileReader, "read", spy)
+    monkeypatch.setattr(scan.LocalFileReader, "read_into", spy)
     ingest_model(catalog, expert, "e", base="base")
     assert sizes and max(sizes) <= SMALL
     assert os.path.getsize(expert / "model.safetensors") > 10 * SMALL

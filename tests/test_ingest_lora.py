@@ -87,8 +87,8 @@ def test_lora_rows_scale_and_statistics(tmp_path: Path, catalog, base: Path, use
     for name, d in deltas.items():
         exact = scale * (ad_w[_key(name, "B")].double() @ ad_w[_key(name, "A")].double())
         assert torch.allclose(d.double(), exact, rtol=1e-5, atol=1e-9)
-    check_block_stats(catalog, "lora", deltas, rel=1e-6)
-    check_tensor_stats(catalog, "lora", deltas, rel=1e-6)
+    check_block_stats(catalog, "lora", deltas, rel=2e-6)
+    check_tensor_stats(catalog, "lora", deltas, rel=2e-6)
 
 
 def test_rank_and_alpha_patterns_give_per_tensor_scales(tmp_path: Path, catalog,
@@ -106,7 +106,7 @@ def test_rank_and_alpha_patterns_give_per_tensor_scales(tmp_path: Path, catalog,
         "model.layers.0.self_attn.v_proj.weight": (4, 2.0),
         "model.layers.1.self_attn.v_proj.weight": (4, 8.0),
     }
-    check_tensor_stats(catalog, "lora", _deltas(catalog, "lora", ad), rel=1e-6)
+    check_tensor_stats(catalog, "lora", _deltas(catalog, "lora", ad), rel=2e-6)
 
 
 def test_lora_without_stats_reads_only_lora_b(tmp_path: Path, catalog, base: Path) -> None:

@@ -1,0 +1,151 @@
+"""The exact trim thresholds (bit histograms, mixed entries, refinement levels) against sorting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from catalog import stats
+from catalog.stats import Scratch, TrimThresholds, scan_block, trim_ks
+from tests.ingest_reference import reference_trims
+
+
+def thresholds(a: torch.Tensor, n_blocks: int, *, collect: bool = True,
+               sort_small: bool = False) -> tuple[TrimThresholds, int]:
+    """Run the histogram passes over |a| cut into n_blocks blocks; (result, passes)."""
+    a = a.reshape(-1).abs().contiguous()
+    blocks = [b.contiguous() for b in a.chunk(n_blocks)] if a.numel() else [a]
+    tt = TrimThresholds(a.numel())
+    scratch = Scratch()
+    for b in blocks:
+        _, counts, mixed = scan_block(b, scratch, collect_mixed=collect and tt.collecting_mixed)
+        tt.add(counts)
+        tt.add_mixed(mixed)
+    if sort_small:
+        tt.solve_sorted(a)
+    tt.finish_level()
+    passes = 1
+    while tt.pending:
+        for b in blocks:
+            tt.add(tt.block_counts(b.view(torch.int32), scratch))
+        tt.finish_level()
+        passes += 1
+    return tt, passes
+
+
+def assert_exact(tt: TrimThresholds, a: torch.Tensor) -> None:
+    tau, above, tied = reference_trims(a.reshape(-1).abs())
+    assert tt.tau == tau
+    assert tt.above == above
+    assert tt.tied == tied
+
+
+def bf16_delta(n: int, seed: int, rel: float = 0.01) -> torch.Tensor:
+    """expert - base of bf16 weights (a few ulps; some exactly zero, some with many bits)."""
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, generator=g) * 0.02).to(torch.bfloat16)
+    e = (w.float() + torch.randn(n, generator=g) * 0.02 * rel).to(torch.bfloat16)
+    return e.float() - w.float()
+
+
+@pytest.mark.parametrize("n_blocks", [1, 3, 16])
+@pytest.mark.parametrize("collect", [True, False])
+def test_bf16_deltas(n_blocks: int, collect: bool) -> None:
+    d = bf16_delta(50_000, seed=n_blocks)
+    tt, passes = thresholds(d, n_blocks, collect=collect)
+    assert_exact(tt, d)
+    if collect:
+        assert passes == 1  # the kept mixed entries make level 0 exact
+    else:
+        assert passes >= 2
+
+
+def test_fp32_deltas_need_every_level() -> None:
+    """Mixed entries are everywhere in fp32: past the cap, levels 1 and 2 make it exact."""
+    d = torch.randn(100_000, generator=torch.Generator().manual_seed(1))
+    tt, passes = thresholds(d, 7)
+    assert passes == 3
+    assert_exact(tt, d)
+    small, passes = thresholds(d[:20_000], 3)  # under the cap: exact from the kept entries
+    assert passes == 1
+    assert_exact(small, d[:20_000])
+
+
+def test_mixed_cap_falls_back_to_refinement(monkeypatch) -> None:
+    monkeypatch.setattr(stats, "MIXED_CAP", 10)
+    d = bf16_delta(30_000, seed=2)
+    tt, passes = thresholds(d, 5)
+    assert passes >= 2
+    assert_exact(tt, d)
+
+
+@pytest.mark.parametrize("values", [
+    torch.zeros(1000),  # all tied at 0
+    torch.full((1000,), 0.5),  # all tied, one value
+    torch.tensor([1e-45, 3e-45, 0.0, 1e-40] * 50),  # denormals
+    torch.tensor([3.4e38, -3.4e38, 1.0, -1.0] * 30),  # extremes
+    torch.arange(1000, dtype=torch.float32) % 7,  # many ties
+])
+def test_edge_values(values: torch.Tensor) -> None:
+    for n_blocks in (1, 4):
+        tt, _ = thresholds(values, n_blocks)
+        assert_exact(tt, values)
+
+
+def test_small_tensors_by_sorting() -> None:
+    d = bf16_delta(3000, seed=3)
+    tt, passes = thresholds(d, 1, sort_small=True)
+    assert passes == 1
+    assert_exact(tt, d)
+
+
+def test_k_zero_gives_infinite_tau() -> None:
+    tt, _ = thresholds(torch.randn(50), 2)
+    assert trim_ks(50)[0] == 0 and tt.tau[0] == math.inf and tt.above[0] == tt.tied[0] == 0
+    empty, _ = thresholds(torch.zeros(0), 1)
+    assert empty.tau == [math.inf] * 100
+
+
+def test_trim_ks_follow_the_contract() -> None:
+    n = 12345
+    assert trim_ks(n) == [int((j + 1) / 100 * n) for j in range(100)]
+    assert trim_ks(100)[28] == int(0.29 * 100) == 28  # float rounding, as the planner computes
+
+
+def test_scan_block_statistics() -> None:
+    d = bf16_delta(20_000, seed=4)
+    a = d.abs()
+    s, counts, mixed = scan_block(a.clone(), collect_mixed=True)
+    assert s.l2 == pytest.approx(float(d.double().norm()), rel=1e-6)
+    assert s.l1 == pytest.approx(float(a.double().sum()), rel=1e-6)
+    assert s.max_abs == float(a.max()) and s.nnz == int(torch.count_nonzero(d))
+    assert isinstance(counts, torch.Tensor) and int(counts.sum()) == d.numel()
+    bits = a.view(torch.int32)
+    want = bits[(bits & 0xFFFF) != 0]
+    assert mixed is not None and torch.equal(mixed, want)
+    with pytest.raises(stats.NonFiniteDelta, match="NaN"):
+        scan_block(torch.tensor([1.0, float("nan")]))
+    with pytest.raises(stats.NonFiniteDelta, match="Inf"):
+        scan_block(torch.tensor([1.0, float("inf")]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3000), n_blocks=st.integers(1, 6), seed=st.integers(0, 2**31),
+       kind=st.sampled_from(["bf16", "f32", "ties", "sparse"]), collect=st.booleans())
+def test_random_tensors_are_exact(n: int, n_blocks: int, seed: int, kind: str,
+                                  collect: bool) -> None:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "bf16":
+        d = bf16_delta(n, seed)
+    elif kind == "f32":
+        d = torch.randn(n, generator=g) * 10 ** float(torch.randint(-30, 30, (1,), generator=g))
+    elif kind == "ties":
+        d = torch.randint(-3, 4, (n,), generator=g).float() * 0.125
+    else:
+        d = torch.randn(n, generator=g) * (torch.rand(n, generator=g) < 0.1)
+    tt, _ = thresholds(d, min(n_blocks, n), collect=collect)
+    assert_exact(tt, d)
