@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -148,6 +151,18 @@ def _expert_plans(request: MergeRequest, models: list[ModelInfo],
     return out
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while 10^5+ acyclic tuples are allocated (halves the time)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     """Validate `request` against the catalog and choose its access set under the budget."""
     t0 = time.perf_counter()
@@ -159,13 +174,14 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         budget = request.budget.resolve(full_read)
         planned = knapsack.select(conn, budget)
         per_expert = knapsack.totals(conn, budget)
-        rows, access_digest = knapsack.access_set(conn, budget)
+        with _gc_paused():
+            rows, access_digest = knapsack.access_set(conn, budget)
+            # C-level construction (row + rank): a full-budget plan has 10^5+ blocks.
+            blocks = list(map(PlannedBlock._make, map(tuple.__add__, rows, zip(count()))))
         trim_rows = knapsack.trim_rows(conn)
         base_digest = knapsack.content_digest(conn, base.name)
         lora = knapsack.lora_identity(conn)
 
-    # C-level construction (rows + rank): a full-budget plan has 10^5+ blocks.
-    blocks = list(map(PlannedBlock._make, map(tuple.__add__, rows, zip(count()))))
     trims = {(m, t): TrimThreshold(float(tau), int(above), int(tied), trim_k(j, numel))
              for m, t, numel, j, tau, above, tied in trim_rows}
     fallback = [m.name for m in models if not m.has_stats]
