@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,13 +21,23 @@ from catalog.safetensors_format import TORCH_DTYPES
 from catalog.storage import LocalFileReader
 from executor.reads import BudgetCounter, Prefetcher, Range
 from executor.sources import BlockInfo, ModelSource, TensorInfo, load_model
-from executor.writer import CheckpointWriter, OutputTensor, copy_extra_files, encode
+from executor.writer import (
+    BackgroundWrites,
+    CheckpointWriter,
+    OutputTensor,
+    copy_extra_files,
+    encode,
+)
 from mergepipe.errors import BudgetViolation, InvalidCheckpoint, InvalidRequest, SourceChanged
 from mergepipe.request import MergeRequest
 
 # One intra-op thread: block-sized elementwise ops are ~10x faster than with torch's pool
 # here (its threads spin against our read threads); reads give the parallelism instead.
 COMPUTE_THREADS = 1
+# Block-sized buffers come from the heap and are reused, not fresh mmaps that fault in every
+# page of every block (2-3 ms per MiB-sized tensor on a VM).
+MALLOC_MMAP_THRESHOLD = 64 << 20
+MALLOC_TRIM_THRESHOLD = 128 << 20
 CHUNK_BYTES = 4 << 20  # bytes (base + expert) read per prefetch step
 PREFETCH_DEPTH = 2  # chunks read ahead of the one being computed
 PROGRESS_EVERY_S = 0.5
@@ -191,8 +203,10 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     keys: dict[tuple[int, str], int] = {}
     done = expert_blocks = 0
     last_report = time.monotonic()
+    _reuse_freed_buffers()
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(COMPUTE_THREADS)
+    writes = BackgroundWrites(writer)
     try:
         with Prefetcher(chunks, expert_reader=expert_reader, base_reader=base_reader,
                         budget=budget, threads=threads or default_threads(),
@@ -204,7 +218,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
                     out_dtype = prep.out_dtype or t.dtype
                     base_raw = data[("b", st.tensor, st.block_index)]
                     if not st.experts and out_dtype == t.dtype:
-                        writer.write(st.tensor, st.row_start, base_raw)  # nothing to add
+                        writes.write(st.tensor, st.row_start, base_raw)  # nothing to add
                         done += 1
                         continue
                     shape = _block_shape(t.shape, st.row_start, st.row_end)
@@ -230,7 +244,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
                                            params=req.params, n_experts=len(req.experts),
                                            all_weights=weights)
                         merged = op(b32, blocks, ctx)
-                    writer.write(st.tensor, st.row_start, encode(merged, out_dtype))
+                    writes.write(st.tensor, st.row_start, encode(merged, out_dtype))
                     for i in st.last_of_tensor:
                         lora_a.pop((i, st.tensor), None)
                     done += 1
@@ -240,11 +254,14 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
                     progress({"blocks_done": done, "blocks_total": sum(map(len, steps)),
                               "expert_bytes_read": expert_reader.bytes_read,
                               "base_bytes_read": base_reader.bytes_read})
+        writes.drain()
         tensors = writer.finish()
     except BaseException:
+        writes.close()
         writer.abort()
         raise
     finally:
+        writes.close()
         torch.set_num_threads(torch_threads)
         expert_reader.close()
         base_reader.close()
@@ -259,6 +276,18 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     return ExecutionResult(tensors, output_hash(tensors), expert_reader.bytes_read, by_model,
                            base_reader.bytes_read, done, expert_blocks,
                            time.perf_counter() - t0, extra)
+
+
+def _reuse_freed_buffers() -> None:
+    """Tell glibc malloc to serve block-sized allocations from the heap (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, MALLOC_MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, MALLOC_TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
 
 def default_threads() -> int:
@@ -356,7 +385,13 @@ def _delta(e: ModelSource, i: int, st: _Step, b32: torch.Tensor,
     info = e.tensors[st.tensor]
     raw = data[("e", i, st.tensor, st.block_index)]
     if e.kind == "full":
-        return _decode(raw, info.dtype, tuple(b32.shape)).sub_(b32)
+        if raw.nbytes == 0:
+            return torch.zeros_like(b32)
+        if info.dtype == "F32":
+            return _decode(raw, info.dtype, tuple(b32.shape)).sub_(b32)
+        # one pass: the half-precision values are widened inside the subtraction
+        expert = torch.frombuffer(raw, dtype=TORCH_DTYPES[info.dtype]).reshape(b32.shape)
+        return torch.sub(expert, b32)
     if e.kind == "delta":
         return _decode(raw, info.dtype, tuple(b32.shape))
     if e.kind == "lora":

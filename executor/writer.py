@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,3 +176,28 @@ def copy_extra_files(paths: list[str], out_dir: Path, dtype: str | None) -> list
             os.fsync(fout.fileno())
         copied.append(src.name)
     return copied
+
+
+class BackgroundWrites:
+    """Runs a writer's writes in one thread, in submission order, at most `depth` pending."""
+
+    def __init__(self, writer: CheckpointWriter, depth: int = 8) -> None:
+        self._writer = writer
+        self._depth = depth
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mergepipe-write")
+        self._pending: deque[Future[None]] = deque()
+
+    def write(self, tensor: str, row_start: int, data: bytes | bytearray | memoryview) -> None:
+        """Queue a write (`data` must stay unchanged); re-raises an earlier write's error."""
+        self._pending.append(self._pool.submit(self._writer.write, tensor, row_start, data))
+        while len(self._pending) > self._depth:
+            self._pending.popleft().result()
+
+    def drain(self) -> None:
+        """Wait for every queued write."""
+        while self._pending:
+            self._pending.popleft().result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pending.clear()
