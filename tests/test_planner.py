@@ -264,3 +264,14 @@ def test_missing_statistics_are_refused(catalog: Catalog) -> None:
     with pytest.raises(InvalidRequest, match="'e0' .* no block_stats rows for tensor 't1'"):
         make_plan(catalog, build_request(base="B", experts="e0", operator="linear"))
 
+
+
+def test_concurrent_plans_do_not_share_state(cat: Catalog) -> None:
+    # Each plan uses its own connection and temp tables: parallel plans of different requests
+    # (as the service runs them) give the same results as sequential ones.
+    from concurrent.futures import ThreadPoolExecutor
+    budgets = ["200B", "330B", 1.0, "40B"] * 3
+    expected = {str(b): keys(plan(cat, b)) for b in budgets}
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda b: (str(b), keys(plan(cat, b))), budgets))
+    assert all(expected[b] == k for b, k in got)

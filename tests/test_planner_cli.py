@@ -79,3 +79,14 @@ def test_errors_are_one_line(db: str, capsys: pytest.CaptureFixture[str], args: 
     err = capsys.readouterr().err
     assert message in err and err.startswith("mergepipe plan: error:")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_mergekit_config(db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "merge.yml"
+    config.write_text("merge_method: ties\nbase_model: B\nparameters:\n  density: 0.5\n"
+                      "models:\n  - model: e0\n    parameters: {weight: 1.0}\n"
+                      "  - model: e1\n    parameters: {weight: 0.5}\n")
+    assert main(["--catalog", db, "plan", str(config), "--budget", "0.5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["operator"] == "ties" and [e["model"] for e in out["experts"]] == ["e0", "e1"]
+    assert out["planned_expert_bytes"] <= out["budget_bytes"] == out["full_read_bytes"] // 2
