@@ -23,6 +23,7 @@ class Settings:
     sql_timeout_s: float = 10.0
     max_body_bytes: int = 1 << 20        # larger request bodies are refused with 413
     shutdown_grace_s: float = 30.0       # how long `serve` waits for running jobs on SIGTERM
+    max_queued_jobs: int = 1000          # more queued ingestions + merges are refused with 429
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None, **overrides: object) -> Settings:
@@ -38,6 +39,7 @@ class Settings:
             sql_timeout_s=_number(e, "MERGEPIPE_SQL_TIMEOUT_S", float, 10.0, minimum=0.001),
             max_body_bytes=_number(e, "MERGEPIPE_MAX_BODY_BYTES", int, 1 << 20, minimum=1),
             shutdown_grace_s=_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
+            max_queued_jobs=_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
 

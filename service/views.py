@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from catalog.db import Catalog
-from mergepipe.errors import Conflict, NotFound
+from mergepipe.errors import Conflict, MergePipeError, NotFound
 from service import store
 from service.jobs import JobRunner
 
@@ -64,6 +64,20 @@ def require_ready(cat: Catalog, name: str, field: str) -> dict[str, Any]:
     if row.get("status") != "ready":
         raise Conflict(f"model {name!r} is {row.get('status')}, not ready", field=field)
     return row
+
+
+class TooManyJobs(MergePipeError):
+    """The job queue is full; retry later."""
+
+    status = 429
+    code = "too_many_jobs"
+
+
+def ensure_queue_room(cat: Catalog, limit: int) -> None:
+    """429 when `limit` ingestions and merges are already queued."""
+    queued, _ = store.job_counts(cat)
+    if queued >= limit:
+        raise TooManyJobs(f"{queued} jobs are queued (limit {limit}); retry when some finished")
 
 
 def ensure_name_free(cat: Catalog, name: str, field: str) -> None:

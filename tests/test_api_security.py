@@ -90,3 +90,16 @@ def test_output_names_stay_one_segment_under_the_root(tmp_path: Path) -> None:
     (tmp_path / ".x.tmp-123").mkdir()
     (tmp_path / ".x.old-123").mkdir()
     assert temp_dirs(tmp_path) == [tmp_path / ".x.tmp-123"]
+
+
+def test_a_full_queue_is_429(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.views
+
+    (tmp_path / "data" / "m").mkdir(parents=True)
+    with client_for(settings_for(tmp_path, max_queued_jobs=3)) as c:
+        monkeypatch.setattr(service.views.store, "job_counts", lambda cat: (3, 2))
+        err = assert_error(c.post("/v1/models", json={"name": "m", "path": "m"}),
+                           429, "too_many_jobs")
+        assert "limit 3" in err["message"]
+        monkeypatch.setattr(service.views.store, "job_counts", lambda cat: (2, 2))
+        assert c.post("/v1/models", json={"name": "m", "path": "m"}).status_code == 202

@@ -43,6 +43,7 @@ def test_compose_environment_is_what_settings_read() -> None:
     assert s.sql_row_limit == int(env["MERGEPIPE_SQL_ROW_LIMIT"])
     assert s.sql_timeout_s == float(env["MERGEPIPE_SQL_TIMEOUT_S"])
     assert s.shutdown_grace_s == float(env["MERGEPIPE_SHUTDOWN_GRACE_S"])
+    assert s.max_queued_jobs == int(env["MERGEPIPE_MAX_QUEUED_JOBS"])
 
 
 def test_volumes_hold_the_catalog_models_and_outputs() -> None:

@@ -18,7 +18,7 @@ from service.paths import output_dir
 from service.routes.plans import check_inputs, plan_summary
 from service.schemas import MergeAccepted, MergeIn, MergeList, MergeOut, TouchedPage
 from service.state import AppState, State
-from service.views import ensure_name_free, merge_out
+from service.views import ensure_name_free, ensure_queue_room, merge_out
 
 router = APIRouter(prefix="/v1", tags=["merges"])
 MANIFEST_FILE = "manifest.json"
@@ -35,6 +35,7 @@ def start_merge(body: MergeIn, response: Response,
     check_inputs(st.cat, req)
     plan_summary(st.cat, req)  # what the planner rejects is the caller's 4xx, now, not later
     with st.names:
+        ensure_queue_room(st.cat, st.settings.max_queued_jobs)
         ensure_name_free(st.cat, body.output.name, "output.name")
         out = output_dir(st.settings.output_root, body.output.name)
         out.parent.mkdir(parents=True, exist_ok=True)

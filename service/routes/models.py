@@ -12,7 +12,7 @@ from service.auth import require_token
 from service.paths import check_name, confine_input
 from service.schemas import IngestJobOut, ModelIn, ModelList, ModelOut
 from service.state import AppState, State
-from service.views import ensure_name_free, find_model, job_out, model_out
+from service.views import ensure_name_free, ensure_queue_room, find_model, job_out, model_out
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
@@ -33,6 +33,7 @@ def register_model(body: ModelIn, response: Response,
         _check_base(st, body.base)
     path = confine_input(body.path, st.settings.data_roots)
     with st.names:
+        ensure_queue_room(cat, st.settings.max_queued_jobs)
         ensure_name_free(cat, name, "name")
         job_id = store.new_ingest_job(cat, model=name, kind=body.kind, path=str(path),
                                       base=body.base, block_bytes=body.block_bytes,
