@@ -353,3 +353,27 @@ def test_healthz_is_503_when_the_catalog_fails(client: TestClient,
 
     monkeypatch.setattr(health_route.store, "ping", boom)
     assert_error(client.get("/healthz"), 503, "unavailable")
+
+
+@pytest.mark.parametrize("kind", ["lora", "delta"])
+def test_lora_and_delta_checkpoints_register_and_merge(env: dict[str, Any], client: TestClient,
+                                                       kind: str) -> None:
+    from tests import factory
+
+    root = env["tmp"] / "data" / f"{kind}-expert"
+    if kind == "lora":
+        factory.make_lora(env["family"]["base"], root, seed=5)
+    else:
+        factory.make_delta(env["family"]["base"], root, seed=6)
+    r = client.post("/v1/models", json={"name": f"{kind}-x", "path": str(root), "kind": kind,
+                                        "base": "base"})
+    assert r.status_code == 202, r.text
+    m = wait(client, f"/v1/models/{kind}-x")
+    assert m["status"] == "ready" and m["kind"] == kind, m
+    if kind == "lora":
+        assert m["lora_scale"] == 2.0  # alpha 8 / r 4
+    merged = run_merge(client, {"base": "base", "experts": [{"model": f"{kind}-x"},
+                                                             {"model": "e1"}],
+                                "operator": "task_arithmetic", "budget": {"fraction": 0.5},
+                                "output": {"name": f"{kind}-merged"}})
+    assert merged["expert_bytes_read"] <= merged["budget_bytes"]
