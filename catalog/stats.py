@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +83,9 @@ def scan_block(a: torch.Tensor, scratch: Scratch | None = None, *, collect_mixed
         zeros, n_mixed = int(counts[0]), int(counts[1::2].sum())
     else:
         zeros, n_mixed = _sparse_count(counts, 0), int(counts[1][counts[0] % 2 == 1].sum())
-    mixed = torch.masked_select(bits, low.bool()) if collect_mixed and n_mixed else None
+    mixed = None
+    if collect_mixed and n_mixed:  # numpy's boolean indexing is several times torch's here
+        mixed = torch.from_numpy(bits.numpy()[low.numpy() != 0])
     return BlockStats(l2, l1, max_abs, n - zeros), counts, mixed
 
 
@@ -101,13 +102,23 @@ def _sparse_count(h: tuple[torch.Tensor, torch.Tensor], key: int) -> int:
     return int(hit[0]) if hit.numel() else 0
 
 
-@dataclass
-class _Query:
-    j: int
-    rank: int  # 1-based rank of the wanted value inside the current bin, largest first
-    above: int  # entries of the tensor known to be larger than anything in the current bin
-    prefix: int  # bits >> LEVEL_SHIFTS[level] of the current bin (level 0: unused)
-    slot: int  # index of the current bin among the bins refined at this level
+class _Queries:
+    """The unresolved thresholds, one entry per density index j (numpy int64 arrays)."""
+
+    def __init__(self, j: np.ndarray, rank: np.ndarray) -> None:
+        self.j = j
+        self.rank = rank  # 1-based rank of the wanted value inside the current bin, largest first
+        self.above = np.zeros_like(j)  # entries known to be larger than the current bin
+        self.prefix = np.zeros_like(j)  # bits >> LEVEL_SHIFTS[level] of the current bin
+        self.slot = np.zeros_like(j)  # the current bin among the bins refined at this level
+
+    def __len__(self) -> int:
+        return len(self.j)
+
+    def take(self, keep: np.ndarray) -> _Queries:
+        out = _Queries(self.j[keep], self.rank[keep])
+        out.above, out.prefix, out.slot = self.above[keep], self.prefix[keep], self.slot[keep]
+        return out
 
 
 class TrimThresholds:
@@ -126,7 +137,8 @@ class TrimThresholds:
         self.tied = [0] * DENSITY_STEPS
         self.level = 0
         self.n_slots = 1
-        self._queries = [_Query(j, k, 0, 0, 0) for j, k in enumerate(self.ks) if k > 0]
+        ks = np.array(self.ks, dtype=np.int64)
+        self._q = _Queries(np.flatnonzero(ks > 0), ks[ks > 0])
         # Level L >= 1: int32 table from (slot at L-1, child) to slot at L; entries that lead to
         # no refined bin point at a last "dump" slot whose counts are thrown away.
         self._luts: list[torch.Tensor] = []
@@ -153,7 +165,7 @@ class TrimThresholds:
 
     @property
     def pending(self) -> bool:
-        return bool(self._queries)
+        return len(self._q) > 0
 
     def add(self, counts: Histogram) -> None:
         """Add a block's histogram (from scan_block at level 0, block_counts after)."""
@@ -189,86 +201,76 @@ class TrimThresholds:
 
     def solve_sorted(self, a: torch.Tensor) -> None:
         """Resolve every pending query from all of the tensor's |delta| at once (small tensors)."""
-        asc = torch.sort(a.reshape(-1)).values
-        n = asc.numel()
-        ks = torch.tensor([q.above + q.rank for q in self._queries], dtype=torch.int64)
-        taus = asc[n - ks]
-        lo = torch.searchsorted(asc, taus, right=False)
-        hi = torch.searchsorted(asc, taus, right=True)
-        for q, tau, lo_i, hi_i in zip(self._queries, taus.tolist(), lo.tolist(), hi.tolist(),
-                                      strict=True):
-            self.tau[q.j], self.above[q.j], self.tied[q.j] = float(tau), n - hi_i, hi_i - lo_i
-        self._queries = []
+        asc = torch.sort(a.reshape(-1)).values.numpy()
+        n = asc.size
+        q = self._q
+        taus = asc[n - (q.above + q.rank)]
+        lo = np.searchsorted(asc, taus, side="left")
+        hi = np.searchsorted(asc, taus, side="right")
+        self._set(q.j, taus.astype(np.float32).view(np.int32), n - hi, hi - lo)
+        self._q = q.take(np.zeros(len(q), dtype=bool))
 
     def finish_level(self) -> None:
         """Resolve every query whose value is now known; set up the next level for the rest."""
-        if not self._queries:
+        q = self._q
+        if not len(q):
             return
         children = TOP_BINS if self.level == 0 else SUB_BINS
         counts = self._counts.view(self.n_slots, children, 2).numpy()
         total = counts.sum(axis=2)
-        from_top = np.cumsum(total[:, ::-1], axis=1)  # counts from the largest child down
-        mixed = (np.sort(np.concatenate([t.numpy() for t in self._mixed]))
-                 if self.level == 0 and self._mixed else None)
-        unresolved: list[_Query] = []
-        for q in self._queries:
-            cs = from_top[q.slot]
-            i = int(np.searchsorted(cs, q.rank))  # first i with cs[i] >= rank
-            child = children - 1 - i
-            above_in = int(cs[i]) - int(total[q.slot, child])
-            q.rank -= above_in
-            q.above += above_in
-            q.prefix = child if self.level == 0 else (q.prefix << 8) | child
-            if counts[q.slot, child, 1] == 0:  # one value: the lower bits are all zero
-                self.tau[q.j] = _f32(q.prefix << LEVEL_SHIFTS[self.level])
-                self.above[q.j] = q.above
-                self.tied[q.j] = int(total[q.slot, child])
-            elif mixed is not None:
-                self._resolve_mixed(q, mixed, int(total[q.slot, child]))
-            else:
-                q.slot = q.slot * children + child  # (parent slot, child), remapped below
-                unresolved.append(q)
-        self._queries = unresolved
-        if not unresolved:
+        # Per slot, cumulative counts from the largest child down; rows made disjoint by an
+        # offset so that one searchsorted serves every query.
+        from_top = np.cumsum(total[:, ::-1], axis=1)
+        span = self.numel + 1
+        flat = (from_top + np.arange(self.n_slots)[:, None] * span).ravel()
+        i = np.searchsorted(flat, q.rank + q.slot * span) - q.slot * children
+        child = children - 1 - i
+        in_bin = total[q.slot, child]
+        above_in = from_top[q.slot, i] - in_bin
+        q.rank = q.rank - above_in
+        q.above = q.above + above_in
+        q.prefix = child if self.level == 0 else (q.prefix << 8) | child
+        shift = LEVEL_SHIFTS[self.level]
+        single = counts[q.slot, child, 1] == 0  # one value: the lower bits are all zero
+        self._set(q.j[single], (q.prefix[single] << shift), q.above[single], in_bin[single])
+        rest = ~single
+        if self.level == 0 and self._mixed and rest.any():
+            mixed = np.sort(np.concatenate([t.numpy() for t in self._mixed]))
+            self._resolve_mixed(q.take(rest), mixed, in_bin[rest])
+            rest[:] = False
+        self._q = q = q.take(rest)
+        if not len(q):
             return
         if self.level + 1 >= len(LEVEL_SHIFTS):  # cannot happen: the last level has no lower bits
             raise AssertionError("trim threshold refinement did not converge")
-        keys = sorted({q.slot for q in unresolved})
+        keys, q.slot = np.unique(q.slot * children + child[rest], return_inverse=True)
         # Indexed by (parent slot, child); the parent's dump slot (n_slots) leads to the dump too.
         lut = torch.full(((self.n_slots + (self.level > 0)) * children,), len(keys),
                          dtype=torch.int32)
-        lut[torch.tensor(keys)] = torch.arange(len(keys), dtype=torch.int32)
-        remap = {k: i for i, k in enumerate(keys)}
-        for q in unresolved:
-            q.slot = remap[q.slot]
+        lut[torch.from_numpy(keys)] = torch.arange(len(keys), dtype=torch.int32)
         self._luts.append(lut)
         self.level += 1
         self.n_slots = len(keys)
         self._counts = torch.zeros(2 * SUB_BINS * self.n_slots, dtype=torch.int64)
 
+    def _resolve_mixed(self, q: _Queries, mixed: np.ndarray, in_bin: np.ndarray) -> None:
+        """Level 0, bins with mixed entries whose bits were all kept: pick values directly.
 
-    def _resolve_mixed(self, q: _Query, mixed: np.ndarray, in_bin: int) -> None:
-        """Level 0, a bin with mixed entries whose bits were all kept: pick the value directly.
-
-        The bin holds its mixed entries (known exactly) above in_bin - M entries equal to the
+        A bin holds its mixed entries (known exactly) above in_bin - M entries equal to the
         bin's smallest value (prefix << 16, lower bits zero)."""
         lo_bits = q.prefix << 16
-        lo = int(np.searchsorted(mixed, lo_bits, side="left"))
-        hi = int(np.searchsorted(mixed, lo_bits + (1 << 16), side="left"))
+        lo = np.searchsorted(mixed, lo_bits, side="left")
+        hi = np.searchsorted(mixed, lo_bits + (1 << 16), side="left")
         n_mixed = hi - lo
-        if q.rank <= n_mixed:
-            value = int(mixed[hi - q.rank])  # the rank-th largest mixed entry of the bin
-            first = int(np.searchsorted(mixed, value, side="left"))
-            last = int(np.searchsorted(mixed, value, side="right"))
-            self.tau[q.j] = _f32(value)
-            self.above[q.j] = q.above + hi - last
-            self.tied[q.j] = last - first
-        else:
-            self.tau[q.j] = _f32(lo_bits)
-            self.above[q.j] = q.above + n_mixed
-            self.tied[q.j] = in_bin - n_mixed
+        pick = q.rank <= n_mixed  # the rank-th largest entry of the bin is a mixed one
+        value = np.where(pick, mixed[np.clip(hi - q.rank, 0, max(len(mixed) - 1, 0))], lo_bits)
+        first = np.searchsorted(mixed, value, side="left")
+        last = np.searchsorted(mixed, value, side="right")
+        self._set(q.j, value, q.above + np.where(pick, hi - last, n_mixed),
+                  np.where(pick, last - first, in_bin - n_mixed))
 
-
-def _f32(bits: int) -> float:
-    """The float32 value with these bits, as a Python float (exact)."""
-    return float(struct.unpack("<f", struct.pack("<I", bits))[0])
+    def _set(self, j: np.ndarray, bits: np.ndarray, above: np.ndarray, tied: np.ndarray) -> None:
+        taus = np.asarray(bits, dtype=np.int64).astype(np.uint32).view(np.float32)
+        for jj, t, a, n in zip(j.tolist(), taus.tolist(), above.tolist(), tied.tolist(),
+                               strict=True):
+            self.tau[jj], self.above[jj], self.tied[jj] = float(t), int(a), int(n)
