@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Collection
 from typing import Any
@@ -117,12 +118,13 @@ def _check_with_duckdb(raw: duckdb.DuckDBPyConnection, sql: str) -> None:
 def run_readonly(cat: Catalog, sql: str, *, row_limit: int = 10_000,
                  timeout_s: float = 10.0, byte_limit: int = 16 << 20) -> dict[str, Any]:
     """{columns, rows, truncated} of a checked read-only query; interrupted after `timeout_s`;
-    refused when the result's text and blob cells exceed `byte_limit` bytes."""
+    refused when the result is more than `byte_limit` bytes of JSON."""
     check_readonly(sql)
     with cat.reader() as conn:
         raw = conn.connection.driver_connection
         assert raw is not None
         try:
+            conn.exec_driver_sql("SET enable_progress_bar = false")  # none on the server's stdout
             tables = {str(r[0]).lower() for r in conn.exec_driver_sql(SELECT_TABLES)}
         finally:
             conn.rollback()
@@ -148,9 +150,9 @@ def run_readonly(cat: Catalog, sql: str, *, row_limit: int = 10_000,
             timer.cancel()
     truncated = len(rows) > row_limit
     out = [[_jsonable(v) for v in r] for r in rows[:row_limit]]
-    size = sum(len(v) for r in out for v in r if isinstance(v, str))
+    size = len(json.dumps(out, default=str))
     if size > byte_limit:
-        raise InvalidRequest(f"the result holds {size} bytes of text, over the {byte_limit} byte "
+        raise InvalidRequest(f"the result is {size} bytes of JSON, over the {byte_limit} byte "
                              "limit; select fewer rows or columns", field="sql")
     return {"columns": columns, "rows": out, "truncated": truncated}
 

@@ -21,6 +21,7 @@ class Settings:
     api_token: str | None = None
     sql_row_limit: int = 10_000
     sql_timeout_s: float = 10.0
+    sql_result_bytes: int = 16 << 20     # larger SQL results (as JSON) are refused
     max_body_bytes: int = 1 << 20        # larger request bodies are refused with 413
     shutdown_grace_s: float = 30.0       # how long `serve` waits for running jobs on SIGTERM
     max_queued_jobs: int = 1000          # more queued ingestions + merges are refused with 429
@@ -37,6 +38,7 @@ class Settings:
             api_token=e.get("MERGEPIPE_API_TOKEN") or None,
             sql_row_limit=_number(e, "MERGEPIPE_SQL_ROW_LIMIT", int, 10_000, minimum=1),
             sql_timeout_s=_number(e, "MERGEPIPE_SQL_TIMEOUT_S", float, 10.0, minimum=0.001),
+            sql_result_bytes=_number(e, "MERGEPIPE_SQL_RESULT_BYTES", int, 16 << 20, minimum=1),
             max_body_bytes=_number(e, "MERGEPIPE_MAX_BODY_BYTES", int, 1 << 20, minimum=1),
             shutdown_grace_s=_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
             max_queued_jobs=_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),

@@ -317,12 +317,16 @@ def test_sql_select_and_refusals(env: dict[str, Any], client: TestClient) -> Non
 
 def test_sql_row_and_time_limits(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
-    with client_for(settings_for(tmp_path, sql_row_limit=5, sql_timeout_s=0.5)) as c:
+    with client_for(settings_for(tmp_path, sql_row_limit=5, sql_timeout_s=0.5,
+                                 sql_result_bytes=1000)) as c:
         r = c.post("/v1/sql", json={"sql": "SELECT * FROM range(100)"})
         assert r.json()["truncated"] is True and len(r.json()["rows"]) == 5
         err = assert_error(c.post("/v1/sql", json={
             "sql": "SELECT count(*) FROM range(10000000000) a"}), 422, "invalid_request", "sql")
         assert "time limit" in err["message"]
+        err = assert_error(c.post("/v1/sql", json={"sql": "SELECT list(range) FROM range(1000)"}),
+                           422, "invalid_request", "sql")
+        assert "byte limit" in err["message"]
 
 
 # -- generic error classes ----------------------------------------------------------------------

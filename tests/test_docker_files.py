@@ -42,6 +42,7 @@ def test_compose_environment_is_what_settings_read() -> None:
     assert s.max_body_bytes == int(env["MERGEPIPE_MAX_BODY_BYTES"])
     assert s.sql_row_limit == int(env["MERGEPIPE_SQL_ROW_LIMIT"])
     assert s.sql_timeout_s == float(env["MERGEPIPE_SQL_TIMEOUT_S"])
+    assert s.sql_result_bytes == int(env["MERGEPIPE_SQL_RESULT_BYTES"])
     assert s.shutdown_grace_s == float(env["MERGEPIPE_SHUTDOWN_GRACE_S"])
     assert s.max_queued_jobs == int(env["MERGEPIPE_MAX_QUEUED_JOBS"])
 

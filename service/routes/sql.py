@@ -18,6 +18,7 @@ router = APIRouter(prefix="/v1", tags=["sql"])
              summary="Read-only SQL (one SELECT; no files, no network, row and time limits)")
 def sql(body: SqlIn, st: State) -> dict[str, Any]:
     out = run_readonly(st.cat, body.sql, row_limit=st.settings.sql_row_limit,
-                       timeout_s=st.settings.sql_timeout_s)
+                       timeout_s=st.settings.sql_timeout_s,
+                       byte_limit=st.settings.sql_result_bytes)
     out["rows"] = store.jsonable(out["rows"])
     return out
