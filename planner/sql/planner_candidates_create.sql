@@ -47,7 +47,7 @@ units AS MATERIALIZED (
     SELECT position, ordinal, block_index, CAST(n_blocks AS BIGINT) AS n_blocks,
            CAST(nbytes AS BIGINT) AS nbytes, CAST(lora_a_nbytes AS BIGINT) AS lora_a_nbytes,
            utility, fallback, missing,
-           -(utility / nbytes) AS neg_density,                          -- NULL for fallback
+           -(utility / nbytes) AS neg_density,  -- NULL exactly for fallback: ranked last
            CASE WHEN fallback THEN ordinal ELSE position END AS order_a,
            CASE WHEN fallback THEN position ELSE ordinal END AS order_b
     FROM (SELECT * FROM block_units UNION ALL SELECT * FROM tensor_units) AS u
@@ -57,7 +57,7 @@ costed AS (
     UNION ALL
     SELECT *, nbytes + CASE
                WHEN ROW_NUMBER() OVER (PARTITION BY position, ordinal
-                                       ORDER BY fallback, neg_density, order_a, order_b,
+                                       ORDER BY neg_density NULLS LAST, order_a, order_b,
                                                 block_index) = 1
                THEN lora_a_nbytes ELSE 0 END AS cost
     FROM units WHERE lora_a_nbytes > 0
@@ -69,5 +69,5 @@ SELECT position, ordinal, block_index, n_blocks, nbytes, lora_a_nbytes, utility,
        CAST(NULL AS INTEGER) AS pass,   -- fill pass that selected the unit (prefix: NULL)
        CAST(0 AS BIGINT) AS charged     -- bytes charged by that fill pass
 FROM costed
-WINDOW w AS (ORDER BY fallback, neg_density NULLS LAST, order_a, order_b, block_index
+WINDOW w AS (ORDER BY neg_density NULLS LAST, order_a, order_b, block_index
              ROWS UNBOUNDED PRECEDING)
