@@ -197,6 +197,7 @@ def test_fallback_expert_is_planned_as_whole_tensors_after_ranked_blocks(cat: Ca
     assert s["fallback_experts"] == ["f"] and "whole tensors" in s["fallback_order"]
     assert "no statistics for f" in s["omission_bound_note"]
     assert [b.utility for b in p.blocks[4:]] == [0.0, 0.0]
+    assert all(type(b.utility) is float and type(b.nbytes) is int for b in p.blocks)
     # Fallback tensors include zero-delta blocks: without statistics nothing is known.
     assert make_plan(cat, build_request(base="B", experts="f", operator="linear")
                      ).full_read_bytes == 300 + 140

@@ -13,7 +13,7 @@ FROM selected s
 JOIN blocks b ON b.model = s.model AND b.tensor = s.tensor AND b.block_index = s.block_index
 WHERE NOT s.fallback
 UNION ALL
-SELECT s.unit_rank, s.model, s.tensor, b.block_index, b.nbytes, 0.0, b.content_hash
+SELECT s.unit_rank, s.model, s.tensor, b.block_index, b.nbytes, CAST(0 AS DOUBLE), b.content_hash
 FROM selected s
 JOIN blocks b ON b.model = s.model AND b.tensor = s.tensor
 WHERE s.fallback
