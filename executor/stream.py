@@ -8,7 +8,9 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -180,87 +182,68 @@ def output_layout(prep: Prepared) -> list[tuple[str, list[tuple[str, str, tuple[
 
 def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
             progress: Callable[[dict[str, Any]], None] | None = None,
-            chunk_bytes: int = CHUNK_BYTES) -> ExecutionResult:
-    """Write the merged checkpoint into `out_dir` (an existing empty directory)."""
-    from executor.operators import REGISTRY, BlockContext, ExpertBlock
-    from executor.operators.keyed_hash import expert_key
+            chunk_bytes: int = CHUNK_BYTES, compute_threads: int | None = None
+            ) -> ExecutionResult:
+    """Write the merged checkpoint into `out_dir` (an existing empty directory).
 
+    Reads run `PREFETCH_DEPTH` chunks ahead in `threads` threads, chunks are merged in
+    `compute_threads` threads (one torch thread each), writes go out in order in one more.
+    """
     t0 = time.perf_counter()
-    req = prep.plan.request
-    op = REGISTRY[req.operator]
-    base = prep.base
-    weights = tuple(req.weights())
-    densities = req.densities()
     steps, chunks = _schedule(prep, chunk_bytes)
     writer = CheckpointWriter(
         Path(out_dir), output_layout(prep),
         metadata={os.path.basename(h.path): h.metadata for h in prep.checkpoint.files},
-        write_index=os.path.isdir(base.path) and os.path.exists(
-            os.path.join(base.path, INDEX_FILE)))
+        write_index=os.path.isdir(prep.base.path) and os.path.exists(
+            os.path.join(prep.base.path, INDEX_FILE)))
     expert_reader, base_reader = LocalFileReader(), LocalFileReader()
-    budget = BudgetCounter(prep.plan.budget_bytes)
-    lora_a: dict[tuple[int, str], torch.Tensor] = {}
-    keys: dict[tuple[int, str], int] = {}
-    done = expert_blocks = 0
+    merger = _ChunkMerger(prep)
+    n_compute = compute_threads or default_compute_threads()
+    done = 0
+    blocks_total = sum(map(len, steps))
     last_report = time.monotonic()
     _reuse_freed_buffers()
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(COMPUTE_THREADS)
     writes = BackgroundWrites(writer)
+    compute = ThreadPoolExecutor(max_workers=n_compute, thread_name_prefix="mergepipe-merge")
+    inflight: deque[tuple[int, Future[list[tuple[str, int, memoryview]]]]] = deque()
+
+    def finish_oldest() -> None:
+        nonlocal done, last_report
+        ci, fut = inflight.popleft()
+        for tensor, row_start, buf in fut.result():
+            writes.write(tensor, row_start, buf)
+        merger.release(steps[ci])
+        done += len(steps[ci])
+        if progress is not None and (time.monotonic() - last_report >= PROGRESS_EVERY_S
+                                     or done == blocks_total):
+            last_report = time.monotonic()
+            progress({"blocks_done": done, "blocks_total": blocks_total,
+                      "expert_bytes_read": expert_reader.bytes_read,
+                      "base_bytes_read": base_reader.bytes_read})
+
     try:
         with Prefetcher(chunks, expert_reader=expert_reader, base_reader=base_reader,
-                        budget=budget, threads=threads or default_threads(),
-                        depth=PREFETCH_DEPTH) as pre:
+                        budget=BudgetCounter(prep.plan.budget_bytes),
+                        threads=threads or default_threads(), depth=PREFETCH_DEPTH) as pre:
             for ci, chunk_steps in enumerate(steps):
                 data = pre.get(ci)
-                for st in chunk_steps:
-                    t = base.tensors[st.tensor]
-                    out_dtype = prep.out_dtype or t.dtype
-                    base_raw = data[("b", st.tensor, st.block_index)]
-                    if not st.experts and out_dtype == t.dtype:
-                        writes.write(st.tensor, st.row_start, base_raw)  # nothing to add
-                        done += 1
-                        continue
-                    shape = _block_shape(t.shape, st.row_start, st.row_end)
-                    b32 = _decode(base_raw, t.dtype, shape)
-                    blocks = []
-                    for i, spec in enumerate(req.experts):
-                        delta = None
-                        if i in st.experts:
-                            delta = _delta(prep.experts[i], i, st, b32, data, lora_a)
-                            expert_blocks += 1
-                        key = keys.get((i, st.tensor))
-                        if key is None:
-                            key = keys[(i, st.tensor)] = expert_key(req.seed, spec.model,
-                                                                    st.tensor)
-                        blocks.append(ExpertBlock(
-                            index=i, model=spec.model, delta=delta, weight=spec.weight,
-                            density=densities[i], trim=prep.plan.trims.get((spec.model, st.tensor)),
-                            key=key))
-                    merged = b32
-                    if st.experts:
-                        ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
-                                           flat_offset=st.row_start * t.row_numel,
-                                           params=req.params, n_experts=len(req.experts),
-                                           all_weights=weights)
-                        merged = op(b32, blocks, ctx)
-                    writes.write(st.tensor, st.row_start, encode(merged, out_dtype))
-                    for i in st.last_of_tensor:
-                        lora_a.pop((i, st.tensor), None)
-                    done += 1
-                if progress is not None and (time.monotonic() - last_report >= PROGRESS_EVERY_S
-                                             or ci == len(steps) - 1):
-                    last_report = time.monotonic()
-                    progress({"blocks_done": done, "blocks_total": sum(map(len, steps)),
-                              "expert_bytes_read": expert_reader.bytes_read,
-                              "base_bytes_read": base_reader.bytes_read})
+                merger.load_lora_a(data)
+                inflight.append((ci, compute.submit(merger.merge_chunk, chunk_steps, data)))
+                while len(inflight) > n_compute:
+                    finish_oldest()
+            while inflight:
+                finish_oldest()
         writes.drain()
         tensors = writer.finish()
     except BaseException:
+        compute.shutdown(wait=True, cancel_futures=True)
         writes.close()
         writer.abort()
         raise
     finally:
+        compute.shutdown(wait=True)
         writes.close()
         torch.set_num_threads(torch_threads)
         expert_reader.close()
@@ -274,7 +257,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     for path, n in expert_reader.bytes_by_path.items():
         by_model[by_path[path]] += n
     return ExecutionResult(tensors, output_hash(tensors), expert_reader.bytes_read, by_model,
-                           base_reader.bytes_read, done, expert_blocks,
+                           base_reader.bytes_read, done, merger.expert_blocks,
                            time.perf_counter() - t0, extra)
 
 
@@ -288,6 +271,11 @@ def _reuse_freed_buffers() -> None:
         libc.mallopt(-1, MALLOC_TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass
+
+
+def default_compute_threads() -> int:
+    """Merge threads: one per core, at most 4."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def default_threads() -> int:
@@ -312,6 +300,74 @@ class _Step:
     row_end: int
     experts: set[int]
     last_of_tensor: list[int]  # LoRA experts whose lora_A can be dropped after this block
+
+
+class _ChunkMerger:
+    """Turns the base and expert pieces of a chunk into output bytes (thread-safe per chunk)."""
+
+    def __init__(self, prep: Prepared) -> None:
+        from executor.operators import REGISTRY
+
+        self.prep = prep
+        self.req = prep.plan.request
+        self.op = REGISTRY[self.req.operator]
+        self.weights = tuple(self.req.weights())
+        self.densities = self.req.densities()
+        self.lora_a: dict[tuple[int, str], torch.Tensor] = {}
+        self.keys: dict[tuple[int, str], int] = {}
+        self.expert_blocks = 0
+
+    def load_lora_a(self, data: Mapping[Hashable, memoryview]) -> None:
+        """Decode the lora_A matrices read with this chunk (in the reading order)."""
+        for key, raw in data.items():
+            if isinstance(key, tuple) and key[0] == "a":
+                _, i, tensor = key
+                spec = self.prep.experts[i].tensors[tensor].lora_a
+                assert spec is not None
+                self.lora_a[(i, tensor)] = _decode(raw, spec.dtype, spec.shape)
+
+    def release(self, chunk_steps: list[_Step]) -> None:
+        """Drop what the finished chunk was the last to need; count its expert blocks."""
+        for st in chunk_steps:
+            self.expert_blocks += len(st.experts)
+            for i in st.last_of_tensor:
+                self.lora_a.pop((i, st.tensor), None)
+
+    def merge_chunk(self, chunk_steps: list[_Step], data: Mapping[Hashable, memoryview]
+                    ) -> list[tuple[str, int, memoryview]]:
+        """(tensor, row_start, output bytes) of every step of the chunk, in order."""
+        return [self.merge_step(st, data) for st in chunk_steps]
+
+    def merge_step(self, st: _Step, data: Mapping[Hashable, memoryview]
+                   ) -> tuple[str, int, memoryview]:
+        from executor.operators import BlockContext, ExpertBlock
+        from executor.operators.keyed_hash import expert_key
+
+        t = self.prep.base.tensors[st.tensor]
+        out_dtype = self.prep.out_dtype or t.dtype
+        base_raw = data[("b", st.tensor, st.block_index)]
+        if not st.experts and out_dtype == t.dtype:
+            return st.tensor, st.row_start, base_raw  # nothing to add: the base's bytes
+        b32 = _decode(base_raw, t.dtype, _block_shape(t.shape, st.row_start, st.row_end))
+        if not st.experts:
+            return st.tensor, st.row_start, encode(b32, out_dtype)
+        blocks = []
+        for i, spec in enumerate(self.req.experts):
+            delta = None
+            if i in st.experts:
+                delta = _delta(self.prep.experts[i], i, st, b32, data, self.lora_a)
+            key = self.keys.get((i, st.tensor))
+            if key is None:
+                key = self.keys[(i, st.tensor)] = expert_key(self.req.seed, spec.model,
+                                                             st.tensor)
+            blocks.append(ExpertBlock(
+                index=i, model=spec.model, delta=delta, weight=spec.weight,
+                density=self.densities[i],
+                trim=self.prep.plan.trims.get((spec.model, st.tensor)), key=key))
+        ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
+                           flat_offset=st.row_start * t.row_numel, params=self.req.params,
+                           n_experts=len(self.req.experts), all_weights=self.weights)
+        return st.tensor, st.row_start, encode(self.op(b32, blocks, ctx), out_dtype)
 
 
 def _schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[_Step]], list[list[Range]]]:
@@ -395,12 +451,7 @@ def _delta(e: ModelSource, i: int, st: _Step, b32: torch.Tensor,
     if e.kind == "delta":
         return _decode(raw, info.dtype, tuple(b32.shape))
     if e.kind == "lora":
-        a = lora_a.get((i, st.tensor))
-        if a is None:
-            spec = info.lora_a
-            assert spec is not None
-            a = lora_a[(i, st.tensor)] = _decode(data[("a", i, st.tensor)], spec.dtype,
-                                                 spec.shape)
+        a = lora_a[(i, st.tensor)]
         rows = st.row_end - st.row_start
         b_rows = _decode(raw, info.dtype, (rows, info.shape[1]))
         d = torch.matmul(b_rows, a)
