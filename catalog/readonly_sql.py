@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Collection
 from typing import Any
 
@@ -13,7 +14,7 @@ import sqlglot.expressions as exp
 from sqlglot.errors import ParseError
 
 from catalog.db import Catalog
-from mergepipe.errors import InvalidRequest
+from mergepipe.errors import Busy, InvalidRequest
 
 # Functions that read files or the network, touch settings or state, or reveal the server's
 # files; refused even though the database itself also runs with enable_external_access=false.
@@ -23,7 +24,7 @@ FORBIDDEN_FUNCTIONS = {
     "parquet_metadata", "parquet_schema", "iceberg_scan", "delta_scan", "sqlite_scan",
     "postgres_scan", "mysql_scan", "read_xlsx", "getenv", "current_setting", "set_config",
     "http_get", "query", "query_table", "checkpoint", "force_checkpoint", "setseed",
-    "nextval", "getvariable",
+    "nextval", "currval", "setval", "getvariable",
 }
 FORBIDDEN_PREFIXES = ("read_", "pragma_", "duckdb_", "sqlite_", "postgres_", "mysql_",
                       "iceberg_", "delta_", "parquet_", "http", "write_", "copy_", "load_",
@@ -34,6 +35,14 @@ FORBIDDEN_NODES = (exp.Insert, exp.Update, exp.Delete, exp.Create, exp.Drop, exp
                    exp.Command, exp.Set, exp.Pragma, exp.Copy, exp.Attach, exp.Detach,
                    exp.Merge, exp.Use, exp.Transaction, exp.Commit, exp.Rollback, exp.Into,
                    exp.LoadData, exp.Export)
+# User queries running at once, counting those DuckDB has not stopped yet after their time
+# limit (one huge scalar, e.g. repeat('x', 2e9) or a 1e8-element list, ignores interrupts until
+# it is computed): a flood of such queries holds these slots, not the whole server.
+MAX_RUNNING = 2
+# How long past its time limit the caller waits for a query's answer before it gets the
+# time-limit error anyway (the query then ends, or is interrupted, in its own thread).
+DEADLINE_GRACE_S = 1.0
+_slots = threading.BoundedSemaphore(MAX_RUNNING)
 SELECT_TABLES = ("SELECT table_name FROM information_schema.tables "
                  "WHERE table_schema = 'main' AND table_catalog = current_database()")
 
@@ -118,8 +127,40 @@ def _check_with_duckdb(raw: duckdb.DuckDBPyConnection, sql: str) -> None:
 def run_readonly(cat: Catalog, sql: str, *, row_limit: int = 10_000,
                  timeout_s: float = 10.0, byte_limit: int = 16 << 20) -> dict[str, Any]:
     """{columns, rows, truncated} of a checked read-only query; interrupted after `timeout_s`;
-    refused when the result is more than `byte_limit` bytes of JSON."""
+    refused when the result is more than `byte_limit` bytes of JSON.
+
+    The caller has its answer within about `timeout_s` (+ DEADLINE_GRACE_S) whatever the query
+    does; at most MAX_RUNNING queries run at once (Busy after waiting `timeout_s` for a slot)."""
     check_readonly(sql)
+    t0 = time.monotonic()
+    slots = _slots
+    if not slots.acquire(timeout=timeout_s):
+        raise Busy(f"{MAX_RUNNING} SQL queries are already running; retry later", field="sql")
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["out"] = _run_checked(cat, sql, row_limit, timeout_s, byte_limit)
+        except BaseException as e:  # noqa: BLE001 - handed over to the caller's thread
+            box["err"] = e
+        finally:
+            slots.release()
+
+    worker = threading.Thread(target=work, name="mergepipe-sql", daemon=True)
+    worker.start()
+    worker.join(max(0.0, t0 + timeout_s + DEADLINE_GRACE_S - time.monotonic()))
+    if worker.is_alive():
+        raise InvalidRequest(f"query failed: query exceeded the {timeout_s:g}s time limit",
+                             field="sql")
+    if "err" in box:
+        raise box["err"]
+    out: dict[str, Any] = box["out"]
+    return out
+
+
+def _run_checked(cat: Catalog, sql: str, row_limit: int, timeout_s: float,
+                 byte_limit: int) -> dict[str, Any]:
+    """The work of run_readonly, in its own thread."""
     with cat.reader() as conn:
         raw = conn.connection.driver_connection
         assert raw is not None

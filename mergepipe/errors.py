@@ -54,6 +54,13 @@ class Unauthorized(MergePipeError):
     code = "unauthorized"
 
 
+class Busy(MergePipeError):
+    """Too many requests of one kind are running (e.g. read-only SQL); retry later."""
+
+    status = 429
+    code = "too_many_requests"
+
+
 class SourceChanged(MergePipeError):
     """A registered file changed on disk after ingestion; re-ingest it."""
 

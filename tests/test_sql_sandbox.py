@@ -1,0 +1,187 @@
+"""Trying hard to break the read-only SQL of POST /v1/sql and `mergepipe sql`: statements that
+write, read files, reveal settings or state, DuckDB-specific syntax, and queries that try to
+exhaust the server (rows, bytes, time, concurrency)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from catalog import readonly_sql
+from catalog.db import Catalog
+from catalog.readonly_sql import ALLOWED_TABLE_FUNCTIONS, check_readonly, run_readonly
+from mergepipe.errors import Busy, InvalidRequest
+from tests.api_helpers import assert_error, client_for, settings_for
+
+SECRET = "TOP-SECRET-4f1d"
+
+
+@pytest.fixture(scope="module")
+def cat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Catalog, Path]]:
+    tmp = tmp_path_factory.mktemp("sql")
+    secret = tmp / "secret.csv"
+    secret.write_text(f"x\n{SECRET}\n")
+    with Catalog(tmp / "catalog.duckdb") as c:
+        yield c, secret
+
+
+# Every one of these is refused with a 422 naming the `sql` field, and never shows the secret.
+REFUSED = [
+    # writes, DDL, several statements, sessions, settings
+    "DROP TABLE models", "DELETE FROM merges", "UPDATE models SET kind = 'x'",
+    "INSERT INTO lineage SELECT * FROM lineage", "CREATE TABLE t AS SELECT 1",
+    "CREATE MACRO m() AS 1", "CREATE SECRET s (TYPE s3)", "ALTER TABLE models ADD c INT",
+    "SELECT 1; DROP TABLE models", "SELECT 1; SELECT 2", "BEGIN", "COMMIT", "CHECKPOINT",
+    "ATTACH '{secret}' AS x", "DETACH x", "USE memory", "COPY models TO '{secret}'",
+    "COPY (SELECT 1) TO '{secret}'", "EXPORT DATABASE '{dir}'", "IMPORT DATABASE '{dir}'",
+    "INSTALL httpfs", "LOAD httpfs", "PRAGMA database_list", "PRAGMA version",
+    "SET threads = 1", "SET memory_limit = '1GB'", "RESET threads", "SET VARIABLE x = 1",
+    "CALL pragma_version()", "EXPLAIN SELECT 1", "EXPLAIN ANALYZE SELECT 1",
+    "SUMMARIZE models", "DESCRIBE models", "SHOW TABLES", "SHOW models",
+    "PIVOT models ON kind USING count(*)", "VALUES (1)", "VACUUM", "ANALYZE",
+    "SELECT * INTO t FROM models", "WITH x AS (DELETE FROM models RETURNING *) SELECT * FROM x",
+    # files, through table functions, strings as tables, and scalar functions
+    "SELECT * FROM read_text('{secret}')", "SELECT * FROM read_blob('{secret}')",
+    "SELECT * FROM read_csv('{secret}')", "SELECT * FROM read_csv_auto('{secret}')",
+    "SELECT * FROM sniff_csv('{secret}')", "SELECT * FROM glob('{dir}/*')",
+    "SELECT * FROM '{secret}'", "FROM '{secret}'", "SELECT * FROM (FROM '{secret}')",
+    "SELECT * FROM (DESCRIBE '{secret}')", "SELECT * FROM (SUMMARIZE '{secret}')",
+    "SELECT * FROM \"read_text\"('{secret}')", "SELECT * FROM Read_Text('{secret}')",
+    "SELECT * FROM main.read_text('{secret}')", "SELECT * FROM system.main.read_text('{secret}')",
+    "SELECT * FROM parquet_scan('{secret}')", "SELECT * FROM parquet_metadata('{secret}')",
+    "SELECT * FROM read_json_auto('{secret}')", "SELECT * FROM read_ndjson_objects('{secret}')",
+    "SELECT * FROM st_read('{secret}')", "SELECT * FROM sqlite_scan('{secret}', 't')",
+    "SELECT (SELECT content FROM read_text('{secret}'))",
+    "SELECT * FROM models WHERE EXISTS (FROM read_text('{secret}'))",
+    "WITH models AS (SELECT * FROM read_text('{secret}')) SELECT * FROM models",
+    "SELECT * FROM range(3) t, LATERAL (SELECT * FROM read_text('{secret}'))",
+    "SELECT list_transform([1], x -> (SELECT content FROM read_text('{secret}')))",
+    "SELECT * FROM (SUMMARIZE SELECT * FROM read_text('{secret}'))",
+    # settings, environment, state, other databases, introspection functions
+    "SELECT getenv('HOME')", "SELECT 'a' || getenv('HOME')", "SELECT current_setting('threads')",
+    "SELECT current_setting('home_directory')", "SELECT getvariable('x')",
+    "SELECT set_config('threads', '1', false)", "SELECT nextval('s')", "SELECT setval('s', 3)",
+    "SELECT currval('s')", "SELECT * FROM duckdb_settings()", "SELECT * FROM duckdb_secrets()",
+    "SELECT * FROM duckdb_extensions()", "SELECT * FROM duckdb_databases()",
+    "SELECT * FROM which_secret('s3://b/k', 's3')", "SELECT * FROM pragma_table_info('models')",
+    "SELECT * FROM (SUMMARIZE SELECT * FROM duckdb_settings())",
+    "SELECT * FROM (DESCRIBE SELECT current_setting('home_directory'))",
+    "SELECT * FROM duckdb_secrets", "SELECT * FROM pg_catalog.pg_settings",
+    "SELECT * FROM system.main.models", "SELECT * FROM temp.main.t", "SELECT * FROM x.models",
+    "SELECT * FROM query('SELECT 1')", "SELECT * FROM query_table('models')",
+    "SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1'))",
+    "SELECT * FROM repeat_row(1, num_rows := 100000000)", "SELECT * FROM test_all_types()",
+    "SELECT * FROM truncate_duckdb_logs()", "SELECT * FROM checkpoint()",
+    "SELECT * FROM sqlite_master", "SELECT * FROM nowhere",
+    # junk
+    "", "   ", "SELEC 1", "SELECT 'unterminated", "-- only a comment", "SELECT 1 /*",
+]
+
+
+@pytest.mark.parametrize("sql", REFUSED)
+def test_refused(cat: tuple[Catalog, Path], sql: str) -> None:
+    c, secret = cat
+    q = sql.format(secret=secret, dir=secret.parent)
+    with pytest.raises(InvalidRequest) as err:
+        run_readonly(c, q, timeout_s=5)
+    assert err.value.field == "sql" and err.value.message
+    assert SECRET not in err.value.message
+
+
+def test_every_table_function_but_the_allowed_ones_is_refused(cat: tuple[Catalog, Path]) -> None:
+    """Whatever DuckDB adds in a new version: a table function not allowed by name is refused."""
+    raw = duckdb.connect()
+    names = {r[0] for r in raw.execute("SELECT DISTINCT function_name FROM duckdb_functions() "
+                                       "WHERE function_type IN ('table', 'table_macro')"
+                                       ).fetchall()}
+    raw.close()
+    assert len(names) > 20
+    for name in sorted(names - ALLOWED_TABLE_FUNCTIONS):
+        for sql in (f"SELECT * FROM {name}('x')", f"FROM {name}('x')",
+                    f"SELECT * FROM models, {name}('x')"):
+            with pytest.raises(InvalidRequest):
+                check_readonly(sql, tables={"models"})
+
+
+@pytest.mark.parametrize("sql", [
+    "FROM models", "FROM models SELECT name", "SELECT * FROM \"models\"", "TABLE models",
+    "SELECT * EXCLUDE (path) FROM models", "SELECT COLUMNS('name|kind') FROM models",
+    "FROM range(3) SELECT *", "SELECT * FROM (DESCRIBE models)", "SELECT * FROM (SUMMARIZE models)",
+    "SELECT * FROM models UNION BY NAME SELECT * FROM models",
+    "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < 5) "
+    "SELECT sum(n) FROM t", "SELECT table_name FROM information_schema.tables",
+    "SELECT * FROM unnest([1, 2])", "SELECT 1 -- ; DROP TABLE models", "SELECT $$a;b$$",
+])
+def test_duckdb_syntax_over_the_catalog_is_allowed(cat: tuple[Catalog, Path], sql: str) -> None:
+    out = run_readonly(cat[0], sql, timeout_s=5)
+    assert set(out) == {"columns", "rows", "truncated"}
+
+
+def test_nothing_was_changed_by_the_refused_statements(cat: tuple[Catalog, Path]) -> None:
+    c, secret = cat
+    tables = run_readonly(c, "SELECT table_name FROM information_schema.tables "
+                             "ORDER BY 1")["rows"]
+    assert ["models"] in tables and ["merges"] in tables and ["t"] not in tables
+    assert secret.read_text() == f"x\n{SECRET}\n"
+    assert not (secret.parent / "x.csv").exists()
+
+
+def test_row_byte_and_time_limits(cat: tuple[Catalog, Path]) -> None:
+    c, _ = cat
+    out = run_readonly(c, "SELECT * FROM range(1000)", row_limit=10)
+    assert out["truncated"] and len(out["rows"]) == 10
+    with pytest.raises(InvalidRequest, match="byte limit"):
+        run_readonly(c, "SELECT repeat('x', 100000) FROM range(20)", byte_limit=1 << 20)
+    for bomb in ("WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) "
+                 "SELECT count(*) FROM t",
+                 "SELECT count(*) FROM range(100000) a, range(100000) b"):
+        t0 = time.monotonic()
+        with pytest.raises(InvalidRequest, match="time limit"):
+            run_readonly(c, bomb, timeout_s=0.3)
+        assert time.monotonic() - t0 < 5
+
+
+def test_a_query_deaf_to_interrupts_still_answers_in_time_and_holds_one_slot(
+        cat: tuple[Catalog, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One huge scalar ignores DuckDB's interrupt until it is computed: the caller gets the
+    time-limit error anyway, and such queries cannot take more than MAX_RUNNING threads."""
+    c, _ = cat
+    monkeypatch.setattr(readonly_sql, "DEADLINE_GRACE_S", 0.2)
+    slow = "SELECT md5(repeat('a', 150000000))"  # about 2 s of work, not interruptible
+    t0 = time.monotonic()
+    with pytest.raises(InvalidRequest, match="time limit"):
+        run_readonly(c, slow, timeout_s=0.2)
+    assert time.monotonic() - t0 < 1.5
+    # while it still runs, the other slot serves queries; with no slot free the caller is told
+    assert run_readonly(c, "SELECT 42", timeout_s=5)["rows"] == [[42]]
+    monkeypatch.setattr(readonly_sql, "_slots", threading.BoundedSemaphore(1))
+    assert readonly_sql._slots.acquire(timeout=1)
+    try:
+        with pytest.raises(Busy) as busy:
+            run_readonly(c, "SELECT 1", timeout_s=0.2)
+        assert busy.value.status == 429 and busy.value.field == "sql"
+    finally:
+        readonly_sql._slots.release()
+    assert run_readonly(c, "SELECT 1", timeout_s=5)["rows"] == [[1]]
+
+
+def test_through_the_api_busy_is_429_and_refusals_are_422(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "data").mkdir()
+    with client_for(settings_for(tmp_path, sql_timeout_s=0.3)) as client:
+        for sql in ("SELECT * FROM duckdb_secrets()", "FROM '/etc/passwd'",
+                    "SELECT * FROM (DESCRIBE '/etc/passwd')", "SET threads = 1"):
+            assert_error(client.post("/v1/sql", json={"sql": sql}), 422, "invalid_request", "sql")
+        monkeypatch.setattr(readonly_sql, "_slots", threading.BoundedSemaphore(1))
+        readonly_sql._slots.acquire()
+        try:
+            assert_error(client.post("/v1/sql", json={"sql": "SELECT 1"}), 429,
+                         "too_many_requests", "sql")
+        finally:
+            readonly_sql._slots.release()
+        assert client.post("/v1/sql", json={"sql": "SELECT 1"}).json()["rows"] == [[1]]
