@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -132,9 +133,9 @@ class MergeRequest:
         return [lam * wi for wi in w]
 
 
-def build_request(*, base: str, experts: list[dict[str, Any]] | list[ExpertSpec] | str,
+def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] | str,
                   operator: str, params: dict[str, Any] | None = None,
-                  budget: object = None, seed: int | None = 0,
+                  budget: str | float | dict[str, Any] | Budget | None = None, seed: int | None = 0,
                   output_dtype: str | None = None) -> MergeRequest:
     """Validate everything that can be checked without the catalog; raise InvalidRequest."""
     if not isinstance(base, str) or not base:
@@ -219,7 +220,7 @@ def parse_experts(text: str) -> list[ExpertSpec]:
     return out
 
 
-def _expert(d: dict[str, Any], i: int) -> ExpertSpec:
+def _expert(d: object, i: int) -> ExpertSpec:
     if not isinstance(d, dict) or not isinstance(d.get("model"), str) or not d["model"]:
         raise InvalidRequest(f"experts[{i}] needs a model name", field=f"experts[{i}].model")
     extra = set(d) - {"model", "weight", "density"}
