@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="generate a family, serve, merge on a budget, report")
     p.add_argument("--dir", default="demo-output", help="folder for everything the demo makes "
                    "(default: ./demo-output; replaced if it exists)")

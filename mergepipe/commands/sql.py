@@ -10,7 +10,7 @@ from mergepipe.cli import print_json
 from mergepipe.table import print_table
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sql", help="read-only SQL over the catalog")
     p.add_argument("query", help="one SELECT (or WITH ... SELECT) statement")
     p.add_argument("--json", action="store_true", help='print {"columns": [...], "rows": [...]}')
