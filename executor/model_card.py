@@ -9,6 +9,7 @@ import yaml
 
 CARD_FILE = "README.md"
 TAGS = ("merge", "mergepipe")
+HF_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 OPERATOR_TITLES = {"linear": "linear (weighted average)", "task_arithmetic": "task arithmetic",
                    "ties": "TIES", "dare_linear": "DARE (linear)", "dare_ties": "DARE-TIES"}
 
@@ -47,7 +48,9 @@ def render_model_card(request: Mapping[str, Any], summary: Mapping[str, Any], *,
         },
     }
     front = yaml.safe_dump(meta, sort_keys=False, default_flow_style=False, allow_unicode=True)
-    return f"---\n{front}---\n\n{_body(name, base, op, experts, params, budget, io, summary)}"
+    body = _body(name, base, op, experts, params, budget, io,
+                 {**summary, "output_dtype": request.get("output_dtype")})
+    return f"---\n{front}---\n\n{body}"
 
 
 def _io(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,12 +91,52 @@ def _body(name: str | None, base: str, op: str, experts: list[dict[str, Any]],
         lines.append(f"- Bound on the L2 distance to the full-budget merge: "
                      f"{io['omission_bound']:.4g}.")
     lines.append("")
+    config = mergekit_config(base, op, experts, params, summary.get("output_dtype"))
+    if config is not None:
+        lines += ["The same merge at full budget as a mergekit config (model names as registered "
+                  "in the catalog):", "", "```yaml", config.rstrip(), "```", ""]
     if summary.get("merge_id"):
         lines += ["Reproduce and verify it from the catalog that made it:", "",
                   "```", f"mergepipe replay {summary['merge_id']}", "```", ""]
     lines += ["The access set, plan hash, bytes read and lineage are in the manifest beside the "
               "weights and in the catalog tables `merges`, `touched_blocks` and `lineage`.", ""]
     return "\n".join(lines)
+
+
+def mergekit_config(base: str, op: str, experts: list[dict[str, Any]],
+                    params: Mapping[str, Any], output_dtype: str | None = None) -> str | None:
+    """The request as an equivalent mergekit 0.1.x YAML config, or None if it has none."""
+    p = dict(params)
+    if p.pop("renormalize", "fixed") != "fixed":
+        return None  # per-block renormalization over the experts read: a budget-only notion
+    rescale = p.pop("rescale", None)
+    if rescale == "density":
+        return None  # mergekit's DARE rescale is l1 (or none)
+    if rescale is not None:
+        p["rescale"] = rescale == "l1"
+    models: list[dict[str, Any]] = []
+    if op == "linear":
+        # mergekit's linear averages every listed model, the base too: give it the weight that
+        # makes M = B + sum c_i (E_i - B).
+        lam = float(p.pop("lambda", 1.0))
+        w = [float(e.get("weight", 1.0)) for e in experts]
+        total = sum(w)
+        c = [lam * x / total for x in w] if p.pop("normalize", True) else [lam * x for x in w]
+        models.append({"model": base, "parameters": {"weight": 1.0 - sum(c)}})
+        models += [{"model": str(e["model"]), "parameters": {"weight": ci}}
+                   for e, ci in zip(experts, c, strict=True)]
+        p = {"normalize": False}
+    else:
+        for e in experts:
+            mp = {"weight": float(e.get("weight", 1.0))}
+            if e.get("density") is not None:
+                mp["density"] = float(e["density"])
+            models.append({"model": str(e["model"]), "parameters": mp})
+    doc: dict[str, Any] = {"merge_method": op, "base_model": base, "models": models,
+                           "parameters": p, "dtype": "float32"}
+    if output_dtype:
+        doc["out_dtype"] = HF_DTYPES[output_dtype]
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
 
 
 def _budget(budget: Mapping[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from executor.model_card import render_model_card
@@ -61,3 +62,34 @@ def test_bytes_budget_full_read_and_bound() -> None:
 
 def test_deterministic() -> None:
     assert render_model_card(REQUEST, SUMMARY) == render_model_card(REQUEST, SUMMARY)
+
+
+@pytest.mark.parametrize(("op", "params", "densities"), [
+    ("linear", {"normalize": True, "lambda": 1.0, "renormalize": "fixed"}, (None, None)),
+    ("linear", {"normalize": False, "lambda": 0.5, "renormalize": "fixed"}, (None, None)),
+    ("task_arithmetic", {"normalize": False, "lambda": 0.7}, (None, None)),
+    ("ties", {"normalize": True, "lambda": 1.0, "density": 0.4}, (0.5, None)),
+    ("dare_ties", {"normalize": False, "lambda": 1.0, "rescale": "l1"}, (0.5, 0.3)),
+])
+def test_card_config_round_trips_through_the_mergekit_parser(
+        op: str, params: dict, densities: tuple[float | None, float | None]) -> None:
+    """The card's mergekit config, read back by `mergepipe merge CONFIG.yml`, is the same merge."""
+    from mergepipe.mergekit_config import parse_config
+    from mergepipe.request import build_request
+    experts = [{"model": "e1", "weight": 1.0, "density": densities[0]},
+               {"model": "e2", "weight": 3.0, "density": densities[1]}]
+    req = build_request(base="base", experts=[{k: v for k, v in e.items() if v is not None}
+                                              for e in experts],
+                        operator=op, params=params, output_dtype="BF16")
+    card = render_model_card(req.to_dict(), {})
+    text = card.split("```yaml\n", 1)[1].split("```", 1)[0]
+    again = build_request(**parse_config(text).request_args("base", ["e1", "e2"]))
+    assert again.coefficients() == pytest.approx(req.coefficients())
+    assert again.densities() == req.densities() and again.output_dtype == "BF16"
+    if op != "linear":  # linear folds lambda and normalize into the weights
+        assert again.params == req.params and again.weights() == req.weights()
+
+
+def test_no_config_when_mergekit_has_no_equivalent() -> None:
+    req = {**REQUEST, "operator": "dare_linear", "params": {"rescale": "density"}}
+    assert "```yaml" not in render_model_card(req, SUMMARY)
