@@ -174,6 +174,8 @@ def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
             finish(st)
 
     def finish(st: _State) -> None:
+        if st.trim is not None:
+            st.trim.release()
         results[st.index] = TensorResult(st.plan.name, st.hashes,
                                          st.stats if st.trim is not None else None, st.trim)
         st.cached = st.lora_a = None

@@ -149,6 +149,12 @@ class TrimThresholds:
         self._mixed_n = 0
         self._mixed_cap = min(MIXED_CAP, max(1 << 16, numel // 32))
 
+    def release(self) -> None:
+        """Drop the histograms and kept entries once resolved (only the results remain)."""
+        assert not self.pending
+        self._counts = torch.zeros(0, dtype=torch.int64)
+        self._luts, self._mixed = [], None
+
     @property
     def collecting_mixed(self) -> bool:
         return self._mixed is not None and self.level == 0
