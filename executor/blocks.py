@@ -1,0 +1,126 @@
+"""Merge the blocks of a chunk: decode, form each expert's delta by storage kind, apply the operator, encode."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+import torch
+
+from catalog.safetensors_format import TORCH_DTYPES
+from executor.prepare import Prepared
+from executor.schedule import Step
+from executor.sources import ModelSource
+from executor.writer import encode
+from mergepipe.errors import InvalidCheckpoint
+
+
+class ChunkMerger:
+    """Turns the base and expert pieces of a chunk into output bytes (thread-safe per chunk)."""
+
+    def __init__(self, prep: Prepared) -> None:
+        from executor.operators import REGISTRY
+
+        self.prep = prep
+        self.req = prep.plan.request
+        self.op = REGISTRY[self.req.operator]
+        self.weights = tuple(self.req.weights())
+        self.densities = self.req.densities()
+        self.lora_a: dict[tuple[int, str], torch.Tensor] = {}
+        self.keys: dict[tuple[int, str], int] = {}
+        self.expert_blocks = 0
+
+    def load_lora_a(self, data: Mapping[Hashable, memoryview]) -> None:
+        """Decode the lora_A matrices read with this chunk (in the reading order)."""
+        for key, raw in data.items():
+            if isinstance(key, tuple) and key[0] == "a":
+                _, i, tensor = key
+                spec = self.prep.experts[i].tensors[tensor].lora_a
+                assert spec is not None
+                self.lora_a[(i, tensor)] = _decode(raw, spec.dtype, spec.shape)
+
+    def release(self, chunk_steps: list[Step]) -> None:
+        """Drop what the finished chunk was the last to need; count its expert blocks."""
+        for st in chunk_steps:
+            self.expert_blocks += len(st.experts)
+            for i in st.last_of_tensor:
+                self.lora_a.pop((i, st.tensor), None)
+
+    def merge_chunk(self, chunk_steps: list[Step], data: Mapping[Hashable, memoryview]
+                    ) -> list[tuple[str, int, memoryview]]:
+        """(tensor, row_start, output bytes) of every step of the chunk, in order."""
+        return [self.merge_step(st, data) for st in chunk_steps]
+
+    def merge_step(self, st: Step, data: Mapping[Hashable, memoryview]
+                   ) -> tuple[str, int, memoryview]:
+        from executor.operators import BlockContext, ExpertBlock
+        from executor.operators.keyed_hash import expert_key
+
+        t = self.prep.base.tensors[st.tensor]
+        out_dtype = self.prep.out_dtype or t.dtype
+        base_raw = data[("b", st.tensor, st.block_index)]
+        if not st.experts and out_dtype == t.dtype:
+            return st.tensor, st.row_start, base_raw  # nothing to add: the base's bytes
+        b32 = _decode(base_raw, t.dtype, _block_shape(t.shape, st.row_start, st.row_end))
+        if not st.experts:
+            return st.tensor, st.row_start, encode(b32, out_dtype)
+        blocks = []
+        for i, spec in enumerate(self.req.experts):
+            delta = None
+            if i in st.experts:
+                delta = _delta(self.prep.experts[i], i, st, b32, data, self.lora_a)
+            key = self.keys.get((i, st.tensor))
+            if key is None:
+                key = self.keys[(i, st.tensor)] = expert_key(self.req.seed, spec.model,
+                                                             st.tensor)
+            blocks.append(ExpertBlock(
+                index=i, model=spec.model, delta=delta, weight=spec.weight,
+                density=self.densities[i],
+                trim=self.prep.plan.trims.get((spec.model, st.tensor)), key=key))
+        ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
+                           flat_offset=st.row_start * t.row_numel, params=self.req.params,
+                           n_experts=len(self.req.experts), all_weights=self.weights)
+        return st.tensor, st.row_start, encode(self.op(b32, blocks, ctx), out_dtype)
+
+
+def _block_shape(shape: tuple[int, ...], row_start: int, row_end: int) -> tuple[int, ...]:
+    return (row_end - row_start, *shape[1:]) if shape else ()
+
+
+def _decode(raw: memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Raw bytes -> a float32 tensor of `shape` that owns its memory."""
+    if raw.nbytes == 0:
+        return torch.zeros(shape, dtype=torch.float32)
+    t = torch.frombuffer(raw, dtype=TORCH_DTYPES[dtype])
+    t = t.to(torch.float32) if dtype != "F32" else t.clone()
+    return t.reshape(shape)
+
+
+def _delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,
+           data: Mapping[Hashable, memoryview], lora_a: dict[tuple[int, str], torch.Tensor]
+           ) -> torch.Tensor:
+    """The float32 delta of expert `e` for this block, by the expert's storage kind."""
+    info = e.tensors[st.tensor]
+    raw = data[("e", i, st.tensor, st.block_index)]
+    if e.kind == "full":
+        if raw.nbytes == 0:
+            return torch.zeros_like(b32)
+        if info.dtype == "F32":
+            return _decode(raw, info.dtype, tuple(b32.shape)).sub_(b32)
+        # one pass: the half-precision values are widened inside the subtraction
+        expert = torch.frombuffer(raw, dtype=TORCH_DTYPES[info.dtype]).reshape(b32.shape)
+        return torch.sub(expert, b32)
+    if e.kind == "delta":
+        return _decode(raw, info.dtype, tuple(b32.shape))
+    if e.kind == "lora":
+        a = lora_a[(i, st.tensor)]
+        rows = st.row_end - st.row_start
+        b_rows = _decode(raw, info.dtype, (rows, info.shape[1]))
+        d = torch.matmul(b_rows, a)
+        if e.lora_scale is not None and e.lora_scale != 1.0:
+            d.mul_(e.lora_scale)
+        if tuple(d.shape) != tuple(b32.shape):
+            raise InvalidCheckpoint(f"LoRA model {e.name!r}: tensor {st.tensor!r}: lora_B @ "
+                                    f"lora_A is {list(d.shape)} for a base block of "
+                                    f"{list(b32.shape)}")
+        return d
+    raise InvalidCheckpoint(f"model {e.name!r} has unknown kind {e.kind!r}")

@@ -1,0 +1,133 @@
+"""Check a plan against the catalog and the files on disk before anything is read."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from catalog.checkpoint import Checkpoint, open_checkpoint
+from executor.sources import BlockInfo, ModelSource, TensorInfo, load_model
+from mergepipe.errors import BudgetViolation, InvalidCheckpoint, InvalidRequest, SourceChanged
+from mergepipe.request import MergeRequest
+
+
+class PlannedBlockLike(Protocol):
+    """One block of the access set (planner.plan.PlannedBlock)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def tensor(self) -> str: ...
+    @property
+    def block_index(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
+
+class PlanLike(Protocol):
+    """What the executor needs of a plan (planner.plan.Plan, or a stored plan for replay)."""
+
+    @property
+    def request(self) -> MergeRequest: ...
+    @property
+    def plan_hash(self) -> str: ...
+    @property
+    def budget_bytes(self) -> int: ...
+    @property
+    def blocks(self) -> Sequence[PlannedBlockLike]: ...
+
+    @property
+    def trims(self) -> Mapping[tuple[str, str], Any]: ...
+
+
+@dataclass
+class Prepared:
+    """A plan checked against the catalog and the files on disk, ready to execute."""
+
+    plan: PlanLike
+    base: ModelSource
+    experts: list[ModelSource]
+    checkpoint: Checkpoint
+    selected: dict[tuple[int, str], list[BlockInfo]]  # (expert position, tensor) -> blocks
+    planned_by_model: dict[str, int]
+    out_dtype: str | None  # None: each tensor keeps the base's dtype
+
+    @property
+    def planned_bytes(self) -> int:
+        return sum(self.planned_by_model.values())
+
+
+def prepare(cat: Any, plan: PlanLike) -> Prepared:
+    """Load the inputs, check the files are unchanged and the plan fits the budget."""
+    req = plan.request
+    base = load_model(cat, req.base)
+    if base.base is not None or base.kind != "full":
+        raise InvalidRequest(f"model {req.base!r} is not a base model (kind {base.kind}, base "
+                             f"{base.base!r})", field="base")
+    experts = [load_model(cat, e.model) for e in req.experts]
+    for e in experts:
+        if e.base != base.name:
+            raise InvalidRequest(f"expert {e.name!r} has base {e.base!r}, not {base.name!r}",
+                                 field="experts")
+    for m in (base, *experts):
+        m.check_files()
+    position = {e.name: i for i, e in enumerate(experts)}
+    selected: dict[tuple[int, str], list[BlockInfo]] = {}
+    for pb in plan.blocks:
+        i = position.get(pb.model)
+        if i is None:
+            raise InvalidRequest(f"plan reads model {pb.model!r}, which is not an expert of the "
+                                 "request", field="plan")
+        blk = experts[i].blocks.get((pb.tensor, pb.block_index))
+        bblk = base.blocks.get((pb.tensor, pb.block_index))
+        if blk is None or bblk is None:
+            raise SourceChanged(f"model {pb.model!r}: tensor {pb.tensor!r} block "
+                                f"{pb.block_index} of the plan is not in the catalog; the model "
+                                "was re-ingested since planning: plan again")
+        if blk.nbytes != pb.nbytes:
+            raise SourceChanged(f"model {pb.model!r}: tensor {pb.tensor!r} block "
+                                f"{pb.block_index} is {blk.nbytes} bytes in the catalog, "
+                                f"{pb.nbytes} in the plan; re-ingested since planning: plan again")
+        if (blk.row_start, blk.row_end) != (bblk.row_start, bblk.row_end):
+            raise InvalidCheckpoint(f"model {pb.model!r}: tensor {pb.tensor!r} block "
+                                    f"{pb.block_index} covers rows {blk.row_start}..{blk.row_end}"
+                                    f", the base's block {bblk.row_start}..{bblk.row_end}")
+        selected.setdefault((i, pb.tensor), []).append(blk)
+    planned = {e.name: 0 for e in experts}
+    for (i, tensor), blks in selected.items():
+        blks.sort(key=lambda b: b.block_index)
+        if len({b.block_index for b in blks}) != len(blks):
+            raise InvalidRequest(f"plan lists a block of {experts[i].name!r} tensor {tensor!r} "
+                                 "twice", field="plan")
+        planned[experts[i].name] += sum(b.nbytes for b in blks)
+        if experts[i].kind == "lora":
+            lora_a = experts[i].tensors[tensor].lora_a
+            if lora_a is None:
+                raise InvalidCheckpoint(f"LoRA model {experts[i].name!r}: tensor {tensor!r} has "
+                                        "no lora_A in the catalog; re-ingest it")
+            planned[experts[i].name] += lora_a.nbytes
+    total = sum(planned.values())
+    if total > plan.budget_bytes:
+        raise BudgetViolation(f"plan {plan.plan_hash[:12]} needs {total} expert bytes, over its "
+                              f"budget of {plan.budget_bytes}")
+    ckpt = open_checkpoint(base.path)
+    on_disk = {os.path.abspath(h.path) for h in ckpt.files}
+    if on_disk != {os.path.abspath(f.path) for f in base.files.values()}:
+        raise SourceChanged(f"model {base.name!r}: the files at {base.path} are not the ones "
+                            f"ingested; re-ingest {base.name!r}")
+    return Prepared(plan, base, experts, ckpt, selected, planned, req.output_dtype)
+
+
+def output_layout(prep: Prepared) -> list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]]:
+    """Output files named like the base's, each with its tensors in checkpoint order."""
+    by_file: dict[int, list[TensorInfo]] = {}
+    for t in prep.base.tensors.values():
+        by_file.setdefault(t.file_index, []).append(t)
+    out = []
+    for index in sorted(by_file):
+        name = os.path.basename(prep.base.file_path(index))
+        tensors = sorted(by_file[index], key=lambda t: t.ordinal)
+        out.append((name, [(t.name, prep.out_dtype or t.dtype, t.shape) for t in tensors]))
+    return out

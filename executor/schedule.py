@@ -1,0 +1,73 @@
+"""The block schedule: base blocks in checkpoint order, grouped in chunks with their byte ranges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from executor.prepare import Prepared
+from executor.reads import Range
+from executor.sources import BlockInfo
+
+
+@dataclass
+class Step:
+    """One base block and the expert positions whose block is read for it."""
+
+    tensor: str
+    block_index: int
+    row_start: int
+    row_end: int
+    experts: set[int]
+    last_of_tensor: list[int]  # LoRA experts whose lora_A can be dropped after this block
+
+
+def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[list[Range]]]:
+    """Steps in checkpoint order grouped into chunks, with the byte ranges each chunk needs."""
+    base = prep.base
+    sel_index: dict[tuple[int, str], dict[int, BlockInfo]] = {
+        k: {b.block_index: b for b in v} for k, v in prep.selected.items()}
+    by_tensor: dict[str, list[int]] = {}
+    for i, tensor in prep.selected:
+        by_tensor.setdefault(tensor, []).append(i)
+    steps: list[list[Step]] = []
+    chunks: list[list[Range]] = []
+    cur_steps: list[Step] = []
+    cur_ranges: list[Range] = []
+    cur_bytes = 0
+    for t in base.tensors.values():
+        positions = sorted(by_tensor.get(t.name, []))
+        last = {i: max(sel_index[(i, t.name)]) for i in positions}
+        first = {i: min(sel_index[(i, t.name)]) for i in positions}
+        for bblk in base.tensor_blocks(t.name):
+            bi = bblk.block_index
+            ranges = [Range(("b", t.name, bi), base.file_path(bblk.file_index),
+                            bblk.byte_offset, bblk.nbytes, False,
+                            partial(base.verify_block, bblk))]
+            readers = set()
+            for i in positions:
+                eblk = sel_index[(i, t.name)].get(bi)
+                if eblk is None:
+                    continue
+                e = prep.experts[i]
+                readers.add(i)
+                ranges.append(Range(("e", i, t.name, bi), e.file_path(eblk.file_index),
+                                    eblk.byte_offset, eblk.nbytes, True,
+                                    partial(e.verify_block, eblk)))
+                lora_a = e.tensors[t.name].lora_a
+                if e.kind == "lora" and lora_a is not None and bi == first[i]:
+                    ranges.append(Range(("a", i, t.name), e.file_path(lora_a.file_index),
+                                        lora_a.offset, lora_a.nbytes, True))
+            step = Step(t.name, bi, bblk.row_start, bblk.row_end, readers,
+                         [i for i in positions if last[i] == bi])
+            cur_steps.append(step)
+            cur_ranges.extend(ranges)
+            cur_bytes += sum(r.nbytes for r in ranges)
+            if cur_bytes >= chunk_bytes:
+                steps.append(cur_steps)
+                chunks.append(cur_ranges)
+                cur_steps, cur_ranges, cur_bytes = [], [], 0
+    if cur_steps:
+        steps.append(cur_steps)
+        chunks.append(cur_ranges)
+    return steps, chunks
