@@ -155,6 +155,7 @@ class JobRunner:
         track(0, 0)
         error: str | None = None
         try:
+            paths.recheck_input(job["path"], self.settings.data_roots)
             ingest_model(self.cat, Path(job["path"]), job["model"], base=job["base"],
                          kind=job["kind"], block_bytes=job["block_bytes"] or DEFAULT_BLOCK_BYTES,
                          with_stats=job["with_stats"], progress=track)
@@ -176,12 +177,28 @@ class JobRunner:
         key: Job = ("merge", merge_id)
         track = self._tracker(key, ("blocks_done", "blocks_total"))
         try:
+            self._recheck_sources(row["request"])
             run_merge(self.cat, merge_id, progress=track)
         except MergePipeError as e:
             store.fail_merge(self.cat, merge_id, e.message)
         except Exception as e:  # noqa: BLE001 - recorded on the merge; the worker goes on
             log.exception("merge %s failed", merge_id)
             store.fail_merge(self.cat, merge_id, f"internal error during the merge ({_brief(e)})")
+
+    def _recheck_sources(self, request: Any) -> None:
+        """The directories of the merge's models inside the data roots still hold no link out
+        of them (the merge reads the experts and copies the base's config files)."""
+        from catalog.models import find_model
+
+        if not isinstance(request, dict):
+            return
+        names = [("base", request.get("base"))]
+        names += [(f"experts[{i}].model", e.get("model"))
+                  for i, e in enumerate(request.get("experts") or []) if isinstance(e, dict)]
+        for field, name in names:
+            m = find_model(self.cat, str(name)) if name else None
+            if m is not None and m.get("path"):
+                paths.recheck_input(str(m["path"]), self.settings.data_roots, field=field)
 
 
 def _brief(e: BaseException) -> str:

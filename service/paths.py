@@ -45,7 +45,30 @@ def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> 
         raise Forbidden(f"{field} {raw!r} is outside the allowed data roots", field=field)
     if not real.exists():
         raise InvalidRequest(f"{field} {raw!r} does not exist", field=field)
+    if real.is_dir():
+        _confine_entries(real, roots, raw, field)
     return real
+
+
+def _confine_entries(real: Path, roots: Sequence[Path], raw: str, field: str) -> None:
+    """Every entry of a checkpoint directory (shards, index, adapter files, config and
+    tokenizer files: ingestion reads them, a merge copies the base's) must resolve inside the
+    roots too: a symbolic link to a file outside them is refused, not followed."""
+    for entry in sorted(real.iterdir()):
+        if entry.is_symlink() and not any(_inside(Path(os.path.realpath(entry)), r)
+                                          for r in roots):
+            raise Forbidden(f"{field} {raw!r}: {entry.name} is a symbolic link to a file "
+                            "outside the allowed data roots", field=field)
+
+
+def recheck_input(path: str, data_roots: Sequence[Path], field: str = "path") -> None:
+    """Confine again, when a job starts, a path that lies inside a data root: its directory may
+    have changed (a symbolic link put in) since it was accepted. Paths outside every root (a
+    merge output, a model the CLI registered) are left as the catalog has them."""
+    real = Path(os.path.realpath(path))
+    roots = [Path(os.path.realpath(r)) for r in data_roots]
+    if any(_inside(real, r) for r in roots):
+        confine_input(str(real), roots, field=field)
 
 
 def output_dir(output_root: Path, name: str, field: str = "output.name") -> Path:
