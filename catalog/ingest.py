@@ -210,6 +210,7 @@ class _BaseLayout:
     tensors: dict[str, TensorEntry]
     ordinals: dict[str, int]
     rows: dict[str, list[tuple[int, int]]]
+    hashes: dict[str, list[str]]
 
     @staticmethod
     def load(cat: Catalog, name: str) -> _BaseLayout:
@@ -232,9 +233,11 @@ class _BaseLayout:
                                                int(t["data_offset"]), int(t["nbytes"]))
             ordinals[t["tensor"]] = int(t["ordinal"])
         rows: dict[str, list[tuple[int, int]]] = {n: [] for n in tensors}
+        hashes: dict[str, list[str]] = {n: [] for n in tensors}
         for b in model_blocks(cat, name):
             rows[b["tensor"]].append((int(b["row_start"]), int(b["row_end"])))
-        return _BaseLayout(name, int(row["block_bytes"]), files, tensors, ordinals, rows)
+            hashes[b["tensor"]].append(str(b["content_hash"]))
+        return _BaseLayout(name, int(row["block_bytes"]), files, tensors, ordinals, rows, hashes)
 
     def check_unchanged(self) -> None:
         """SourceChanged if a base file was modified since the base was ingested."""
@@ -269,7 +272,8 @@ def _expert_plans(ckpt: Checkpoint, base: _BaseLayout, kind: str,
                                     f"the base {base.name!r} has {list(b.shape)}")
         mode = kind if with_stats else "hash"
         plans.append(TensorPlan(t.name, mode, t, base.rows[t.name],
-                                base=b if mode == "full" else None))
+                                base=b if mode == "full" else None,
+                                base_hashes=base.hashes[t.name] if mode == "full" else None))
     return plans
 
 

@@ -57,6 +57,7 @@ class TensorPlan:
     entry: TensorEntry
     rows: list[tuple[int, int]]
     base: TensorEntry | None = None  # full: the base tensor (same shape, any float dtype)
+    base_hashes: list[str] | None = None  # full: the base blocks' content hashes (same grid)
     lora_a: Span | None = None
     lora_a_dtype: str | None = None
     lora_a_shape: tuple[int, ...] | None = None
@@ -269,8 +270,13 @@ def _scan_block(st: _State, i: int, reader: LocalFileReader
         if has_nonfinite(raw, plan.entry.dtype):
             raise InvalidCheckpoint(f"{_where(plan, i)}: NaN or Inf in the weights")
         return digest, None, (None, None), None
-    a = _abs_delta(st, i, raw, reader)
     assert st.trim is not None
+    if _same_as_base(plan, i, digest):  # an untouched block: its delta is exactly zero
+        n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
+        return (digest, BlockStats(0.0, 0.0, 0.0, 0),
+                ((torch.tensor([0]), torch.tensor([n])), None),
+                torch.zeros(n) if len(plan.rows) == 1 else None)
+    a = _abs_delta(st, i, raw, reader)
     try:
         stats, counts, mixed = scan_block(a, _buffers.scratch,
                                           collect_mixed=st.trim.collecting_mixed)
@@ -280,8 +286,18 @@ def _scan_block(st: _State, i: int, reader: LocalFileReader
     return digest, stats, (counts, mixed), a.clone() if len(plan.rows) == 1 else None
 
 
+def _same_as_base(plan: TensorPlan, i: int, digest: str) -> bool:
+    """Whether block i holds the base's very bytes (same dtype and xxh3-128 content hash)."""
+    return (plan.mode == "full" and plan.base_hashes is not None and plan.base is not None
+            and plan.base.dtype == plan.entry.dtype and plan.base_hashes[i] == digest)
+
+
 def _refine_block(st: _State, i: int, reader: LocalFileReader) -> Histogram:
     assert st.trim is not None
+    if _same_as_base(st.plan, i, st.hashes[i]):  # n zeros: n times the counts of one zero
+        one = st.trim.block_counts(torch.zeros(1, dtype=torch.int32))
+        assert isinstance(one, tuple)
+        return one[0], one[1] * (st.plan.span(i).nbytes // DTYPE_SIZES[st.plan.entry.dtype])
     a = _abs_delta(st, i, _buffers.read(reader, "own", st.plan.span(i)), reader)
     return st.trim.block_counts(a.view(torch.int32), _buffers.scratch)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from catalog import scan
+from catalog import scan, stats
 from catalog.grid import block_rows
 from catalog.ingest import ingest_model, scan_model
 from catalog.models import get_model, list_models
@@ -246,3 +246,41 @@ def test_scan_reads_files_by_range_never_whole(tmp_path: Path, catalog, monkeypa
     ingest_model(catalog, expert, "e", base="base")
     assert sizes and max(sizes) <= SMALL
     assert os.path.getsize(expert / "model.safetensors") > 10 * SMALL
+
+
+@pytest.mark.parametrize("keep_mixed", [True, False])
+def test_blocks_equal_to_the_base_are_not_computed(tmp_path: Path, catalog, monkeypatch,
+                                                   keep_mixed: bool) -> None:
+    """Untouched blocks (same bytes as the base) count as zeros, also when the threshold bin of
+    zero needs refining: here 3 of 4 blocks are untouched and the rest are zeros and denormals."""
+    import torch
+    if not keep_mixed:
+        monkeypatch.setattr(stats, "MIXED_CAP", 0)
+    g = torch.Generator().manual_seed(5)
+    w = torch.zeros(64, 64)
+    w[:48] = torch.randn(48, 64, generator=g)
+    e = w.clone()
+    tail = torch.randint(0, 3, (16, 64), generator=g).float() * 1e-45  # denormals and zeros
+    e[48:] = tail
+    e[60, 0] = 0.5  # one large entry
+    base = factory.save_checkpoint(tmp_path / "base", {"w": w, "v": w[:8].clone()}, "F32")
+    expert = factory.save_checkpoint(tmp_path / "e", {"w": e, "v": w[:8].clone()}, "F32")
+    ingest_model(catalog, base, "base", block_bytes=64 * 64)  # 16 rows per block
+    reads: list[tuple[str, int]] = []
+    real = scan.LocalFileReader.read_into
+
+    def spy(self, path: str, offset: int, out: memoryview) -> None:
+        reads.append((path, offset))
+        real(self, path, offset, out)
+
+    monkeypatch.setattr(scan.LocalFileReader, "read_into", spy)
+    ingest_model(catalog, expert, "e", base="base")
+    deltas = full_deltas(base, expert)
+    check_block_stats(catalog, "e", deltas)
+    check_tensor_stats(catalog, "e", deltas)
+    base_file = str(base / "model.safetensors")
+    changed = rows(catalog, "SELECT byte_offset FROM blocks WHERE model = 'base' AND tensor = 'w' "
+                   "AND block_index = 3")[0]["byte_offset"]
+    base_reads = [o for p, o in reads if p == base_file]
+    assert base_reads and set(base_reads) == {changed}  # untouched blocks: the base is not read
+    assert len(base_reads) == (1 if keep_mixed else 3)  # pass 1 (+ two refinement levels)
