@@ -85,7 +85,8 @@ def test_registration_is_202_with_a_job_and_visible_at_once(env: dict[str, Any],
     seen = client.get("/v1/models/e0-again").json()
     assert seen["status"] in ("ingesting", "ready")
     assert wait(client, "/v1/models/e0-again")["status"] == "ready"
-    done = client.get(f"/v1/ingestions/{job['id']}").json()
+    # the job is closed just after the model's rows are committed: poll the job itself
+    done = wait(client, f"/v1/ingestions/{job['id']}")
     assert done["status"] == "succeeded" and done["error"] is None
 
 

@@ -59,7 +59,7 @@ def test_restart_fails_running_jobs_removes_temp_outputs_and_resumes_queued(
         assert h["status"] == "failed" and "server stopped" in h["error"]
         assert c.get(f"/v1/ingestions/{half}").json()["status"] == "failed"
         assert wait(c, "/v1/models/later")["status"] == "ready"
-        assert c.get(f"/v1/ingestions/{later}").json()["status"] == "succeeded"
+        assert wait(c, f"/v1/ingestions/{later}")["status"] == "succeeded"
         r = wait(c, f"/v1/merges/{resumed}")
         assert r["status"] == "succeeded", r
         assert (out / "resumed" / "manifest.json").is_file()
