@@ -3,6 +3,7 @@ the same merges run one at a time."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -92,5 +93,7 @@ def test_concurrent_merges_ingestions_and_queries(tmp_path: Path) -> None:
             assert a["expert_bytes_read"] == b["expert_bytes_read"] <= a["budget_bytes"], n
             assert ((out / n / "model.safetensors").read_bytes()
                     == (out / f"{n}-alone" / "model.safetensors").read_bytes()), n
-        health = c.get("/healthz").json()
+        deadline = time.monotonic() + 30  # ingestion jobs close just after their rows commit
+        while (health := c.get("/healthz").json())["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert health["queued"] == 0 and health["running"] == 0
