@@ -1,7 +1,7 @@
 # MergePipe HTTP API: `mergepipe serve` with settings from MERGEPIPE_* variables.
 # Build:  docker build -t mergepipe .
-#         (choose the wheel index for the CPU build of torch with --build-arg PIP_INDEX_URL=...
-#          or PIP_EXTRA_INDEX_URL=...; the default index is used otherwise)
+#         (--build-arg TORCH_INDEX_URL=<a wheel index of CPU builds> keeps torch CPU-only;
+#          without it torch comes from pip's configured index)
 # Run:    docker compose up   (see docker-compose.yml for volumes and settings)
 FROM python:3.11-slim
 
@@ -10,11 +10,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-ARG PIP_INDEX_URL
-ARG PIP_EXTRA_INDEX_URL
+ARG TORCH_INDEX_URL=
 
 # torch first and alone: the largest layer, rebuilt only when its pin changes.
-RUN pip install "torch==2.13.0"
+RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
 
 WORKDIR /app
 COPY . /app
