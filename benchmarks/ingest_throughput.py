@@ -80,9 +80,11 @@ def _worker(args: argparse.Namespace) -> int:
             write_model(conn, scanned)
         t2 = time.perf_counter()
         cpu = time.process_time() - c0
+        with cat.transaction() as conn:
+            conn.exec_driver_sql("CHECKPOINT")
     emit({"scan_s": t1 - t0, "write_s": t2 - t1, "cpu_s": cpu, "bytes_read": scanned.bytes_read,
-          "tensor_bytes": scanned.model["tensor_bytes"],
-          "blocks": len(scanned.blocks["tensor"])})
+          "tensor_bytes": scanned.model["tensor_bytes"], "blocks": len(scanned.blocks["tensor"]),
+          "catalog_bytes_after": os.path.getsize(args.catalog)})
     return 0
 
 
@@ -132,8 +134,12 @@ def _bench(args: argparse.Namespace) -> int:
     for suffix in ("", ".wal"):
         Path(f"{catalog}{suffix}").unlink(missing_ok=True)
 
+    from catalog.db import Catalog
     base_rss = run_timed(python_cmd(MODULE, "baseline")).check().peak_rss
     runs: list[dict[str, Any]] = []
+    with Catalog(catalog):
+        pass
+    empty_bytes = os.path.getsize(catalog)
 
     def record(what: str, files: list[str], r: dict[str, Any], cat_files: list[str]) -> None:
         size = sum(os.path.getsize(f) for f in files)
@@ -161,21 +167,23 @@ def _bench(args: argparse.Namespace) -> int:
                 no_stats=True)
     record(f"{experts[0]} (--no-stats)", weights[experts[0]], r, weights[experts[0]])
 
-    from catalog.db import Catalog
-    with Catalog(catalog) as cat, cat.transaction() as conn:
-        conn.exec_driver_sql("CHECKPOINT")
     ckpt_bytes = sum(os.path.getsize(f) for fs in weights.values() for f in fs)
     ckpt_bytes += sum(os.path.getsize(f) for f in weights[experts[0]])  # registered twice
     cat_bytes = os.path.getsize(catalog)
+    growth = (cat_bytes - empty_bytes) / ckpt_bytes
     summary = {
         "family": want, "load_average": os.getloadavg(), "block_bytes": 1 << 20, "cpus": os.cpu_count(),
         "rss_baseline": base_rss, "runs": runs, "catalog_bytes": cat_bytes,
         "checkpoint_bytes_described": ckpt_bytes, "catalog_fraction": cat_bytes / ckpt_bytes,
+        "empty_catalog_bytes": empty_bytes,
+        "catalog_growth_fraction": growth,
     }
     (root / "results.json").write_text(json.dumps(summary, indent=2))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", file=sys.stderr)
     print(f"catalog {cat_bytes / 1e6:.2f} MB for {ckpt_bytes / 1e6:.0f} MB of checkpoints "
-          f"({100 * cat_bytes / ckpt_bytes:.3f}%); RSS baseline {base_rss / 2**20:.0f} MiB; "
+          f"({100 * cat_bytes / ckpt_bytes:.3f}%; an empty catalog is {empty_bytes / 1e6:.2f} "
+          f"MB, growth {100 * growth:.3f}%); RSS baseline "
+          f"{base_rss / 2**20:.0f} MiB; "
           f"results in {root / 'results.json'}", file=sys.stderr)
     if args.profile:
         import pstats
