@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from mergepipe.errors import InvalidRequest, MergePipeError
-from mergepipe.request import MergeRequest, build_request
+from mergepipe.request import Budget, MergeRequest, build_request
 
 SUPPORTED_METHODS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties")
 # mergekit methods we know and why each is refused (they stay on the list for later).
@@ -49,6 +49,7 @@ MODEL_PARAMS = {"weight", "density"}
 GLOBAL_PARAMS = {"weight", "density", "normalize", "lambda", "rescale", "int8_mask"}
 _NUMBER_PARAMS = {"weight", "density", "lambda"}
 SUM_TOLERANCE = 1e-6
+BudgetSpec = str | float | dict[str, Any] | Budget | None  # what build_request takes
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -117,7 +118,7 @@ class ResolvedConfig:
     experts: list[str]
     ingested: list[str] = field(default_factory=list)
 
-    def request(self, *, budget: object = None, seed: int | None = 0) -> MergeRequest:
+    def request(self, *, budget: BudgetSpec = None, seed: int | None = 0) -> MergeRequest:
         """The validated merge request; errors name the YAML key."""
         args = self.config.request_args(self.base, self.experts)
         try:
@@ -555,7 +556,7 @@ def _free_name(path: Path, taken: set[str]) -> str:
     return name
 
 
-def load_config(cat: Any, text: str | bytes, *, budget: object = None, seed: int | None = 0,
+def load_config(cat: Any, text: str | bytes, *, budget: BudgetSpec = None, seed: int | None = 0,
                 ingest: bool = True, locate: Locate | None = None, reserved: Iterable[str] = (),
                 progress: Progress | None = None) -> tuple[MergeRequest, ResolvedConfig]:
     """Parse, resolve (ingesting local paths) and build the merge request of a mergekit config."""
