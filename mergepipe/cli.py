@@ -71,8 +71,8 @@ def print_json(obj: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.settings = Settings.from_env(catalog=args.catalog)
     try:
+        args.settings = Settings.from_env(catalog=args.catalog)
         rc = args.func(args)
     except MergePipeError as e:
         print(f"mergepipe {args.command}: error: {e.message}", file=sys.stderr)
