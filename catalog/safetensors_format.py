@@ -116,7 +116,7 @@ def _entry(path: str, name: str, info: object, data_start: int, data_len: int) -
     if not isinstance(info, dict):
         raise InvalidCheckpoint(f"{path}: tensor {name!r}: entry is not an object")
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if dtype not in DTYPE_SIZES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
         raise InvalidCheckpoint(
             f"{path}: tensor {name!r}: dtype {dtype!r} unsupported (F32, F16, BF16)")
     if (not isinstance(shape, list) or len(shape) > 8

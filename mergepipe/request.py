@@ -76,15 +76,16 @@ class Budget:
 def _fraction(v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise InvalidRequest(f"budget fraction {v!r} is not a number", field="budget")
-    f = float(v)
+    f = _to_float(v)
     if not math.isfinite(f) or f <= 0:
-        raise InvalidRequest(f"budget fraction {v!r} must be a finite number > 0", field="budget")
+        raise InvalidRequest(f"budget fraction {_short(v)} must be a finite number > 0",
+                             field="budget")
     return f
 
 
 def _bytes(v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
-        raise InvalidRequest(f"budget bytes {v!r} is not a number", field="budget")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(_to_float(v)):
+        raise InvalidRequest(f"budget bytes {_short(v)} is not a number", field="budget")
     if v <= 0 or int(v) <= 0:
         raise InvalidRequest(f"budget bytes {v!r} must be > 0", field="budget")
     return int(v)
@@ -233,9 +234,27 @@ def _expert(d: object, i: int) -> ExpertSpec:
 
 
 def _finite(v: object, name: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
-        raise InvalidRequest(f"{name} must be a finite number, got {v!r}", field=name)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(_to_float(v)):
+        raise InvalidRequest(f"{name} must be a finite number, got {_short(v)}", field=name)
     return float(v)
+
+
+def _to_float(v: int | float) -> float:
+    """float(v), with integers too large for a float as infinity (float() would raise)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
+def _short(v: object) -> str:
+    """repr(v), cut short: a 400-digit integer does not belong in an error message."""
+    try:
+        r = repr(v)
+    except ValueError:  # an integer past Python's digit limit for str()
+        return f"an integer of about {int.bit_length(v) * 0.30103:.0f} digits" \
+            if isinstance(v, int) else type(v).__name__
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def _density(v: object, name: str) -> float:
