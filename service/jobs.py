@@ -48,6 +48,9 @@ class JobRunner:
 
     def recover(self) -> None:
         """Jobs that were running when the server died: failed; their temp outputs: removed."""
+        from executor.recovery import recover_interrupted
+
+        recover_interrupted(self.cat, error=None)  # disk only; store.recover says why it failed
         store.recover(self.cat)
         for tmp in paths.temp_dirs(self.settings.output_root):
             log.warning("removing the temporary output %s of an interrupted merge", tmp)

@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         raise InvalidRequest("--out is required", field="output")
     with Catalog(args.settings.catalog) as cat, ProgressBar(enabled=not args.json) as bar:
+        from executor.recovery import recover_interrupted
+        recover_interrupted(cat)  # merges of a killed `mergepipe merge`: we hold the catalog now
         if request is None:
             from mergepipe.mergekit_cli import config_request
             request = config_request(cat, args)
