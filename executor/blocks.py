@@ -6,6 +6,7 @@ from collections.abc import Hashable, Mapping
 
 import torch
 
+from catalog.lora import lora_delta
 from catalog.safetensors_format import TORCH_DTYPES
 from executor.prepare import Prepared
 from executor.schedule import Step
@@ -115,9 +116,11 @@ def _delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,
         a = lora_a[(i, st.tensor)]
         rows = st.row_end - st.row_start
         b_rows = _decode(raw, info.dtype, (rows, info.shape[1]))
-        d = torch.matmul(b_rows, a)
-        if e.lora_scale is not None and e.lora_scale != 1.0:
-            d.mul_(e.lora_scale)
+        scale = info.lora_scale if info.lora_scale is not None else e.lora_scale
+        if scale is None:
+            raise InvalidCheckpoint(f"LoRA model {e.name!r}: tensor {st.tensor!r} has no scale "
+                                    "in the catalog; re-ingest the adapter")
+        d = lora_delta(b_rows, a, scale)  # bit-identical to the delta ingestion saw
         if tuple(d.shape) != tuple(b32.shape):
             raise InvalidCheckpoint(f"LoRA model {e.name!r}: tensor {st.tensor!r}: lora_B @ "
                                     f"lora_A is {list(d.shape)} for a base block of "

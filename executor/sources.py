@@ -47,6 +47,7 @@ class TensorInfo:
     data_offset: int
     nbytes: int
     lora_a: LoraA | None = None
+    lora_scale: float | None = None  # LoRA: this module's scale (rank/alpha patterns differ)
 
     @property
     def row_numel(self) -> int:
@@ -145,7 +146,8 @@ def load_model(cat: Catalog, name: str) -> ModelSource:
                            str(r.lora_a_dtype), tuple(int(d) for d in r.lora_a_shape))
         tensors[str(r.tensor)] = TensorInfo(
             str(r.tensor), int(r.ordinal), int(r.file_index), str(r.dtype),
-            tuple(int(d) for d in r.shape), int(r.data_offset), int(r.nbytes), lora_a)
+            tuple(int(d) for d in r.shape), int(r.data_offset), int(r.nbytes), lora_a,
+            None if r.lora_scale is None else float(r.lora_scale))
     blocks = {(str(r.tensor), int(r.block_index)): BlockInfo(
         str(r.tensor), int(r.block_index), int(r.row_start), int(r.row_end), int(r.file_index),
         int(r.byte_offset), int(r.nbytes), str(r.content_hash))

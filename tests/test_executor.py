@@ -220,3 +220,36 @@ def test_output_is_registered_and_can_be_merged_again(shared: dict, tmp_path: Pa
     again = build_request(base="base", experts="m1,e2", operator="linear", budget=0.5)
     r2 = merge(catalog, again, tmp_path / "m2")
     assert r2["expert_bytes_read"] <= r2["budget_bytes"]
+
+
+def test_lora_with_rank_and_alpha_patterns_uses_each_modules_scale(tmp_path: Path) -> None:
+    """rank_pattern / alpha_pattern give modules their own scale; the merge must apply each."""
+    cat = Catalog(tmp_path / "catalog.duckdb")
+    base = factory.make_base(tmp_path / "base", seed=3, dtype="F32")
+    lora = factory.make_lora(base, tmp_path / "lora", seed=4, r=4, alpha=8.0,
+                             rank_pattern={"layers.0.self_attn.q_proj": 2},
+                             alpha_pattern={"v_proj": 3.0})
+    from catalog.ingest import ingest_model
+    ingest_model(cat, base, "pbase", block_bytes=512)
+    ingest_model(cat, lora, "plora", base="pbase", kind="lora")
+    req = build_request(base="pbase", experts="plora", operator="task_arithmetic", budget=1.0,
+                        output_dtype="F32")
+    merge(cat, req, tmp_path / "out", output_name="pout")
+    cfg = json.loads((lora / "adapter_config.json").read_text())
+    b, ad, out = factory.load(base), factory.load(lora / "adapter_model.safetensors"), \
+        factory.load(tmp_path / "out")
+    checked = 0
+    for n, t in b.items():
+        stem = n.removesuffix(".weight")
+        a_key = f"base_model.model.{stem}.lora_A.weight"
+        if a_key not in ad:
+            torch.testing.assert_close(out[n], t, rtol=0, atol=0, msg=n)
+            continue
+        r = ad[a_key].shape[0]
+        alpha = next((v for k, v in cfg["alpha_pattern"].items() if stem.endswith(k)),
+                     cfg["lora_alpha"])
+        want = t + (alpha / r) * (ad[f"base_model.model.{stem}.lora_B.weight"] @ ad[a_key])
+        torch.testing.assert_close(out[n], want, rtol=0, atol=2e-6, msg=n)
+        checked += 1
+    assert checked == 4
+    cat.close()

@@ -1,5 +1,5 @@
 SELECT tensor, ordinal, file_index, dtype, shape, data_offset, nbytes,
-       lora_a_file_index, lora_a_offset, lora_a_nbytes, lora_a_dtype, lora_a_shape
+       lora_a_file_index, lora_a_offset, lora_a_nbytes, lora_a_dtype, lora_a_shape, lora_scale
 FROM tensors
 WHERE model = :model
 ORDER BY ordinal
