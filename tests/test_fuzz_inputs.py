@@ -18,7 +18,7 @@ from catalog.safetensors_format import DTYPE_SIZES, MAX_HEADER_BYTES, encode_hea
 from mergepipe.errors import InvalidCheckpoint, InvalidRequest, MergePipeError
 from mergepipe.request import OPERATORS, Budget, MergeRequest, build_request
 
-FAST = settings(max_examples=150, deadline=None, database=None,
+FAST = settings(max_examples=100, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
 THOROUGH = settings(FAST, max_examples=3000)
@@ -188,3 +188,52 @@ def test_build_request_thoroughly(experts: Any, operator: Any, params: Any, budg
                                   seed: Any) -> None:
     _validate(base="base", experts=experts, operator=operator, params=params, budget=budget,
               seed=seed)
+
+
+# -- the API's request schema (the same validation behind /v1/plans and /v1/merges) -------------
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    pytest.importorskip("executor.run")
+    from tests.api_helpers import client_for, make_family, register_family, settings_for
+
+    tmp = tmp_path_factory.mktemp("fuzz-api")
+    family = make_family(tmp / "data" / "family")
+    with client_for(settings_for(tmp), raise_server_exceptions=False) as c:
+        register_family(c, family)
+        yield c
+
+
+PLAN_FIELDS = st.fixed_dictionaries({}, optional={
+    "base": st.one_of(st.just("base"), ANY), "experts": st.one_of(st.lists(EXPERT, max_size=3),
+                                                                  ANY),
+    "operator": st.one_of(st.sampled_from([*OPERATORS, "avg", "magic"]), ANY),
+    "params": st.one_of(PARAMS, ANY), "budget": st.one_of(BUDGETS, ANY),
+    "seed": st.one_of(st.integers(-5, 2**64), ANY), "config_yaml": st.one_of(st.none(), ANY),
+    "extra": ANY})
+
+
+def _post_plan(client: Any, body: dict[str, Any]) -> None:
+    raw = json.dumps(body, allow_nan=True, default=str)
+    r = client.post("/v1/plans", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code < 500, (body, r.status_code, r.text[:300])
+    if r.status_code >= 400:
+        err = r.json()
+        assert set(err) == {"error"} and err["error"]["message"], r.text[:300]
+    else:
+        assert r.json()["planned_expert_bytes"] <= r.json()["budget_bytes"]
+
+
+@FAST
+@given(patch=PLAN_FIELDS)
+def test_plan_bodies_never_get_a_5xx(api: Any, patch: dict[str, Any]) -> None:
+    body = {"base": "base", "experts": [{"model": "e0"}, {"model": "e1"}], "operator": "ties",
+            "params": {"density": 0.5}, "budget": {"fraction": 0.5}, "seed": 1}
+    _post_plan(api, {**body, **patch})
+
+
+@pytest.mark.slow
+@settings(FAST, max_examples=2000)
+@given(patch=PLAN_FIELDS)
+def test_plan_bodies_thoroughly(api: Any, patch: dict[str, Any]) -> None:
+    _post_plan(api, {"base": "base", "experts": [{"model": "e0"}], "operator": "linear",
+                     "budget": {"fraction": 0.5}, **patch})
