@@ -23,7 +23,10 @@ class RangeReader(Protocol):
 class LocalFileReader:
     """Reads byte ranges with os.pread from files kept open; thread-safe; counts bytes per file."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, random_access: bool = False) -> None:
+        # random_access: the caller reads scattered ranges (a budgeted access set) in large
+        # preads of its own, so kernel read-ahead would only fetch bytes nobody asked for.
+        self.random_access = random_access
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
@@ -37,6 +40,8 @@ class LocalFileReader:
                     fd = os.open(path, os.O_RDONLY)
                 except OSError as e:
                     raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
+                if self.random_access:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 self._fds[path] = fd
             return fd
 

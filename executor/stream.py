@@ -71,7 +71,8 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
         metadata={os.path.basename(h.path): h.metadata for h in prep.checkpoint.files},
         write_index=os.path.isdir(prep.base.path) and os.path.exists(
             os.path.join(prep.base.path, INDEX_FILE)))
-    expert_reader, base_reader = LocalFileReader(), LocalFileReader()
+    # Expert reads are scattered (a budgeted access set) and already large: no read-ahead.
+    expert_reader, base_reader = LocalFileReader(random_access=True), LocalFileReader()
     merger = ChunkMerger(prep)
     n_compute = compute_threads or default_compute_threads()
     done = 0
