@@ -124,6 +124,56 @@ def _check_with_duckdb(raw: duckdb.DuckDBPyConnection, sql: str) -> None:
         raise InvalidRequest("only one SELECT query is allowed", field="sql")
 
 
+def check_duckdb_tree(raw: duckdb.DuckDBPyConnection, sql: str,
+                      tables: Collection[str]) -> None:
+    """The checks of check_readonly again, over DuckDB's own parse tree (json_serialize_sql):
+    a query that sqlglot and DuckDB read differently cannot slip a function or a table past."""
+    try:
+        row = raw.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchone()
+        doc = json.loads(row[0]) if row else None
+    except (duckdb.Error, ValueError, TypeError) as e:
+        raise InvalidRequest(f"sql does not parse: {str(e).splitlines()[0]}", field="sql") from None
+    if not isinstance(doc, dict) or doc.get("error"):
+        msg = doc.get("error_message") if isinstance(doc, dict) else None
+        raise InvalidRequest(f"sql is not one plain SELECT ({msg or 'unreadable'})", field="sql")
+    nodes: list[dict[str, Any]] = []
+    stack: list[Any] = [doc]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, dict):
+            nodes.append(n)
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+    ctes = {str(e.get("key", "")).lower() for n in nodes
+            if isinstance(n.get("cte_map"), dict)
+            for e in n["cte_map"].get("map") or [] if isinstance(e, dict)}
+    for n in nodes:
+        kind = n.get("type")
+        if n.get("class") in ("FUNCTION", "WINDOW", "AGGREGATE") and "function_name" in n:
+            name = str(n["function_name"]).lower()
+            if _forbidden_function(name):
+                raise InvalidRequest(f"function {name}() is not allowed (no file or network "
+                                     "access, no settings or state)", field="sql")
+        if kind == "TABLE_FUNCTION":
+            fn = n.get("function")
+            name = str(fn.get("function_name", "?") if isinstance(fn, dict) else "?").lower()
+            if name not in ALLOWED_TABLE_FUNCTIONS:
+                raise InvalidRequest(f"table function {name}() is not allowed; query the "
+                                     "catalog's tables", field="sql")
+        if kind in ("BASE_TABLE", "SHOW_REF") and n.get("table_name"):
+            name = str(n["table_name"]).lower()
+            schema = str(n.get("schema_name") or "").lower()
+            if n.get("catalog_name"):
+                raise InvalidRequest(f"table {n['table_name']!r} names another database",
+                                     field="sql")
+            if schema == "information_schema" or (not schema and name in ctes) or (
+                    schema in ("", "main") and name in tables):
+                continue
+            raise InvalidRequest(f"table {n['table_name']!r} is not a catalog table (try: "
+                                 "SELECT table_name FROM information_schema.tables)", field="sql")
+
+
 def run_readonly(cat: Catalog, sql: str, *, row_limit: int = 10_000,
                  timeout_s: float = 10.0, byte_limit: int = 16 << 20) -> dict[str, Any]:
     """{columns, rows, truncated} of a checked read-only query; interrupted after `timeout_s`;
@@ -171,6 +221,7 @@ def _run_checked(cat: Catalog, sql: str, row_limit: int, timeout_s: float,
             conn.rollback()
         check_readonly(sql, tables)
         _check_with_duckdb(raw, sql)
+        check_duckdb_tree(raw, sql, tables)
         timer = threading.Timer(timeout_s, raw.interrupt)
         timer.start()
         try:

@@ -185,3 +185,24 @@ def test_through_the_api_busy_is_429_and_refusals_are_422(tmp_path: Path,
         finally:
             readonly_sql._slots.release()
         assert client.post("/v1/sql", json={"sql": "SELECT 1"}).json()["rows"] == [[1]]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM duckdb_settings()", "SELECT * FROM read_text('{secret}')",
+    "FROM '{secret}'", "SELECT * FROM (DESCRIBE '{secret}')", "SELECT getenv('HOME')",
+    "SELECT current_setting('threads')", "SELECT * FROM glob('{dir}/*')",
+    "SELECT (SELECT count(*) FROM duckdb_secrets())", "SELECT * FROM query('SELECT 1')",
+    "SELECT * FROM system.main.models", "SELECT * FROM nowhere", "SELECT setval('s', 1)",
+    "SELECT * FROM repeat_row(1, num_rows := 3)", "SELECT row_number() OVER () FROM glob('x')",
+    "WITH t AS (SELECT * FROM read_blob('{secret}')) SELECT * FROM t",
+])
+def test_duckdbs_own_parse_tree_is_checked_too(cat: tuple[Catalog, Path], sql: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were sqlglot to read a query differently from DuckDB (and miss a function or a table),
+    the same checks over DuckDB's parse tree still refuse it."""
+    c, secret = cat
+    monkeypatch.setattr(readonly_sql, "check_readonly", lambda *a, **k: None)
+    with pytest.raises(InvalidRequest) as err:
+        run_readonly(c, sql.format(secret=secret, dir=secret.parent), timeout_s=5)
+    assert "not allowed" in err.value.message or "not a catalog table" in err.value.message \
+        or "another database" in err.value.message, err.value.message
