@@ -9,6 +9,7 @@ import platform
 import shutil
 import statistics
 import subprocess
+import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -18,6 +19,7 @@ import psutil
 
 from benchmarks.coldcache import make_cold
 from benchmarks.deviation import l2_distance, relative_l2
+from benchmarks.worker import WorkerClient
 
 if TYPE_CHECKING:
     from benchmarks.run import Run, Suite
@@ -121,15 +123,30 @@ def overheads(suite: Suite, op_runs: list[Run], rss_runs: list[Run]) -> dict[str
                  "checkpoint_bytes": i["family_bytes"],
                  "share": i["catalog_bytes"] / i["family_bytes"]}
                 for n, i in suite.setup_info.items()]
-    rss = []
-    for r in rss_runs:
-        s = suite.samples[r.key]
-        rss.append({"family": r.family, "tool": r.tool, "operator": r.op, "k": r.k,
-                    "checkpoint_bytes": suite.setup_info[r.family]["checkpoint_bytes"],
-                    "peak_rss": statistics.median(x.peak_rss for x in s),
-                    "start_rss": statistics.median(int(x.result["start_rss"]) for x in s),
-                    "merge_s": suite.median(r)})
+    rss = [{"family": r.family, "tool": r.tool, "operator": r.op, "k": r.k,
+            "checkpoint_bytes": suite.setup_info[r.family]["checkpoint_bytes"],
+            **_one_shot(suite, r)} for r in rss_runs]
     return {"planning": planning, "catalogs": catalogs, "rss": rss, "imports": suite.imports}
+
+
+def _one_shot(suite: Suite, run: Run) -> dict[str, Any]:
+    """One merge in a fresh worker process (cold cache): the process's peak RSS (VmHWM
+    since exec: interpreter, imports and the merge) and its wall time from start to exit."""
+    rundir = suite.work / "runs" / ("rss-" + run.key.replace("/", "_"))
+    shutil.rmtree(rundir, ignore_errors=True)
+    rundir.mkdir(parents=True)
+    job, inputs = suite.job(run, rundir)
+    make_cold(inputs)
+    t0 = time.perf_counter()
+    with WorkerClient(run.tool, suite.out / "logs" / f"rss-{run.tool}.log") as w:
+        result = w.run({**job, "reset_peak": False})
+        import_s, idle_rss = w.import_s, w.idle_rss
+    wall = time.perf_counter() - t0
+    shutil.rmtree(rundir)
+    suite.log(f"  fresh process {run.key}: peak RSS {result['peak_rss'] / 2**20:.0f} MiB, "
+              f"{wall:.1f} s")
+    return {"peak_rss": result["peak_rss"], "idle_rss": idle_rss, "process_s": wall,
+            "import_s": import_s, "merge_s": result["merge_s"]}
 
 
 def physical(suite: Suite, run_physical: Callable[..., Any],

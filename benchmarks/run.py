@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import time
@@ -49,6 +50,15 @@ class SuiteConfig:
     rss_k: int = 4
     density: float = 0.5
     seed: int = 0
+    # mergekit's ties/dare_ties take minutes per run at the default size: measured this often.
+    slow_reps: int = 1
+    slow_runs: tuple[str, ...] = ("mergekit/ties/", "mergekit/dare_ties/")
+
+    def reps_of(self, run: Run) -> int:
+        """Repetitions of `run` (fewer for the slow mergekit configurations)."""
+        if any(run.key.startswith(s) for s in self.slow_runs):
+            return min(self.reps, self.slow_reps)
+        return self.reps
 
     @property
     def k_max(self) -> int:
@@ -221,7 +231,8 @@ class Suite:
         for rep in range(self.cfg.reps):
             self.log(f"repetition {rep + 1}/{self.cfg.reps}: {len(unique)} runs")
             for run in unique:
-                self.samples.setdefault(run.key, []).append(self.measure(run, rep))
+                if rep < self.cfg.reps_of(run):
+                    self.samples.setdefault(run.key, []).append(self.measure(run, rep))
 
     # -- derived ----------------------------------------------------------------------------
     def median(self, run: Run, attr: str = "merge_s") -> float:
@@ -286,7 +297,8 @@ def family_name(cfg: SuiteConfig, size_mb: float) -> str:
 
 
 def run_suite(cfg: SuiteConfig, out: Path, report: Path | None = None,
-              plots: Path | None = None, log: Any = print) -> dict[str, Any]:
+              plots: Path | None = None, command: str = "mergepipe bench",
+              log: Any = print) -> dict[str, Any]:
     """Run every figure, write results.json, BENCHMARKS.md and the plots; the results."""
     from benchmarks import figures
     from benchmarks.report import write_report
@@ -298,9 +310,10 @@ def run_suite(cfg: SuiteConfig, out: Path, report: Path | None = None,
         suite.setup()
         fixed_bytes = figures.fixed_budget_bytes(suite)
         runs = plan_runs(cfg, fixed_bytes)
-        suite.measure_all(runs["scaling"] + runs["operators"] + runs["sweep"] + runs["rss"])
+        suite.measure_all(runs["scaling"] + runs["operators"] + runs["sweep"])
         results: dict[str, Any] = {
-            "config": asdict(cfg), "setup": suite.setup_info, "machine": figures.machine(out),
+            "config": asdict(cfg), "command": command, "setup": suite.setup_info,
+            "machine": figures.machine(out),
             "started": started, "cold_max": suite.cold_max,
             "scaling": figures.scaling(suite, runs["scaling"]),
             "operators": figures.operators(suite, runs["operators"]),
@@ -310,6 +323,7 @@ def run_suite(cfg: SuiteConfig, out: Path, report: Path | None = None,
         results["overheads"] = figures.overheads(suite, runs["operators"], runs["rss"])
         results["physical"] = figures.physical(suite, run_physical, run_ranges)
         results["seconds"] = time.time() - started
+        results["load_avg_end"] = os.getloadavg()
     finally:
         suite.close()
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
@@ -345,7 +359,10 @@ def run_from_args(args: argparse.Namespace) -> int:
                       rss_sizes_mb=(args.size_mb / 4, args.size_mb))
     report = Path(args.report) if args.report else None
     plots = Path(args.plots) if args.plots else (report.parent if report else None)
-    results = run_suite(cfg, Path(args.out), report, plots,
+    command = " ".join(["mergepipe bench", *(["--quick"] if args.quick else []),
+                        *([f"--reps {args.reps}"] if args.reps else []),
+                        *([f"--size-mb {args.size_mb:g}"] if args.size_mb else [])])
+    results = run_suite(cfg, Path(args.out), report, plots, command=command,
                         log=lambda m: print(m, flush=True))
     print(f"done in {results['seconds']:.0f} s; report: {report or Path(args.out) / 'BENCHMARKS.md'}")
     return 0

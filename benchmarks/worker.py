@@ -113,10 +113,12 @@ def main() -> None:
         if not line.strip():
             continue
         try:
+            job = json.loads(line)
             gc.collect()
             start_rss = _status_kib("VmRSS") * 1024
-            reset_peak_rss()
-            result = module.run_job(json.loads(line))
+            if job.pop("reset_peak", True):
+                reset_peak_rss()
+            result = module.run_job(job)
             emit({**result, "peak_rss": _status_kib("VmHWM") * 1024, "start_rss": start_rss})
         except Exception as e:  # report it; the harness decides
             emit({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
