@@ -12,6 +12,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from mergepipe.errors import Conflict
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MIGRATIONS_DIR = REPO_ROOT / "migrations"
 SCHEMA_FILE = REPO_ROOT / "catalog_schema.sql"
@@ -61,6 +63,15 @@ def migrations() -> list[tuple[int, str, Path]]:
     return out
 
 
+class CatalogInUse(Conflict):
+    """Another process holds the catalog file (DuckDB allows one read-write process)."""
+
+
+def _lock_holder(msg: str) -> str:
+    m = re.search(r"PID (\d+)", msg)
+    return f"PID {m.group(1)}" if m else "lock held"
+
+
 class Catalog:
     """A catalog database. Threads share it; each `transaction()` uses its own connection."""
 
@@ -76,7 +87,17 @@ class Catalog:
         )
         self._write_lock = threading.RLock()
         if migrate:
-            self.migrate()
+            try:
+                self.migrate()
+            except sa.exc.OperationalError as e:
+                self.engine.dispose()
+                if "lock" not in str(e.orig).lower():
+                    raise
+                raise CatalogInUse(
+                    f"catalog {self.path} is in use by another process "
+                    f"({_lock_holder(str(e.orig))}; a running `mergepipe serve` or merge?): "
+                    "DuckDB lets one process open it; use that process's API, or wait for it "
+                    "to end") from None
 
     def close(self) -> None:
         self.engine.dispose()
