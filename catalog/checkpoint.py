@@ -117,6 +117,8 @@ def _from_files(path: str, files: list[Path], extra: list[str]) -> Checkpoint:
 
 
 def _load_json(p: Path) -> dict[str, object]:
+    if not p.is_file():  # a FIFO or a device would block or never end
+        raise InvalidCheckpoint(f"{p}: not a regular file")
     try:
         data = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

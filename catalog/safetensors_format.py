@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from dataclasses import dataclass
 
@@ -71,12 +72,15 @@ def normalize_dtype(name: str) -> str:
 def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     """Parse and validate the header of one safetensors file, reading only the header bytes."""
     path = os.path.abspath(path)
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    try:  # O_NONBLOCK: a FIFO planted as a checkpoint must not hang the reader on open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidCheckpoint(f"{path}: not a regular file")
+        size = st.st_size
         raw_len = os.pread(fd, 8, 0)
         if len(raw_len) < 8:
             raise InvalidCheckpoint(f"{path}: file too short for a safetensors header")

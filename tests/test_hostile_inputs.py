@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import struct
 from collections.abc import Callable, Iterator
@@ -75,6 +76,16 @@ def _lora_wrong_base(base: Path, d: Path) -> None:
     factory.make_lora(other, d, seed=1)
 
 
+def _fifo(name: str, *regular: str) -> Callable[[Path, Path], None]:
+    """A named pipe planted where a file is expected (reading it would block forever)."""
+    def build(base: Path, d: Path) -> None:
+        d.mkdir(parents=True)
+        os.mkfifo(d / name)
+        for r in regular:
+            (d / r).write_bytes(b"")
+    return build
+
+
 # name -> (kind, builder(base_dir, target_dir), words the error must hold)
 CHECKPOINTS: dict[str, tuple[str, Callable[[Path, Path], None], tuple[str, ...]]] = {
     "header-not-json": ("full", lambda b, d: _raw(d, b"{not json at all"), ("not valid JSON",)),
@@ -107,6 +118,10 @@ CHECKPOINTS: dict[str, tuple[str, Callable[[Path, Path], None], tuple[str, ...]]
     "inf-weights": ("full", lambda b, d: _edit(b, d, _nonfinite(math.inf)), (W,)),
     "index-missing-shard": ("full", _missing_shard, ("missing shard",)),
     "lora-for-another-base": ("lora", _lora_wrong_base, ("does not fit",)),
+    "fifo-weights": ("full", _fifo("model.safetensors"), ("not a regular file",)),
+    "fifo-index": ("full", _fifo("model.safetensors.index.json"), ("not a regular file",)),
+    "fifo-adapter-config": ("lora", _fifo("adapter_config.json", "adapter_model.safetensors"),
+                            ("not a regular file",)),
 }
 
 
