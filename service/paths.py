@@ -40,14 +40,24 @@ def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> 
     p = Path(raw)
     if not p.is_absolute():
         p = roots[0] / p
-    real = Path(os.path.realpath(p))
-    if not any(_inside(real, r) for r in roots):
-        raise Forbidden(f"{field} {raw!r} is outside the allowed data roots", field=field)
-    if not real.exists():
-        raise InvalidRequest(f"{field} {raw!r} does not exist", field=field)
-    if real.is_dir():
-        _confine_entries(real, roots, raw, field)
+    try:
+        real = Path(os.path.realpath(p))
+        if not any(_inside(real, r) for r in roots):
+            raise Forbidden(f"{field} {_short(raw)} is outside the allowed data roots",
+                            field=field)
+        if not real.exists():
+            raise InvalidRequest(f"{field} {_short(raw)} does not exist", field=field)
+        if real.is_dir():
+            _confine_entries(real, roots, raw, field)
+    except OSError as e:  # a name too long, a directory we may not list, ...
+        raise InvalidRequest(f"{field} {_short(raw)} is not a usable path ({e.strerror})",
+                             field=field) from None
     return real
+
+
+def _short(raw: str) -> str:
+    r = repr(raw)
+    return r if len(r) <= 200 else r[:197] + "..."
 
 
 def _confine_entries(real: Path, roots: Sequence[Path], raw: str, field: str) -> None:
@@ -57,7 +67,7 @@ def _confine_entries(real: Path, roots: Sequence[Path], raw: str, field: str) ->
     for entry in sorted(real.iterdir()):
         if entry.is_symlink() and not any(_inside(Path(os.path.realpath(entry)), r)
                                           for r in roots):
-            raise Forbidden(f"{field} {raw!r}: {entry.name} is a symbolic link to a file "
+            raise Forbidden(f"{field} {_short(raw)}: {entry.name} is a symbolic link to a file "
                             "outside the allowed data roots", field=field)
 
 

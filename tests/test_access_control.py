@@ -190,3 +190,13 @@ def test_every_mutating_endpoint_needs_the_token(tmp_path: Path) -> None:
             for headers in ({}, {"Authorization": "Bearer nope"}):
                 r = c.request(method, url, json={}, headers=headers)
                 assert_error(r, 401, "unauthorized")
+
+
+@pytest.mark.parametrize("path", ["a" * 5000, "x/" * 3000, "/" + "b" * 300, "\udcff",
+                                  "family/\x00", "family/e0/" + "../" * 2000])
+def test_unusable_paths_are_4xx_not_500(env: dict[str, Any], path: str) -> None:
+    c = env["client"]
+    raw = json.dumps({"name": "odd", "path": path, "base": "base"})  # \udcff stays escaped
+    r = c.post("/v1/models", content=raw, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500, r.text
+    assert set(r.json()) == {"error"} and len(r.json()["error"]["message"]) < 1000
