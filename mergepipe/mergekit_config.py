@@ -141,6 +141,9 @@ def parse_config(text: str | bytes) -> MergekitConfig:
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
         raise InvalidRequest(f"config is not valid YAML{at}: {getattr(e, 'problem', e)}",
                              field="config") from None
+    except RecursionError:  # the YAML parser recurses once per nesting level
+        raise InvalidRequest("config is nested too deeply to be a mergekit config",
+                             field="config") from None
     if not isinstance(doc, dict):
         raise InvalidRequest("config must be a YAML mapping with merge_method, base_model and "
                              "models keys", field="config")

@@ -285,3 +285,40 @@ def test_bad_merges_through_the_cli(env: dict[str, Any], tmp_path: Path, args: l
         assert w in err, (w, err)
     assert not (tmp_path / "o").exists()
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def _laughs(key: str) -> str:
+    """A billion-laughs YAML: 9^8 leaves through aliases, a few hundred bytes of text."""
+    lines = ["merge_method: linear", "models:", "  - model: e0", "    parameters:",
+             f"      {key}: &a0 [x,x,x,x,x,x,x,x,x]"]
+    for i in range(1, 9):
+        lines += [f"  - model: e{i}", "    parameters:",
+                  f"      {key}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]"]
+    return "\n".join(lines) + "\n"
+
+
+YAML_BOMBS = {
+    "deep-lists": "models: " + "[" * 1500 + "]" * 1500,
+    "deep-maps": "models: " + "{a: " * 1500 + "1" + "}" * 1500,
+    "laughs-weight": _laughs("weight"),
+    "laughs-density": _laughs("density"),
+    "python-tag": "!!python/object/apply:os.system ['touch pwned']",
+    "not-yaml": "models: [unclosed",
+}
+
+
+@pytest.mark.parametrize("case", sorted(YAML_BOMBS))
+def test_hostile_mergekit_configs(env: dict[str, Any], case: str, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    c = env["client"]
+    r = c.post("/v1/plans", json={"config_yaml": YAML_BOMBS[case], "budget": {"fraction": 0.5}})
+    err = assert_error(r, 422, "invalid_request")
+    assert err["field"].startswith("config_yaml"), err
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(YAML_BOMBS[case])
+    capsys.readouterr()
+    rc = main(["--catalog", str(env["cli_db"]), "merge", str(cfg), "--out", str(tmp_path / "o")])
+    line = capsys.readouterr().err.strip()
+    assert rc != 0 and len(line.splitlines()) == 1, line
+    assert not (tmp_path / "o").exists() and not (tmp_path / "pwned").exists()
+    assert not Path("pwned").exists()
