@@ -322,3 +322,25 @@ def test_hostile_mergekit_configs(env: dict[str, Any], case: str, tmp_path: Path
     assert rc != 0 and len(line.splitlines()) == 1, line
     assert not (tmp_path / "o").exists() and not (tmp_path / "pwned").exists()
     assert not Path("pwned").exists()
+
+
+def test_racing_for_one_name_gives_one_winner(env: dict[str, Any]) -> None:
+    """Ten requests claim the same output name (and ten the same model name) at once: one is
+    accepted, the others are 409, and one output appears."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    c = env["client"]
+    fam = env["tmp"] / "data" / "family"
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        merges = list(pool.map(lambda _: c.post("/v1/merges", json=ties_body("raced")),
+                               range(10)))
+        models = list(pool.map(lambda _: c.post("/v1/models", json={
+            "name": "raced-model", "path": str(fam / "e2"), "base": "base"}), range(10)))
+    for responses in (merges, models):
+        codes = sorted(r.status_code for r in responses)
+        assert codes == [202] + [409] * 9, [r.text for r in responses]
+    (won,) = [r.json()["id"] for r in merges if r.status_code == 202]
+    assert wait(c, f"/v1/merges/{won}")["status"] == "succeeded"
+    assert wait(c, "/v1/models/raced-model")["status"] == "ready"
+    out = env["settings"].output_root
+    assert [p.name for p in out.iterdir() if "raced" in p.name] == ["raced"]
