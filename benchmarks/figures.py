@@ -183,6 +183,21 @@ def physical(suite: Suite, run_physical: Callable[..., Any],
     return rows
 
 
+def code_version() -> str:
+    """The engine's commit, and the engine files with uncommitted changes when measured."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                "catalog", "planner", "executor", "mergepipe"], cwd=repo,
+                               check=True, capture_output=True, text=True).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    changed = [line[3:] for line in dirty if line.strip()]
+    return head + (f" with uncommitted changes to {', '.join(changed)}" if changed else "")
+
+
 def machine(where: Path) -> dict[str, Any]:
     """CPU model, cores, RAM, disk, OS and package versions, date."""
     cpu = platform.processor() or ""
@@ -211,6 +226,7 @@ def machine(where: Path) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[pkg] = None
     return {"cpu": cpu, "cores": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
+            "code": code_version(),
             "disk": disk, "os": f"{platform.system()} {platform.release()}",
             "python": platform.python_version(), "versions": versions,
             "load_avg_start": os.getloadavg(),

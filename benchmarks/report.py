@@ -101,7 +101,8 @@ def render(res: dict[str, Any], images: dict[str, str]) -> str:
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
         + f". Load average (1, 5, 15 min) at start: "
         f"{', '.join(f'{x:.1f}' for x in m['load_avg_start'])}; at the end: "
-        f"{', '.join(f'{x:.1f}' for x in res.get('load_avg_end', []))}.\n",
+        f"{', '.join(f'{x:.1f}' for x in res.get('load_avg_end', []))}. Code: commit "
+        f"{m.get('code', 'unknown')}.\n",
         f"**Family** (`mergepipe gen-family`): base + {main['experts']} experts of "
         f"{mb(main['checkpoint_bytes'])} each (bf16 Llama: hidden {shape['hidden']}, "
         f"{shape['layers']} layers, vocab {shape['vocab']}); LoRA-like experts (delta only in "
