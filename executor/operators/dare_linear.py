@@ -5,18 +5,23 @@ from __future__ import annotations
 import torch
 
 from executor.operators.base import BlockContext, ExpertBlock, read_experts
-from executor.operators.sparsify import finish, ordered_sum, random_drop, weight_total, weighted
+from executor.operators.sparsify import dropped_into, f32, finish_into, scratch, weight_total
 
 
 def dare_linear(base: torch.Tensor, experts: list[ExpertBlock],
                 ctx: BlockContext) -> torch.Tensor:
     """M = B + lambda * sum_i w_i DARE(D_i) (normalize divides by sum_i w_i)."""
-    read = read_experts(experts)
+    read = [e for e in read_experts(experts) if e.delta is not None]
     if not read:
         return base.clone()
     rescale = str(ctx.params.get("rescale", "density"))
-    mixed = ordered_sum([
-        weighted(random_drop(e.delta, e.density, e.key, ctx.flat_offset, rescale), e.weight)
-        for e in read if e.delta is not None])
+    out = torch.empty_like(base)
+    term = scratch.like("term", base)
+    for j, e in enumerate(read):
+        assert e.delta is not None
+        dst = out if j == 0 else term  # the sum runs left to right in request order
+        dropped_into(e.delta, e.density, e.key, ctx.flat_offset, rescale, dst).mul_(f32(e.weight))
+        if j:
+            out.add_(term)
     divisor = weight_total(ctx.all_weights) if ctx.normalize(False) else None
-    return finish(base, mixed, ctx.lam, divisor)
+    return finish_into(out, base, ctx.lam, divisor)

@@ -5,17 +5,22 @@ from __future__ import annotations
 import torch
 
 from executor.operators.base import BlockContext, ExpertBlock, read_experts
-from executor.operators.sparsify import disjoint_sum, finish, random_drop, weighted
+from executor.operators.sparsify import dropped_into, elect_into, f32, finish_into, scratch
 
 
 def dare_ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
     """DARE drop and rescale per expert, then the TIES election (normalize default false)."""
-    read = read_experts(experts)
+    read = [e for e in read_experts(experts) if e.delta is not None]
     if not read:
         return base.clone()
     rescale = str(ctx.params.get("rescale", "density"))
-    dropped = [
-        weighted(random_drop(e.delta, e.density, e.key, ctx.flat_offset, rescale), e.weight)
-        for e in read if e.delta is not None]
-    mixed, divisor = disjoint_sum(dropped, [e.weight for e in read])
-    return finish(base, mixed, ctx.lam, divisor if ctx.normalize(False) else None)
+    dropped = []
+    for j, e in enumerate(read):
+        assert e.delta is not None
+        w = dropped_into(e.delta, e.density, e.key, ctx.flat_offset, rescale,
+                         scratch.like(("w", j), base))
+        dropped.append(w.mul_(f32(e.weight)))
+    out = torch.empty_like(base)
+    divisor = scratch.like("divisor", base) if ctx.normalize(False) else None
+    elect_into(dropped, [e.weight for e in read], out, divisor)
+    return finish_into(out, base, ctx.lam, divisor)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 
 import numpy as np
 import torch
@@ -71,7 +72,92 @@ def below(key: int, flat_offset: int, shape: tuple[int, ...] | torch.Size,
 
 def below_at(key: int, flat_index: torch.Tensor, p: float) -> torch.Tensor:
     """uniform < p at the given flat indexes (int64, >= 0): for sparse draws such as ties."""
-    index = flat_index.numpy().astype(np.uint64)
-    if index.size and int(flat_index.min()) < 0:
+    if flat_index.numel() and int(flat_index.min()) < 0:
         raise ValueError("flat indexes must be >= 0")
-    return torch.from_numpy(_bits(key, index) < _threshold(p))
+    return torch.from_numpy(below_at_np(key, flat_index.numpy().astype(np.uint64), p))
+
+
+def below_at_np(key: int, flat_index: np.ndarray, p: float) -> np.ndarray:
+    """below_at on a uint64 numpy array of flat indexes (consumed in place)."""
+    return _bits(key, flat_index) < _threshold(p)
+
+
+def not_below_at(key: int, flat_offset: int, index: np.ndarray, p: float) -> np.ndarray:
+    """~below_at(key, flat_offset + index, p) for an int64 array of indexes >= 0 (a bool array)."""
+    threshold = int(_threshold(p))
+    if threshold == 0 or threshold >= 1 << _BITS:
+        return np.full(index.size, threshold == 0)
+    z, t = _words.get(index.size)
+    np.multiply(index.view(np.uint64), _GAMMA, out=z)
+    z += np.uint64(_start(key, flat_offset))
+    _mix_into(z, t)
+    return np.greater_equal(z, np.uint64(threshold << (64 - _BITS)))
+
+
+# -- the dense draw of a whole block, in a few in-place passes (the DARE mask) ---------------------
+
+_ramp_lock = threading.Lock()
+_ramp = np.zeros(0, dtype=np.uint64)  # i * golden_gamma for i < len: shared, never written after
+
+
+def _gamma_ramp(n: int) -> np.ndarray:
+    global _ramp
+    ramp = _ramp
+    if ramp.size < n:
+        with _ramp_lock:
+            if _ramp.size < n:
+                _ramp = np.arange(max(n, 2 * _ramp.size), dtype=np.uint64) * _GAMMA
+            ramp = _ramp
+    return ramp[:n]
+
+
+class _Words(threading.local):
+    """Two uint64 work arrays per thread, reused block after block."""
+
+    def __init__(self) -> None:
+        self.z = np.zeros(0, dtype=np.uint64)
+        self.t = np.zeros(0, dtype=np.uint64)
+
+    def get(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.z.size < n:
+            self.z, self.t = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+        return self.z[:n], self.t[:n]
+
+
+_words = _Words()
+
+
+def below_into(key: int, flat_offset: int, out: np.ndarray, p: float) -> np.ndarray:
+    """`out` (a flat float32 array) = 1.0 where uniform(key, flat_offset + i) < p, else 0.0.
+
+    The same draws as `below`, computed without temporaries: (offset + i + 1) * gamma + stream
+    is the shared ramp i * gamma plus one constant, the finalizer runs in place, and
+    bits >> 11 < T is compared as the 64-bit word < T << 11.
+    """
+    n = out.size
+    if flat_offset < 0:
+        raise ValueError(f"flat_offset {flat_offset} must be >= 0")
+    threshold = int(_threshold(p))
+    if threshold == 0 or threshold >= 1 << _BITS:
+        out.fill(0.0 if threshold == 0 else 1.0)
+        return out
+    z, t = _words.get(n)
+    np.add(_gamma_ramp(n), np.uint64(_start(key, flat_offset)), out=z)
+    _mix_into(z, t)
+    np.less(z, np.uint64(threshold << (64 - _BITS)), out=out, casting="unsafe")
+    return out
+
+
+def _start(key: int, flat_offset: int) -> int:
+    """(flat_offset + 1) * gamma + stream (mod 2**64): the counter of index 0 of a block."""
+    stream = int(_mix(np.array([key & _MASK64], dtype=np.uint64))[0])
+    return ((flat_offset + 1) * int(_GAMMA) + stream) & _MASK64
+
+
+def _mix_into(z: np.ndarray, t: np.ndarray) -> None:
+    """_mix without temporaries (t: a work array of z's size)."""
+    for shift, mult in ((30, _M1), (27, _M2), (31, None)):
+        np.right_shift(z, np.uint64(shift), out=t)
+        np.bitwise_xor(z, t, out=z)
+        if mult is not None:
+            np.multiply(z, mult, out=z)

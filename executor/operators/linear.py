@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from executor.operators.base import BlockContext, ExpertBlock, read_experts
-from executor.operators.sparsify import finish, ordered_sum, weight_total, weighted
+from executor.operators.sparsify import finish_into, weight_total, weighted_sum_into
 
 
 def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
@@ -14,12 +14,13 @@ def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) ->
     The coefficients are fixed by all experts' weights; with renormalize='selected' the
     divisor is the sum of the weights of the experts read for this block instead.
     """
-    read = read_experts(experts)
+    read = [e for e in read_experts(experts) if e.delta is not None]
     if not read:
         return base.clone()
-    mixed = ordered_sum([weighted(e.delta, e.weight) for e in read if e.delta is not None])
+    mixed = weighted_sum_into([e.delta for e in read if e.delta is not None],
+                              [e.weight for e in read], torch.empty_like(base))
     divisor = None
     if ctx.normalize(True):
         selected = ctx.params.get("renormalize", "fixed") == "selected"
         divisor = weight_total([e.weight for e in read] if selected else ctx.all_weights)
-    return finish(base, mixed, ctx.lam, divisor)
+    return finish_into(mixed, base, ctx.lam, divisor)

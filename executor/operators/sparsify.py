@@ -2,16 +2,26 @@
 
 Sums run left to right in request order, so a merged element depends only on its own inputs,
 never on the block's shape (torch's reductions change association with the shape).
+
+The operators use the fused kernels at the end (`trimmed_into`, `dropped_into`, `elect_into`,
+`finish_into`): the same float operations in the same order as the reference functions above
+them, written into reused per-thread buffers, with every mask a 0/1 float32 array made by a
+numpy comparison (torch's comparisons to bool, boolean indexing and torch.where are an order of
+magnitude slower than an elementwise float pass here). Entries the trim or the drop removes
+may come out as zeros of either sign; no result depends on that sign (a zero never votes, is
+never kept, and adding it to the +0-initialized sums changes nothing).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from executor.operators.base import Trim
-from executor.operators.keyed_hash import below, below_at
+from executor.operators.keyed_hash import below, below_at, below_into, not_below_at
 
 RESCALES = ("density", "l1", "none")
 L1_EPS = 1e-7  # mergekit rescaled_masked_tensor: norms below this are left unscaled
@@ -125,3 +135,147 @@ def finish(base: torch.Tensor, mixed: torch.Tensor, lam: float,
     if lam != 1.0:
         mixed = mixed * lam
     return base + mixed
+
+
+# -- fused kernels -------------------------------------------------------------------------------
+
+class _Scratch(threading.local):
+    """Float32 buffers of one thread, by name, reused block after block."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[object, torch.Tensor] = {}
+
+    def like(self, name: object, t: torch.Tensor) -> torch.Tensor:
+        """A buffer of t's shape (contents undefined)."""
+        n = t.numel()
+        buf = self.bufs.get(name)
+        if buf is None or buf.numel() < n:
+            buf = self.bufs[name] = torch.empty(max(n, 1), dtype=torch.float32)
+        return buf[:n].view(t.shape)
+
+    def array(self, name: object, t: torch.Tensor, dtype: type = np.float32) -> np.ndarray:
+        """A flat numpy buffer with t's element count."""
+        key = (name, np.dtype(dtype).str)
+        buf = self.bufs.get(key)
+        n = t.numel() * np.dtype(dtype).itemsize
+        if buf is None or buf.numel() < n:
+            buf = self.bufs[key] = torch.empty(max(n, 1), dtype=torch.uint8)
+        return buf[:n].numpy().view(dtype)
+
+
+scratch = _Scratch()
+
+
+def flat(t: torch.Tensor) -> np.ndarray:
+    """The numpy view of a contiguous float32 tensor, flat."""
+    return t.reshape(-1).numpy()
+
+
+def f32(x: float) -> float:
+    """x rounded to float32 (as torch.tensor(x, dtype=torch.float32) rounds it)."""
+    return float(np.float32(x))
+
+
+def trimmed_into(delta: torch.Tensor, trim: Trim | None, key: int, flat_offset: int,
+                 out: torch.Tensor) -> torch.Tensor:
+    """out = magnitude_trim(delta, trim, key, flat_offset) (removed entries: zeros)."""
+    if trim is None:
+        return out.copy_(delta)
+    tau = np.float32(trim.tau)
+    if trim.k <= trim.above or trim.tied == 0:  # keep |d| > tau
+        return torch.ops.aten.hardshrink.out(delta, float(tau), out=out)
+    if tau == 0:  # |d| >= 0: everything
+        out.copy_(delta)
+    else:  # |d| >= tau  <=>  |d| > the next float32 below tau
+        torch.ops.aten.hardshrink.out(delta, float(np.nextafter(tau, np.float32(0))), out=out)
+    if trim.k >= trim.above + trim.tied:  # every tied entry is kept
+        return out
+    # drop the tied entries whose keyed draw is not below (k - above) / tied
+    d = flat(delta.contiguous())
+    eq, neg = scratch.array("eq", delta, np.bool_), scratch.array("eq-", delta, np.bool_)
+    at_tau = np.flatnonzero(np.logical_or(np.equal(d, tau, out=eq), np.equal(d, -tau, out=neg),
+                                          out=eq))
+    if at_tau.size:
+        p = (trim.k - trim.above) / trim.tied
+        flat(out)[at_tau[not_below_at(key, flat_offset, at_tau, p)]] = 0.0
+    return out
+
+
+def dropped_into(delta: torch.Tensor, density: float, key: int, flat_offset: int,
+                 rescale: str, out: torch.Tensor) -> torch.Tensor:
+    """out = random_drop(delta, density, key, flat_offset, rescale)."""
+    if rescale not in RESCALES:
+        raise ValueError(f"rescale {rescale!r} must be one of {RESCALES}")
+    if density >= 1.0:
+        return out.copy_(delta)
+    if density <= 0.0:
+        raise ValueError(f"density {density} must be in (0, 1]")
+    keep = scratch.like("keep", delta)
+    below_into(key, flat_offset, flat(keep), density)
+    torch.mul(delta, keep, out=out)
+    if rescale == "density":
+        out.div_(density)
+    elif rescale == "l1":
+        before = torch.abs(delta, out=keep).sum()
+        after = torch.abs(out, out=keep).sum()
+        if not (before < L1_EPS or after < L1_EPS):
+            out.mul_(before / after)
+    return out
+
+
+def ordered_sum_into(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """out = ordered_sum(tensors)."""
+    if len(tensors) == 1:
+        return out.copy_(tensors[0])
+    torch.add(tensors[0], tensors[1], out=out)
+    for t in tensors[2:]:
+        out.add_(t)
+    return out
+
+
+def elect_into(weighted_deltas: Sequence[torch.Tensor], weights: Sequence[float],
+               mixed: torch.Tensor, divisor: torch.Tensor | None) -> None:
+    """disjoint_sum into `mixed` and (when given) `divisor`."""
+    like = weighted_deltas[0]
+    total = ordered_sum_into(weighted_deltas, scratch.like("total", like))
+    sign = scratch.like("sign", like)  # the elected sign: -1 where the sum is < 0, else +1
+    s = flat(sign)
+    np.less(flat(total), np.float32(0), out=s, casting="unsafe")
+    s *= np.float32(-2)
+    s += np.float32(1)
+    agree = scratch.like("agree", like)
+    keep = scratch.like("keep", like)
+    mixed.zero_()
+    if divisor is not None:
+        divisor.zero_()
+    for wd, w in zip(weighted_deltas, weights, strict=True):
+        torch.mul(wd, sign, out=agree)
+        np.greater(flat(agree), np.float32(0), out=flat(keep), casting="unsafe")
+        mixed.addcmul_(wd, keep)  # + wd * keep: the product is exact, fused or not
+        if divisor is not None:
+            divisor.add_(keep, alpha=f32(w))
+    if divisor is not None:  # 0 -> 1: adding 1.0 where it is 0 (either sign), 0.0 elsewhere
+        d = flat(divisor)
+        d += np.equal(d, np.float32(0), out=flat(keep), casting="unsafe")
+
+
+def weighted_sum_into(deltas: Sequence[torch.Tensor], weights: Sequence[float],
+                      out: torch.Tensor) -> torch.Tensor:
+    """out = ordered_sum([weighted(d, w) for d, w in zip(deltas, weights)])."""
+    term = scratch.like("term", out)
+    for j, (d, w) in enumerate(zip(deltas, weights, strict=True)):
+        if j == 0:
+            torch.mul(d, f32(w), out=out)
+        else:
+            out.add_(torch.mul(d, f32(w), out=term))
+    return out
+
+
+def finish_into(out: torch.Tensor, base: torch.Tensor, lam: float,
+                divisor: torch.Tensor | None = None) -> torch.Tensor:
+    """out = finish(base, out, lam, divisor), in place."""
+    if divisor is not None:
+        out.div_(divisor)
+    if lam != 1.0:
+        out.mul_(lam)
+    return torch.add(base, out, out=out)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import torch
 
 from executor.operators.base import BlockContext, ExpertBlock, read_experts
-from executor.operators.sparsify import finish, ordered_sum, weight_total, weighted
+from executor.operators.sparsify import finish_into, weight_total, weighted_sum_into
 
 
 def task_arithmetic(base: torch.Tensor, experts: list[ExpertBlock],
                     ctx: BlockContext) -> torch.Tensor:
     """Scaled sum of task vectors; omitted blocks add nothing, coefficients stay fixed."""
-    read = read_experts(experts)
+    read = [e for e in read_experts(experts) if e.delta is not None]
     if not read:
         return base.clone()
-    mixed = ordered_sum([weighted(e.delta, e.weight) for e in read if e.delta is not None])
+    mixed = weighted_sum_into([e.delta for e in read if e.delta is not None],
+                              [e.weight for e in read], torch.empty_like(base))
     divisor = weight_total(ctx.all_weights) if ctx.normalize(False) else None
-    return finish(base, mixed, ctx.lam, divisor)
+    return finish_into(mixed, base, ctx.lam, divisor)

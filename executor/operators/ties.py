@@ -5,15 +5,20 @@ from __future__ import annotations
 import torch
 
 from executor.operators.base import BlockContext, ExpertBlock, read_experts
-from executor.operators.sparsify import disjoint_sum, finish, magnitude_trim, weighted
+from executor.operators.sparsify import elect_into, f32, finish_into, scratch, trimmed_into
 
 
 def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
     """TIES-merging; entries tied at the trim threshold are kept by the keyed rule."""
-    read = read_experts(experts)
+    read = [e for e in read_experts(experts) if e.delta is not None]
     if not read:
         return base.clone()
-    trimmed = [weighted(magnitude_trim(e.delta, e.trim, e.key, ctx.flat_offset), e.weight)
-               for e in read if e.delta is not None]
-    mixed, divisor = disjoint_sum(trimmed, [e.weight for e in read])
-    return finish(base, mixed, ctx.lam, divisor if ctx.normalize(True) else None)
+    trimmed = []
+    for j, e in enumerate(read):
+        assert e.delta is not None
+        w = trimmed_into(e.delta, e.trim, e.key, ctx.flat_offset, scratch.like(("w", j), base))
+        trimmed.append(w.mul_(f32(e.weight)))
+    out = torch.empty_like(base)
+    divisor = scratch.like("divisor", base) if ctx.normalize(True) else None
+    elect_into(trimmed, [e.weight for e in read], out, divisor)
+    return finish_into(out, base, ctx.lam, divisor)
