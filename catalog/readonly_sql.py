@@ -78,11 +78,21 @@ def _check_table(node: exp.Table, tables: Collection[str], ctes: set[str]) -> No
                          "FROM information_schema.tables)", field="sql")
 
 
+TOO_DEEP = "sql is nested too deeply (parentheses, brackets or subqueries)"
+
+
 def check_readonly(sql: str, tables: Collection[str] | None = None) -> None:
     """Raise InvalidRequest unless `sql` is exactly one SELECT / WITH ... SELECT statement.
 
     With `tables` (lower-case names of the catalog's tables and views), FROM items are also
     restricted to those, the query's CTEs, information_schema and range/generate_series/unnest."""
+    try:
+        _check_readonly(sql, tables)
+    except RecursionError:  # sqlglot recurses once per nesting level
+        raise InvalidRequest(TOO_DEEP, field="sql") from None
+
+
+def _check_readonly(sql: str, tables: Collection[str] | None) -> None:
     if not isinstance(sql, str) or not sql.strip():
         raise InvalidRequest("sql is empty", field="sql")
     try:
@@ -131,6 +141,8 @@ def check_duckdb_tree(raw: duckdb.DuckDBPyConnection, sql: str,
     try:
         row = raw.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchone()
         doc = json.loads(row[0]) if row else None
+    except RecursionError:
+        raise InvalidRequest(TOO_DEEP, field="sql") from None
     except (duckdb.Error, ValueError, TypeError) as e:
         raise InvalidRequest(f"sql does not parse: {str(e).splitlines()[0]}", field="sql") from None
     if not isinstance(doc, dict) or doc.get("error"):

@@ -206,3 +206,22 @@ def test_duckdbs_own_parse_tree_is_checked_too(cat: tuple[Catalog, Path], sql: s
         run_readonly(c, sql.format(secret=secret, dir=secret.parent), timeout_s=5)
     assert "not allowed" in err.value.message or "not a catalog table" in err.value.message \
         or "another database" in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT " + "(" * 600 + "1" + ")" * 600, "SELECT " + "(" * 20000 + "1" + ")" * 20000,
+    "SELECT 1" + " + 1" * 600, "SELECT " + "[" * 3000 + "]" * 3000,
+    "SELECT * FROM " + "(SELECT * FROM " * 600 + "models" + ")" * 600,
+    "SELECT " + "-" * 5000 + "1",
+])
+def test_deeply_nested_queries_are_refused_not_crashing(cat: tuple[Catalog, Path],
+                                                        sql: str) -> None:
+    with pytest.raises(InvalidRequest):
+        run_readonly(cat[0], sql, timeout_s=5)
+
+
+def test_deep_nesting_through_the_api_is_422(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    with client_for(settings_for(tmp_path), raise_server_exceptions=False) as client:
+        r = client.post("/v1/sql", json={"sql": "SELECT " + "(" * 5000 + "1" + ")" * 5000})
+        assert_error(r, 422, "invalid_request", "sql")
