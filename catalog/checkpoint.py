@@ -123,6 +123,8 @@ def _load_json(p: Path) -> dict[str, object]:
         data = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidCheckpoint(f"{p}: not readable JSON ({e})") from None
+    except RecursionError:
+        raise InvalidCheckpoint(f"{p}: JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise InvalidCheckpoint(f"{p}: not a JSON object")
     return data

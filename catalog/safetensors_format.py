@@ -96,6 +96,8 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidCheckpoint(f"{path}: header is not valid JSON ({e})") from None
+    except RecursionError:
+        raise InvalidCheckpoint(f"{path}: header JSON is nested too deeply") from None
     if not isinstance(header, dict):
         raise InvalidCheckpoint(f"{path}: header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}

@@ -68,6 +68,7 @@ def _parse(path: Path) -> None:
 @example(data=struct.pack("<Q", 10) + b"{}")
 @example(data=struct.pack("<Q", 2) + b"\xff\xfe")
 @example(data=struct.pack("<Q", 4) + b"[1] ")
+@example(data=struct.pack("<Q", 20002) + b"[" * 10001 + b"]" * 10001)
 def test_random_bytes(tmp_path: Path, data: bytes) -> None:
     _parse(_write(tmp_path, data))
 

@@ -91,6 +91,11 @@ CHECKPOINTS: dict[str, tuple[str, Callable[[Path, Path], None], tuple[str, ...]]
     "header-not-json": ("full", lambda b, d: _raw(d, b"{not json at all"), ("not valid JSON",)),
     "header-not-utf8": ("full", lambda b, d: _raw(d, b"\xff\xfe\x00{}"), ("not valid JSON",)),
     "header-a-list": ("full", lambda b, d: _raw(d, b"[1, 2]"), ("not a JSON object",)),
+    "header-deep-json": ("full", lambda b, d: _raw(d, b'{"a": ' + b"[" * 50000 + b"]" * 50000
+                                                    + b"}"), ("nested too deeply",)),
+    "index-deep-json": ("full", lambda b, d: (d.mkdir(parents=True), (
+        d / "model.safetensors.index.json").write_text("[" * 50000 + "]" * 50000)),
+        ("nested too deeply",)),
     "header-longer-than-file": ("full", lambda b, d: _raw(d, b"{}", length=4096),
                                 ("larger than the file",)),
     "header-absurd": ("full", lambda b, d: _raw(d, b"{}", length=2**63), ("exceeds",)),
