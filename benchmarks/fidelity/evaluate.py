@@ -14,7 +14,7 @@ from benchmarks.fidelity.tasks import PAD, Example
 @torch.no_grad()
 def log_probs(model: Any, examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token log-probs (N, T-1, V) float32 and the target ids (N, T-1), PAD-padded."""
-    ids, _ = collate([e.ids() for e in examples], [0] * len(examples))
+    ids, _ = collate([e.ids() for e in examples], [e.answers for e in examples])
     logits = model(input_ids=ids, attention_mask=(ids != PAD).long()).logits[:, :-1].float()
     return torch.log_softmax(logits, dim=-1), ids[:, 1:]
 
@@ -24,7 +24,7 @@ def masks(examples: list[Example], targets: torch.Tensor) -> dict[str, torch.Ten
     real = targets != PAD
     answer = torch.zeros_like(real)
     for i, e in enumerate(examples):
-        answer[i, e.answer_start - 1:len(e.ids()) - 1] = True
+        answer[i, [j - 1 for j in e.answers]] = True  # position j-1 predicts token j
     return {"all": real, "answer": answer & real}
 
 
@@ -51,11 +51,8 @@ def kl_summary(ref: torch.Tensor, other: torch.Tensor, examples: list[Example],
 
 def exact_match(lp: torch.Tensor, examples: list[Example], targets: torch.Tensor
                 ) -> dict[str, float]:
-    """Greedy exact match per task, computed teacher-forced.
-
-    Greedy decoding reproduces the answer (newline included) iff the argmax at every answer
-    position equals the gold token given the gold prefix, so one forward pass suffices.
-    """
+    """Exact match per task: the argmax at every answer position equals the gold f(x), given
+    the gold line so far (teacher-forced; the inputs x are random, so they are not predicted)."""
     ok = (lp.argmax(-1) == targets) | ~masks(examples, targets)["answer"]
     per = ok.all(-1)
     out: dict[str, float] = {}
@@ -67,7 +64,7 @@ def exact_match(lp: torch.Tensor, examples: list[Example], targets: torch.Tensor
 
 
 def task_accuracy(model: Any, examples: list[Example]) -> dict[str, float]:
-    """Greedy exact match of a model on examples, per task and mean."""
+    """Exact match of a model on examples, per task and mean."""
     lp, targets = log_probs(model, examples)
     return exact_match(lp, examples, targets)
 
@@ -87,3 +84,20 @@ def l2_deviation(full: dict[str, torch.Tensor], other: dict[str, torch.Tensor]
     diff = sum(float((full[k].double() - other[k].double()).pow(2).sum()) for k in full)
     norm = sum(float(full[k].double().pow(2).sum()) for k in full)
     return {"abs": diff ** 0.5, "rel": (diff / norm) ** 0.5}
+
+
+def additive_reference(base: dict[str, torch.Tensor], experts: list[dict[str, torch.Tensor]],
+                       coefficients: list[float]) -> dict[str, torch.Tensor]:
+    """M = B + sum_i alpha_i (E_i - B) in float32, straight from the checkpoints (no engine)."""
+    out = {}
+    for k, b in base.items():
+        m = b.clone()
+        for e, a in zip(experts, coefficients, strict=True):
+            m += a * (e[k] - b)
+        out[k] = m
+    return out
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest |a - b| over all tensors (same names and shapes)."""
+    return max(float((a[k] - b[k]).abs().max()) for k in a)

@@ -17,6 +17,9 @@ from benchmarks.fidelity.model import ModelSize, TrainSpec, load_model, new_mode
 from benchmarks.fidelity.tasks import TASKS, eval_set, pretrain_ids, task_examples
 
 FAMILY_FILE = "fidelity-family.json"
+BASE_FILE = "fidelity-base.json"
+EVAL_PER_TASK = 64  # examples per task for the accuracies stored with the family
+HELD_OUT_PER_TASK = 1024  # eval examples per task that training never sees (covers the benchmark)
 
 
 @dataclass(frozen=True)
@@ -24,9 +27,9 @@ class FamilySpec:
     """Everything that determines the trained family (its hash names the cache folder)."""
 
     size: ModelSize = field(default_factory=ModelSize)
-    tasks: tuple[str, ...] = ("reverse", "sort", "shift", "modadd")
-    pretrain: TrainSpec = field(default_factory=lambda: TrainSpec(steps=300, batch=32, lr=3e-3))
-    finetune: TrainSpec = field(default_factory=lambda: TrainSpec(steps=250, batch=32, lr=1.5e-3))
+    tasks: tuple[str, ...] = TASKS
+    pretrain: TrainSpec = field(default_factory=lambda: TrainSpec(steps=200, batch=32, lr=3e-3))
+    finetune: TrainSpec = field(default_factory=lambda: TrainSpec(steps=200, batch=32, lr=5e-4))
     seed: int = 0
 
     def key(self) -> str:
@@ -36,52 +39,69 @@ class FamilySpec:
 def _pretrain_sampler(seed: int) -> Any:
     pool = pretrain_ids(20_000, seed)
 
-    def sample(rng: random.Random, batch: int) -> tuple[list[list[int]], list[int]]:
+    def sample(rng: random.Random, batch: int) -> tuple[list[list[int]], list[Any]]:
         seqs = [pool[rng.randrange(len(pool))] for _ in range(batch)]
-        return seqs, [1] * batch
+        return seqs, [None] * batch
     return sample
 
 
-def _task_sampler(task: str, seed: int) -> Any:
-    pool = task_examples(task, 20_000, seed)
+def _task_sampler(task: str, seed: int, held_out: set[str]) -> Any:
+    pool = task_examples(task, 20_000, seed, exclude=held_out)
 
-    def sample(rng: random.Random, batch: int) -> tuple[list[list[int]], list[int]]:
+    def sample(rng: random.Random, batch: int) -> tuple[list[list[int]], list[Any]]:
         exs = [pool[rng.randrange(len(pool))] for _ in range(batch)]
-        return [e.ids() for e in exs], [e.answer_start for e in exs]
+        return [e.ids() for e in exs], [e.answers for e in exs]
     return sample
+
+
+def base_key(spec: FamilySpec) -> str:
+    """Hash of what determines the base (experts with other fine-tune settings share it)."""
+    fields = {"size": asdict(spec.size), "pretrain": asdict(spec.pretrain), "seed": spec.seed}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def build_base(spec: FamilySpec, root: Path, *, rebuild: bool = False) -> dict[str, Any]:
+    """Pretrain (or reuse from root/base-<key>) the base; returns its description."""
+    out = root / f"base-{base_key(spec)}"
+    info_path = out / BASE_FILE
+    if info_path.exists() and not rebuild:
+        return dict(json.loads(info_path.read_text()))
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"  training base ({spec.pretrain.steps} steps)", flush=True)
+    base = new_model(spec.size, spec.seed)
+    log = train(base, _pretrain_sampler(spec.seed), spec.pretrain, spec.seed)
+    save_bf16(base, out / "model")
+    info = {"path": str(out / "model"), "train": log}
+    info_path.write_text(json.dumps(info, indent=2) + "\n")
+    return info
 
 
 def build_family(spec: FamilySpec, root: Path, *, rebuild: bool = False) -> dict[str, Any]:
-    """Train (or reuse from root/<key>) the base and experts; returns the family description."""
+    """Train (or reuse from root/family-<key>) the base and experts; the family description."""
     from benchmarks.fidelity.evaluate import task_accuracy
 
     out = root / f"family-{spec.key()}"
     info_path = out / FAMILY_FILE
     if info_path.exists() and not rebuild:
         return dict(json.loads(info_path.read_text()))
-    if out.exists():
-        shutil.rmtree(out)
+    shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t0 = time.perf_counter()
-    print(f"  training base ({spec.pretrain.steps} steps)", flush=True)
-    base = new_model(spec.size, spec.seed)
-    base_log = train(base, _pretrain_sampler(spec.seed), spec.pretrain, spec.seed)
-    save_bf16(base, out / "base")
-    evals = eval_set(list(spec.tasks), 64, spec.seed)
-    info: dict[str, Any] = {
-        "spec": asdict(spec), "key": spec.key(), "path": str(out),
-        "base": {"path": str(out / "base"), "train": base_log,
-                 "accuracy": task_accuracy(load_model(out / "base"), evals)},
-        "experts": {},
-    }
+    base = build_base(spec, root, rebuild=rebuild)
+    evals = eval_set(list(spec.tasks), EVAL_PER_TASK, spec.seed)
+    base["accuracy"] = task_accuracy(load_model(Path(base["path"])), evals)
+    held_out = {e.text for e in eval_set(list(spec.tasks), HELD_OUT_PER_TASK, spec.seed)}
+    info: dict[str, Any] = {"spec": asdict(spec), "key": spec.key(), "path": str(out),
+                            "base": base, "experts": {}}
     for i, task in enumerate(spec.tasks):
         print(f"  fine-tuning expert {task!r} ({spec.finetune.steps} steps)", flush=True)
-        model = load_model(out / "base")  # the stored (bf16-rounded) base: exact deltas
-        log = train(model, _task_sampler(task, spec.seed), spec.finetune, spec.seed + 1 + i)
+        model = load_model(Path(base["path"]))  # the stored (bf16-rounded) base: exact deltas
+        log = train(model, _task_sampler(task, spec.seed, held_out), spec.finetune,
+                    spec.seed + 1 + i)
         save_bf16(model, out / task)
         info["experts"][task] = {"path": str(out / task), "train": log,
                                  "accuracy": task_accuracy(load_model(out / task), evals)}
-    info["train_seconds"] = time.perf_counter() - t0
+    info["train_seconds"] = time.perf_counter() - t0 + base["train"]["seconds"]
     info["torch"] = torch.__version__
     info_path.write_text(json.dumps(info, indent=2) + "\n")
     return info

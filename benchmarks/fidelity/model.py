@@ -82,14 +82,17 @@ def save_bf16(model: Any, path: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
-def collate(seqs: list[list[int]], loss_from: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded input ids and labels (-100 before loss_from[i] and on padding)."""
+def collate(seqs: list[list[int]], scored: list[tuple[int, ...] | None]
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and labels: the token at the scored indexes (None: every token
+    after BOS), -100 elsewhere."""
     n = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), n), PAD, dtype=torch.long)
     labels = torch.full((len(seqs), n), -100, dtype=torch.long)
-    for i, (s, start) in enumerate(zip(seqs, loss_from, strict=True)):
+    for i, (s, idx) in enumerate(zip(seqs, scored, strict=True)):
         ids[i, :len(s)] = torch.tensor(s)
-        labels[i, start:len(s)] = ids[i, start:len(s)]
+        keep = torch.tensor(idx) if idx is not None else torch.arange(1, len(s))
+        labels[i, keep] = ids[i, keep]
     return ids, labels
 
 
@@ -102,7 +105,7 @@ def next_token_loss(model: Any, ids: torch.Tensor, labels: torch.Tensor) -> torc
 
 def train(model: Any, sample: Any, spec: TrainSpec, seed: int, log_every: int = 50
           ) -> dict[str, float]:
-    """Train on batches from sample(rng, batch) -> (seqs, loss_from); returns loss and time."""
+    """Train on batches from sample(rng, batch) -> (seqs, scored); returns loss and time."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.0)

@@ -1,4 +1,5 @@
-"""Benchmark baseline: a seeded random access set with the bytes of the planner's access set."""
+"""Benchmark baselines: access sets with the bytes of the planner's, chosen at random or by a
+different score (utility normalized per expert)."""
 
 from __future__ import annotations
 
@@ -47,9 +48,25 @@ def candidates(cat: Catalog, plan: Plan) -> list[Candidate]:
 def random_plan(plan: Plan, cands: list[Candidate], seed: int) -> Plan:
     """A plan for the same request whose blocks are a seeded random subset of the candidates,
     as many bytes as fit in plan.planned_expert_bytes (first-fit in shuffled order)."""
-    target = plan.planned_expert_bytes
     order = list(cands)
     random.Random(seed).shuffle(order)
+    return _first_fit(plan, cands, order, {"random_seed": seed})
+
+
+def expert_normalized_plan(plan: Plan, cands: list[Candidate]) -> Plan:
+    """A plan of the same bytes ranked by utility / (the expert's total utility) per byte: every
+    expert keeps about the same share of its own delta (a diagnostic, not the product's rule)."""
+    totals: dict[str, float] = {}
+    for c in cands:
+        totals[c.model] = totals.get(c.model, 0.0) + c.utility
+    order = sorted(cands, key=lambda c: -c.utility / (totals[c.model] or 1.0) / c.nbytes)
+    return _first_fit(plan, cands, order, {"order": "expert-normalized utility"})
+
+
+def _first_fit(plan: Plan, cands: list[Candidate], order: list[Candidate],
+               tag: dict[str, object]) -> Plan:
+    """Take candidates in `order` while they fit in plan.planned_expert_bytes."""
+    target = plan.planned_expert_bytes
     chosen: list[Candidate] = []
     touched: set[tuple[str, str]] = set()
     spent = 0
@@ -64,7 +81,7 @@ def random_plan(plan: Plan, cands: list[Candidate], seed: int) -> Plan:
     blocks = [PlannedBlock(c.model, c.tensor, c.block_index, c.nbytes, c.utility, rank)
               for rank, c in enumerate(chosen)]
     digest = hashlib.sha256(json.dumps(
-        {"base_plan": plan.plan_hash, "random_seed": seed,
+        {"base_plan": plan.plan_hash, **tag,
          "blocks": sorted([b.model, b.tensor, b.block_index] for b in blocks)}).encode()
     ).hexdigest()
     additive = plan.request.operator in ADDITIVE_OPERATORS and plan.omission_bound is not None

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 TITLE = "# Fidelity: downstream behaviour of budgeted merges"
+DISCUSSION = "## Discussion"  # a hand-written section of an existing report is kept on rewrite
 
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
@@ -30,18 +31,35 @@ def _rand(row: dict[str, Any], get: Any) -> str:
     return f"{_fmt(med)} [{_fmt(lo)}, {_fmt(hi)}]"
 
 
+def headline(op: dict[str, Any], scope: str = "answer") -> str:
+    """One sentence: at how many budgets below 1 the utility plan beats the random median."""
+    rows = [r for r in op["budgets"] if r["fraction"] < 1.0 and r["random"]]
+    if not rows:
+        return ""
+    wins = [r for r in rows
+            if r["utility"]["kl"][scope] < statistics.median(x["kl"][scope] for x in r["random"])]
+    best = [r for r in rows
+            if r["utility"]["kl"][scope] < min(x["kl"][scope] for x in r["random"])]
+    return (f"Utility plan vs random plans of equal bytes ({scope} tokens): lower KL than the "
+            f"random median at {len(wins)} of {len(rows)} budgets below 1, lower than every "
+            f"random plan at {len(best)} of {len(rows)}.")
+
+
 def kl_table(op: dict[str, Any], scope: str) -> list[str]:
     """Per budget: KL(full || merge) of the utility plan, the random plans, and the base."""
     base = op["base"]["kl"][scope]
     lines = ["| budget | expert bytes read | KL utility plan | KL random plans, median [min, max] "
-             "| random / utility | KL base |", "|---:|---:|---:|---:|---:|---:|"]
+             "| random / utility | KL expert-normalized plan | KL base |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     for row in op["budgets"]:
         u = row["utility"]
         ku = u["kl"][scope]
         rand = [r["kl"][scope] for r in row["random"]]
         ratio = (f"{statistics.median(rand) / ku:.1f}x" if rand and ku > 0 else "-")
         lines.append(f"| {row['fraction']:.2f} | {u['expert_bytes_read']:,} | {_fmt(ku)} | "
-                     f"{_rand(row, lambda r, s=scope: r['kl'][s])} | {ratio} | {_fmt(base)} |")
+                     f"{_rand(row, lambda r, s=scope: r['kl'][s])} | {ratio} | "
+                     f"{_fmt(row['normalized']['kl'][scope]) if 'normalized' in row else '-'} | "
+                     f"{_fmt(base)} |")
     return lines
 
 
@@ -79,6 +97,24 @@ def task_table(op: dict[str, Any]) -> list[str]:
     return lines
 
 
+def composition_table(op: dict[str, Any], key: str) -> list[str]:
+    """Per budget: share of the plan's bytes by expert or tensor kind, utility plan vs random."""
+    names = sorted({n for row in op["budgets"] for n in row["utility"][key]}
+                   | {n for row in op["budgets"] for r in row["random"] for n in r[key]})
+    lines = ["| budget | " + " | ".join(f"{n} utility / random" for n in names) + " |",
+             "|---:|" + "---:|" * len(names)]
+    for row in op["budgets"]:
+        u = row["utility"]
+        tot_u = sum(u[key].values()) or 1
+        cells = []
+        for n in names:
+            rs = [r[key].get(n, 0) / (sum(r[key].values()) or 1) for r in row["random"]]
+            rand = f"{statistics.median(rs):.0%}" if rs else "-"
+            cells.append(f"{u[key].get(n, 0) / tot_u:.0%} / {rand}")
+        lines.append(f"| {row['fraction']:.2f} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def accuracy_table(res: dict[str, Any]) -> list[str]:
     """Greedy exact match of the base, each expert and each full merge, per task."""
     fam = res["family"]
@@ -105,6 +141,9 @@ def plot(res: dict[str, Any], path: Path, scope: str = "answer") -> None:
         rows = [r for r in op["budgets"] if r["fraction"] < 1.0]
         fs = [r["fraction"] for r in rows]
         ax.plot(fs, [r["utility"]["kl"][scope] for r in rows], "o-", label="utility plan")
+        if all("normalized" in r for r in rows):
+            ax.plot(fs, [r["normalized"]["kl"][scope] for r in rows], "^-.",
+                    label="expert-normalized utility (diagnostic)")
         if all(r["random"] for r in rows):
             spread = [_spread([x["kl"][scope] for x in r["random"]]) for r in rows]
             ax.plot(fs, [s[0] for s in spread], "s--", label="random plan, equal bytes (median)")
@@ -146,10 +185,14 @@ def write_report(res: dict[str, Any], md_path: Path, png_path: Path, command: st
            f"{len(fam['experts'])} experts, written in {cfg['out_dtype']} so the numbers "
            "measure the plan, not output rounding (the bf16 rounding floor is given below).",
            f"* Eval: {cfg['eval_per_task']} held-out examples per task (seed "
-           f"{cfg['eval_seed']}, disjoint from training). KL(full merge || merge) is the mean "
-           "per-token teacher-forced KL; *answer* tokens are the task outputs, *all* tokens "
-           "include the prompts. Exact match = greedy decoding reproduces the answer (computed "
-           "teacher-forced: identical by construction).",
+           f"{cfg['eval_seed']}; training never sees their lines). A task line is a task "
+           "prefix then 6 pairs `x f(x)` (e.g. `S:abqr...` for shift), f one of: next letter "
+           "on lower case (`shift`), a fixed random permutation of upper case (`cipher`), "
+           "x + 3 mod 10 on digits (`modadd`), the closing bracket of `([{<` (`brackets`): "
+           "disjoint input alphabets, so the experts are complementary. "
+           "KL(full merge || merge) is the mean per-token "
+           "teacher-forced KL; *answer* tokens are the six f(x), *all* tokens every next-token "
+           "prediction of the line. Exact match: all six f(x) are the argmax (teacher-forced).",
            f"* Random plans: {cfg['random_plans']} per budget (seeds {cfg['random_seed']}.."
            f"{cfg['random_seed'] + cfg['random_plans'] - 1}), each a random subset of the "
            "planner's own candidate blocks, first-fit in shuffled order up to the utility plan's "
@@ -166,12 +209,20 @@ def write_report(res: dict[str, Any], md_path: Path, png_path: Path, command: st
                 f"{_fmt(op['base']['l2']['rel'])}. bf16 rounding floor (same full merge "
                 f"written in bf16): KL {_fmt(floor['answer'])} (answer), {_fmt(floor['all'])} "
                 "(all).", "",
+                headline(op), "",
                 "KL(full || merge), answer tokens:", ""] + kl_table(op, "answer") + [
                 "", "KL(full || merge), all tokens:", ""] + kl_table(op, "all") + [
                 "", "Parameters and accuracy (bound = the planner's omitted-update bound, "
                 "additive operators only; realized L2 = ||M_full - M_A||_2):", ""
                 ] + param_table(op) + [
-                "", "Answer-token KL per task (utility / random median):", ""] + task_table(op)
+                "", "Answer-token KL per task (utility / random median):", ""] + task_table(op) + [
+                "", "Share of the plan's bytes by expert (utility / random median):", ""
+                ] + composition_table(op, "bytes_by_model") + [
+                "", "Share of the plan's bytes by tensor kind (utility / random median):", ""
+                ] + composition_table(op, "bytes_by_kind")
         out.append("")
     out += [f"![KL vs budget]({png_path.name})", ""]
+    old = md_path.read_text() if md_path.exists() else ""
+    if DISCUSSION in old:
+        out += [old[old.index(DISCUSSION):].rstrip(), ""]
     md_path.write_text("\n".join(out))

@@ -15,20 +15,27 @@ from typing import Any
 import torch
 
 from benchmarks.fidelity.evaluate import (
+    additive_reference,
     exact_match,
     kl_summary,
     l2_deviation,
     load_state,
     log_probs,
+    max_abs_diff,
 )
 from benchmarks.fidelity.family import FamilySpec, build_family
 from benchmarks.fidelity.model import ModelSize, TrainSpec, load_model
-from benchmarks.fidelity.random_plan import candidates, random_plan, retained_utility
+from benchmarks.fidelity.random_plan import (
+    candidates,
+    expert_normalized_plan,
+    random_plan,
+    retained_utility,
+)
 from benchmarks.fidelity.tasks import Example, eval_set
 from catalog.db import Catalog
 from catalog.ingest import ingest_model
 from executor.run import execute_plan
-from mergepipe.request import build_request
+from mergepipe.request import ADDITIVE_OPERATORS, build_request
 from planner.plan import Plan, make_plan
 
 
@@ -51,7 +58,7 @@ class FidelityConfig:
         OperatorSpec("task_arithmetic", {"lambda": 0.5}),
         OperatorSpec("ties", {"density": 0.5}),
     )
-    random_plans: int = 5
+    random_plans: int = 8
     random_seed: int = 1000  # random plan r uses seed random_seed + r
     eval_per_task: int = 128
     eval_seed: int = 0
@@ -109,7 +116,7 @@ class OperatorRun:
         out = self.work / self.op.name / tag
         return out, _execute(self.cat, plan, out, self.cfg.threads)
 
-    def run(self, base_path: Path) -> dict[str, Any]:
+    def run(self, base_path: Path, expert_paths: list[Path]) -> dict[str, Any]:
         print(f"  {self.op.name}: full merge", flush=True)
         full_plan = make_plan(self.cat, self.request(1.0))
         full_dir, full_sum = self.merge(full_plan, "full")
@@ -124,6 +131,7 @@ class OperatorRun:
             "base": {"kl": self.ev.kl(full_lp, base_lp, targets),
                      "l2": l2_deviation(full_state, load_state(base_path))},
             "rounding_floor": self._rounding_floor(full_lp, targets),
+            "reference": self._reference(full_plan, full_state, base_path, expert_paths),
             "budgets": [],
         }
         cands = candidates(self.cat, full_plan)
@@ -133,6 +141,8 @@ class OperatorRun:
             plan = make_plan(self.cat, self.request(f))
             row: dict[str, Any] = {"fraction": f, "budget_bytes": plan.budget_bytes,
                    "utility": self._measure(plan, f"u{f}", full_lp, targets, full_state)}
+            row["normalized"] = self._measure(expert_normalized_plan(plan, cands), f"n{f}",
+                                              full_lp, targets, full_state)
             row["random"] = [
                 self._measure(random_plan(plan, cands, self.cfg.random_seed + r),
                               f"r{f}-{r}", full_lp, targets, full_state)
@@ -155,7 +165,19 @@ class OperatorRun:
         return {"plan_hash": plan.plan_hash, "planned_expert_bytes": plan.planned_expert_bytes,
                 "expert_bytes_read": summary["expert_bytes_read"], "blocks": len(plan.blocks),
                 "omission_bound": plan.omission_bound, "retained_utility": retained_utility(plan),
+                "bytes_by_model": _bytes_by(plan, lambda b: b.model),
+                "bytes_by_kind": _bytes_by(plan, lambda b: tensor_kind(b.tensor)),
                 "kl": self.ev.kl(full_lp, lp, targets), "l2": l2, "accuracy": acc}
+
+    def _reference(self, plan: Plan, full_state: dict[str, torch.Tensor], base_path: Path,
+                   expert_paths: list[Path]) -> dict[str, Any] | None:
+        """Engine full merge vs the same merge computed directly in torch (additive only)."""
+        if self.op.name not in ADDITIVE_OPERATORS:
+            return None
+        ref = additive_reference(load_state(base_path), [load_state(p) for p in expert_paths],
+                                 plan.request.coefficients())
+        return {"max_abs_diff": max_abs_diff(full_state, ref),
+                "l2": l2_deviation(ref, full_state)}
 
     def _rounding_floor(self, full_lp: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
         """KL of the same full merge written in the base's dtype (bf16) instead of float32."""
@@ -164,6 +186,22 @@ class OperatorRun:
         lp, _, _ = self.ev.measure(out)
         shutil.rmtree(out, ignore_errors=True)
         return self.ev.kl(full_lp, lp, targets)
+
+
+def tensor_kind(name: str) -> str:
+    """Coarse role of a Llama tensor: embed, attn, mlp, norm or lm_head."""
+    for key, kind in (("embed_tokens", "embed"), ("lm_head", "lm_head"), ("self_attn", "attn"),
+                      ("mlp", "mlp"), ("norm", "norm")):
+        if key in name:
+            return kind
+    return "other"
+
+
+def _bytes_by(plan: Plan, key: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for b in plan.blocks:
+        out[key(b)] = out.get(key(b), 0) + b.nbytes
+    return dict(sorted(out.items()))
 
 
 def machine() -> dict[str, Any]:
@@ -196,7 +234,9 @@ def run_fidelity(cfg: FidelityConfig, root: Path, *, retrain: bool = False) -> d
                          block_bytes=cfg.block_bytes)
         for op in cfg.operators:
             run = OperatorRun(cfg, cat, ev, work, "base", experts, op)
-            results["operators"].append(run.run(Path(family["base"]["path"])))
+            results["operators"].append(run.run(
+                Path(family["base"]["path"]),
+                [Path(family["experts"][e]["path"]) for e in experts]))
     results["seconds"] = time.perf_counter() - t0
     (root / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results

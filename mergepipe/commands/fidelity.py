@@ -21,7 +21,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--report", default=None, help="Markdown report path (PNG plot beside it); "
                    "default docs/FIDELITY.md, or DIR/FIDELITY.md with --quick")
     p.add_argument("--random-plans", type=int, default=None,
-                   help="random plans per budget (default 5; 2 with --quick)")
+                   help="random plans per budget (default 8; 2 with --quick)")
+    p.add_argument("--finetune-lr", type=float, default=None,
+                   help="experts' peak learning rate (default 5e-4; 3e-3 gives deltas as large "
+                   "as the weights)")
+    p.add_argument("--finetune-steps", type=int, default=None,
+                   help="experts' training steps (default 200)")
     p.add_argument("--retrain", action="store_true", help="retrain the family even if cached")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
@@ -35,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
     from mergepipe.cli import print_json
 
     cfg = quick_config() if args.quick else FidelityConfig()
+    ft = cfg.family.finetune
+    ft = replace(ft, lr=args.finetune_lr or ft.lr, steps=args.finetune_steps or ft.steps)
+    cfg = replace(cfg, family=replace(cfg.family, finetune=ft))
     if args.random_plans is not None:
         cfg = replace(cfg, random_plans=args.random_plans)
     root = Path(args.dir or ("bench-output/fidelity-quick" if args.quick
@@ -43,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                                                 else Path("docs/FIDELITY.md"))
     res = run_fidelity(cfg, root, retrain=args.retrain)
     command = "mergepipe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    write_report(res, md, md.with_name("fidelity-kl.png"), command)
+    write_report(res, md, md.with_name(f"{md.stem.lower()}-kl.png"), command)
     if args.json:
         print_json(res)
     else:
