@@ -225,3 +225,16 @@ def test_deep_nesting_through_the_api_is_422(tmp_path: Path) -> None:
     with client_for(settings_for(tmp_path), raise_server_exceptions=False) as client:
         r = client.post("/v1/sql", json={"sql": "SELECT " + "(" * 5000 + "1" + ")" * 5000})
         assert_error(r, 422, "invalid_request", "sql")
+
+
+@pytest.mark.parametrize("sql", ["DROP TABLE models", "SELECT * FROM read_text('/etc/passwd')",
+                                 "SELECT 1; SELECT 2", "SELECT " + "(" * 3000 + "1" + ")" * 3000,
+                                 "FROM duckdb_secrets()"])
+def test_the_cli_refuses_in_one_line(tmp_path: Path, sql: str,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from mergepipe.cli import main
+
+    capsys.readouterr()
+    rc = main(["--catalog", str(tmp_path / "c.duckdb"), "sql", sql])
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and len(err.splitlines()) == 1 and "sql" in err, err
