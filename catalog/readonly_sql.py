@@ -79,6 +79,9 @@ def _check_table(node: exp.Table, tables: Collection[str], ctes: set[str]) -> No
 
 
 TOO_DEEP = "sql is nested too deeply (parentheses, brackets or subqueries)"
+# Parsing is not under the time limit (and runs twice): a megabyte of SQL would cost seconds of
+# CPU per request. Catalog queries are short.
+MAX_SQL_CHARS = 64 * 1024
 
 
 def check_readonly(sql: str, tables: Collection[str] | None = None) -> None:
@@ -86,6 +89,9 @@ def check_readonly(sql: str, tables: Collection[str] | None = None) -> None:
 
     With `tables` (lower-case names of the catalog's tables and views), FROM items are also
     restricted to those, the query's CTEs, information_schema and range/generate_series/unnest."""
+    if isinstance(sql, str) and len(sql) > MAX_SQL_CHARS:
+        raise InvalidRequest(f"sql is {len(sql)} characters long, over the {MAX_SQL_CHARS} "
+                             "limit", field="sql")
     try:
         _check_readonly(sql, tables)
     except RecursionError:  # sqlglot recurses once per nesting level

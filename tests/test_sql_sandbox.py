@@ -238,3 +238,14 @@ def test_the_cli_refuses_in_one_line(tmp_path: Path, sql: str,
     rc = main(["--catalog", str(tmp_path / "c.duckdb"), "sql", sql])
     err = capsys.readouterr().err.strip()
     assert rc != 0 and len(err.splitlines()) == 1 and "sql" in err, err
+
+
+def test_sql_text_is_bounded_before_it_is_parsed(cat: tuple[Catalog, Path]) -> None:
+    """A megabyte of SQL costs seconds of parsing outside the time limit: refused at once."""
+    big = "SELECT 1" + " UNION ALL SELECT 1" * 50_000
+    t0 = time.monotonic()
+    with pytest.raises(InvalidRequest, match="characters long"):
+        run_readonly(cat[0], big, timeout_s=5)
+    assert time.monotonic() - t0 < 0.5
+    ok = "SELECT 1" + " UNION ALL SELECT 1" * 500
+    assert len(run_readonly(cat[0], ok, timeout_s=10, row_limit=1000)["rows"]) == 501
