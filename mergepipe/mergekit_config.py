@@ -132,8 +132,15 @@ class ResolvedConfig:
 
 # -- parsing (pure) ---------------------------------------------------------------------------
 
+# YAML is parsed in pure Python (about 13 s of CPU per megabyte): a config is a few kilobytes.
+MAX_CONFIG_BYTES = 64 * 1024
+
+
 def parse_config(text: str | bytes) -> MergekitConfig:
     """Parse and validate a mergekit YAML config; raise InvalidRequest naming the key and why."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise InvalidRequest(f"config is {len(text)} characters long, over the "
+                             f"{MAX_CONFIG_BYTES} limit of a mergekit config", field="config")
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -349,3 +349,13 @@ def test_racing_for_one_name_gives_one_winner(env: dict[str, Any]) -> None:
     assert wait(c, "/v1/models/raced-model")["status"] == "ready"
     out = env["settings"].output_root
     assert [p.name for p in out.iterdir() if "raced" in p.name] == ["raced"]
+
+
+def test_a_megabyte_of_yaml_is_refused_before_parsing(env: dict[str, Any]) -> None:
+    import time
+
+    big = "merge_method: linear\nmodels:\n" + "  - model: e0\n" * 60_000  # under 1 MiB
+    t0 = time.monotonic()
+    r = env["client"].post("/v1/plans", json={"config_yaml": big, "budget": {"fraction": 0.5}})
+    err = assert_error(r, 422, "invalid_request")
+    assert "limit" in err["message"] and time.monotonic() - t0 < 2
