@@ -11,7 +11,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from catalog.grid import DEFAULT_BLOCK_BYTES, block_rows
 from catalog.lora import lora_targets
 from catalog.models import find_model, get_model, model_blocks, model_files, model_tensors
 from catalog.safetensors_format import TensorEntry
-from catalog.scan import Span, TensorPlan, TensorResult, scan_tensors
+from catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_tensors
 from catalog.storage import LocalFileReader
 from mergepipe.errors import Conflict, InvalidCheckpoint, InvalidRequest, NotFound, SourceChanged
 
@@ -73,8 +73,14 @@ def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None 
 def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = None,
                kind: str = "full", block_bytes: int = DEFAULT_BLOCK_BYTES,
                with_stats: bool = True, progress: Callable[[int, int], None] | None = None,
-               source_merge: str | None = None) -> ScannedModel:
-    """Read and check the checkpoint, compute all rows; writes nothing to the catalog."""
+               source_merge: str | None = None,
+               first_passes: Mapping[str, FirstPass] | None = None) -> ScannedModel:
+    """Read and check the checkpoint, compute all rows; writes nothing to the catalog.
+
+    `first_passes`: the first scan pass of some tensors, already made from the same bytes (a
+    merge's output, by the executor while it wrote them); those tensors are not read again,
+    except for threshold refinement passes.
+    """
     t0 = time.perf_counter()
     _check_args(name, kind, base, block_bytes)
     if find_model(cat, name) is not None:
@@ -101,7 +107,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
         if with_stats and kind == "full":
             layout.check_unchanged()
     with LocalFileReader() as reader:
-        results = scan_tensors(plans, reader, progress=progress)
+        results = scan_tensors(plans, reader, progress=progress, resume=first_passes)
         bytes_read = reader.bytes_read
     if _file_stamps(ckpt) != stamps:
         raise InvalidCheckpoint(f"{ckpt.path}: files changed while being ingested; try again")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -97,6 +97,76 @@ class _State:
     lora_a: torch.Tensor | None = None
 
 
+def _add_scan(st: _State, i: int, out: BlockScan) -> None:
+    """Take one block's first-pass result into its tensor's state."""
+    h, stats, (counts, mixed), cached = out
+    st.hashes[i] = h
+    if st.trim is not None:
+        assert stats is not None and counts is not None
+        st.stats[i] = stats
+        st.trim.add(counts)
+        st.trim.add_mixed(mixed)
+        st.cached = cached
+
+
+def _close_level(st: _State) -> None:
+    """Finish the level just fed; a cached one-block tensor resolves every level in memory."""
+    assert st.trim is not None
+    if st.cached is not None and st.cached.numel() <= SORT_BELOW:
+        st.trim.solve_sorted(st.cached)
+    st.trim.finish_level()
+    while st.trim.pending and st.cached is not None:
+        st.trim.add(st.trim.block_counts(st.cached.view(torch.int32), _buffers.scratch))
+        st.trim.finish_level()
+
+
+def _to_read(resumed: _State | None) -> bool:
+    """Whether a tensor's blocks are read: not resumed, or resumed with refinement to do."""
+    return resumed is None or resumed.trim is None or resumed.trim.pending
+
+
+class FirstPass:
+    """The first pass over one "full" tensor, fed block by block from outside (the executor
+    computes `scan_full_block` of each output block while it writes); `scan_tensors(resume=)`
+    finishes it (threshold refinement passes, when still pending, read the files)."""
+
+    def __init__(self, plan: TensorPlan) -> None:
+        assert plan.mode == "full"
+        n = len(plan.rows)
+        self.state = _State(plan, -1, [""] * n, [BlockStats(0.0, 0.0, 0.0, 0)] * n,
+                            TrimThresholds(plan.entry.numel), remaining=n)
+
+    def add(self, i: int, out: BlockScan) -> None:
+        """Block i's result (any order, each block once); closes level 0 after the last."""
+        if self.state.remaining <= 0:
+            return
+        _add_scan(self.state, i, out)
+        self.state.remaining -= 1
+        if self.state.remaining == 0:
+            _close_level(self.state)
+            self.state.cached = None
+            assert self.state.trim is not None
+            if not self.state.trim.pending:
+                self.state.trim.release()
+
+    def discard(self) -> None:
+        """Give up on this tensor (e.g. a non-finite delta): the scan of the files redoes it."""
+        self.state.remaining = -1
+
+    @property
+    def complete(self) -> bool:
+        return self.state.remaining == 0
+
+    def matches(self, plan: TensorPlan) -> bool:
+        """Whether this pass was over the same tensor, dtype, grid and base as `plan`."""
+        p = self.state.plan
+        return (self.complete and plan.mode == "full" and plan.name == p.name
+                and plan.entry.dtype == p.entry.dtype and plan.entry.shape == p.entry.shape
+                and plan.rows == p.rows and plan.base_hashes == p.base_hashes
+                and plan.base is not None and p.base is not None
+                and plan.base.dtype == p.base.dtype)
+
+
 _torch_lock = threading.Lock()
 _torch_users = 0
 _torch_threads_before = 0
@@ -130,19 +200,30 @@ def default_workers() -> int:
 
 def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
                  progress: Callable[[int, int], None] | None = None,
-                 workers: int | None = None) -> list[TensorResult]:
+                 workers: int | None = None,
+                 resume: Mapping[str, FirstPass] | None = None) -> list[TensorResult]:
     """Scan every block of every plan (in order, `workers` blocks at a time); results per plan.
 
+    `resume`: first passes already made of some tensors (by name; used where `matches` the
+    plan): only their remaining threshold refinement passes read the files.
     Memory: about (2 x workers) blocks in flight plus one threshold histogram per open tensor.
     """
     workers = workers or default_workers()
-    total = sum(p.span(i).nbytes for p in plans for i in range(len(p.rows)))
+    resumed = {k: r.state for k, p in enumerate(plans)
+               if resume and (r := resume.get(p.name)) is not None and r.matches(p)}
+    total = sum(p.span(i).nbytes for k, p in enumerate(plans) if _to_read(resumed.get(k))
+                for i in range(len(p.rows)))
     done = 0
     results: list[TensorResult | None] = [None] * len(plans)
     refine: deque[tuple[_State, int, bool]] = deque()
 
     def blocks() -> Iterator[tuple[_State, int, bool]]:
         for k, plan in enumerate(plans):
+            if k in resumed:
+                st = resumed[k]
+                st.plan, st.index = plan, k
+                schedule_refine(st)
+                continue
             st = _State(plan, k, [""] * len(plan.rows), remaining=len(plan.rows))
             if plan.mode != "hash":
                 st.stats = [BlockStats(0.0, 0.0, 0.0, 0)] * len(plan.rows)
@@ -156,18 +237,18 @@ def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
     source = blocks()
 
     def next_task() -> tuple[_State, int, bool] | None:
-        if refine:
-            return refine.popleft()
-        return next(source, None)
+        if not refine:
+            task = next(source, None)
+            if task is not None or not refine:  # a resumed last tensor may just have queued some
+                return task
+        return refine.popleft()
 
     def finish_level(st: _State) -> None:
+        _close_level(st)
+        schedule_refine(st)
+
+    def schedule_refine(st: _State) -> None:
         assert st.trim is not None
-        if st.cached is not None and st.cached.numel() <= SORT_BELOW:
-            st.trim.solve_sorted(st.cached)
-        st.trim.finish_level()
-        while st.trim.pending and st.cached is not None:
-            st.trim.add(st.trim.block_counts(st.cached.view(torch.int32), _buffers.scratch))
-            st.trim.finish_level()
         if st.trim.pending:
             st.remaining = len(st.plan.rows)
             refine.extend((st, i, True) for i in range(len(st.plan.rows)))
@@ -201,13 +282,7 @@ def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
                     assert st.trim is not None
                     st.trim.add(out)
                 else:
-                    h, stats, (counts, mixed), cached = out
-                    st.hashes[i] = h
-                    if st.trim is not None:
-                        st.stats[i] = stats
-                        st.trim.add(counts)
-                        st.trim.add_mixed(mixed)
-                        st.cached = cached
+                    _add_scan(st, i, out)
                     done += st.plan.span(i).nbytes
                     if progress is not None:
                         progress(done, total)
@@ -260,9 +335,13 @@ class _Buffers(threading.local):
 _buffers = _Buffers()
 
 
-def _scan_block(st: _State, i: int, reader: LocalFileReader
-                ) -> tuple[str, BlockStats | None, tuple[Histogram | None, torch.Tensor | None],
-                           torch.Tensor | None]:
+# What the first pass finds in one block: content hash, delta stats, (level-0 histogram, mixed
+# entries' bits), and the |delta| itself for a one-block tensor (for the threshold refinement).
+BlockScan = tuple[str, BlockStats | None, tuple[Histogram | None, torch.Tensor | None],
+                  torch.Tensor | None]
+
+
+def _scan_block(st: _State, i: int, reader: LocalFileReader) -> BlockScan:
     plan = st.plan
     raw = _buffers.read(reader, "own", plan.span(i))
     digest = xxhash.xxh3_128_hexdigest(raw)
@@ -271,16 +350,37 @@ def _scan_block(st: _State, i: int, reader: LocalFileReader
             raise InvalidCheckpoint(f"{_where(plan, i)}: NaN or Inf in the weights")
         return digest, None, (None, None), None
     assert st.trim is not None
+    return _scan_delta_block(st, i, raw, digest, reader, None, st.trim.collecting_mixed)
+
+
+def scan_full_block(plan: TensorPlan, i: int, raw: memoryview, base_raw: memoryview,
+                    digest: str | None = None) -> BlockScan:
+    """The first pass over block i of a "full" plan from bytes already in memory (the
+    executor's output block and its base block): exactly what scanning the files computes.
+
+    `digest`: the xxh3-128 of `raw` when the caller knows it. Raises NonFiniteDelta.
+    """
+    assert plan.mode == "full"
+    st = _State(plan, -1)
+    return _scan_delta_block(st, i, raw, digest or xxhash.xxh3_128_hexdigest(raw), None,
+                             base_raw, True)
+
+
+def _scan_delta_block(st: _State, i: int, raw: memoryview, digest: str,
+                      reader: LocalFileReader | None, base_raw: memoryview | None,
+                      collect_mixed: bool) -> BlockScan:
+    plan = st.plan
     if _same_as_base(plan, i, digest):  # an untouched block: its delta is exactly zero
         n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
         return (digest, BlockStats(0.0, 0.0, 0.0, 0),
                 ((torch.tensor([0]), torch.tensor([n])), None),
                 torch.zeros(n) if len(plan.rows) == 1 else None)
-    a = _abs_delta(st, i, raw, reader)
+    a = _abs_delta(st, i, raw, reader, base_raw)
     try:
-        stats, counts, mixed = scan_block(a, _buffers.scratch,
-                                          collect_mixed=st.trim.collecting_mixed)
+        stats, counts, mixed = scan_block(a, _buffers.scratch, collect_mixed=collect_mixed)
     except NonFiniteDelta as e:
+        if reader is None:
+            raise
         raise InvalidCheckpoint(f"{_where(plan, i)}: {_nonfinite_cause(plan, raw, str(e))}"
                                 ) from None
     return digest, stats, (counts, mixed), a.clone() if len(plan.rows) == 1 else None
@@ -302,14 +402,19 @@ def _refine_block(st: _State, i: int, reader: LocalFileReader) -> Histogram:
     return st.trim.block_counts(a.view(torch.int32), _buffers.scratch)
 
 
-def _abs_delta(st: _State, i: int, raw: memoryview, reader: LocalFileReader) -> torch.Tensor:
-    """|delta| of block i as a flat float32 tensor (a thread-local buffer: use it or copy it)."""
+def _abs_delta(st: _State, i: int, raw: memoryview, reader: LocalFileReader | None,
+               base_raw: memoryview | None = None) -> torch.Tensor:
+    """|delta| of block i as a flat float32 tensor (a thread-local buffer: use it or copy it).
+
+    A full plan's base block is `base_raw` when given, else read with `reader`."""
     plan = st.plan
     n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
     x = decode_into(raw, plan.entry.dtype, _buffers.scratch.get("x", n, torch.float32))
     if plan.mode == "full":
         assert plan.base is not None
-        base_raw = _buffers.read(reader, "base", plan.base_span(i))
+        if base_raw is None:
+            assert reader is not None
+            base_raw = _buffers.read(reader, "base", plan.base_span(i))
         x.sub_(decode_into(base_raw, plan.base.dtype,
                            _buffers.scratch.get("y", n, torch.float32)))
     elif plan.mode == "lora":

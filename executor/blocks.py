@@ -7,21 +7,32 @@ from collections.abc import Hashable, Mapping
 import torch
 
 from catalog.lora import lora_delta
-from catalog.safetensors_format import TORCH_DTYPES
+from catalog.safetensors_format import DTYPE_SIZES, TORCH_DTYPES, TensorEntry
+from catalog.scan import BlockScan, TensorPlan, scan_full_block
+from catalog.stats import NonFiniteDelta
 from executor.prepare import Prepared
 from executor.schedule import Step
 from executor.sources import ModelSource
 from executor.writer import encode
 from mergepipe.errors import InvalidCheckpoint
 
+# One merged block: (tensor, row_start, output bytes, the first scan pass over it or None).
+MergedBlock = tuple[str, int, memoryview, BlockScan | None]
+
 
 class ChunkMerger:
-    """Turns the base and expert pieces of a chunk into output bytes (thread-safe per chunk)."""
+    """Turns the base and expert pieces of a chunk into output bytes (thread-safe per chunk).
 
-    def __init__(self, prep: Prepared) -> None:
+    With `first_pass`, each output block also gets ingestion's first scan pass (content hash,
+    delta statistics against the base, threshold histogram), computed from the same bytes
+    the scan of the written file would read (see `output_plans`).
+    """
+
+    def __init__(self, prep: Prepared, *, first_pass: bool = False) -> None:
         from executor.operators import REGISTRY
 
         self.prep = prep
+        self.output_plans = output_plans(prep) if first_pass else None
         self.req = prep.plan.request
         self.op = REGISTRY[self.req.operator]
         self.weights = tuple(self.req.weights())
@@ -47,9 +58,26 @@ class ChunkMerger:
                 self.lora_a.pop((i, st.tensor), None)
 
     def merge_chunk(self, chunk_steps: list[Step], data: Mapping[Hashable, memoryview]
-                    ) -> list[tuple[str, int, memoryview]]:
-        """(tensor, row_start, output bytes) of every step of the chunk, in order."""
-        return [self.merge_step(st, data) for st in chunk_steps]
+                    ) -> list[MergedBlock]:
+        """The merged block of every step of the chunk, in order."""
+        return [self.scan_step(st, data, self.merge_step(st, data)) for st in chunk_steps]
+
+    def scan_step(self, st: Step, data: Mapping[Hashable, memoryview],
+                  out: tuple[str, int, memoryview]) -> MergedBlock:
+        """The output block with its first scan pass (None: not wanted, or a non-finite delta
+        that the scan of the file reports)."""
+        if self.output_plans is None:
+            return (*out, None)
+        base_raw = data[("b", st.tensor, st.block_index)]
+        # the base's own bytes: their content hash is the catalog's (checked when read)
+        digest = (self.prep.base.blocks[(st.tensor, st.block_index)].content_hash
+                  if out[2] is base_raw else None)
+        try:
+            scan = scan_full_block(self.output_plans[st.tensor], st.block_index, out[2],
+                                   base_raw, digest)
+        except NonFiniteDelta:
+            scan = None
+        return (*out, scan)
 
     def merge_step(self, st: Step, data: Mapping[Hashable, memoryview]
                    ) -> tuple[str, int, memoryview]:
@@ -81,6 +109,25 @@ class ChunkMerger:
                            flat_offset=st.row_start * t.row_numel, params=self.req.params,
                            n_experts=len(self.req.experts), all_weights=self.weights)
         return st.tensor, st.row_start, encode(self.op(b32, blocks, ctx), out_dtype)
+
+
+def output_plans(prep: Prepared) -> dict[str, TensorPlan]:
+    """The scan plan of each output tensor as registering the output makes it: kind full, on
+    the base's grid, against the base (the output file's location is filled in then)."""
+    plans = {}
+    for t in prep.base.tensors.values():
+        dtype = prep.out_dtype or t.dtype
+        blocks = prep.base.tensor_blocks(t.name)
+        numel = 1
+        for d in t.shape:
+            numel *= d
+        plans[t.name] = TensorPlan(
+            t.name, "full", TensorEntry(t.name, dtype, t.shape, "", 0, numel * DTYPE_SIZES[dtype]),
+            [(b.row_start, b.row_end) for b in blocks],
+            base=TensorEntry(t.name, t.dtype, t.shape, prep.base.file_path(t.file_index),
+                             t.data_offset, t.nbytes),
+            base_hashes=[b.content_hash for b in blocks])
+    return plans
 
 
 def _block_shape(shape: tuple[int, ...], row_start: int, row_end: int) -> tuple[int, ...]:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from catalog.db import Catalog
 from catalog.ingest import ScannedModel, scan_model, write_model
+from catalog.scan import FirstPass
 
 
-def scan_output(cat: Catalog, path: Path, name: str, base: str, merge_id: str) -> ScannedModel:
+def scan_output(cat: Catalog, path: Path, name: str, base: str, merge_id: str,
+                first_passes: Mapping[str, FirstPass] | None = None) -> ScannedModel:
     """Ingestion's scan phase over the published output: rows with statistics against the
-    base, computed without writing to the catalog."""
+    base, computed without writing to the catalog. `first_passes`: the executor's first scan
+    pass over the output's blocks (the output is then read only for threshold refinement)."""
     return scan_model(cat, path, name, base=base, kind="full", with_stats=True,
-                      source_merge=merge_id)
+                      source_merge=merge_id, first_passes=first_passes)
 
 
 def register_output(conn: sa.Connection, scanned: ScannedModel) -> None:

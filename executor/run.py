@@ -57,7 +57,8 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: Progress | None = None,
         manifest.record_plan(cat, merge_id, prep, plan_seconds, len(prep.base.blocks))
         stage = publish.prepare(target, merge_id[2:], overwrite=overwrite)
         result = stream.execute(prep, stage, threads=threads,
-                                progress=_progress_recorder(cat, merge_id, progress))
+                                progress=_progress_recorder(cat, merge_id, progress),
+                                first_pass=True)
         manifest.write_manifest(stage, manifest.build_manifest(
             merge_id=merge_id, prep=prep, result=result, output_name=name, output_path=target,
             plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0))
@@ -66,7 +67,8 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: Progress | None = None,
             wall_seconds=time.perf_counter() - wall0), name=name))
         publish.publish(stage, target, overwrite=overwrite)
         stage, published = None, True
-        scanned = scan_output(cat, target, name, request.base, merge_id)
+        scanned = scan_output(cat, target, name, request.base, merge_id, result.first_passes)
+        result.first_passes.clear()
         with cat.transaction() as conn:
             register_output(conn, scanned)
             manifest.record_success(conn, merge_id, request, name, target, result)

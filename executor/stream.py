@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from catalog.checkpoint import INDEX_FILE
+from catalog.scan import FirstPass
 from catalog.storage import LocalFileReader
-from executor.blocks import ChunkMerger
+from executor.blocks import ChunkMerger, MergedBlock
 from executor.prepare import PlanLike, Prepared, output_layout, prepare
 from executor.reads import BudgetCounter, Prefetcher
 from executor.schedule import schedule
@@ -53,16 +54,21 @@ class ExecutionResult:
     expert_blocks_read: int
     exec_seconds: float
     extra_files: list[str] = field(default_factory=list)
+    # first scan pass of each output tensor (execute(first_pass=True)), for its registration
+    first_passes: dict[str, FirstPass] = field(default_factory=dict)
 
 
 def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
             progress: Callable[[dict[str, Any]], None] | None = None,
-            chunk_bytes: int | None = None, compute_threads: int | None = None
-            ) -> ExecutionResult:
+            chunk_bytes: int | None = None, compute_threads: int | None = None,
+            first_pass: bool = False) -> ExecutionResult:
     """Write the merged checkpoint into `out_dir` (an existing empty directory).
 
     Reads run `PREFETCH_DEPTH` chunks ahead in `threads` threads, chunks are merged in
     `compute_threads` threads (one torch thread each), writes go out in order in one more.
+    `first_pass`: also make ingestion's first scan pass over every output block (content
+    hashes, delta statistics against the base, trim threshold histograms) while the merged
+    and base blocks are in memory, so that registering the output need not read it again.
     """
     t0 = time.perf_counter()
     steps, chunks = schedule(prep, chunk_bytes or CHUNK_BYTES)
@@ -73,7 +79,9 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
             os.path.join(prep.base.path, INDEX_FILE)))
     # Expert reads are scattered (a budgeted access set) and already large: no read-ahead.
     expert_reader, base_reader = LocalFileReader(random_access=True), LocalFileReader()
-    merger = ChunkMerger(prep)
+    merger = ChunkMerger(prep, first_pass=first_pass)
+    passes = ({name: FirstPass(p) for name, p in merger.output_plans.items()}
+              if merger.output_plans is not None else {})
     n_compute = compute_threads or default_compute_threads()
     done = 0
     blocks_total = sum(map(len, steps))
@@ -83,13 +91,18 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     torch.set_num_threads(COMPUTE_THREADS)
     writes = BackgroundWrites(writer)
     compute = ThreadPoolExecutor(max_workers=n_compute, thread_name_prefix="mergepipe-merge")
-    inflight: deque[tuple[int, Future[list[tuple[str, int, memoryview]]]]] = deque()
+    inflight: deque[tuple[int, Future[list[MergedBlock]]]] = deque()
 
     def finish_oldest() -> None:
         nonlocal done, last_report
         ci, fut = inflight.popleft()
-        for tensor, row_start, buf in fut.result():
+        for st, (tensor, row_start, buf, scan) in zip(steps[ci], fut.result(), strict=True):
             writes.write(tensor, row_start, buf)
+            if passes:
+                if scan is None:
+                    passes[tensor].discard()
+                else:
+                    passes[tensor].add(st.block_index, scan)
         merger.release(steps[ci])
         done += len(steps[ci])
         if progress is not None and (time.monotonic() - last_report >= PROGRESS_EVERY_S
@@ -134,7 +147,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
         by_model[by_path[path]] += n
     return ExecutionResult(tensors, output_hash(tensors), expert_reader.bytes_read, by_model,
                            base_reader.bytes_read, done, merger.expert_blocks,
-                           time.perf_counter() - t0, extra)
+                           time.perf_counter() - t0, extra, passes)
 
 
 def _reuse_freed_buffers() -> None:
