@@ -264,10 +264,11 @@ def weighted_sum_into(deltas: Sequence[torch.Tensor], weights: Sequence[float],
     """out = ordered_sum([weighted(d, w) for d, w in zip(deltas, weights)])."""
     term = scratch.like("term", out)
     for j, (d, w) in enumerate(zip(deltas, weights, strict=True)):
+        w32 = f32(w)
         if j == 0:
-            torch.mul(d, f32(w), out=out)
-        else:
-            out.add_(torch.mul(d, f32(w), out=term))
+            torch.mul(d, w32, out=out) if w32 != 1.0 else out.copy_(d)
+        else:  # d * 1.0 is d: skip the product
+            out.add_(torch.mul(d, w32, out=term) if w32 != 1.0 else d)
     return out
 
 
