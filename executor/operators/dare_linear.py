@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from executor.operators.base import BlockContext, ExpertBlock, read_experts
-from executor.operators.sparsify import dropped_into, f32, finish_into, scratch, weight_total
+from executor.operators.sparsify import dropped_into, finish_into, scale_, scratch, weight_total
 
 
 def dare_linear(base: torch.Tensor, experts: list[ExpertBlock],
@@ -20,7 +20,8 @@ def dare_linear(base: torch.Tensor, experts: list[ExpertBlock],
     for j, e in enumerate(read):
         assert e.delta is not None
         dst = out if j == 0 else term  # the sum runs left to right in request order
-        dropped_into(e.delta, e.density, e.key, ctx.flat_offset, rescale, dst).mul_(f32(e.weight))
+        scale_(dropped_into(e.delta, e.density, e.key, ctx.flat_offset, rescale, dst),
+               e.weight)
         if j:
             out.add_(term)
     divisor = weight_total(ctx.all_weights) if ctx.normalize(False) else None

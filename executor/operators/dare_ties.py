@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from executor.operators.base import BlockContext, ExpertBlock, read_experts
-from executor.operators.sparsify import dropped_into, elect_into, f32, finish_into, scratch
+from executor.operators.sparsify import dropped_into, elect_into, finish_into, scale_, scratch
 
 
 def dare_ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
@@ -19,7 +19,7 @@ def dare_ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext)
         assert e.delta is not None
         w = dropped_into(e.delta, e.density, e.key, ctx.flat_offset, rescale,
                          scratch.like(("w", j), base))
-        dropped.append(w.mul_(f32(e.weight)))
+        dropped.append(scale_(w, e.weight))
     out = torch.empty_like(base)
     divisor = scratch.like("divisor", base) if ctx.normalize(False) else None
     elect_into(dropped, [e.weight for e in read], out, divisor)

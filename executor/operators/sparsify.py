@@ -164,6 +164,13 @@ class _Scratch(threading.local):
 
 
 scratch = _Scratch()
+_ZERO = torch.zeros((), dtype=torch.float32)
+
+
+def scale_(t: torch.Tensor, weight: float) -> torch.Tensor:
+    """t *= weight rounded to float32 (as `weighted`); a weight of 1.0 changes nothing."""
+    w32 = f32(weight)
+    return t if w32 == 1.0 else t.mul_(w32)
 
 
 def flat(t: torch.Tensor) -> np.ndarray:
@@ -245,15 +252,14 @@ def elect_into(weighted_deltas: Sequence[torch.Tensor], weights: Sequence[float]
     s += np.float32(1)
     agree = scratch.like("agree", like)
     keep = scratch.like("keep", like)
-    mixed.zero_()
-    if divisor is not None:
-        divisor.zero_()
-    for wd, w in zip(weighted_deltas, weights, strict=True):
+    zero = _ZERO  # the sums start at +0.0 (broadcast: no pass to clear them)
+    for j, (wd, w) in enumerate(zip(weighted_deltas, weights, strict=True)):
         torch.mul(wd, sign, out=agree)
         np.greater(flat(agree), np.float32(0), out=flat(keep), casting="unsafe")
-        mixed.addcmul_(wd, keep)  # + wd * keep: the product is exact, fused or not
+        # + wd * keep: the product is exact, fused or not
+        torch.addcmul(zero if j == 0 else mixed, wd, keep, out=mixed)
         if divisor is not None:
-            divisor.add_(keep, alpha=f32(w))
+            torch.add(zero if j == 0 else divisor, keep, alpha=f32(w), out=divisor)
     if divisor is not None:  # 0 -> 1: adding 1.0 where it is 0 (either sign), 0.0 elsewhere
         d = flat(divisor)
         d += np.equal(d, np.float32(0), out=flat(keep), casting="unsafe")

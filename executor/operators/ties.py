@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from executor.operators.base import BlockContext, ExpertBlock, read_experts
-from executor.operators.sparsify import elect_into, f32, finish_into, scratch, trimmed_into
+from executor.operators.sparsify import elect_into, finish_into, scale_, scratch, trimmed_into
 
 
 def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
@@ -17,7 +17,7 @@ def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> t
     for j, e in enumerate(read):
         assert e.delta is not None
         w = trimmed_into(e.delta, e.trim, e.key, ctx.flat_offset, scratch.like(("w", j), base))
-        trimmed.append(w.mul_(f32(e.weight)))
+        trimmed.append(scale_(w, e.weight))
     out = torch.empty_like(base)
     divisor = scratch.like("divisor", base) if ctx.normalize(True) else None
     elect_into(trimmed, [e.weight for e in read], out, divisor)
