@@ -161,6 +161,15 @@ def plot(res: dict[str, Any], path: Path, scope: str = "answer") -> None:
     plt.close(fig)
 
 
+def _engine(mach: dict[str, Any]) -> str:
+    eng = mach.get("engine") or {}
+    if not eng.get("commit"):
+        return ""
+    dirty = eng.get("uncommitted") or []
+    return (f" Engine at commit {eng['commit']}"
+            + (f" plus uncommitted changes to {', '.join(dirty)}." if dirty else "."))
+
+
 def write_report(res: dict[str, Any], md_path: Path, png_path: Path, command: str) -> None:
     """docs/FIDELITY.md-style report of a results dict, and its plot beside it."""
     plot(res, png_path)
@@ -170,7 +179,7 @@ def write_report(res: dict[str, Any], md_path: Path, png_path: Path, command: st
            f"Measured {res['date']} on {mach['platform']}, {mach['cpus']} CPUs "
            f"({mach['torch_threads']} torch thread), torch {mach['torch']}, Python "
            f"{mach['python']}; whole run {res['seconds']:.0f} s (family training "
-           f"{fam.get('train_seconds', 0):.0f} s, cached across runs).", "",
+           f"{fam.get('train_seconds', 0):.0f} s, cached across runs)." + _engine(mach), "",
            "Command:", "", "```", command, "```", "",
            "## Setup", "",
            f"* Family: a byte-level Llama (LlamaForCausalLM, {size['layers']} layers, hidden "
@@ -196,7 +205,9 @@ def write_report(res: dict[str, Any], md_path: Path, png_path: Path, command: st
            f"* Random plans: {cfg['random_plans']} per budget (seeds {cfg['random_seed']}.."
            f"{cfg['random_seed'] + cfg['random_plans'] - 1}), each a random subset of the "
            "planner's own candidate blocks, first-fit in shuffled order up to the utility plan's "
-           "planned bytes (never more), executed by the same executor.", ""]
+           "planned bytes (never more), executed by the same executor. The *expert-normalized* "
+           "plan (a diagnostic) takes the same candidates first-fit in order of utility / (its "
+           "expert's total utility) per byte, up to the same bytes.", ""]
     out += ["## Models", ""] + accuracy_table(res) + [""]
     for op in res["operators"]:
         params = ", ".join(f"{k}={v}" for k, v in op["params"].items())

@@ -204,12 +204,31 @@ def _bytes_by(plan: Plan, key: Any) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+ENGINE_DIRS = ("catalog", "planner", "executor", "mergepipe", "catalog_schema.sql", "migrations")
+
+
+def engine_version() -> dict[str, Any]:
+    """The git commit measured and the engine files that differed from it (uncommitted work)."""
+    import subprocess
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  timeout=30).stdout.rstrip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    dirty = git("status", "--porcelain", "--", *ENGINE_DIRS)
+    return {"commit": git("rev-parse", "--short", "HEAD") or None,
+            "uncommitted": [line[3:] for line in dirty.splitlines()]}
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     import os
     return {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(), "engine": engine_version()}
 
 
 def run_fidelity(cfg: FidelityConfig, root: Path, *, retrain: bool = False) -> dict[str, Any]:
