@@ -107,7 +107,8 @@ def render(res: dict[str, Any], images: dict[str, str]) -> str:
         f"{mb(main['checkpoint_bytes'])} each (bf16 Llama: hidden {shape['hidden']}, "
         f"{shape['layers']} layers, vocab {shape['vocab']}); LoRA-like experts (delta only in "
         f"q/v projections): {', '.join(main['lora_like']) or 'none'}. Experts 1..K of the family "
-        f"are merged; ties and dare_ties use density {cfg['density']}.\n",
+        f"are merged; ties and dare_ties use density {cfg['density']}. "
+        + " ".join(_setup_line(n, i) for n, i in res["setup"].items()) + "\n",
         "**Method.** Every timed run starts on a cold page cache: `sync`, then "
         "`posix_fadvise(DONTNEED)` on every input file (base, experts, catalog), checked with "
         f"`mincore` (largest resident share of the inputs at a run's start: "
@@ -131,6 +132,15 @@ def render(res: dict[str, Any], images: dict[str, str]) -> str:
     parts.append(f"Raw numbers: `results.json` in the `--out` directory. Reproduce with `{cmd}` "
                  "(the family and catalog are reused from `--out` when present).\n")
     return "\n".join(parts)
+
+
+def _setup_line(name: str, info: dict[str, Any]) -> str:
+    """How a family got ready: generated and ingested now, or reused."""
+    gen = (f"generated earlier in {info['generate_s']:.0f} s and reused"
+           if info.get("reused") else f"generated in {info['generate_s']:.0f} s")
+    ing = ("catalog reused" if info.get("reused") == "family and catalog"
+           else f"ingested with statistics in {info['ingest_s']:.0f} s")
+    return f"Family `{name}` ({mb(info['family_bytes'])} of safetensors): {gen}, {ing}."
 
 
 def _img(images: dict[str, str], name: str, alt: str) -> str:
