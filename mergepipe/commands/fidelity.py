@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--finetune-steps", type=int, default=None,
                    help="experts' training steps (default 200)")
     p.add_argument("--retrain", action="store_true", help="retrain the family even if cached")
+    p.add_argument("--render-only", action="store_true",
+                   help="rewrite the report from DIR/results.json without measuring again")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
 
@@ -49,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
                              else "bench-output/fidelity")).absolute()
     md = Path(args.report) if args.report else (root / "FIDELITY.md" if args.quick
                                                 else Path("docs/FIDELITY.md"))
-    res = run_fidelity(cfg, root, retrain=args.retrain)
+    if args.render_only:
+        res = json.loads((root / "results.json").read_text())
+    else:
+        res = run_fidelity(cfg, root, retrain=args.retrain)
     command = "mergepipe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     write_report(res, md, md.with_name(f"{md.stem.lower()}-kl.png"), command)
     if args.json:
