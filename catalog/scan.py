@@ -128,7 +128,9 @@ def _to_read(resumed: _State | None) -> bool:
 class FirstPass:
     """The first pass over one "full" tensor, fed block by block from outside (the executor
     computes `scan_full_block` of each output block while it writes); `scan_tensors(resume=)`
-    finishes it (threshold refinement passes, when still pending, read the files)."""
+    takes its rows. Memory: one threshold histogram while open, only the results once closed.
+    A tensor whose thresholds level 0 cannot resolve (more mixed entries than kept, e.g. a
+    float32 output) is discarded when it closes and scanned from the file as before."""
 
     def __init__(self, plan: TensorPlan) -> None:
         assert plan.mode == "full"
@@ -146,12 +148,17 @@ class FirstPass:
             _close_level(self.state)
             self.state.cached = None
             assert self.state.trim is not None
-            if not self.state.trim.pending:
+            if self.state.trim.pending:  # kept, its refinement state would grow with the
+                self.discard()           # model: the file scan redoes this tensor instead
+            else:
                 self.state.trim.release()
 
     def discard(self) -> None:
-        """Give up on this tensor (e.g. a non-finite delta): the scan of the files redoes it."""
+        """Give up on this tensor (a non-finite delta, thresholds that need refinement passes):
+        the scan of the files redoes it."""
         self.state.remaining = -1
+        self.state.trim = self.state.cached = None
+        self.state.stats = []
 
     @property
     def complete(self) -> bool:

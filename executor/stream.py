@@ -80,8 +80,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     # Expert reads are scattered (a budgeted access set) and already large: no read-ahead.
     expert_reader, base_reader = LocalFileReader(random_access=True), LocalFileReader()
     merger = ChunkMerger(prep, first_pass=first_pass)
-    passes = ({name: FirstPass(p) for name, p in merger.output_plans.items()}
-              if merger.output_plans is not None else {})
+    passes: dict[str, FirstPass] = {}  # opened at a tensor's first block (histograms)
     n_compute = compute_threads or default_compute_threads()
     done = 0
     blocks_total = sum(map(len, steps))
@@ -98,11 +97,14 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
         ci, fut = inflight.popleft()
         for st, (tensor, row_start, buf, scan) in zip(steps[ci], fut.result(), strict=True):
             writes.write(tensor, row_start, buf)
-            if passes:
+            if merger.output_plans is not None:
+                fp = passes.get(tensor)
+                if fp is None:
+                    fp = passes[tensor] = FirstPass(merger.output_plans[tensor])
                 if scan is None:
-                    passes[tensor].discard()
+                    fp.discard()
                 else:
-                    passes[tensor].add(st.block_index, scan)
+                    fp.add(st.block_index, scan)
         merger.release(steps[ci])
         done += len(steps[ci])
         if progress is not None and (time.monotonic() - last_report >= PROGRESS_EVERY_S

@@ -65,13 +65,14 @@ def test_first_pass_rows_equal_the_scan_of_the_output(families, tmp_path, prefix
     assert got.bytes_read == 0  # nothing read again: every threshold resolved at level 0
 
 
-def test_thresholds_still_pending_are_refined_from_the_files(families, tmp_path, monkeypatch):
+def test_tensors_whose_thresholds_need_refinement_are_scanned_from_the_files(
+        families, tmp_path, monkeypatch):
     monkeypatch.setattr(stats, "MIXED_CAP", 0)  # level 0 cannot resolve mixed bins: refine
     req = build_request(base="fbase", experts="fe0,fe1,fe2", operator="ties", budget=1.0,
                         params={"density": 0.5})
     got, ref = first_pass_and_rescan(families, req, tmp_path / "out", "out")
     assert rows(got) == rows(ref)
-    assert 0 < got.bytes_read < ref.bytes_read
+    assert 0 < got.bytes_read < ref.bytes_read  # one-block tensors resolve in memory
 
 
 def test_a_merge_registers_its_output_with_the_rows_of_a_rescan(families, tmp_path):
