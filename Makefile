@@ -8,15 +8,17 @@ TORCH := torch==2.13.0
 
 .PHONY: demo test test-all lint bench bench-quick clean
 
+# editable_mode=compat puts the checkout itself on sys.path, so top-level packages added later
+# (catalog, planner, executor, service, ...) import without reinstalling.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e .
+	$(PIP) install -q -e . --config-settings editable_mode=compat
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(PIP) install -q $(TORCH) -e '.[test,dev]'
+	$(PIP) install -q $(TORCH) -e '.[test,dev]' --config-settings editable_mode=compat
 	touch $@
 
 demo: $(VENV)/.installed
