@@ -224,6 +224,7 @@ def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionRes
         "expert_bytes_read": result.expert_bytes_read,
         "base_bytes_read": result.base_bytes_read,
         "omission_bound": getattr(plan, "omission_bound", None),
+        "omission_bound_l2": getattr(plan, "omission_bound_l2", None),
         "inputs": [{"model": m.name, "role": "base" if m is prep.base else "expert",
                     "kind": m.kind, "path": m.path, "blocks_digest": input_digest(prep, m.name),
                     "files": [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns}

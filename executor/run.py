@@ -131,6 +131,7 @@ def summary(merge_id: str | None, prep: Prepared, result: ExecutionResult, *, ou
         "expert_bytes_read": result.expert_bytes_read,
         "base_bytes_read": result.base_bytes_read,
         "omission_bound": getattr(plan, "omission_bound", None),
+        "omission_bound_l2": getattr(plan, "omission_bound_l2", None),
         "output": str(output),
         "output_name": output_name,
         "output_hash": result.output_hash,

@@ -70,6 +70,13 @@ def totals(conn: sa.Connection, budget: int) -> dict[int, ExpertTotals]:
             for r in conn.execute(load_sql("planner_totals"), {"budget": budget})}
 
 
+def omission_l2(conn: sa.Connection, budget: int) -> float | None:
+    """sqrt of the sum over (tensor, block) of the squared omitted utility at that block: the
+    tighter omitted-update bound (None when an omitted unit has no statistics)."""
+    v = conn.execute(load_sql("planner_omission_l2"), {"budget": budget}).scalar_one()
+    return None if v is None else float(v)
+
+
 def access_set(conn: sa.Connection, budget: int) -> tuple[Sequence[tuple[Any, ...]], str]:
     """(model, tensor, block_index, nbytes, utility) of the selected blocks in rank order, and
     the sha256 of the access set with the blocks' content hashes."""

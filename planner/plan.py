@@ -86,6 +86,9 @@ class Plan:
     experts: list[ExpertPlan] = field(default_factory=list)
     candidate_blocks: int = 0
     omission_bound_note: str | None = None   # why there is no bound, when there is none
+    # sqrt(sum over (tensor, block) of (omitted utility there)^2): also sound for additive
+    # operators (blocks have disjoint coordinates) and <= omission_bound; None when that is None
+    omission_bound_l2: float | None = None
     planning_seconds: float = 0.0
 
     def selected(self) -> dict[tuple[str, str], set[int]]:
@@ -118,6 +121,7 @@ class Plan:
             "selected_blocks": len(self.blocks),
             "candidate_blocks": self.candidate_blocks,
             "omission_bound": self.omission_bound,
+            "omission_bound_l2": self.omission_bound_l2,
             "omission_bound_note": self.omission_bound_note,
             "fallback_experts": list(self.fallback_experts),
             "fallback_order": FALLBACK_ORDER if self.fallback_experts else None,
@@ -174,6 +178,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         budget = request.budget.resolve(full_read)
         planned = knapsack.select(conn, budget)
         per_expert = knapsack.totals(conn, budget)
+        bound_l2 = knapsack.omission_l2(conn, budget)
         with _gc_paused():
             rows, access_digest = knapsack.access_set(conn, budget)
             # C-level construction (row + rank): a full-budget plan has 10^5+ blocks.
@@ -188,6 +193,9 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     experts = _expert_plans(request, models, per_expert)
     note = bound_note(request, fallback)
     bound = None if note else math.fsum(t.omitted_utility for t in per_expert.values())
+    # min: both are sound; the sums are rounded in different orders (SQL vs fsum), and the
+    # reported l2 bound must never exceed the DESIGN bound by a rounding ulp
+    bound_l2 = None if bound is None or bound_l2 is None else min(bound_l2, bound)
     touched = {(b.model, b.tensor) for b in blocks} if trims else set()
     digest = plan_hash(
         request=request.to_dict(),
@@ -205,4 +213,4 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         planned_expert_bytes=planned, omission_bound=bound, fallback_experts=fallback,
         blocks=blocks, trims=trims, experts=experts,
         candidate_blocks=sum(e.candidate_blocks for e in experts), omission_bound_note=note,
-        planning_seconds=time.perf_counter() - t0)
+        omission_bound_l2=bound_l2, planning_seconds=time.perf_counter() - t0)

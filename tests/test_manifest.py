@@ -108,6 +108,9 @@ def test_manifest_json_matches_the_catalog(merged: dict) -> None:
               "expert_bytes_read", "base_bytes_read"):
         assert doc[k] == s[k], k
     assert doc["omission_bound"] == pytest.approx(s["omission_bound"])
+    assert doc["omission_bound_l2"] == pytest.approx(s["omission_bound_l2"])
+    assert doc["plan"]["omission_bound_l2"] == pytest.approx(s["omission_bound_l2"])
+    assert 0 <= s["omission_bound_l2"] <= s["omission_bound"]
     assert doc["request"] == merged["request"].to_dict()
     assert doc["output"]["hash"] == s["output_hash"]
     assert [i["role"] for i in doc["inputs"]] == ["base", "expert", "expert", "expert"]

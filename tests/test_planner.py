@@ -276,3 +276,41 @@ def test_concurrent_plans_do_not_share_state(cat: Catalog) -> None:
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda b: (str(b), keys(plan(cat, b))), budgets))
     assert all(expected[b] == k for b, k in got)
+
+
+# omission_bound_l2: per (tensor, block), sum the omitted utilities over experts, then the L2
+# norm over (tensor, block). At 200B (selected e0.t0.0, e1.t1.1, e0.t1.1) the omitted units are
+#   t0.0: e1 3 + e2 2 = 5    t0.1: e1 1 + e2 2 = 3    t0.2: e0 1 + e1 1 + e2 2 = 4
+#   t1.0: e0 2 + e2 2 = 4    t1.1: e2 1
+# -> sqrt(25 + 9 + 16 + 16 + 1) = sqrt(67), against omission_bound = 5 + 3 + 4 + 4 + 1 = 17.
+# Nothing read: t0.0 9, t0.1 3, t0.2 4, t1.0 4, t1.1 3.5 -> sqrt(134.25) (omission_bound 23.5).
+@pytest.mark.parametrize(("budget", "l2", "l1"), [
+    ("200B", math.sqrt(67), 17.0), (Budget(fraction=1e-6), math.sqrt(134.25), TOTAL_UTILITY),
+    (None, 0.0, 0.0)])
+def test_omission_bound_l2_hand_computed(cat: Catalog, budget: object, l2: float,
+                                         l1: float) -> None:
+    p = plan(cat, budget)
+    assert p.omission_bound == pytest.approx(l1)
+    assert p.omission_bound_l2 == pytest.approx(l2, rel=1e-12, abs=1e-12)
+    assert p.omission_bound_l2 <= p.omission_bound
+    assert p.summary()["omission_bound_l2"] == p.omission_bound_l2
+
+
+def test_omission_bound_l2_scales_with_linear_coefficients(cat: Catalog) -> None:
+    assert plan(cat, "200B", op="linear").omission_bound_l2 == pytest.approx(
+        math.sqrt(67) / 3.5)
+
+
+@pytest.mark.parametrize("params", [{"op": "ties", "density": 0.5},
+                                    {"op": "linear", "renormalize": "selected"}])
+def test_omission_bound_l2_absent_where_the_bound_is(cat: Catalog,
+                                                    params: dict[str, object]) -> None:
+    p = plan(cat, "200B", **params)  # type: ignore[arg-type]
+    assert p.omission_bound is None and p.omission_bound_l2 is None
+    assert p.summary()["omission_bound_l2"] is None
+
+
+def test_omission_bound_l2_absent_with_a_fallback_expert(cat: Catalog) -> None:
+    add_model(cat, Model("f", E1, base="B", has_stats=False))
+    p = make_plan(cat, build_request(base="B", experts="e0,f", operator="linear", budget="200B"))
+    assert p.omission_bound is None and p.omission_bound_l2 is None

@@ -39,6 +39,8 @@ def test_json_output(db: str, capsys: pytest.CaptureFixture[str]) -> None:
         200, 680, 180)
     # alpha = (2, 1): total utility 2 x 8 + 13 = 29, selected e0.t0.0 + e1.t1.1 + e0.t1.1 = 13.
     assert out["omission_bound"] == pytest.approx(16.0)
+    # per (tensor, block), omitted: t0.0 6, t0.1 2, t0.2 2 x 1 + 2, t1.0 2 x 2 -> sqrt(72)
+    assert out["omission_bound_l2"] == pytest.approx(72 ** 0.5)
     assert [e["planned_bytes"] for e in out["experts"]] == [140, 40]
     assert len(out["plan_hash"]) == 64 and "blocks" not in out
 
@@ -90,3 +92,10 @@ def test_mergekit_config(db: str, tmp_path: Path, capsys: pytest.CaptureFixture[
     out = json.loads(capsys.readouterr().out)
     assert out["operator"] == "ties" and [e["model"] for e in out["experts"]] == ["e0", "e1"]
     assert out["planned_expert_bytes"] <= out["budget_bytes"] == out["full_read_bytes"] // 2
+
+
+def test_readable_output_shows_both_bounds(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(db, "--experts", "e0,e1:0.5", "--op", "task_arithmetic", "--budget", "200B",
+               "--param", "lambda=2") == 0
+    out = capsys.readouterr().out
+    assert "omission bound  16 " in out and f"omission L2     {72 ** 0.5:.6g} " in out

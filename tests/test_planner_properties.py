@@ -185,7 +185,14 @@ def test_plan_is_the_sound_monotone_greedy(shared_catalog: Catalog,
         if op[0] in ("linear", "task_arithmetic") and all(m.has_stats for m in fam.experts):
             omitted = [u.utility for u in units if u not in chosen]
             assert p.omission_bound == pytest.approx(math.fsum(omitted), rel=1e-9, abs=1e-12)
+            per_block: dict[tuple[int, int], list[float]] = {}
+            for u in units:
+                if u not in chosen:  # experts share the grid: (tensor, block) = coordinates
+                    per_block.setdefault(u.key[1:], []).append(u.utility)
+            l2 = math.sqrt(math.fsum(math.fsum(v) ** 2 for v in per_block.values()))
+            assert p.omission_bound_l2 == pytest.approx(l2, rel=1e-9, abs=1e-12)
+            assert p.omission_bound_l2 is not None and p.omission_bound_l2 <= p.omission_bound
         else:
-            assert p.omission_bound is None
+            assert p.omission_bound is None and p.omission_bound_l2 is None
         planned.append(p.planned_expert_bytes)
     assert planned == sorted(planned)  # more budget never plans fewer bytes

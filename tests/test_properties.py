@@ -111,8 +111,12 @@ def test_omission_bound_holds_for_additive_operators(fams: Families,
     m_a, m_full = factory.load(Path(budgeted["output"])), factory.load(Path(full["output"]))
     deviation = _l2(m_full, m_a)
     scale = math.sqrt(sum(float((t.double() ** 2).sum()) for t in m_full.values()))
+    # realized <= omission_bound_l2 (blocks in quadrature) <= omission_bound (DESIGN)
+    assert deviation <= budgeted["omission_bound_l2"] + 1e-6 * scale + 1e-6
+    assert budgeted["omission_bound_l2"] <= budgeted["omission_bound"]
     assert deviation <= budgeted["omission_bound"] + 1e-6 * scale + 1e-6
     assert full["omission_bound"] == pytest.approx(0.0, abs=1e-9)
+    assert full["omission_bound_l2"] == pytest.approx(0.0, abs=1e-9)
 
 
 @SETTINGS

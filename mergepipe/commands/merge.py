@@ -113,6 +113,9 @@ def print_summary(r: dict[str, Any]) -> None:
     print(f"  base bytes      {human_bytes(r['base_bytes_read'])}")
     if r.get("omission_bound") is not None:
         print(f"  omission bound  {r['omission_bound']:.6g} (L2 of the omitted update, at most)")
+    if r.get("omission_bound_l2") is not None:
+        print(f"  omission L2     {r['omission_bound_l2']:.6g} (tighter bound: blocks summed in "
+              "quadrature)")
     print(f"  blocks          {r['expert_blocks_read']} expert blocks read over "
           f"{r['blocks_total']} output blocks")
     print(f"  wall time       {r['wall_seconds']:.2f} s (plan {r['plan_seconds'] or 0:.2f} s, "

@@ -71,6 +71,9 @@ def print_plan(s: dict[str, Any]) -> None:
     if s["omission_bound"] is not None:
         print(f"  omission bound  {s['omission_bound']:.6g} (L2 norm of the omitted update, "
               "at most)")
+        if s.get("omission_bound_l2") is not None:
+            print(f"  omission L2     {s['omission_bound_l2']:.6g} (tighter bound: blocks "
+                  "summed in quadrature)")
     else:
         print(f"  omission bound  none ({s['omission_bound_note'].removeprefix('no bound: ')})")
     if s["fallback_experts"]:
