@@ -96,6 +96,7 @@ def not_below_at(key: int, flat_offset: int, index: np.ndarray, p: float) -> np.
 
 # -- the dense draw of a whole block, in a few in-place passes (the DARE mask) ---------------------
 
+DRAW_CHUNK = 1 << 15  # words per piece of a dense draw (2 x 256 KiB of work arrays)
 _ramp_lock = threading.Lock()
 _ramp = np.zeros(0, dtype=np.uint64)  # i * golden_gamma for i < len: shared, never written after
 
@@ -141,10 +142,15 @@ def below_into(key: int, flat_offset: int, out: np.ndarray, p: float) -> np.ndar
     if threshold == 0 or threshold >= 1 << _BITS:
         out.fill(0.0 if threshold == 0 else 1.0)
         return out
-    z, t = _words.get(n)
-    np.add(_gamma_ramp(n), np.uint64(_start(key, flat_offset)), out=z)
-    _mix_into(z, t)
-    np.less(z, np.uint64(threshold << (64 - _BITS)), out=out, casting="unsafe")
+    start, limit = np.uint64(_start(key, flat_offset)), np.uint64(threshold << (64 - _BITS))
+    ramp = _gamma_ramp(n)
+    z, t = _words.get(min(n, DRAW_CHUNK))
+    for a in range(0, n, DRAW_CHUNK):  # cache-sized pieces: the ten passes stay in L2
+        b = min(n, a + DRAW_CHUNK)
+        za, ta = z[:b - a], t[:b - a]
+        np.add(ramp[a:b], start, out=za)
+        _mix_into(za, ta)
+        np.less(za, limit, out=out[a:b], casting="unsafe")
     return out
 
 
