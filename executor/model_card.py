@@ -107,6 +107,7 @@ def mergekit_config(base: str, op: str, experts: list[dict[str, Any]],
                     params: Mapping[str, Any], output_dtype: str | None = None) -> str | None:
     """The request as an equivalent mergekit 0.1.x YAML config, or None if it has none."""
     p = dict(params)
+    p.pop("utility", None)  # the planner's ranking under a budget: no mergekit equivalent needed
     if p.pop("renormalize", "fixed") != "fixed":
         return None  # per-block renormalization over the experts read: a budget-only notion
     rescale = p.pop("rescale", None)

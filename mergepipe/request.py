@@ -17,7 +17,13 @@ NORMALIZE_DEFAULT = {"linear": True, "task_arithmetic": False, "ties": True,
                      "dare_linear": False, "dare_ties": False}
 SPARSE_OPERATORS = ("ties", "dare_linear", "dare_ties")
 ADDITIVE_OPERATORS = ("linear", "task_arithmetic")  # fixed coefficients: the bound holds
-KNOWN_PARAMS = {"normalize", "lambda", "rescale", "renormalize", "density"}
+KNOWN_PARAMS = {"normalize", "lambda", "rescale", "renormalize", "density", "utility"}
+# The planner's ranking score of a block (per byte). l2 (default, DESIGN section 2):
+# |alpha_i| * ||D_itb||_2. per_tensor: |alpha_i| * ||D_itb||_2 / ||D_it||_2, the block's share of
+# its (expert, tensor) delta, which spreads the budget over tensors whose deltas differ in scale.
+# Only the order changes: block utilities, the omission bounds and the output at full budget
+# do not.
+UTILITIES = ("l2", "per_tensor")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
@@ -164,6 +170,13 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
     p["lambda"] = _finite(p.get("lambda", 1.0), "params.lambda")
     if "density" in p:
         p["density"] = _density(p["density"], "params.density")
+    if "utility" in p:
+        u = str(p.pop("utility"))
+        if u not in UTILITIES:
+            raise InvalidRequest(f"utility {u!r} must be one of {', '.join(UTILITIES)}",
+                                 field="params.utility")
+        if u != "l2":  # the default is left out: the same plan keeps the same plan hash
+            p["utility"] = u
     if op in ("dare_linear", "dare_ties"):
         p["rescale"] = str(p.get("rescale", "density"))
         if p["rescale"] not in ("density", "l1", "none"):

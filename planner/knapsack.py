@@ -25,11 +25,13 @@ class ExpertTotals:
 
 
 def load_request(conn: sa.Connection, experts: list[ModelInfo], rank_weights: list[float],
-                 trim_js: list[int | None]) -> None:
-    """Put the request's experts in this connection's temp table (bound parameters only)."""
+                 trim_js: list[int | None], utility: str = "l2") -> None:
+    """Put the request's experts in this connection's temp table (bound parameters only).
+    utility: the ranking score (mergepipe.request.UTILITIES)."""
     conn.execute(load_sql("planner_request_create"))
     conn.execute(load_sql("planner_request_insert"), [
-        {"position": i, "model": m.name, "rank_weight": w, "trim_j": j, "has_stats": m.has_stats}
+        {"position": i, "model": m.name, "rank_weight": w, "trim_j": j, "has_stats": m.has_stats,
+         "per_tensor": utility == "per_tensor"}
         for i, (m, w, j) in enumerate(zip(experts, rank_weights, trim_js, strict=True))])
 
 

@@ -173,7 +173,8 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     trim_js = trim_indexes(request)
     with cat.reader() as conn:
         base, models = load_models(conn, request)
-        knapsack.load_request(conn, models, rank_weights(request), trim_js)
+        knapsack.load_request(conn, models, rank_weights(request), trim_js,
+                              str(request.params.get("utility", "l2")))
         full_read = knapsack.build_candidates(conn)
         budget = request.budget.resolve(full_read)
         planned = knapsack.select(conn, budget)

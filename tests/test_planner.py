@@ -314,3 +314,51 @@ def test_omission_bound_l2_absent_with_a_fallback_expert(cat: Catalog) -> None:
     add_model(cat, Model("f", E1, base="B", has_stats=False))
     p = make_plan(cat, build_request(base="B", experts="e0,f", operator="linear", budget="200B"))
     assert p.omission_bound is None and p.omission_bound_l2 is None
+
+
+# params.utility = per_tensor: score per byte = |alpha_i| * ||D_itb|| / ||D_it|| / nbytes.
+# Tensor delta L2: e0.t0 sqrt(17), e0.t1 sqrt(5), e1.t0 sqrt(44), e1.t1 3, e2.t0 sqrt(3),
+# e2.t1 sqrt(1.25). Scores (x 1e-3):
+#   e2.t1.1 2*.5/1.118/40 = 22.36   e2.t0.* 2/1.732/100 = 11.55   e1.t0.0 .5*6/6.633/100 = 4.52
+#   e2.t1.0 2/1.118/100   = 17.89   e0.t1.1 1/2.236/40  = 11.18   e0.t0.2 1/4.123/100 = 2.43
+#   e1.t1.1 .5*3/3/40     = 12.5    e0.t0.0 4/4.123/100 = 9.70    e1.t0.1, e1.t0.2 1/6.633/100
+#                                   e0.t1.0 2/2.236/100 = 8.94      = 1.51
+RANKED_PER_TENSOR = [
+    ("e2", "t1", 1), ("e2", "t1", 0), ("e1", "t1", 1), ("e2", "t0", 0), ("e2", "t0", 1),
+    ("e2", "t0", 2), ("e0", "t1", 1), ("e0", "t0", 0), ("e0", "t1", 0), ("e1", "t0", 0),
+    ("e0", "t0", 2), ("e1", "t0", 1), ("e1", "t0", 2)]
+
+
+def test_per_tensor_utility_ranks_by_share_of_the_tensor_delta(cat: Catalog) -> None:
+    p = plan(cat, utility="per_tensor")
+    assert keys(p) == RANKED_PER_TENSOR
+    # Full budget: the same blocks and bytes as the default ranking, nothing omitted.
+    assert sorted(keys(p)) == sorted(RANKED) and p.planned_expert_bytes == 1120
+    assert p.omission_bound == 0.0 and p.omission_bound_l2 == 0.0
+    # Block utilities and the bounds keep the DESIGN definition |alpha_i| * ||D_itb||.
+    assert [b.utility for b in p.blocks] == [UTILITY[k] for k in RANKED_PER_TENSOR]
+
+
+def test_per_tensor_utility_under_a_budget(cat: Catalog) -> None:
+    # 40 + 100 + 40 = 180; e2.t0.0 (100) would make 280 > 200; no unit fits the 20 left.
+    p = plan(cat, "200B", utility="per_tensor")
+    assert keys(p) == RANKED_PER_TENSOR[:3] and p.planned_expert_bytes == 180
+    # retained 1 + 2 + 1.5: less than the default plan's 6.5 (which maximizes it)
+    assert p.omission_bound == pytest.approx(TOTAL_UTILITY - 4.5)
+    assert p.summary()["params"]["utility"] == "per_tensor"
+
+
+def test_utility_param_default_and_validation(cat: Catalog) -> None:
+    default, explicit = plan(cat, "200B"), plan(cat, "200B", utility="l2")
+    assert "utility" not in explicit.request.params  # the default is not stored: same hash
+    assert explicit.plan_hash == default.plan_hash
+    assert plan(cat, "200B", utility="per_tensor").plan_hash != default.plan_hash
+    with pytest.raises(InvalidRequest, match="utility"):
+        plan(cat, "200B", utility="relative")
+
+
+def test_per_tensor_utility_with_ties_keeps_the_candidate_set(cat: Catalog) -> None:
+    a = plan(cat, op="ties", density=0.5)
+    b = plan(cat, op="ties", density=0.5, utility="per_tensor")
+    assert sorted(keys(a)) == sorted(keys(b)) and a.full_read_bytes == b.full_read_bytes
+    assert a.trims == b.trims

@@ -99,3 +99,13 @@ def test_readable_output_shows_both_bounds(db: str, capsys: pytest.CaptureFixtur
                "--param", "lambda=2") == 0
     out = capsys.readouterr().out
     assert "omission bound  16 " in out and f"omission L2     {72 ** 0.5:.6g} " in out
+
+
+def test_utility_param(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(db, "--experts", "e0,e1", "--op", "task_arithmetic", "--budget", "200B",
+               "--param", "utility=per_tensor", "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["params"]["utility"] == "per_tensor"
+    # e1.t1.1 (3/3/40) then e0.t1.1 (1/sqrt(5)/40) then e0.t0.0 (4/sqrt(17)/100): 180 bytes
+    assert out["planned_expert_bytes"] == 180
+    assert run(db, "--experts", "e0", "--param", "utility=bogus") != 0

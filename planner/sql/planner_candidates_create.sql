@@ -3,7 +3,8 @@
 --     delta, nonzero coefficient) and, for ties, max |delta| >= the tensor's trim threshold tau;
 --   * experts without statistics (fallback): one unit per whole tensor, ranked after every block
 --     unit, in checkpoint order (tensor ordinal, then expert position).
--- Rank: utility per byte, descending; ties broken by expert position, tensor ordinal, block
+-- Rank: score per byte, descending (score = utility; with utility=per_tensor, utility divided
+-- by the L2 of the (expert, tensor) delta: |alpha_i| times the block's share of that delta); ties broken by expert position, tensor ordinal, block
 -- index, so the order is total and the same on every run.
 -- cost: bytes of the unit, plus a LoRA expert's lora_A on the first unit of each (expert,
 -- tensor) in rank order (lora_A is read once per touched tensor). cumulative: running cost in
@@ -15,17 +16,22 @@ CREATE OR REPLACE TEMP TABLE planner_candidates AS
 WITH block_units AS (
     SELECT r.position, t.ordinal, b.block_index, 1 AS n_blocks, b.nbytes,
            COALESCE(t.lora_a_nbytes, 0) AS lora_a_nbytes,
-           r.rank_weight * s.l2 AS utility, FALSE AS fallback,
+           r.rank_weight * s.l2 AS utility,
+           CASE WHEN r.per_tensor THEN r.rank_weight * s.l2 / NULLIF(ts.l2, 0)
+                ELSE r.rank_weight * s.l2 END AS score,
+           FALSE AS fallback,
            CASE WHEN s.model IS NULL THEN 'block_stats'
                 WHEN r.trim_j IS NOT NULL AND (ts.model IS NULL OR len(ts.trim_tau) < r.trim_j)
-                THEN 'tensor_stats' END AS missing
+                THEN 'tensor_stats'
+                WHEN r.per_tensor AND ts.model IS NULL THEN 'tensor_stats' END AS missing
     FROM planner_request r
     JOIN blocks b ON b.model = r.model
     JOIN tensors t ON t.model = b.model AND t.tensor = b.tensor
     LEFT JOIN block_stats s
         ON s.model = b.model AND s.tensor = b.tensor AND s.block_index = b.block_index
     LEFT JOIN tensor_stats ts
-        ON r.trim_j IS NOT NULL AND ts.model = b.model AND ts.tensor = b.tensor
+        ON (r.trim_j IS NOT NULL OR r.per_tensor) AND ts.model = b.model
+           AND ts.tensor = b.tensor
     WHERE r.has_stats AND r.rank_weight > 0
       AND (s.model IS NULL
            OR (s.l2 > 0 AND (r.trim_j IS NULL OR ts.model IS NULL
@@ -36,7 +42,8 @@ tensor_units AS (
     SELECT r.position, t.ordinal, CAST(NULL AS INTEGER) AS block_index,
            COUNT(*) AS n_blocks, SUM(b.nbytes) AS nbytes,
            COALESCE(t.lora_a_nbytes, 0) AS lora_a_nbytes,
-           CAST(NULL AS DOUBLE) AS utility, TRUE AS fallback, CAST(NULL AS VARCHAR) AS missing
+           CAST(NULL AS DOUBLE) AS utility, CAST(NULL AS DOUBLE) AS score, TRUE AS fallback,
+           CAST(NULL AS VARCHAR) AS missing
     FROM planner_request r
     JOIN tensors t ON t.model = r.model
     JOIN blocks b ON b.model = t.model AND b.tensor = t.tensor
@@ -47,7 +54,7 @@ units AS MATERIALIZED (
     SELECT position, ordinal, block_index, CAST(n_blocks AS BIGINT) AS n_blocks,
            CAST(nbytes AS BIGINT) AS nbytes, CAST(lora_a_nbytes AS BIGINT) AS lora_a_nbytes,
            utility, fallback, missing,
-           -(utility / nbytes) AS neg_density,  -- NULL exactly for fallback: ranked last
+           -(score / nbytes) AS neg_density,  -- NULL exactly for fallback: ranked last
            CASE WHEN fallback THEN ordinal ELSE position END AS order_a,
            CASE WHEN fallback THEN position ELSE ordinal END AS order_b
     FROM (SELECT * FROM block_units UNION ALL SELECT * FROM tensor_units) AS u
