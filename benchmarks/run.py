@@ -366,7 +366,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     plots = Path(args.plots) if args.plots else (report.parent if report else None)
     command = " ".join(["mergepipe bench", *(["--quick"] if args.quick else []),
                         *([f"--reps {args.reps}"] if args.reps else []),
-                        *([f"--size-mb {args.size_mb:g}"] if args.size_mb else [])])
+                        *([f"--size-mb {args.size_mb:g}"] if args.size_mb else []),
+                        f"--out {args.out}", *([f"--report {args.report}"] if args.report else []),
+                        *([f"--plots {args.plots}"] if args.plots else [])])
     results = run_suite(cfg, Path(args.out), report, plots, command=command,
                         log=lambda m: print(m, flush=True))
     print(f"done in {results['seconds']:.0f} s; report: {report or Path(args.out) / 'BENCHMARKS.md'}")
