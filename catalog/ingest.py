@@ -22,7 +22,7 @@ from catalog.checkpoint import Checkpoint, open_checkpoint
 from catalog.db import Catalog, load_sql
 from catalog.grid import DEFAULT_BLOCK_BYTES, block_rows
 from catalog.lora import lora_targets
-from catalog.models import find_model, get_model, model_blocks, model_files, model_tensors
+from catalog.models import KINDS, find_model, get_model, model_blocks, model_files, model_tensors
 from catalog.safetensors_format import TensorEntry
 from catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_tensors
 from catalog.storage import LocalFileReader
@@ -31,7 +31,6 @@ from mergepipe.errors import Conflict, InvalidCheckpoint, InvalidRequest, NotFou
 __all__ = ["DEFAULT_BLOCK_BYTES", "KINDS", "ScannedModel", "ingest_model", "scan_model",
            "write_model"]
 
-KINDS = ("full", "delta", "lora")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@-]{0,127}$")
 MIN_BLOCK_BYTES = 64
 MAX_BLOCK_BYTES = 1 << 30

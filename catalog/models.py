@@ -10,6 +10,8 @@ import sqlalchemy as sa
 from catalog.db import Catalog, load_sql
 from mergepipe.errors import NotFound
 
+KINDS = ("full", "delta", "lora")  # how a model stores its weights
+
 Connectable = Catalog | sa.Connection
 
 

@@ -8,7 +8,8 @@ import sys
 from typing import Any
 
 from catalog.db import Catalog
-from catalog.ingest import DEFAULT_BLOCK_BYTES, KINDS, ingest_model
+from catalog.grid import DEFAULT_BLOCK_BYTES
+from catalog.models import KINDS
 from mergepipe.cli import print_json
 from mergepipe.table import human_bytes
 
@@ -41,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with Catalog(args.settings.catalog) as cat, _Bar(args.name, enabled=not args.json) as bar:
+        from catalog.ingest import ingest_model  # torch: imported only when needed
+
         model = ingest_model(cat, args.path, args.name, base=args.base, kind=args.kind,
                              block_bytes=args.block_bytes or DEFAULT_BLOCK_BYTES,
                              with_stats=not args.no_stats, progress=bar.update)
