@@ -68,3 +68,6 @@ def test_bytes_and_bounds(quick: tuple[dict, Path]) -> None:
                 if op["operator"] in ("linear", "task_arithmetic"):
                     assert m["omission_bound"] is not None
                     assert m["omission_bound"] + REL_TOL * full_norm >= m["l2"]["abs"]
+                    # the tighter bound (blocks in quadrature), also for the random plans
+                    assert m["omission_bound_l2"] <= m["omission_bound"]
+                    assert m["omission_bound_l2"] + REL_TOL * full_norm >= m["l2"]["abs"]

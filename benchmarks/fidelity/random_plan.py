@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from dataclasses import dataclass, replace
 
@@ -78,6 +79,12 @@ def _first_fit(plan: Plan, cands: list[Candidate], order: list[Candidate],
             spent += cost
     keys = {(c.model, c.tensor, c.block_index) for c in chosen}
     omitted = sum(c.utility for c in cands if (c.model, c.tensor, c.block_index) not in keys)
+    per_block: dict[tuple[str, int], float] = {}  # omission_bound_l2: blocks in quadrature
+    for c in cands:
+        if (c.model, c.tensor, c.block_index) not in keys:
+            per_block[(c.tensor, c.block_index)] = per_block.get((c.tensor, c.block_index),
+                                                                 0.0) + c.utility
+    omitted_l2 = min(math.sqrt(math.fsum(v * v for v in per_block.values())), omitted)
     blocks = [PlannedBlock(c.model, c.tensor, c.block_index, c.nbytes, c.utility, rank)
               for rank, c in enumerate(chosen)]
     digest = hashlib.sha256(json.dumps(
@@ -86,7 +93,8 @@ def _first_fit(plan: Plan, cands: list[Candidate], order: list[Candidate],
     ).hexdigest()
     additive = plan.request.operator in ADDITIVE_OPERATORS and plan.omission_bound is not None
     return replace(plan, plan_hash=digest, planned_expert_bytes=spent, blocks=blocks,
-                   omission_bound=omitted if additive else None, experts=[],
+                   omission_bound=omitted if additive else None,
+                   omission_bound_l2=omitted_l2 if additive else None, experts=[],
                    omission_bound_note=None if additive else plan.omission_bound_note)
 
 

@@ -164,7 +164,9 @@ class OperatorRun:
         shutil.rmtree(out, ignore_errors=True)
         return {"plan_hash": plan.plan_hash, "planned_expert_bytes": plan.planned_expert_bytes,
                 "expert_bytes_read": summary["expert_bytes_read"], "blocks": len(plan.blocks),
-                "omission_bound": plan.omission_bound, "retained_utility": retained_utility(plan),
+                "omission_bound": plan.omission_bound,
+                "omission_bound_l2": plan.omission_bound_l2,
+                "retained_utility": retained_utility(plan),
                 "bytes_by_model": _bytes_by(plan, lambda b: b.model),
                 "bytes_by_kind": _bytes_by(plan, lambda b: tensor_kind(b.tensor)),
                 "kl": self.ev.kl(full_lp, lp, targets), "l2": l2, "accuracy": acc}
