@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cli_args import add_arguments
 from benchmarks.coldcache import files_under, make_cold, resident_bytes, resident_fraction
 from benchmarks.family import generate_family, read_family
 from benchmarks.mergekit_run import mergekit_config, write_config
@@ -342,17 +343,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     add_arguments(ap)
     return run_from_args(ap.parse_args(argv))
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (CI)")
-    ap.add_argument("--out", default="bench-output",
-                    help="work directory: families, catalogs, logs, results.json (default "
-                    "bench-output; a family generated there before is reused)")
-    ap.add_argument("--reps", type=int, help="repetitions per configuration (default 3; quick 1)")
-    ap.add_argument("--size-mb", type=float, help="checkpoint size (default 200; quick 1)")
-    ap.add_argument("--report", help="where to write BENCHMARKS.md (default OUT/BENCHMARKS.md)")
-    ap.add_argument("--plots", help="directory for the PNG plots (default: beside the report)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:

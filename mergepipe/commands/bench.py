@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Generate a checkpoint family, ingest it, and time merges against mergekit "
         "and against cat/dd of the same bytes, each on a cold page cache (medians of several "
         "runs). Needs mergekit (pip install mergekit) and matplotlib for the plots.")
-    from benchmarks.run import add_arguments
+    from benchmarks.cli_args import add_arguments
     add_arguments(p)
     p.set_defaults(func=run)
 
