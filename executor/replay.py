@@ -53,6 +53,12 @@ class StoredPlan:
     fallback_experts: list[str] = field(default_factory=list)
     document: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def omission_bound_l2(self) -> float | None:
+        """The plan's tighter bound, from the stored plan document (None for older records)."""
+        v = self.document.get("omission_bound_l2")
+        return None if v is None else float(v)
+
     def summary(self) -> dict[str, Any]:
         return {k: v for k, v in self.document.items() if k != "trims"}
 

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from catalog.db import Catalog
+from executor.replay import stored_plan
 from executor.run import merge, replay
 from mergepipe.cli import main
 from mergepipe.errors import Conflict, NotFound
@@ -52,6 +53,19 @@ def test_replay_matches_and_reads_the_same_bytes(catalog: Catalog, done: dict,
     assert r["output"] is None
     kept = replay(catalog, done["merge_id"], tmp_path / "again")
     assert kept["match"] and (tmp_path / "again" / "model.safetensors").exists()
+
+
+def test_replay_of_a_per_tensor_plan_keeps_its_bounds(catalog: Catalog, tmp_path: Path) -> None:
+    req = build_request(base="base", experts="e0,e1", operator="task_arithmetic", budget=0.4,
+                        params={"utility": "per_tensor"})
+    done = merge(catalog, req, tmp_path / "pt")
+    assert done["omission_bound_l2"] is not None
+    assert 0 < done["omission_bound_l2"] <= done["omission_bound"]
+    sp = stored_plan(catalog, done["merge_id"])
+    assert sp.request.params["utility"] == "per_tensor"
+    assert sp.omission_bound_l2 == pytest.approx(done["omission_bound_l2"])
+    r = replay(catalog, done["merge_id"])
+    assert r["match"] and r["expert_bytes_read"] == done["expert_bytes_read"]
 
 
 def test_replay_uses_the_stored_access_set_not_a_new_plan(catalog: Catalog, done: dict) -> None:
