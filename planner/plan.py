@@ -179,7 +179,8 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         budget = request.budget.resolve(full_read)
         planned = knapsack.select(conn, budget)
         per_expert = knapsack.totals(conn, budget)
-        bound_l2 = knapsack.omission_l2(conn, budget)
+        bound_l2 = (knapsack.omission_l2(conn, budget)
+                    if request.operator in ADDITIVE_OPERATORS else None)
         with _gc_paused():
             rows, access_digest = knapsack.access_set(conn, budget)
             # C-level construction (row + rank): a full-budget plan has 10^5+ blocks.
