@@ -41,8 +41,8 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--op", "--operator", dest="op",
                    help="linear (avg) | task_arithmetic | ties | dare_linear | dare_ties")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="operator parameter: density, lambda, normalize, rescale, renormalize "
-                        "(repeatable)")
+                   help="operator parameter: density, lambda, normalize, rescale, renormalize; "
+                        "utility=l2|per_tensor: the planner's block ranking (repeatable)")
     p.add_argument("--budget", help="fraction of the full read (0.3) or bytes (2GiB); "
                                     "default 1 = the full merge")
     p.add_argument("--seed", type=int, default=0, help="seed of the keyed random generator")
