@@ -32,7 +32,7 @@ test-all: $(VENV)/.installed-test
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy mergepipe catalog planner executor service
+	$(VENV)/bin/mypy mergepipe catalog planner executor service benchmarks
 
 bench: $(VENV)/.installed-test
 	$(VENV)/bin/mergepipe bench
