@@ -50,6 +50,8 @@ CREATE TABLE tensors (
     lora_a_dtype   VARCHAR,
     lora_a_shape   BIGINT[],
     lora_scale     DOUBLE,                     -- LoRA only: this tensor's alpha / r (or / sqrt(r))
+    lora_a_hash    VARCHAR,                    -- LoRA only: xxh3-128 of lora_A's raw bytes
+                                               -- (NULL: ingested before migration 0004)
     PRIMARY KEY (model, tensor)
 );
 

@@ -128,7 +128,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
         files=_columns([{"file_index": i, "path": h.path, "size": stamps[i][1],
                          "mtime_ns": stamps[i][2], "header_len": h.header_len}
                         for i, h in enumerate(ckpt.files)]),
-        tensors=_columns([_tensor_row(p, files, scales[k], ordinals[k])
+        tensors=_columns([_tensor_row(p, results[k], files, scales[k], ordinals[k])
                           for k, p in enumerate(plans)]),
         blocks=_columns([_block_row(p, r, i, files) for p, r in zip(plans, results, strict=True)
                          for i in range(len(p.rows))]),
@@ -314,7 +314,7 @@ def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {k: [r[k] for r in rows] for k in rows[0]}
 
 
-def _tensor_row(p: TensorPlan, files: dict[str, int], scale: float | None,
+def _tensor_row(p: TensorPlan, r: TensorResult, files: dict[str, int], scale: float | None,
                 ordinal: int) -> dict[str, Any]:
     a = p.lora_a
     return {"tensor": p.name, "ordinal": ordinal, "file_index": files[p.entry.file],
@@ -325,7 +325,7 @@ def _tensor_row(p: TensorPlan, files: dict[str, int], scale: float | None,
             "lora_a_offset": a.offset if a else None, "lora_a_nbytes": a.nbytes if a else None,
             "lora_a_dtype": p.lora_a_dtype if a else None,
             "lora_a_shape": list(p.lora_a_shape) if a and p.lora_a_shape is not None else None,
-            "lora_scale": scale}
+            "lora_scale": scale, "lora_a_hash": r.lora_a_hash if a else None}
 
 
 def _block_row(p: TensorPlan, r: TensorResult, i: int, files: dict[str, int]) -> dict[str, Any]:

@@ -83,6 +83,7 @@ class TensorResult:
     hashes: list[str]
     stats: list[BlockStats] | None
     trim: TrimThresholds | None
+    lora_a_hash: str | None = None  # LoRA: xxh3-128 of lora_A's raw bytes
 
 
 @dataclass
@@ -95,6 +96,7 @@ class _State:
     remaining: int = 0
     cached: torch.Tensor | None = None  # |delta| of a one-block tensor, for the refinement
     lora_a: torch.Tensor | None = None
+    lora_a_hash: str | None = None
 
 
 def _add_scan(st: _State, i: int, out: BlockScan) -> None:
@@ -236,8 +238,8 @@ def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
                 st.stats = [BlockStats(0.0, 0.0, 0.0, 0)] * len(plan.rows)
                 st.trim = TrimThresholds(plan.entry.numel if plan.mode != "lora"
                                          else _lora_numel(plan))
-            if plan.mode == "lora":
-                st.lora_a = _read_lora_a(plan, reader)
+            if plan.lora_a is not None:  # a LoRA tensor, with or without statistics
+                st.lora_a, st.lora_a_hash = _read_lora_a(plan, reader)
             for i in range(len(plan.rows)):
                 yield st, i, False
 
@@ -266,7 +268,8 @@ def scan_tensors(plans: list[TensorPlan], reader: LocalFileReader, *,
         if st.trim is not None:
             st.trim.release()
         results[st.index] = TensorResult(st.plan.name, st.hashes,
-                                         st.stats if st.trim is not None else None, st.trim)
+                                         st.stats if st.trim is not None else None, st.trim,
+                                         st.lora_a_hash)
         st.cached = st.lora_a = None
 
     window = 2 * workers
@@ -431,13 +434,18 @@ def _abs_delta(st: _State, i: int, raw: memoryview, reader: LocalFileReader | No
     return x.abs_()
 
 
-def _read_lora_a(plan: TensorPlan, reader: LocalFileReader) -> torch.Tensor:
+def _read_lora_a(plan: TensorPlan, reader: LocalFileReader) -> tuple[torch.Tensor | None, str]:
+    """lora_A of a LoRA plan: (its float32 matrix, or None for a hash-only scan; xxh3-128 of
+    its raw bytes, which the executor checks when it reads lora_A)."""
     assert plan.lora_a is not None and plan.lora_a_dtype is not None
     s = plan.lora_a
     raw = reader.read(s.path, s.offset, s.nbytes)
+    digest = xxhash.xxh3_128_hexdigest(raw)
+    if plan.mode != "lora":
+        return None, digest
     if has_nonfinite(raw, plan.lora_a_dtype):
         raise InvalidCheckpoint(f"{s.path}: tensor {plan.name!r}: NaN or Inf in lora_A")
-    return to_float32(raw, plan.lora_a_dtype, plan.lora_a_shape)
+    return to_float32(raw, plan.lora_a_dtype, plan.lora_a_shape), digest
 
 
 def _lora_numel(plan: TensorPlan) -> int:

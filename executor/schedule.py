@@ -57,7 +57,8 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
                 lora_a = e.tensors[t.name].lora_a
                 if e.kind == "lora" and lora_a is not None and bi == first[i]:
                     ranges.append(Range(("a", i, t.name), e.file_path(lora_a.file_index),
-                                        lora_a.offset, lora_a.nbytes, True))
+                                        lora_a.offset, lora_a.nbytes, True,
+                                        partial(e.verify_lora_a, t.name, lora_a)))
             step = Step(t.name, bi, bblk.row_start, bblk.row_end, readers,
                          [i for i in positions if last[i] == bi])
             cur_steps.append(step)

@@ -33,6 +33,7 @@ class LoraA:
     nbytes: int
     dtype: str
     shape: tuple[int, ...]
+    content_hash: str | None = None  # xxh3-128 of the raw bytes (None: ingested before 0004)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,20 @@ class ModelSource:
                 f"{block.byte_offset + block.nbytes}) does not match the catalog's content hash: "
                 f"the file changed after ingestion; re-ingest {self.name!r}")
 
+    def verify_lora_a(self, tensor: str, spec: LoraA, raw: bytes | bytearray | memoryview
+                      ) -> None:
+        """Raise SourceChanged unless `raw` has lora_A's catalogued xxh3-128 content hash (no
+        check for a catalog row from before migration 0004, which has no hash)."""
+        if spec.content_hash is None:
+            return
+        got = xxhash.xxh3_128_hexdigest(raw)
+        if got != spec.content_hash:
+            raise SourceChanged(
+                f"model {self.name!r}: tensor {tensor!r} lora_A in "
+                f"{self.file_path(spec.file_index)} (bytes {spec.offset}.."
+                f"{spec.offset + spec.nbytes}) does not match the catalog's content hash: "
+                f"the file changed after ingestion; re-ingest {self.name!r}")
+
 
 def load_model(cat: Catalog, name: str) -> ModelSource:
     """Files, tensors and blocks of a ready model; NotFound / InvalidRequest otherwise."""
@@ -143,7 +158,8 @@ def load_model(cat: Catalog, name: str) -> ModelSource:
         lora_a = None
         if r.lora_a_offset is not None:
             lora_a = LoraA(int(r.lora_a_file_index), int(r.lora_a_offset), int(r.lora_a_nbytes),
-                           str(r.lora_a_dtype), tuple(int(d) for d in r.lora_a_shape))
+                           str(r.lora_a_dtype), tuple(int(d) for d in r.lora_a_shape),
+                           None if r.lora_a_hash is None else str(r.lora_a_hash))
         tensors[str(r.tensor)] = TensorInfo(
             str(r.tensor), int(r.ordinal), int(r.file_index), str(r.dtype),
             tuple(int(d) for d in r.shape), int(r.data_offset), int(r.nbytes), lora_a,

@@ -18,7 +18,8 @@ def canonical_json(obj: Any) -> bytes:
 def plan_hash(*, request: dict[str, Any], budget_bytes: int, base_content: str,
               experts: list[dict[str, Any]], trims: list[list[Any]], access: str) -> str:
     """sha256 of the canonical JSON of: the normalized request, the resolved budget, the digest
-    of the base's block content hashes, each expert's identity (kind, LoRA scale, statistics),
+    of the base's block content hashes, each expert's identity (kind, LoRA scale, statistics,
+    lora_A content hashes),
     the trim thresholds of the touched tensors, and the digest of the access set (model, tensor,
     block_index, content_hash of every selected block in rank order; computed in SQL).
     No timestamps, paths or computed floats: stored values only (floats print as shortest repr)."""

@@ -109,10 +109,15 @@ def candidate_list(conn: sa.Connection) -> Sequence[sa.Row[Any]]:
 
 
 def lora_identity(conn: sa.Connection) -> dict[int, list[list[Any]]]:
-    """Per expert position: [tensor, lora_scale, lora_a dtype, shape, nbytes, l2, l1, max_abs]
-    of each LoRA-adapted tensor (what block content hashes do not cover)."""
+    """Per expert position: [tensor, lora_scale, lora_a dtype, shape, nbytes, l2, l1, max_abs,
+    lora_a content hash] of each LoRA-adapted tensor (what block content hashes do not cover).
+    The hash is left out where the catalog has none (ingested before migration 0004), so such
+    plans hash as they did before it."""
     out: dict[int, list[list[Any]]] = {}
     for r in conn.execute(load_sql("planner_lora_identity")):
         shape = None if r[4] is None else [int(d) for d in r[4]]
-        out.setdefault(int(r[0]), []).append([r[1], r[2], r[3], shape, r[5], r[6], r[7], r[8]])
+        row = [r[1], r[2], r[3], shape, r[5], r[6], r[7], r[8]]
+        if r[9] is not None:
+            row.append(r[9])
+        out.setdefault(int(r[0]), []).append(row)
     return out

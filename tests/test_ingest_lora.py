@@ -109,13 +109,18 @@ def test_rank_and_alpha_patterns_give_per_tensor_scales(tmp_path: Path, catalog,
     check_tensor_stats(catalog, "lora", _deltas(catalog, "lora", ad), rel=2e-6)
 
 
-def test_lora_without_stats_reads_only_lora_b(tmp_path: Path, catalog, base: Path) -> None:
+def test_lora_without_stats_reads_lora_b_and_lora_a_once(tmp_path: Path, catalog,
+                                                         base: Path) -> None:
+    """No statistics: lora_B for the block hashes, lora_A once per tensor for its content hash
+    (the executor checks both), nothing else."""
     ad = factory.make_lora(base, tmp_path / "lora", seed=3)
     scanned = scan_model(catalog, ad, "lora", base="base", kind="lora", with_stats=False)
     assert scanned.model["has_stats"] is False and scanned.block_stats is None
-    b_bytes = sum(t.numel() * 4 for k, t in load_file(str(ad / "adapter_model.safetensors"))
-                  .items() if ".lora_B." in k)
-    assert scanned.bytes_read == b_bytes
+    weights = load_file(str(ad / "adapter_model.safetensors"))
+    b_bytes = sum(t.numel() * 4 for k, t in weights.items() if ".lora_B." in k)
+    a_bytes = sum(t.numel() * 4 for k, t in weights.items() if ".lora_A." in k)
+    assert scanned.bytes_read == b_bytes + a_bytes
+    assert all(h is not None for h in scanned.tensors["lora_a_hash"])
 
 
 @pytest.mark.slow
