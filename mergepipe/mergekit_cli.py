@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from mergepipe.errors import InvalidRequest, MergePipeError
-from mergepipe.mergekit_config import load_config
+from mergepipe.mergekit_resolve import load_config
 from mergepipe.request import MergeRequest
 
 EXCLUSIVE = (("base", "--base"), ("experts", "--experts"), ("op", "--op"), ("param", "--param"))

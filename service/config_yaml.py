@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mergepipe.errors import MergePipeError
-from mergepipe.mergekit_config import load_config, not_found
+from mergepipe.mergekit_resolve import load_config, not_found
 from mergepipe.request import MergeRequest
 from service import store
 from service.paths import confine_input

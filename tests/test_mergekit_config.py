@@ -195,7 +195,7 @@ def _ingest_all(catalog: Catalog, family: dict[str, Path]) -> None:
 def test_paths_are_ingested_base_first_then_matched(catalog: Catalog,
                                                     family: dict[str, Path]) -> None:
     from catalog.models import get_model
-    from mergepipe.mergekit_config import load_config
+    from mergepipe.mergekit_resolve import load_config
     text = (f"merge_method: ties\nbase_model: {family['base']}\nmodels:\n"
             f"  - {{model: {family['e0']}, parameters: {{density: 0.5}}}}\n"
             f"  - {{model: {family['e1']}, parameters: {{density: 0.3, weight: 2}}}}\n")
@@ -212,7 +212,7 @@ def test_paths_are_ingested_base_first_then_matched(catalog: Catalog,
 
 
 def test_registered_names_and_inferred_base(catalog: Catalog, family: dict[str, Path]) -> None:
-    from mergepipe.mergekit_config import load_config
+    from mergepipe.mergekit_resolve import load_config
     _ingest_all(catalog, family)
     req, _ = load_config(catalog, "merge_method: linear\nmodels:\n"
                                   "  - {model: e0, parameters: {weight: 1}}\n"
@@ -222,7 +222,7 @@ def test_registered_names_and_inferred_base(catalog: Catalog, family: dict[str, 
 
 def test_resolution_errors_name_the_key(catalog: Catalog, family: dict[str, Path],
                                         tmp_path: Path) -> None:
-    from mergepipe.mergekit_config import load_config
+    from mergepipe.mergekit_resolve import load_config
     _ingest_all(catalog, family)
     cases = [
         ("merge_method: ties\nbase_model: e0\nmodels: [e1]", "base_model", "registered as an "
