@@ -201,6 +201,20 @@ def input_digest(prep: Prepared, model: str) -> str:
     return h.hexdigest()
 
 
+def io_figures(prep: Prepared, result: ExecutionResult) -> dict[str, Any]:
+    """Budget, full / planned / realized expert bytes, base bytes and the omission bounds."""
+    plan = prep.plan
+    return {
+        "budget_bytes": plan.budget_bytes,
+        "full_read_bytes": getattr(plan, "full_read_bytes", None),
+        "planned_expert_bytes": prep.planned_bytes,
+        "expert_bytes_read": result.expert_bytes_read,
+        "base_bytes_read": result.base_bytes_read,
+        "omission_bound": getattr(plan, "omission_bound", None),
+        "omission_bound_l2": getattr(plan, "omission_bound_l2", None),
+    }
+
+
 def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionResult,
                    output_name: str | None, output_path: Path, plan_seconds: float | None,
                    wall_seconds: float | None = None) -> dict[str, Any]:
@@ -218,13 +232,7 @@ def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionRes
         "seed": req.seed,
         "plan_hash": plan.plan_hash,
         "plan": plan_document(plan),
-        "budget_bytes": plan.budget_bytes,
-        "full_read_bytes": getattr(plan, "full_read_bytes", None),
-        "planned_expert_bytes": prep.planned_bytes,
-        "expert_bytes_read": result.expert_bytes_read,
-        "base_bytes_read": result.base_bytes_read,
-        "omission_bound": getattr(plan, "omission_bound", None),
-        "omission_bound_l2": getattr(plan, "omission_bound_l2", None),
+        **io_figures(prep, result),
         "inputs": [{"model": m.name, "role": "base" if m is prep.base else "expert",
                     "kind": m.kind, "path": m.path, "blocks_digest": input_digest(prep, m.name),
                     "files": [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns}
