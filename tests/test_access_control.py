@@ -27,8 +27,6 @@ from tests.api_helpers import (
     wait,
 )
 
-pytest.importorskip("executor.run")
-
 SECRET = "secret-of-the-host-5e1b"
 
 

@@ -22,10 +22,6 @@ from tests.api_helpers import (
     wait,
 )
 
-pytest.importorskip("catalog.ingest")
-pytest.importorskip("catalog.models")
-pytest.importorskip("planner.plan")
-
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:

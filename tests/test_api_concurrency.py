@@ -8,8 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.api_helpers import (
     EXPERTS,
     client_for,
@@ -19,9 +17,6 @@ from tests.api_helpers import (
     ties_body,
     wait,
 )
-
-pytest.importorskip("catalog.ingest")
-pytest.importorskip("executor.run")
 
 MERGES: dict[str, dict[str, Any]] = {
     "ties-30": ties_body("ties-30", 0.3),

@@ -20,7 +20,6 @@ from tests.api_helpers import (
 )
 
 schemathesis = pytest.importorskip("schemathesis")
-pytest.importorskip("executor.run")
 
 
 @pytest.fixture(scope="module")

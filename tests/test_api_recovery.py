@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from catalog.db import Catalog
 from mergepipe.request import build_request
 from service import store
@@ -17,9 +15,6 @@ from tests.api_helpers import (
     settings_for,
     wait,
 )
-
-pytest.importorskip("catalog.ingest")
-pytest.importorskip("executor.run")
 
 
 def test_restart_fails_running_jobs_removes_temp_outputs_and_resumes_queued(

@@ -17,7 +17,6 @@ import pytest
 from tests.api_helpers import EXPERTS, make_family
 from tests.test_server_e2e import Api, free_port, mergepipe_command
 
-pytest.importorskip("executor.run")
 pytestmark = pytest.mark.slow
 
 TOKEN = "load-token"

@@ -27,7 +27,6 @@ from tests.crash_helpers import (
     timed,
 )
 
-pytest.importorskip("executor.run")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
 
 SHAPES: dict[str, tuple[int, ...]] = {f"model.layers.{i}.mlp.{p}.weight": (1024, 1024)

@@ -194,7 +194,6 @@ def test_build_request_thoroughly(experts: Any, operator: Any, params: Any, budg
 # -- the API's request schema (the same validation behind /v1/plans and /v1/merges) -------------
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    pytest.importorskip("executor.run")
     from tests.api_helpers import client_for, make_family, register_family, settings_for
 
     tmp = tmp_path_factory.mktemp("fuzz-api")

@@ -31,8 +31,6 @@ from tests.api_helpers import (
     wait,
 )
 
-pytest.importorskip("executor.run")
-
 W = "model.layers.0.mlp.up_proj.weight"
 
 

@@ -15,15 +15,12 @@ import xxhash
 
 from catalog.db import Catalog
 from catalog.ingest import ingest_model
+from executor.run import merge
 from mergepipe.errors import SourceChanged
 from mergepipe.request import MergeRequest, build_request
 from planner.plan import make_plan
 from tests import factory
 from tests.ingest_reference import rows
-
-pytest.importorskip("executor.run")
-
-from executor.run import merge  # noqa: E402
 
 
 def _family(catalog: Catalog, tmp_path: Path, *, with_stats: bool = True) -> Path:

@@ -14,7 +14,6 @@ import pytest
 from tests import factory
 from tests.test_server_e2e import Api, free_port, mergepipe_command
 
-pytest.importorskip("executor.run")
 pytestmark = pytest.mark.slow
 
 SHAPES: dict[str, tuple[int, ...]] = {f"model.layers.{i}.mlp.{p}.weight": (1024, 1024) for i in range(6)

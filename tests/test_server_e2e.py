@@ -19,9 +19,6 @@ import pytest
 
 from tests.api_helpers import EXPERTS, make_family
 
-pytest.importorskip("catalog.ingest")
-pytest.importorskip("executor.run")
-
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "e2e-token"
 

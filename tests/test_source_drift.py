@@ -16,8 +16,6 @@ import pytest
 from mergepipe.cli import main
 from tests.api_helpers import client_for, make_family, register_family, settings_for, wait
 
-pytest.importorskip("executor.run")
-
 
 def _flip_block_keep_mtime(f: Path) -> None:
     """Other bytes in the last tensor's data, same size, mtime put back."""
