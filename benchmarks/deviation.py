@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import os
 
-from catalog.checkpoint import open_checkpoint
-from catalog.safetensors_format import to_float32
-from catalog.storage import LocalFileReader
+from mergepipe.catalog.checkpoint import open_checkpoint
+from mergepipe.catalog.safetensors_format import to_float32
+from mergepipe.catalog.storage import LocalFileReader
 
 
 def relative_l2(candidate: str | os.PathLike[str], reference: str | os.PathLike[str]) -> float:

@@ -22,8 +22,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-
-from catalog.safetensors_format import DTYPE_SIZES, TORCH_DTYPES, encode_header, normalize_dtype
+from mergepipe.catalog.safetensors_format import (
+    DTYPE_SIZES,
+    TORCH_DTYPES,
+    encode_header,
+    normalize_dtype,
+)
 
 FAMILY_FILE = "family.json"
 CHUNK_ELEMS = 1 << 22  # rows generated at a time: bounded memory whatever the tensor size

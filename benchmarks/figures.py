@@ -16,21 +16,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
-
-from benchmarks.coldcache import make_cold
-from benchmarks.deviation import l2_distance, relative_l2
-from benchmarks.worker import WorkerClient
+from mergepipe.benchmarks.coldcache import make_cold
+from mergepipe.benchmarks.deviation import l2_distance, relative_l2
+from mergepipe.benchmarks.worker import WorkerClient
 
 if TYPE_CHECKING:
-    from benchmarks.run import Run, Suite
+    from mergepipe.benchmarks.run import Run, Suite
 
 
 def fixed_budget_bytes(suite: Suite) -> int:
     """Scaling figure's fixed budget: a share of the full read of the scaling operator at k_main."""
-    from benchmarks.run import Run
-    from catalog.db import Catalog
-    from mergepipe.request import build_request
-    from planner.plan import make_plan
+    from mergepipe.benchmarks.run import Run
+    from mergepipe.catalog.db import Catalog
+    from mergepipe.planner.plan import make_plan
+
+    from mergepipe.core.request import build_request
 
     cfg = suite.cfg
     req = build_request(**suite.request(Run("ours", cfg.scaling_operator, cfg.k_main)))
@@ -152,8 +152,8 @@ def _one_shot(suite: Suite, run: Run) -> dict[str, Any]:
 def physical(suite: Suite, run_physical: Callable[..., Any],
              run_ranges: Callable[..., Any]) -> list[dict[str, Any]]:
     """Figure 5: cat/dd of exactly the bytes our full-read merges read and write, vs ours."""
-    from benchmarks.run import Run
-    from catalog.db import Catalog
+    from mergepipe.benchmarks.run import Run
+    from mergepipe.catalog.db import Catalog
 
     cfg = suite.cfg
     rows = []

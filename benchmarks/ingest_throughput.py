@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.coldcache import files_under, make_cold
-from benchmarks.proc import emit, python_cmd, run_timed
+from mergepipe.benchmarks.coldcache import files_under, make_cold
+from mergepipe.benchmarks.proc import emit, python_cmd, run_timed
 
-MODULE = "benchmarks.ingest_throughput"
+MODULE = "mergepipe.benchmarks.ingest_throughput"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "baseline":
         import tempfile
 
-        import catalog.ingest  # noqa: F401 - the modules a worker loads
-        from catalog.db import Catalog
+        import mergepipe.catalog.ingest  # noqa: F401 - the modules a worker loads
+        from mergepipe.catalog.db import Catalog
         with tempfile.TemporaryDirectory() as d, Catalog(Path(d) / "c.duckdb"):
             emit({})  # and an open catalog, as a worker has
         return 0
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from catalog.db import Catalog
-    from catalog.ingest import scan_model, write_model
+    from mergepipe.catalog.db import Catalog
+    from mergepipe.catalog.ingest import scan_model, write_model
 
     with Catalog(args.catalog) as cat:
         c0 = time.process_time()
@@ -120,7 +120,7 @@ def _bench(args: argparse.Namespace) -> int:
     want = {"size_mb": args.size_mb, "experts": args.experts}
     if not info_file.exists() or json.loads((root / "want.json").read_text()
                                             if (root / "want.json").exists() else "{}") != want:
-        from benchmarks.family import generate_family
+        from mergepipe.benchmarks.family import generate_family
         shutil.rmtree(fam, ignore_errors=True)
         print(f"generating base + {args.experts} experts of {args.size_mb:g} MB in {fam} ...",
               file=sys.stderr)
@@ -134,7 +134,7 @@ def _bench(args: argparse.Namespace) -> int:
     for suffix in ("", ".wal"):
         Path(f"{catalog}{suffix}").unlink(missing_ok=True)
 
-    from catalog.db import Catalog
+    from mergepipe.catalog.db import Catalog
     base_rss = run_timed(python_cmd(MODULE, "baseline")).check().peak_rss
     runs: list[dict[str, Any]] = []
     with Catalog(catalog):

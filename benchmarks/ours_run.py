@@ -11,8 +11,9 @@ OUTPUT_NAME = "bench-output"
 
 def warm_up() -> None:
     """Import the engine (paid once per worker)."""
-    import executor.run  # noqa: F401
-    import planner.plan  # noqa: F401
+    import mergepipe.planner.plan  # noqa: F401
+
+    import mergepipe.jobs.merge  # noqa: F401
 
 
 def dir_bytes(path: Path) -> int:
@@ -22,9 +23,10 @@ def dir_bytes(path: Path) -> int:
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """job: catalog, request (build_request keywords), out. Returns timings and the summary."""
-    from catalog.db import Catalog
-    from executor.run import merge
-    from mergepipe.request import build_request
+    from mergepipe.catalog.db import Catalog
+
+    from mergepipe.core.request import build_request
+    from mergepipe.jobs.merge import merge
 
     t0 = time.perf_counter()
     request = build_request(**job["request"])

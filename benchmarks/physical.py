@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.proc import Timed, run_timed
-from catalog.db import Catalog, register_sql_dir
+from mergepipe.benchmarks.proc import Timed, run_timed
+from mergepipe.catalog.db import Catalog, register_sql_package
 
-register_sql_dir(Path(__file__).parent / "sql")
+register_sql_package("mergepipe.benchmarks")
 DD_BLOCK = 4 << 20
 
 

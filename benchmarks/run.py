@@ -20,13 +20,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli_args import add_arguments
-from benchmarks.coldcache import files_under, make_cold, resident_bytes, resident_fraction
-from benchmarks.family import generate_family, read_family
-from benchmarks.mergekit_run import mergekit_config, write_config
-from benchmarks.physical import run_physical, run_ranges
-from benchmarks.worker import WorkerClient
-from mergepipe.request import NORMALIZE_DEFAULT
+from mergepipe.benchmarks.cli_args import add_arguments
+from mergepipe.benchmarks.coldcache import files_under, make_cold, resident_bytes, resident_fraction
+from mergepipe.benchmarks.family import generate_family, read_family
+from mergepipe.benchmarks.mergekit_run import mergekit_config, write_config
+from mergepipe.benchmarks.physical import run_physical, run_ranges
+from mergepipe.benchmarks.worker import WorkerClient
+
+from mergepipe.core.request import NORMALIZE_DEFAULT
 
 OPERATORS = ("linear", "task_arithmetic", "ties", "dare_ties")
 RSS_RUNS = (("ours", "linear"), ("ours", "ties"), ("mergekit", "linear"))
@@ -262,8 +263,8 @@ def _dig(d: dict[str, Any], dotted: str) -> Any:
 
 def ingest_family(root: Path, catalog: Path) -> float:
     """Ingest base and experts (statistics on; two experts scanned at a time); seconds."""
-    from catalog.db import Catalog
-    from catalog.ingest import ingest_model
+    from mergepipe.catalog.db import Catalog
+    from mergepipe.catalog.ingest import ingest_model
 
     catalog.unlink(missing_ok=True)
     fam = read_family(root)
@@ -306,8 +307,8 @@ def run_suite(cfg: SuiteConfig, out: Path, report: Path | None = None,
               plots: Path | None = None, command: str = "mergepipe bench",
               log: Any = print) -> dict[str, Any]:
     """Run every figure, write results.json, BENCHMARKS.md and the plots; the results."""
-    from benchmarks import figures
-    from benchmarks.report import write_report
+    from mergepipe.benchmarks import figures
+    from mergepipe.benchmarks.report import write_report
 
     started = time.time()
     out.mkdir(parents=True, exist_ok=True)

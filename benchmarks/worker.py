@@ -17,9 +17,9 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
-from benchmarks.proc import RESULT_PREFIX, child_env, emit, python_cmd
+from mergepipe.benchmarks.proc import RESULT_PREFIX, child_env, emit, python_cmd
 
-TOOLS = {"ours": "benchmarks.ours_run", "mergekit": "benchmarks.mergekit_run"}
+TOOLS = {"ours": "mergepipe.benchmarks.ours_run", "mergekit": "mergepipe.benchmarks.mergekit_run"}
 
 
 class WorkerError(RuntimeError):
@@ -34,7 +34,7 @@ class WorkerClient:
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log_path = log
         self._log: IO[str] = open(log, "a")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(python_cmd("benchmarks.worker", tool), env=child_env(),
+        self.proc = subprocess.Popen(python_cmd("mergepipe.benchmarks.worker", tool), env=child_env(),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, text=True, bufsize=1)
         ready = self._read()

@@ -7,8 +7,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from catalog.safetensors_format import SafetensorsHeader, TensorEntry, read_header
-from mergepipe.errors import InvalidCheckpoint
+from mergepipe.catalog.safetensors_format import SafetensorsHeader, TensorEntry, read_header
+
+from mergepipe.core.errors import InvalidCheckpoint
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

@@ -7,17 +7,18 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from mergepipe.errors import Conflict
+from mergepipe.core.errors import Conflict
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MIGRATIONS_DIR = REPO_ROOT / "migrations"
-SCHEMA_FILE = REPO_ROOT / "catalog_schema.sql"
-SQL_DIRS = [Path(__file__).resolve().parent / "sql"]
+MIGRATIONS_PACKAGE = "mergepipe.migrations"  # NNNN_name.sql files and catalog_schema.sql
+SCHEMA_FILE_NAME = "catalog_schema.sql"  # what the migrations, applied in order, produce
+SQL_PACKAGES = ["mergepipe.catalog"]  # packages whose sql/NAME.sql files load_sql finds
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -34,17 +35,17 @@ INSERT_APPLIED = "INSERT INTO schema_migrations (version, name) VALUES (:version
 @cache
 def load_sql(name: str) -> sa.TextClause:
     """The named statement from a `sql/NAME.sql` file (bound parameters as `:name`)."""
-    for d in SQL_DIRS:
-        p = d / f"{name}.sql"
-        if p.exists():
-            return sa.text(p.read_text())
-    raise KeyError(f"no SQL file named {name!r} in {[str(d) for d in SQL_DIRS]}")
+    for package in SQL_PACKAGES:
+        f = files(package).joinpath("sql", f"{name}.sql")
+        if f.is_file():
+            return sa.text(f.read_text())
+    raise KeyError(f"no SQL file named {name!r} in the sql/ folders of {SQL_PACKAGES}")
 
 
-def register_sql_dir(path: Path) -> None:
-    """Let another package (planner, service) keep its SQL files beside its code."""
-    if path not in SQL_DIRS:
-        SQL_DIRS.append(path)
+def register_sql_package(package: str) -> None:
+    """Let another package (planner, service) keep its SQL files in its own sql/ folder."""
+    if package not in SQL_PACKAGES:
+        SQL_PACKAGES.append(package)
 
 
 def split_statements(script: str) -> list[str]:
@@ -53,14 +54,22 @@ def split_statements(script: str) -> list[str]:
     return [s.strip() for s in no_comments.split(";") if s.strip()]
 
 
-def migrations() -> list[tuple[int, str, Path]]:
+def migrations() -> list[tuple[int, str, Traversable]]:
+    """(version, name, file) of the numbered migrations shipped in the package, in order."""
     out = []
-    for p in sorted(MIGRATIONS_DIR.glob("*.sql")):
-        m = _MIGRATION_NAME.match(p.name)
-        if not m:
-            raise RuntimeError(f"migration file name {p.name!r} is not NNNN_name.sql")
-        out.append((int(m.group(1)), m.group(2), p))
-    return out
+    for f in files(MIGRATIONS_PACKAGE).iterdir():
+        m = _MIGRATION_NAME.match(f.name)
+        if m:
+            out.append((int(m.group(1)), m.group(2), f))
+    if not out:
+        raise RuntimeError(f"no migrations found in {MIGRATIONS_PACKAGE}: the installation is "
+                           "incomplete (the package data was not installed)")
+    return sorted(out, key=lambda v: v[0])
+
+
+def schema_sql() -> str:
+    """catalog_schema.sql: the schema the migrations produce, applied in order."""
+    return files(MIGRATIONS_PACKAGE).joinpath(SCHEMA_FILE_NAME).read_text()
 
 
 class CatalogInUse(Conflict):

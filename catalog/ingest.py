@@ -17,16 +17,29 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from mergepipe.catalog.checkpoint import Checkpoint, open_checkpoint
+from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES, block_rows
+from mergepipe.catalog.lora import lora_targets
+from mergepipe.catalog.models import (
+    KINDS,
+    find_model,
+    get_model,
+    model_blocks,
+    model_files,
+    model_tensors,
+)
+from mergepipe.catalog.safetensors_format import TensorEntry
+from mergepipe.catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_tensors
+from mergepipe.catalog.storage import LocalFileReader
 
-from catalog.checkpoint import Checkpoint, open_checkpoint
-from catalog.db import Catalog, load_sql
-from catalog.grid import DEFAULT_BLOCK_BYTES, block_rows
-from catalog.lora import lora_targets
-from catalog.models import KINDS, find_model, get_model, model_blocks, model_files, model_tensors
-from catalog.safetensors_format import TensorEntry
-from catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_tensors
-from catalog.storage import LocalFileReader
-from mergepipe.errors import Conflict, InvalidCheckpoint, InvalidRequest, NotFound, SourceChanged
+from mergepipe.core.errors import (
+    Conflict,
+    InvalidCheckpoint,
+    InvalidRequest,
+    NotFound,
+    SourceChanged,
+)
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "KINDS", "ScannedModel", "ingest_model", "scan_model",
            "write_model"]

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+from mergepipe.catalog.safetensors_format import TensorEntry
 
-from catalog.safetensors_format import TensorEntry
-from mergepipe.errors import InvalidCheckpoint
+from mergepipe.core.errors import InvalidCheckpoint
 
 # base_model.model.<module>.lora_A.weight (PEFT's saved form; an adapter name may sit before
 # .weight in unsaved state dicts).

@@ -6,9 +6,9 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from mergepipe.catalog.db import Catalog, load_sql
 
-from catalog.db import Catalog, load_sql
-from mergepipe.errors import NotFound
+from mergepipe.core.errors import NotFound
 
 KINDS = ("full", "delta", "lora")  # how a model stores its weights
 

@@ -11,10 +11,10 @@ from typing import Any
 import duckdb
 import sqlglot
 import sqlglot.expressions as exp
+from mergepipe.catalog.db import Catalog
 from sqlglot.errors import ParseError
 
-from catalog.db import Catalog
-from mergepipe.errors import Busy, InvalidRequest
+from mergepipe.core.errors import Busy, InvalidRequest
 
 # Functions that read files or the network, touch settings or state, or reveal the server's
 # files; refused even though the database itself also runs with enable_external_access=false.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mergepipe.errors import InvalidCheckpoint
+from mergepipe.core.errors import InvalidCheckpoint
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}

@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 import xxhash
-
-from catalog.lora import lora_delta
-from catalog.safetensors_format import DTYPE_SIZES, TensorEntry, decode_into, to_float32
-from catalog.stats import (
+from mergepipe.catalog.lora import lora_delta
+from mergepipe.catalog.safetensors_format import DTYPE_SIZES, TensorEntry, decode_into, to_float32
+from mergepipe.catalog.stats import (
     BlockStats,
     Histogram,
     NonFiniteDelta,
@@ -24,8 +23,9 @@ from catalog.stats import (
     TrimThresholds,
     scan_block,
 )
-from catalog.storage import LocalFileReader
-from mergepipe.errors import InvalidCheckpoint
+from mergepipe.catalog.storage import LocalFileReader
+
+from mergepipe.core.errors import InvalidCheckpoint
 
 MODES = ("hash", "full", "delta", "lora")
 INLINE_BELOW = 8 << 20  # scans of fewer bytes run in the calling thread

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from mergepipe.errors import InvalidCheckpoint
+from mergepipe.core.errors import InvalidCheckpoint
 
 
 class RangeReader(Protocol):

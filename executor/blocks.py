@@ -6,16 +6,16 @@ import threading
 from collections.abc import Hashable, Mapping
 
 import torch
+from mergepipe.catalog.lora import lora_delta
+from mergepipe.catalog.safetensors_format import DTYPE_SIZES, TensorEntry, decode_into, to_float32
+from mergepipe.catalog.scan import BlockScan, TensorPlan, scan_full_block
+from mergepipe.catalog.stats import NonFiniteDelta
+from mergepipe.executor.prepare import Prepared
+from mergepipe.executor.schedule import Step
+from mergepipe.executor.sources import ModelSource
+from mergepipe.executor.writer import encode
 
-from catalog.lora import lora_delta
-from catalog.safetensors_format import DTYPE_SIZES, TensorEntry, decode_into, to_float32
-from catalog.scan import BlockScan, TensorPlan, scan_full_block
-from catalog.stats import NonFiniteDelta
-from executor.prepare import Prepared
-from executor.schedule import Step
-from executor.sources import ModelSource
-from executor.writer import encode
-from mergepipe.errors import InvalidCheckpoint
+from mergepipe.core.errors import InvalidCheckpoint
 
 # One merged block: (tensor, row_start, output bytes, the first scan pass over it or None).
 MergedBlock = tuple[str, int, memoryview, BlockScan | None]
@@ -30,7 +30,7 @@ class ChunkMerger:
     """
 
     def __init__(self, prep: Prepared, *, first_pass: bool = False) -> None:
-        from executor.operators import REGISTRY
+        from mergepipe.core.operators import REGISTRY
 
         self.prep = prep
         self.output_plans = output_plans(prep) if first_pass else None
@@ -82,8 +82,8 @@ class ChunkMerger:
 
     def merge_step(self, st: Step, data: Mapping[Hashable, memoryview]
                    ) -> tuple[str, int, memoryview]:
-        from executor.operators import BlockContext, ExpertBlock
-        from executor.operators.keyed_hash import expert_key
+        from mergepipe.core.operators import BlockContext, ExpertBlock
+        from mergepipe.core.operators.keyed_hash import expert_key
 
         t = self.prep.base.tensors[st.tensor]
         out_dtype = self.prep.out_dtype or t.dtype

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from mergepipe.catalog.db import Catalog, load_sql, register_sql_package
+from mergepipe.executor.stream import ExecutionResult, PlanLike, Prepared
 
-from catalog.db import Catalog, load_sql, register_sql_dir
-from executor.stream import ExecutionResult, PlanLike, Prepared
-from mergepipe.errors import Conflict, NotFound
-from mergepipe.request import MergeRequest
+from mergepipe.core.errors import Conflict, NotFound
+from mergepipe.core.request import MergeRequest
 
-register_sql_dir(Path(__file__).parent / "sql")
+register_sql_package("mergepipe.executor")
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "mergepipe-manifest/1"
@@ -258,7 +258,7 @@ def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionRes
 
 
 def write_manifest(out_dir: Path, manifest: Mapping[str, Any]) -> Path:
-    from executor.writer import write_json
+    from mergepipe.executor.writer import write_json
     path = Path(out_dir) / MANIFEST_FILE
     write_json(path, manifest)
     return path

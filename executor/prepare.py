@@ -7,10 +7,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from catalog.checkpoint import Checkpoint, open_checkpoint
-from executor.sources import BlockInfo, ModelSource, TensorInfo, load_model
-from mergepipe.errors import BudgetViolation, InvalidCheckpoint, InvalidRequest, SourceChanged
-from mergepipe.request import MergeRequest
+from mergepipe.catalog.checkpoint import Checkpoint, open_checkpoint
+from mergepipe.executor.sources import BlockInfo, ModelSource, TensorInfo, load_model
+
+from mergepipe.core.errors import BudgetViolation, InvalidCheckpoint, InvalidRequest, SourceChanged
+from mergepipe.core.request import MergeRequest
 
 
 class PlannedBlockLike(Protocol):

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mergepipe.errors import Conflict, InvalidRequest
+from mergepipe.core.errors import Conflict, InvalidRequest
 
 
 def check_target(target: Path, *, overwrite: bool = False) -> None:

@@ -6,8 +6,9 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from catalog.storage import LocalFileReader
-from mergepipe.errors import BudgetViolation
+from mergepipe.catalog.storage import LocalFileReader
+
+from mergepipe.core.errors import BudgetViolation
 
 # Adjacent ranges are merged into one read up to this many bytes (memory stays bounded).
 MAX_COALESCED_BYTES = 8 << 20

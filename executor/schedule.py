@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from executor.prepare import Prepared
-from executor.reads import Range
-from executor.sources import BlockInfo
+from mergepipe.executor.prepare import Prepared
+from mergepipe.executor.reads import Range
+from mergepipe.executor.sources import BlockInfo
 
 
 @dataclass

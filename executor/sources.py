@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import xxhash
+from mergepipe.catalog.db import Catalog, register_sql_package
 
-from catalog.db import Catalog, register_sql_dir
-from mergepipe.errors import InvalidRequest, NotFound, SourceChanged
+from mergepipe.core.errors import InvalidRequest, NotFound, SourceChanged
 
-register_sql_dir(Path(__file__).parent / "sql")
+register_sql_package("mergepipe.executor")
 
 
 @dataclass(frozen=True)

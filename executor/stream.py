@@ -16,16 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mergepipe.catalog.checkpoint import INDEX_FILE
+from mergepipe.catalog.scan import FirstPass
+from mergepipe.catalog.storage import LocalFileReader
+from mergepipe.executor.blocks import ChunkMerger, MergedBlock
+from mergepipe.executor.prepare import PlanLike, Prepared, output_layout, prepare
+from mergepipe.executor.reads import BudgetCounter, Prefetcher
+from mergepipe.executor.schedule import schedule
+from mergepipe.executor.writer import (
+    BackgroundWrites,
+    CheckpointWriter,
+    OutputTensor,
+    copy_extra_files,
+)
 
-from catalog.checkpoint import INDEX_FILE
-from catalog.scan import FirstPass
-from catalog.storage import LocalFileReader
-from executor.blocks import ChunkMerger, MergedBlock
-from executor.prepare import PlanLike, Prepared, output_layout, prepare
-from executor.reads import BudgetCounter, Prefetcher
-from executor.schedule import schedule
-from executor.writer import BackgroundWrites, CheckpointWriter, OutputTensor, copy_extra_files
-from mergepipe.errors import BudgetViolation
+from mergepipe.core.errors import BudgetViolation
 
 __all__ = ["ExecutionResult", "PlanLike", "Prepared", "execute", "prepare"]
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 import xxhash
-
-from catalog.checkpoint import INDEX_FILE
-from catalog.safetensors_format import DTYPE_SIZES, TORCH_DTYPES, encode_header
+from mergepipe.catalog.checkpoint import INDEX_FILE
+from mergepipe.catalog.safetensors_format import DTYPE_SIZES, TORCH_DTYPES, encode_header
 
 
 @dataclass(frozen=True)

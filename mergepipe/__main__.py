@@ -2,6 +2,6 @@
 
 import sys
 
-from mergepipe.cli import main
+from mergepipe.cli.main import main
 
 sys.exit(main())

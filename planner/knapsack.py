@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from mergepipe.catalog.db import load_sql
+from mergepipe.planner.validate import ModelInfo
 
-from catalog.db import load_sql
-from mergepipe.errors import BudgetViolation, InvalidRequest
-from planner.validate import ModelInfo
+from mergepipe.core.errors import BudgetViolation, InvalidRequest
 
 
 @dataclass(frozen=True)

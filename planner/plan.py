@@ -9,17 +9,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import count
-from pathlib import Path
 from typing import Any, NamedTuple
 
-from catalog.db import Catalog, register_sql_dir
-from mergepipe.request import ADDITIVE_OPERATORS, SPARSE_OPERATORS, MergeRequest
-from planner import knapsack
-from planner.hashing import plan_hash
-from planner.validate import ModelInfo, load_models
-from planner.weights import rank_weights, trim_indexes, trim_k
+from mergepipe.catalog.db import Catalog, register_sql_package
+from mergepipe.planner import knapsack
+from mergepipe.planner.hashing import plan_hash
+from mergepipe.planner.validate import ModelInfo, load_models
+from mergepipe.planner.weights import rank_weights, trim_indexes, trim_k
 
-register_sql_dir(Path(__file__).resolve().parent / "sql")
+from mergepipe.core.request import ADDITIVE_OPERATORS, SPARSE_OPERATORS, MergeRequest
+
+register_sql_package("mergepipe.planner")
 
 FALLBACK_ORDER = ("whole tensors, ranked after every block of the experts with statistics, "
                   "in checkpoint order (tensor ordinal, then expert position)")

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from mergepipe.catalog.db import load_sql
 
-from catalog.db import load_sql
-from mergepipe.errors import Conflict, InvalidRequest, NotFound
-from mergepipe.request import MergeRequest
+from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
+from mergepipe.core.request import MergeRequest
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mergepipe.errors import InvalidRequest
-from mergepipe.request import MergeRequest
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.request import MergeRequest
 
 TRIM_GRID = 100  # tensor_stats.trim_* hold one entry per 1% of density
 

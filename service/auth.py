@@ -6,7 +6,7 @@ import hmac
 
 from fastapi import Request
 
-from mergepipe.errors import Unauthorized
+from mergepipe.core.errors import Unauthorized
 
 
 def require_token(request: Request) -> None:

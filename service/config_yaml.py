@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from mergepipe.errors import MergePipeError
-from mergepipe.mergekit_resolve import load_config, not_found
-from mergepipe.request import MergeRequest
-from service import store
-from service.paths import confine_input
-from service.routes.plans import to_request
-from service.schemas import PlanIn
-from service.state import AppState
+from mergepipe.service import store
+from mergepipe.service.paths import confine_input
+from mergepipe.service.routes.plans import to_request
+from mergepipe.service.schemas import PlanIn
+from mergepipe.service.state import AppState
+
+from mergepipe.core.errors import MergePipeError
+from mergepipe.core.request import MergeRequest
+from mergepipe.jobs.mergekit_resolve import load_config, not_found
 
 # Fields of the JSON body that the config replaces.
 REPLACED = ("base", "experts", "operator", "params")
@@ -48,6 +49,6 @@ def body_request(st: AppState, body: PlanIn, output_dtype: str | None = None) ->
         key = f"config_yaml.{e.field}" if e.field else "config_yaml"
         raise type(e)(f"config_yaml: {e.message}", field=key) from None
     if output_dtype:
-        from catalog.safetensors_format import normalize_dtype
+        from mergepipe.catalog.safetensors_format import normalize_dtype
         request = replace(request, output_dtype=normalize_dtype(output_dtype))
     return request

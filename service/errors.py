@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mergepipe.errors import MergePipeError
+from mergepipe.core.errors import MergePipeError
 
 log = logging.getLogger("mergepipe.service")
 

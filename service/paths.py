@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from mergepipe.errors import Conflict, Forbidden, InvalidRequest
+from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
 
 # Model and output names become directory names under the output root: one path segment.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"

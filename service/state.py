@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
+from mergepipe.catalog.db import Catalog
 
-from catalog.db import Catalog
-from mergepipe.settings import Settings
-from service.jobs import JobRunner
+from mergepipe.core.settings import Settings
+from mergepipe.jobs.runner import JobRunner
 
 
 @dataclass

@@ -8,12 +8,11 @@ import json
 import math
 import uuid
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-from catalog.db import Catalog, register_sql_dir
+from mergepipe.catalog.db import Catalog, register_sql_package
 
-register_sql_dir(Path(__file__).resolve().parent / "sql")
+register_sql_package("mergepipe.service")
 
 JSON_COLUMNS = ("request", "params", "plan")
 MAX_LINEAGE_DEPTH = 64
@@ -140,7 +139,7 @@ def ping(cat: Catalog) -> None:
 
 def recover(cat: Catalog) -> None:
     """Mark what was running when the server died as failed (one transaction)."""
-    from catalog.db import load_sql
+    from mergepipe.catalog.db import load_sql
     with cat.transaction() as conn:
         conn.execute(load_sql("svc_recover_ingest_jobs"))
         conn.execute(load_sql("svc_recover_merges"))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from catalog.db import Catalog
-from mergepipe.errors import Conflict, MergePipeError, NotFound
-from service import store
-from service.jobs import JobRunner
+from mergepipe.catalog.db import Catalog
+from mergepipe.service import store
+
+from mergepipe.core.errors import Conflict, MergePipeError, NotFound
+from mergepipe.jobs.runner import JobRunner
 
 MODEL_FIELDS = ("name", "kind", "path", "base", "status", "error", "has_stats", "block_bytes",
                 "n_tensors", "tensor_bytes", "lora_scale", "source_merge", "ingest_seconds",
@@ -43,7 +44,7 @@ def model_out(row: dict[str, Any] | None, job: dict[str, Any] | None,
 
 def find_model(cat: Catalog, name: str) -> dict[str, Any] | None:
     """The catalog row of a model, or None."""
-    from catalog.models import get_model
+    from mergepipe.catalog.models import get_model
     try:
         return dict(get_model(cat, name))
     except NotFound:

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-
-from catalog.db import Catalog
+from mergepipe.catalog.db import Catalog
 
 # Rows an ingestion writes, per table (all or nothing).
 MODEL_TABLES = {"models": "name", "files": "model", "tensors": "model", "blocks": "model",

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from executor.operators import REGISTRY, BlockContext, ExpertBlock
-from executor.operators.keyed_hash import expert_key
+from mergepipe.core.operators import REGISTRY, BlockContext, ExpertBlock
+from mergepipe.core.operators.keyed_hash import expert_key
 
 
 @dataclass(frozen=True)

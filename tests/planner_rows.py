@@ -7,8 +7,7 @@ import math
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-
-from catalog.db import Catalog
+from mergepipe.catalog.db import Catalog
 
 INSERT_MODEL = sa.text(
     "INSERT INTO models (name, kind, path, base, status, error, has_stats, block_bytes, "

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from mergepipe.catalog.db import Catalog
+from mergepipe.service import store
 
-from catalog.db import Catalog
-from service import store
 from tests import factory
 from tests.api_helpers import (
     assert_error,

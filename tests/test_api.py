@@ -334,7 +334,7 @@ def test_unknown_routes_and_methods_use_the_error_shape(client: TestClient) -> N
 
 def test_internal_faults_are_500_without_internals(
         client: TestClient, env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    import service.routes.lineage as lineage_route
+    import mergepipe.service.routes.lineage as lineage_route
 
     def boom(*a: Any) -> Any:
         raise RuntimeError("secret internals")
@@ -347,7 +347,7 @@ def test_internal_faults_are_500_without_internals(
 
 def test_healthz_is_503_when_the_catalog_fails(client: TestClient,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    import service.routes.health as health_route
+    import mergepipe.service.routes.health as health_route
 
     def boom(*a: Any) -> Any:
         raise RuntimeError("db gone")

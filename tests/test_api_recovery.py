@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from catalog.db import Catalog
-from mergepipe.request import build_request
-from service import store
+from mergepipe.catalog.db import Catalog
+from mergepipe.service import store
+
+from mergepipe.core.request import build_request
 from tests.api_helpers import (
     EXPERTS,
     client_for,
@@ -19,8 +20,9 @@ from tests.api_helpers import (
 
 def test_restart_fails_running_jobs_removes_temp_outputs_and_resumes_queued(
         tmp_path: Path) -> None:
-    from executor import manifest
-    from executor.run import new_merge
+    from mergepipe.executor import manifest
+
+    from mergepipe.jobs.merge import new_merge
 
     family = make_family(tmp_path / "data" / "family")
     settings = settings_for(tmp_path)
@@ -67,7 +69,7 @@ def test_restart_fails_running_jobs_removes_temp_outputs_and_resumes_queued(
 
 def test_stopping_leaves_queued_jobs_queued(tmp_path: Path) -> None:
     """A job the workers never took stays queued in the catalog across a stop."""
-    from service.jobs import JobRunner
+    from mergepipe.jobs.runner import JobRunner
 
     family = make_family(tmp_path / "data" / "family")
     settings = settings_for(tmp_path)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from mergepipe.service.paths import check_name, confine_input, output_dir, temp_dirs
 
-from mergepipe.errors import Conflict, Forbidden, InvalidRequest
-from service.paths import check_name, confine_input, output_dir, temp_dirs
+from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
 from tests.api_helpers import assert_error, client_for, settings_for
 
 TOKEN = "s3cret-token"
@@ -93,13 +93,13 @@ def test_output_names_stay_one_segment_under_the_root(tmp_path: Path) -> None:
 
 
 def test_a_full_queue_is_429(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import service.views
+    import mergepipe.service.views
 
     (tmp_path / "data" / "m").mkdir(parents=True)
     with client_for(settings_for(tmp_path, max_queued_jobs=3)) as c:
-        monkeypatch.setattr(service.views.store, "job_counts", lambda cat: (3, 2))
+        monkeypatch.setattr(mergepipe.service.views.store, "job_counts", lambda cat: (3, 2))
         err = assert_error(c.post("/v1/models", json={"name": "m", "path": "m"}),
                            429, "too_many_jobs")
         assert "limit 3" in err["message"]
-        monkeypatch.setattr(service.views.store, "job_counts", lambda cat: (2, 2))
+        monkeypatch.setattr(mergepipe.service.views.store, "job_counts", lambda cat: (2, 2))
         assert c.post("/v1/models", json={"name": "m", "path": "m"}).status_code == 202

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from mergepipe.cli import main
+from mergepipe.cli.main import main
 
 HOLD = """
 import sys, time
-from catalog.db import Catalog
+from mergepipe.catalog.db import Catalog
 cat = Catalog(sys.argv[1])
 with cat.reader() as conn:
     open(sys.argv[2], "w").close()

@@ -30,12 +30,13 @@ from tests.operator_helpers import exact_trim
 pytest.importorskip("mergekit", reason="mergekit (test extra: pip install -e '.[test]') is not "
                                        "installed; the conformance reference is missing")
 
-from catalog.db import Catalog  # noqa: E402
-from catalog.ingest import ingest_model  # noqa: E402
-from catalog.models import model_blocks  # noqa: E402
-from executor.run import merge  # noqa: E402
-from mergepipe.request import build_request  # noqa: E402
-from planner.plan import make_plan  # noqa: E402
+from mergepipe.catalog.db import Catalog  # noqa: E402
+from mergepipe.catalog.ingest import ingest_model  # noqa: E402
+from mergepipe.catalog.models import model_blocks  # noqa: E402
+from mergepipe.planner.plan import make_plan  # noqa: E402
+
+from mergepipe.core.request import build_request  # noqa: E402
+from mergepipe.jobs.merge import merge  # noqa: E402
 
 EXPERTS = ("e0", "e1", "e2")
 WEIGHTS = (1.0, 0.5, 2.0)

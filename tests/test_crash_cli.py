@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mergepipe.catalog.db import Catalog
 
-from catalog.db import Catalog
-from mergepipe.cli import main
+from mergepipe.cli.main import main
 from tests import factory
 from tests.crash_helpers import (
     Cli,
@@ -113,9 +113,10 @@ def test_recovery_removes_staging_and_unrecorded_outputs(ready: dict[str, Any],
                                                          ) -> None:
     """The states a kill leaves (built by hand): in the staging phase, between the publishing
     rename and the catalog record, and in the middle of replacing an existing output."""
-    from executor import manifest
-    from executor.run import new_merge
-    from mergepipe.request import build_request
+    from mergepipe.executor import manifest
+
+    from mergepipe.core.request import build_request
+    from mergepipe.jobs.merge import new_merge
 
     db, out = ready["db"], ready["out"]
     reference = out / "reference"
@@ -282,9 +283,10 @@ def test_service_start_removes_an_output_published_but_not_recorded(
         ready: dict[str, Any]) -> None:
     """A server killed between the publishing rename and the catalog record: at its restart the
     merge is failed, its output gone and the name free."""
-    from executor import manifest
-    from executor.run import new_merge
-    from mergepipe.request import build_request
+    from mergepipe.executor import manifest
+
+    from mergepipe.core.request import build_request
+    from mergepipe.jobs.merge import new_merge
     from tests.api_helpers import client_for, settings_for, ties_body, wait
 
     db, out = ready["db"], ready["out"]

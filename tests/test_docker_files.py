@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from mergepipe.settings import Settings
+from mergepipe.core.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ def test_volumes_hold_the_catalog_models_and_outputs() -> None:
 def test_bad_environment_values_name_the_variable() -> None:
     import pytest
 
-    from mergepipe.errors import InvalidRequest
+    from mergepipe.core.errors import InvalidRequest
 
     for key, raw in (("MERGEPIPE_WORKERS", "two"), ("MERGEPIPE_WORKERS", "0"),
                      ("MERGEPIPE_SQL_TIMEOUT_S", "nan"), ("MERGEPIPE_MAX_BODY_BYTES", "-1")):

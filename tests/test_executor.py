@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 import torch
+from mergepipe.catalog.checkpoint import open_checkpoint
+from mergepipe.catalog.db import Catalog
+from mergepipe.executor import stream
+from mergepipe.planner.plan import make_plan
 
-from catalog.checkpoint import open_checkpoint
-from catalog.db import Catalog
-from executor import stream
-from executor.operators import BlockContext
-from executor.replay import StoredBlock, StoredPlan
-from executor.run import execute_plan, merge
-from mergepipe.errors import BudgetViolation, Conflict, SourceChanged
-from mergepipe.request import build_request
-from planner.plan import make_plan
+from mergepipe.core.errors import BudgetViolation, Conflict, SourceChanged
+from mergepipe.core.operators import BlockContext
+from mergepipe.core.request import build_request
+from mergepipe.jobs.merge import execute_plan, merge
+from mergepipe.jobs.replay import StoredBlock, StoredPlan
 from tests import factory
 from tests.executor_family import additive_reference, ingest_family
 
@@ -164,7 +164,7 @@ def test_corrupted_block_with_same_mtime_fails_the_content_hash(catalog: Catalog
 def test_failure_mid_way_leaves_no_output_and_no_temp_dir(shared: dict, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     catalog = shared["cat"]
-    from executor import operators
+    from mergepipe.core import operators
     calls = {"n": 0}
     real = operators.REGISTRY["linear"]
 
@@ -229,7 +229,7 @@ def test_lora_with_rank_and_alpha_patterns_uses_each_modules_scale(tmp_path: Pat
     lora = factory.make_lora(base, tmp_path / "lora", seed=4, r=4, alpha=8.0,
                              rank_pattern={"layers.0.self_attn.q_proj": 2},
                              alpha_pattern={"v_proj": 3.0})
-    from catalog.ingest import ingest_model
+    from mergepipe.catalog.ingest import ingest_model
     ingest_model(cat, base, "pbase", block_bytes=512)
     ingest_model(cat, lora, "plora", base="pbase", kind="lora")
     req = build_request(base="pbase", experts="plora", operator="task_arithmetic", budget=1.0,

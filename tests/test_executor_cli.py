@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from mergepipe.catalog.db import Catalog
 
-from catalog.db import Catalog
-from mergepipe.cli import main
-from mergepipe.commands.merge import parse_params
-from mergepipe.errors import InvalidRequest
+from mergepipe.cli.commands.merge import parse_params
+from mergepipe.cli.main import main
+from mergepipe.core.errors import InvalidRequest
 from tests.executor_family import ingest_family
 
 DESIGN_FIELDS = {"merge_id", "plan_hash", "operator", "budget_bytes", "full_read_bytes",

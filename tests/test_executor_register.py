@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from mergepipe.catalog import stats
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.ingest import ScannedModel, scan_model
+from mergepipe.executor import stream
+from mergepipe.planner.plan import make_plan
 
-from catalog import stats
-from catalog.db import Catalog
-from catalog.ingest import ScannedModel, scan_model
-from executor import stream
-from executor.run import merge
-from mergepipe.request import build_request
-from planner.plan import make_plan
+from mergepipe.core.request import build_request
+from mergepipe.jobs.merge import merge
 from tests.executor_family import ingest_family
 
 ROW_TABLES = ("files", "tensors", "blocks", "block_stats", "tensor_stats")

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-from benchmarks.fidelity.report import write_report  # noqa: E402
-from benchmarks.fidelity.run import quick_config, run_fidelity  # noqa: E402
+from mergepipe.benchmarks.fidelity.report import write_report  # noqa: E402
+from mergepipe.benchmarks.fidelity.run import quick_config, run_fidelity  # noqa: E402
 
 REL_TOL = 1e-6  # float32 summation noise, relative to ||M_full||
 

@@ -13,10 +13,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from mergepipe.catalog.safetensors_format import (
+    DTYPE_SIZES,
+    MAX_HEADER_BYTES,
+    encode_header,
+    read_header,
+)
 
-from catalog.safetensors_format import DTYPE_SIZES, MAX_HEADER_BYTES, encode_header, read_header
-from mergepipe.errors import InvalidCheckpoint, InvalidRequest, MergePipeError
-from mergepipe.request import OPERATORS, Budget, MergeRequest, build_request
+from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, MergePipeError
+from mergepipe.core.request import OPERATORS, Budget, MergeRequest, build_request
 
 FAST = settings(max_examples=100, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

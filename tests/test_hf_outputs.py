@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from mergepipe.catalog.db import Catalog
 
-from catalog.db import Catalog
-from mergepipe.request import build_request
+from mergepipe.core.request import build_request
 from tests import hf_family
 
 pytest.importorskip("transformers")
@@ -29,7 +29,7 @@ def qwen_tied(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def ingest_family(cat: Catalog, fam: dict[str, Path]) -> list[str]:
-    from catalog.ingest import ingest_model
+    from mergepipe.catalog.ingest import ingest_model
     ingest_model(cat, fam["base"], "base")
     experts = sorted(k for k in fam if k != "base")
     for name in experts:
@@ -68,7 +68,7 @@ def test_linear_output_loads_generates_and_equals_torch_merge(
         llama: dict[str, Path], tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from executor.run import merge
+    from mergepipe.jobs.merge import merge
     with Catalog(tmp_path / "c.duckdb") as cat:
         experts = ingest_family(cat, llama)
         req = build_request(base="base", experts=[{"model": e, "weight": w} for e, w in
@@ -108,7 +108,7 @@ def test_tied_embeddings_budgeted_ties_loads_in_base_dtype(
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from executor.run import merge
+    from mergepipe.jobs.merge import merge
     with Catalog(tmp_path / "c.duckdb") as cat:
         experts = ingest_family(cat, qwen_tied)
         req = build_request(base="base", experts=",".join(experts), operator="ties",
@@ -133,7 +133,7 @@ def test_tied_embeddings_budgeted_ties_loads_in_base_dtype(
 def test_sharded_base_gives_a_sharded_output_with_index(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from executor.run import merge
+    from mergepipe.jobs.merge import merge
     base = hf_family.make_base(tmp_path / "base", max_shard_size="40KB")
     shards = sorted(p.name for p in base.glob("*.safetensors"))
     assert len(shards) > 1

@@ -18,7 +18,7 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save_file
 
-from mergepipe.cli import main
+from mergepipe.cli.main import main
 from tests import factory
 from tests.api_helpers import (
     EXPERTS,

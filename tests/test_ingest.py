@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from mergepipe.catalog import scan, stats
+from mergepipe.catalog.grid import block_rows
+from mergepipe.catalog.ingest import ingest_model, scan_model
+from mergepipe.catalog.models import get_model, list_models
 
-from catalog import scan, stats
-from catalog.grid import block_rows
-from catalog.ingest import ingest_model, scan_model
-from catalog.models import get_model, list_models
 from tests import factory
 from tests.ingest_reference import (
     check_block_stats,
@@ -180,7 +180,7 @@ def test_no_stats_registers_blocks_without_reading_the_base(tmp_path: Path, cata
 
 
 def get_model_after_write(catalog, scanned) -> dict:
-    from catalog.ingest import write_model
+    from mergepipe.catalog.ingest import write_model
     with catalog.transaction() as conn:
         write_model(conn, scanned)
     return get_model(catalog, scanned.name)

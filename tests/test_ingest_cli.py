@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mergepipe.cli import main
+from mergepipe.cli.main import main
 from tests import factory
 
 

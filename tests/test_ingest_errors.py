@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from mergepipe.catalog import ingest as ingest_module
+from mergepipe.catalog.ingest import ingest_model
 from safetensors.torch import load_file, save_file
 
-from catalog import ingest as ingest_module
-from catalog.ingest import ingest_model
-from mergepipe.errors import (
+from mergepipe.core.errors import (
     Conflict,
     InvalidCheckpoint,
     InvalidRequest,

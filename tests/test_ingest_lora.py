@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 import xxhash
+from mergepipe.catalog.ingest import ingest_model, scan_model
+from mergepipe.catalog.lora import lora_delta
 from safetensors.torch import load_file
 
-from catalog.ingest import ingest_model, scan_model
-from catalog.lora import lora_delta
 from tests import factory
 from tests.ingest_reference import check_block_stats, check_tensor_stats, rows
 

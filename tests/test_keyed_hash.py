@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from executor.operators.keyed_hash import below, below_at, expert_key, uniform
+from mergepipe.core.operators.keyed_hash import below, below_at, expert_key, uniform
 
 MASK = (1 << 64) - 1
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 import xxhash
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.ingest import ingest_model
+from mergepipe.planner.plan import make_plan
 
-from catalog.db import Catalog
-from catalog.ingest import ingest_model
-from executor.run import merge
-from mergepipe.errors import SourceChanged
-from mergepipe.request import MergeRequest, build_request
-from planner.plan import make_plan
+from mergepipe.core.errors import SourceChanged
+from mergepipe.core.request import MergeRequest, build_request
+from mergepipe.jobs.merge import merge
 from tests import factory
 from tests.ingest_reference import rows
 

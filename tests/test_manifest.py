@@ -8,13 +8,13 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 import xxhash
+from mergepipe.catalog.db import Catalog
+from mergepipe.executor.manifest import MANIFEST_FORMAT
 from safetensors import safe_open
 
-from catalog.db import Catalog
-from executor.manifest import MANIFEST_FORMAT
-from executor.run import new_merge, run_merge
-from mergepipe.errors import Conflict
-from mergepipe.request import build_request
+from mergepipe.core.errors import Conflict
+from mergepipe.core.request import build_request
+from mergepipe.jobs.merge import new_merge, run_merge
 from tests.executor_family import ingest_family
 
 
@@ -92,7 +92,7 @@ def test_output_tensor_hashes_are_those_of_the_file_bytes(merged: dict) -> None:
     with safe_open(str(f), "pt") as st:
         names = list(st.keys())
     assert set(stored) == set(names)
-    from catalog.safetensors_format import read_header
+    from mergepipe.catalog.safetensors_format import read_header
     raw = f.read_bytes()
     for t in read_header(f).tensors:
         assert stored[t.name] == xxhash.xxh3_128_hexdigest(

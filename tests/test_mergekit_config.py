@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from mergepipe.catalog.db import Catalog
 
-from catalog.db import Catalog
-from mergepipe.errors import InvalidRequest
-from mergepipe.mergekit_config import parse_config
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.mergekit_config import parse_config
 
 
 def refused(text: str) -> InvalidRequest:
@@ -186,7 +186,7 @@ def test_parameters_of_the_base_entry_are_ignored_for_task_methods() -> None:
 # -- resolution against the catalog (names, paths, on-the-fly ingestion) ------------------------
 
 def _ingest_all(catalog: Catalog, family: dict[str, Path]) -> None:
-    from catalog.ingest import ingest_model
+    from mergepipe.catalog.ingest import ingest_model
     ingest_model(catalog, family["base"], "base")
     for n in ("e0", "e1"):
         ingest_model(catalog, family[n], n, base="base")
@@ -194,8 +194,9 @@ def _ingest_all(catalog: Catalog, family: dict[str, Path]) -> None:
 
 def test_paths_are_ingested_base_first_then_matched(catalog: Catalog,
                                                     family: dict[str, Path]) -> None:
-    from catalog.models import get_model
-    from mergepipe.mergekit_resolve import load_config
+    from mergepipe.catalog.models import get_model
+
+    from mergepipe.jobs.mergekit_resolve import load_config
     text = (f"merge_method: ties\nbase_model: {family['base']}\nmodels:\n"
             f"  - {{model: {family['e0']}, parameters: {{density: 0.5}}}}\n"
             f"  - {{model: {family['e1']}, parameters: {{density: 0.3, weight: 2}}}}\n")
@@ -212,7 +213,7 @@ def test_paths_are_ingested_base_first_then_matched(catalog: Catalog,
 
 
 def test_registered_names_and_inferred_base(catalog: Catalog, family: dict[str, Path]) -> None:
-    from mergepipe.mergekit_resolve import load_config
+    from mergepipe.jobs.mergekit_resolve import load_config
     _ingest_all(catalog, family)
     req, _ = load_config(catalog, "merge_method: linear\nmodels:\n"
                                   "  - {model: e0, parameters: {weight: 1}}\n"
@@ -222,7 +223,7 @@ def test_registered_names_and_inferred_base(catalog: Catalog, family: dict[str, 
 
 def test_resolution_errors_name_the_key(catalog: Catalog, family: dict[str, Path],
                                         tmp_path: Path) -> None:
-    from mergepipe.mergekit_resolve import load_config
+    from mergepipe.jobs.mergekit_resolve import load_config
     _ingest_all(catalog, family)
     cases = [
         ("merge_method: ties\nbase_model: e0\nmodels: [e1]", "base_model", "registered as an "

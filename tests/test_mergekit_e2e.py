@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from mergepipe.catalog.db import Catalog
 
-from catalog.db import Catalog
-from mergepipe.cli import main
+from mergepipe.cli.main import main
 from tests import api_helpers, hf_family
 
 TASK_ARITHMETIC = """\
@@ -99,7 +99,7 @@ def test_config_both_ways_gives_the_same_model(template: str, family: dict[str, 
     for k in theirs:
         torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=2e-6, msg=k)
     with Catalog(catalog) as cat:
-        from catalog.models import list_models
+        from mergepipe.catalog.models import list_models
         names = {m["name"]: m for m in list_models(cat)}
     assert names["base"]["base"] is None and names["e0"]["base"] == "base"
     # A second run matches the registered models by path instead of ingesting again.
@@ -118,7 +118,7 @@ def test_lora_reference_base_plus_adapter(family: dict[str, Path], tmp_path: Pat
                        "--out", str(tmp_path / "ours"), "--json")
     assert rc == 0, err
     with Catalog(tmp_path / "c.duckdb") as cat:
-        from catalog.models import get_model
+        from mergepipe.catalog.models import get_model
         assert get_model(cat, "a0")["kind"] == "lora"
     ours = hf_family.state_dict(tmp_path / "ours")
     theirs = run_mergekit(config, tmp_path / "mergekit")

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import re
+from importlib.resources import files
 from pathlib import Path
 
 import duckdb
 import pytest
-
-from catalog.db import MIGRATIONS_DIR, SCHEMA_FILE, Catalog, migrations, split_statements
+from mergepipe.catalog.db import (
+    MIGRATIONS_PACKAGE,
+    Catalog,
+    migrations,
+    schema_sql,
+    split_statements,
+)
 
 COLUMNS = """SELECT table_name, column_index, column_name, data_type, is_nullable, column_default
              FROM duckdb_columns() WHERE NOT internal ORDER BY table_name, column_index"""
@@ -42,7 +48,7 @@ def migrated(tmp_path: Path) -> Path:
 def from_schema(tmp_path: Path) -> Path:
     path = tmp_path / "schema.duckdb"
     con = duckdb.connect(str(path))
-    for stmt in split_statements(SCHEMA_FILE.read_text()):
+    for stmt in split_statements(schema_sql()):
         con.execute(stmt)
     con.close()
     return path
@@ -83,10 +89,11 @@ def test_migrations_are_recorded_and_applied_once(tmp_path: Path) -> None:
 
 
 def test_migration_files_are_numbered_without_gaps_or_duplicates() -> None:
-    files = sorted(p.name for p in MIGRATIONS_DIR.glob("*.sql"))
-    assert files and all(re.fullmatch(r"\d{4}_[a-z0-9_]+\.sql", f) for f in files), files
-    versions = [int(f[:4]) for f in files]
-    assert versions == list(range(1, len(files) + 1)), files
+    names = sorted(p.name for p in files(MIGRATIONS_PACKAGE).iterdir()
+                   if p.name.endswith(".sql") and p.name != "catalog_schema.sql")
+    assert names and all(re.fullmatch(r"\d{4}_[a-z0-9_]+\.sql", f) for f in names), names
+    versions = [int(f[:4]) for f in names]
+    assert versions == list(range(1, len(names) + 1)), names
 
 
 def test_upgrade_keeps_rows(tmp_path: Path) -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
-from executor.model_card import render_model_card
+from mergepipe.executor.model_card import render_model_card
 
 REQUEST = {"base": "org/base", "operator": "ties", "seed": 7, "output_dtype": "BF16",
            "experts": [{"model": "org/code", "weight": 1.0, "density": 0.5},
@@ -74,8 +73,8 @@ def test_deterministic() -> None:
 def test_card_config_round_trips_through_the_mergekit_parser(
         op: str, params: dict, densities: tuple[float | None, float | None]) -> None:
     """The card's mergekit config, read back by `mergepipe merge CONFIG.yml`, is the same merge."""
-    from mergepipe.mergekit_config import parse_config
-    from mergepipe.request import build_request
+    from mergepipe.core.mergekit_config import parse_config
+    from mergepipe.core.request import build_request
     experts = [{"model": "e1", "weight": 1.0, "density": densities[0]},
                {"model": "e2", "weight": 3.0, "density": densities[1]}]
     req = build_request(base="base", experts=[{k: v for k, v in e.items() if v is not None}

@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.operators import REGISTRY, BlockContext, ExpertBlock
-from executor.operators.keyed_hash import expert_key, uniform
-from executor.operators.sparsify import disjoint_sum, drop_mask, random_drop, trim_mask
+from mergepipe.core.operators import REGISTRY, BlockContext, ExpertBlock
+from mergepipe.core.operators.keyed_hash import expert_key, uniform
+from mergepipe.core.operators.sparsify import disjoint_sum, drop_mask, random_drop, trim_mask
 from tests.operator_helpers import TrimThreshold, exact_trim, merge_tensor, row_blocks
 
 T = torch.tensor

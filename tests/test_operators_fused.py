@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from executor.operators.keyed_hash import below, below_at, below_into, not_below_at
-from executor.operators.sparsify import (
+from mergepipe.core.operators.keyed_hash import below, below_at, below_into, not_below_at
+from mergepipe.core.operators.sparsify import (
     disjoint_sum,
     dropped_into,
     elect_into,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor.operators.keyed_hash import expert_key, uniform
+from mergepipe.core.operators.keyed_hash import expert_key, uniform
 from tests.operator_helpers import exact_trim, merge_tensor, row_blocks
 
 registry = pytest.importorskip("mergekit.merge_methods.registry",

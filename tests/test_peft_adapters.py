@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from mergepipe.catalog.db import Catalog
 
-from catalog.db import Catalog
-from mergepipe.request import build_request
+from mergepipe.core.request import build_request
 from tests import hf_family
 
 pytest.importorskip("peft")
@@ -51,7 +51,7 @@ def peft_merged(adapters: dict[str, Path]) -> dict[str, dict[str, torch.Tensor]]
 
 
 def ingest(cat: Catalog, adapters: dict[str, Path], names: tuple[str, ...]) -> None:
-    from catalog.ingest import ingest_model
+    from mergepipe.catalog.ingest import ingest_model
     ingest_model(cat, adapters["base"], "base")
     for n in names:
         ingest_model(cat, adapters[n], n, base="base", kind="lora")
@@ -60,7 +60,7 @@ def ingest(cat: Catalog, adapters: dict[str, Path], names: tuple[str, ...]) -> N
 def test_one_adapter_linear_equals_peft_merge_and_unload(
         adapters: dict[str, Path], peft_merged: dict[str, dict[str, torch.Tensor]],
         tmp_path: Path) -> None:
-    from executor.run import merge
+    from mergepipe.jobs.merge import merge
     with Catalog(tmp_path / "c.duckdb") as cat:
         ingest(cat, adapters, ("a0",))
         merge(cat, build_request(base="base", experts="a0", operator="linear",
@@ -109,7 +109,7 @@ def _reference(op: str, base: dict[str, torch.Tensor], deltas: list[dict[str, to
 def test_several_adapters_every_operator(
         op: str, adapters: dict[str, Path], peft_merged: dict[str, dict[str, torch.Tensor]],
         tmp_path: Path) -> None:
-    from executor.run import merge
+    from mergepipe.jobs.merge import merge
     names = ("a0", "a1", "a2")
     params: dict[str, object] = {"lambda": 0.7} if op == "task_arithmetic" else {}
     if op in ("ties", "dare_linear", "dare_ties"):
@@ -132,7 +132,7 @@ def test_several_adapters_every_operator(
 @pytest.mark.parametrize("op", ["ties", "dare_ties"])
 def test_several_adapters_sparse_under_budget(op: str, adapters: dict[str, Path],
                                               tmp_path: Path) -> None:
-    from executor.run import merge
+    from mergepipe.jobs.merge import merge
     with Catalog(tmp_path / "c.duckdb") as cat:
         ingest(cat, adapters, ("a0", "a1", "a2"))
         req = build_request(base="base", experts="a0,a1,a2", operator=op,
@@ -145,10 +145,11 @@ def test_several_adapters_sparse_under_budget(op: str, adapters: dict[str, Path]
 def test_block_cost_of_a_lora_expert_is_what_is_read(adapters: dict[str, Path],
                                                      tmp_path: Path) -> None:
     """C(A) = the lora_B rows of the selected blocks + lora_A once per touched tensor."""
-    from catalog.checkpoint import open_checkpoint
-    from catalog.models import model_tensors
-    from executor.run import merge
-    from planner.plan import make_plan
+    from mergepipe.catalog.checkpoint import open_checkpoint
+    from mergepipe.catalog.models import model_tensors
+    from mergepipe.planner.plan import make_plan
+
+    from mergepipe.jobs.merge import merge
     adapter_bytes = sum(t.nbytes for t in open_checkpoint(adapters["a1"]).tensors)
     with Catalog(tmp_path / "c.duckdb") as cat:
         ingest(cat, adapters, ("a1",))

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from mergepipe.catalog.db import Catalog
 
-from catalog.db import Catalog
-from mergepipe.cli import main
+from mergepipe.cli.main import main
 from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
 E0 = [Ten("t0", [Blk(100, 4), Blk(100, 0), Blk(100, 1)]), Ten("t1", [Blk(100, 2), Blk(40, 1)])]

@@ -10,11 +10,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mergepipe.catalog.db import Catalog
+from mergepipe.planner.plan import make_plan
 
-from catalog.db import Catalog
-from executor.run import execute_plan
-from mergepipe.request import MergeRequest, build_request
-from planner.plan import make_plan
+from mergepipe.core.request import MergeRequest, build_request
+from mergepipe.jobs.merge import execute_plan
 from tests import factory
 from tests.executor_family import ingest_family
 

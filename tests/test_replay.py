@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from mergepipe.catalog.db import Catalog
 
-from catalog.db import Catalog
-from executor.replay import stored_plan
-from executor.run import merge, replay
-from mergepipe.cli import main
-from mergepipe.errors import Conflict, NotFound
-from mergepipe.request import build_request
+from mergepipe.cli.main import main
+from mergepipe.core.errors import Conflict, NotFound
+from mergepipe.core.request import build_request
+from mergepipe.jobs.merge import merge, replay
+from mergepipe.jobs.replay import stored_plan
 from tests.executor_family import ingest_family
 
 

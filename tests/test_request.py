@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from mergepipe.errors import InvalidRequest
-from mergepipe.request import Budget, build_request, parse_experts
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.request import Budget, build_request, parse_experts
 
 
 def req(**kw):

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
-from catalog.checkpoint import open_checkpoint
-from catalog.safetensors_format import (
+from mergepipe.catalog.checkpoint import open_checkpoint
+from mergepipe.catalog.safetensors_format import (
     encode_header,
     from_float32,
     normalize_dtype,
     read_header,
     to_float32,
 )
-from mergepipe.errors import InvalidCheckpoint
+from safetensors.torch import load_file, save_file
+
+from mergepipe.core.errors import InvalidCheckpoint
 from tests import factory
 
 TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from mergepipe.cli import main
+from mergepipe.cli.main import main
 from tests.api_helpers import client_for, make_family, register_family, settings_for, wait
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from mergepipe.catalog import readonly_sql
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.readonly_sql import ALLOWED_TABLE_FUNCTIONS, check_readonly, run_readonly
 
-from catalog import readonly_sql
-from catalog.db import Catalog
-from catalog.readonly_sql import ALLOWED_TABLE_FUNCTIONS, check_readonly, run_readonly
-from mergepipe.errors import Busy, InvalidRequest
+from mergepipe.core.errors import Busy, InvalidRequest
 from tests.api_helpers import assert_error, client_for, settings_for
 
 SECRET = "TOP-SECRET-4f1d"
@@ -232,7 +232,7 @@ def test_deep_nesting_through_the_api_is_422(tmp_path: Path) -> None:
                                  "FROM duckdb_secrets()"])
 def test_the_cli_refuses_in_one_line(tmp_path: Path, sql: str,
                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from mergepipe.cli import main
+    from mergepipe.cli.main import main
 
     capsys.readouterr()
     rc = main(["--catalog", str(tmp_path / "c.duckdb"), "sql", sql])

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from benchmarks.fidelity.model import collate
-from benchmarks.fidelity.tasks import PAD, Example
+from mergepipe.benchmarks.fidelity.model import collate
+from mergepipe.benchmarks.fidelity.tasks import PAD, Example
 
 
 @torch.no_grad()

@@ -12,9 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from benchmarks.fidelity.model import ModelSize, TrainSpec, load_model, new_model, save_bf16, train
-from benchmarks.fidelity.tasks import TASKS, eval_set, pretrain_ids, task_examples
+from mergepipe.benchmarks.fidelity.model import (
+    ModelSize,
+    TrainSpec,
+    load_model,
+    new_model,
+    save_bf16,
+    train,
+)
+from mergepipe.benchmarks.fidelity.tasks import TASKS, eval_set, pretrain_ids, task_examples
 
 FAMILY_FILE = "fidelity-family.json"
 BASE_FILE = "fidelity-base.json"
@@ -78,7 +84,7 @@ def build_base(spec: FamilySpec, root: Path, *, rebuild: bool = False) -> dict[s
 
 def build_family(spec: FamilySpec, root: Path, *, rebuild: bool = False) -> dict[str, Any]:
     """Train (or reuse from root/family-<key>) the base and experts; the family description."""
-    from benchmarks.fidelity.evaluate import task_accuracy
+    from mergepipe.benchmarks.fidelity.evaluate import task_accuracy
 
     out = root / f"family-{spec.key()}"
     info_path = out / FAMILY_FILE

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from benchmarks.fidelity.tasks import BOS, END, PAD, VOCAB_SIZE
+from mergepipe.benchmarks.fidelity.tasks import BOS, END, PAD, VOCAB_SIZE
 
 
 @dataclass(frozen=True)

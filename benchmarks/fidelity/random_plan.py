@@ -9,12 +9,13 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-from catalog.db import Catalog
-from mergepipe.request import ADDITIVE_OPERATORS
-from planner import knapsack
-from planner.plan import Plan, PlannedBlock
-from planner.validate import load_models
-from planner.weights import rank_weights, trim_indexes
+from mergepipe.catalog.db import Catalog
+from mergepipe.planner import knapsack
+from mergepipe.planner.plan import Plan, PlannedBlock
+from mergepipe.planner.validate import load_models
+from mergepipe.planner.weights import rank_weights, trim_indexes
+
+from mergepipe.core.request import ADDITIVE_OPERATORS
 
 
 @dataclass(frozen=True)

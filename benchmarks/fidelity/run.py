@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from benchmarks.fidelity.evaluate import (
+from mergepipe.benchmarks.fidelity.evaluate import (
     additive_reference,
     exact_match,
     kl_summary,
@@ -23,20 +22,21 @@ from benchmarks.fidelity.evaluate import (
     log_probs,
     max_abs_diff,
 )
-from benchmarks.fidelity.family import FamilySpec, build_family
-from benchmarks.fidelity.model import ModelSize, TrainSpec, load_model
-from benchmarks.fidelity.random_plan import (
+from mergepipe.benchmarks.fidelity.family import FamilySpec, build_family
+from mergepipe.benchmarks.fidelity.model import ModelSize, TrainSpec, load_model
+from mergepipe.benchmarks.fidelity.random_plan import (
     candidates,
     expert_normalized_plan,
     random_plan,
     retained_utility,
 )
-from benchmarks.fidelity.tasks import Example, eval_set
-from catalog.db import Catalog
-from catalog.ingest import ingest_model
-from executor.run import execute_plan
-from mergepipe.request import ADDITIVE_OPERATORS, build_request
-from planner.plan import Plan, make_plan
+from mergepipe.benchmarks.fidelity.tasks import Example, eval_set
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.ingest import ingest_model
+from mergepipe.planner.plan import Plan, make_plan
+
+from mergepipe.core.request import ADDITIVE_OPERATORS, build_request
+from mergepipe.jobs.merge import execute_plan
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,15 @@ from typing import Any
 
 import sqlalchemy as sa
 import torch
+from mergepipe.benchmarks.fidelity.evaluate import load_state
+from mergepipe.benchmarks.fidelity.family import build_family
+from mergepipe.benchmarks.fidelity.random_plan import Candidate, _first_fit, candidates
+from mergepipe.benchmarks.fidelity.run import Evaluator, FidelityConfig, OperatorRun
+from mergepipe.benchmarks.fidelity.tasks import eval_set
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.ingest import ingest_model
+from mergepipe.planner.plan import Plan, make_plan
 from safetensors.torch import load_file
-
-from benchmarks.fidelity.evaluate import load_state
-from benchmarks.fidelity.family import build_family
-from benchmarks.fidelity.random_plan import Candidate, _first_fit, candidates
-from benchmarks.fidelity.run import Evaluator, FidelityConfig, OperatorRun
-from benchmarks.fidelity.tasks import eval_set
-from catalog.db import Catalog
-from catalog.ingest import ingest_model
-from planner.plan import Plan, make_plan
 
 Score = Callable[[Candidate], float]
 

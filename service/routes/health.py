@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from mergepipe.service import store
+from mergepipe.service.schemas import Health
+from mergepipe.service.state import State
 
-from mergepipe.errors import MergePipeError
-from service import store
-from service.schemas import Health
-from service.state import State
+from mergepipe.core.errors import MergePipeError
 
 router = APIRouter(tags=["health"])
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from mergepipe.service import store
+from mergepipe.service.schemas import LineageOut
+from mergepipe.service.state import State
+from mergepipe.service.views import find_model
 
-from mergepipe.errors import NotFound
-from service import store
-from service.schemas import LineageOut
-from service.state import State
-from service.views import find_model
+from mergepipe.core.errors import NotFound
 
 router = APIRouter(prefix="/v1", tags=["lineage"])
 

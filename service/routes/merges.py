@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Response
+from mergepipe.service import store
+from mergepipe.service.auth import require_token
+from mergepipe.service.config_yaml import body_request
+from mergepipe.service.paths import output_dir
+from mergepipe.service.routes.plans import check_inputs, plan_summary
+from mergepipe.service.schemas import MergeAccepted, MergeIn, MergeList, MergeOut, TouchedPage
+from mergepipe.service.state import AppState, State
+from mergepipe.service.views import ensure_name_free, ensure_queue_room, merge_out
 
-from mergepipe.errors import Conflict, InvalidRequest, NotFound
-from service import store
-from service.auth import require_token
-from service.config_yaml import body_request
-from service.paths import output_dir
-from service.routes.plans import check_inputs, plan_summary
-from service.schemas import MergeAccepted, MergeIn, MergeList, MergeOut, TouchedPage
-from service.state import AppState, State
-from service.views import ensure_name_free, ensure_queue_room, merge_out
+from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 
 router = APIRouter(prefix="/v1", tags=["merges"])
 MANIFEST_FILE = "manifest.json"
@@ -28,7 +28,7 @@ MANIFEST_FILE = "manifest.json"
              dependencies=[Depends(require_token)], summary="Start a budgeted merge job")
 def start_merge(body: MergeIn, response: Response,
                 st: State) -> dict[str, Any]:
-    from executor.run import new_merge
+    from mergepipe.jobs.merge import new_merge
 
     req = body_request(st, body, body.output.dtype)
     out = output_dir(st.settings.output_root, body.output.name)

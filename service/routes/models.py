@@ -5,14 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Response
+from mergepipe.service import store
+from mergepipe.service.auth import require_token
+from mergepipe.service.paths import check_name, confine_input
+from mergepipe.service.schemas import IngestJobOut, ModelIn, ModelList, ModelOut
+from mergepipe.service.state import AppState, State
+from mergepipe.service.views import (
+    ensure_name_free,
+    ensure_queue_room,
+    find_model,
+    job_out,
+    model_out,
+)
 
-from mergepipe.errors import Conflict, InvalidRequest, NotFound
-from service import store
-from service.auth import require_token
-from service.paths import check_name, confine_input
-from service.schemas import IngestJobOut, ModelIn, ModelList, ModelOut
-from service.state import AppState, State
-from service.views import ensure_name_free, ensure_queue_room, find_model, job_out, model_out
+from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
@@ -63,7 +69,7 @@ def _check_base(st: AppState, base: str) -> None:
 
 @router.get("/models", response_model=ModelList, summary="All models, ingesting and failed too")
 def list_all(st: State) -> dict[str, Any]:
-    from catalog.models import list_models
+    from mergepipe.catalog.models import list_models
     rows = [model_out(dict(r), None, st.runner) for r in list_models(st.cat)]
     rows += [model_out(None, j, st.runner) for j in store.unfinished_ingest_models(st.cat)]
     rows.sort(key=lambda m: m["name"])

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from mergepipe.catalog.db import Catalog
+from mergepipe.service import store
+from mergepipe.service.auth import require_token
+from mergepipe.service.schemas import PlanIn
+from mergepipe.service.state import State
+from mergepipe.service.views import require_ready
 
-from catalog.db import Catalog
-from mergepipe.request import MergeRequest, build_request
-from service import store
-from service.auth import require_token
-from service.schemas import PlanIn
-from service.state import State
-from service.views import require_ready
+from mergepipe.core.request import MergeRequest, build_request
 
 router = APIRouter(prefix="/v1", tags=["plans"])
 
@@ -35,13 +35,13 @@ def check_inputs(cat: Catalog, req: MergeRequest) -> None:
 
 
 def plan_summary(cat: Catalog, req: MergeRequest) -> dict[str, Any]:
-    from planner.plan import make_plan
+    from mergepipe.planner.plan import make_plan
     return dict(store.jsonable(make_plan(cat, req).summary()))
 
 
 @router.post("/plans", summary="Dry run: the plan summary (bytes, bound, hash) of a merge")
 def plan(body: PlanIn, st: State, request: Request) -> dict[str, Any]:
-    from service.config_yaml import body_request
+    from mergepipe.service.config_yaml import body_request
     if body.config_yaml is not None:
         require_token(request)  # a config may name unregistered paths: they get ingested
     req = body_request(st, body)

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-
-from catalog.readonly_sql import run_readonly
-from service import store
-from service.schemas import SqlIn, SqlOut
-from service.state import State
+from mergepipe.catalog.readonly_sql import run_readonly
+from mergepipe.service import store
+from mergepipe.service.schemas import SqlIn, SqlOut
+from mergepipe.service.state import State
 
 router = APIRouter(prefix="/v1", tags=["sql"])
 

@@ -1,0 +1,65 @@
+"""`mergepipe fidelity`: KL of budgeted merges on a self-trained tiny Llama family."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "fidelity", help="downstream fidelity: KL of utility vs random plans vs the base",
+        description="Train (once, cached) a tiny byte-level Llama base and task experts on CPU, "
+        "merge them under budgets with the planner's plan and with random plans of equal bytes, "
+        "and report the teacher-forced KL to the full merge, L2 deviation and exact match.")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny model, few steps: the whole pipeline in well under a minute")
+    p.add_argument("--dir", default=None, help="working folder (family cache, results.json); "
+                   "default bench-output/fidelity[-quick]")
+    p.add_argument("--report", default=None, help="Markdown report path (PNG plot beside it); "
+                   "default docs/FIDELITY.md, or DIR/FIDELITY.md with --quick")
+    p.add_argument("--random-plans", type=int, default=None,
+                   help="random plans per budget (default 8; 2 with --quick)")
+    p.add_argument("--finetune-lr", type=float, default=None,
+                   help="experts' peak learning rate (default 5e-4; 3e-3 gives deltas as large "
+                   "as the weights)")
+    p.add_argument("--finetune-steps", type=int, default=None,
+                   help="experts' training steps (default 200)")
+    p.add_argument("--retrain", action="store_true", help="retrain the family even if cached")
+    p.add_argument("--render-only", action="store_true",
+                   help="rewrite the report from DIR/results.json without measuring again")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from mergepipe.benchmarks.fidelity.report import write_report
+    from mergepipe.benchmarks.fidelity.run import FidelityConfig, quick_config, run_fidelity
+    from mergepipe.cli.main import print_json
+
+    cfg = quick_config() if args.quick else FidelityConfig()
+    ft = cfg.family.finetune
+    ft = replace(ft, lr=args.finetune_lr or ft.lr, steps=args.finetune_steps or ft.steps)
+    cfg = replace(cfg, family=replace(cfg.family, finetune=ft))
+    if args.random_plans is not None:
+        cfg = replace(cfg, random_plans=args.random_plans)
+    root = Path(args.dir or ("bench-output/fidelity-quick" if args.quick
+                             else "bench-output/fidelity")).absolute()
+    md = Path(args.report) if args.report else (root / "FIDELITY.md" if args.quick
+                                                else Path("docs/FIDELITY.md"))
+    if args.render_only:
+        res = json.loads((root / "results.json").read_text())
+    else:
+        res = run_fidelity(cfg, root, retrain=args.retrain)
+    command = "mergepipe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    write_report(res, md, md.with_name(f"{md.stem.lower()}-kl.png"), command)
+    if args.json:
+        print_json(res)
+    else:
+        print(f"report: {md}  results: {root / 'results.json'}")
+    return 0

@@ -1,0 +1,102 @@
+"""`mergepipe ingest PATH --name NAME`: register a checkpoint (a base, or an expert with statistics)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Any
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES
+from mergepipe.catalog.models import KINDS
+from mergepipe.cli.main import print_json
+from mergepipe.cli.table import human_bytes
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1 << 20, "mb": 10**6,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ingest", help="register a checkpoint (base, full expert, delta or LoRA adapter)",
+        description="Register a safetensors checkpoint (file, sharded directory or PEFT adapter "
+        "directory). Without --base it is a base model: files, tensors and content-hashed "
+        "blocks. With --base it is an expert: also the statistics of its delta against the "
+        "base per block and the TIES trim thresholds per tensor (unless --no-stats).")
+    p.add_argument("path", help="safetensors file, checkpoint directory or LoRA adapter directory")
+    p.add_argument("--name", required=True, help="name to register the model under")
+    p.add_argument("--base", help="the registered base model this expert was fine-tuned from")
+    p.add_argument("--kind", choices=KINDS, default="full",
+                   help="full checkpoint (default), explicit delta checkpoint, or PEFT LoRA adapter")
+    p.add_argument("--block-bytes", type=_block_bytes, default=None, metavar="N",
+                   help="block size of a base's grid, e.g. 1048576 or 1MiB (default 1 MiB); "
+                   "experts always use their base's grid")
+    p.add_argument("--no-stats", action="store_true",
+                   help="register an expert without delta statistics (merges then plan it "
+                   "tensor by tensor)")
+    p.add_argument("--json", action="store_true", help="print the model as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with Catalog(args.settings.catalog) as cat, _Bar(args.name, enabled=not args.json) as bar:
+        from mergepipe.catalog.ingest import ingest_model  # torch: imported only when needed
+
+        model = ingest_model(cat, args.path, args.name, base=args.base, kind=args.kind,
+                             block_bytes=args.block_bytes or DEFAULT_BLOCK_BYTES,
+                             with_stats=not args.no_stats, progress=bar.update)
+    if args.json:
+        print_json(model)
+    else:
+        print(summary(model))
+    return 0
+
+
+def summary(m: dict[str, Any]) -> str:
+    """One line saying what was registered."""
+    what = "base model" if m["base"] is None else f"{m['kind']} expert of {m['base']!r}"
+    secs = float(m["ingest_seconds"] or 0.0)
+    rate = f", {human_bytes(m['tensor_bytes'] / secs)}/s" if secs > 0 else ""
+    stats = "" if m["base"] is None else (" with statistics" if m["has_stats"]
+                                          else " without statistics")
+    return (f"registered {m['name']!r}: {what}{stats}, {m['n_tensors']} tensors, "
+            f"{human_bytes(m['tensor_bytes'])} in {secs:.2f} s{rate}")
+
+
+def _block_bytes(text: str) -> int:
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes (e.g. 1048576, 1MiB)")
+    unit = (m.group(2) or "").lower()
+    if unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown unit")
+    return int(m.group(1)) * _UNITS[unit]
+
+
+class _Bar:
+    """A tqdm byte bar on a terminal; nothing otherwise."""
+
+    def __init__(self, name: str, *, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.name = name
+        self._bar: Any = None
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+            self._bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                             desc=f"ingesting {self.name}", file=sys.stderr, leave=False)
+        self._bar.update(done - self._bar.n)
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+

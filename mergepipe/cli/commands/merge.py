@@ -1,0 +1,147 @@
+"""`mergepipe merge`: plan, execute and publish a budgeted merge, then print its summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.cli.main import print_json
+from mergepipe.cli.table import human_bytes
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.request import MergeRequest, build_request
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "merge", help="merge experts into their base under an I/O budget",
+        description="Merge experts into their base reading at most --budget expert bytes. The "
+                    "output (safetensors laid out like the base, plus manifest.json) appears "
+                    "atomically in --out and is registered as a model.")
+    p.add_argument("config", nargs="?", type=Path, metavar="CONFIG.yml",
+                   help="a mergekit YAML config saying what to merge (instead of --base, "
+                        "--experts, --op, --param); local paths in it are registered on the fly")
+    add_request_arguments(p)
+    p.add_argument("--out", type=Path, help="output directory (must not exist or be empty)")
+    p.add_argument("--name", help="model name of the output in the catalog (default: the "
+                                  "--out directory name)")
+    p.add_argument("--threads", type=int, help="read threads (default: 2 x cores, 2..8)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty --out directory")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def add_request_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a merge request (shared with `plan`-like commands)."""
+    p.add_argument("--base", help="base model name")
+    p.add_argument("--experts", help="NAME[:WEIGHT[:DENSITY]],... in order")
+    p.add_argument("--op", "--operator", dest="op",
+                   help="linear (avg) | task_arithmetic | ties | dare_linear | dare_ties")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="operator parameter: density, lambda, normalize, rescale, renormalize; "
+                        "utility=l2|per_tensor: the planner's block ranking (repeatable)")
+    p.add_argument("--budget", help="fraction of the full read (0.3) or bytes (2GiB); "
+                                    "default 1 = the full merge")
+    p.add_argument("--seed", type=int, default=0, help="seed of the keyed random generator")
+    p.add_argument("--dtype", help="output dtype: bf16 | fp16 | fp32 (default: the base's)")
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """['density=0.5', 'normalize=false'] -> {'density': 0.5, 'normalize': False}."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidRequest(f"--param {item!r}: use KEY=VALUE", field="params")
+        v = value.strip()
+        parsed: Any = v
+        if v.lower() in ("true", "false"):
+            parsed = v.lower() == "true"
+        else:
+            try:
+                parsed = float(v)
+            except ValueError:
+                parsed = v
+        out[key.strip()] = parsed
+    return out
+
+
+def request_from_args(args: argparse.Namespace) -> MergeRequest:
+    """The merge request given by --base/--experts/--op/... options."""
+    for opt in ("base", "experts", "op"):
+        if not getattr(args, opt):
+            raise InvalidRequest(f"--{opt} is required", field=opt)
+    return build_request(base=args.base, experts=args.experts, operator=args.op,
+                         params=parse_params(args.param), budget=args.budget, seed=args.seed,
+                         output_dtype=args.dtype)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mergepipe.jobs.merge import merge
+
+    request = None if args.config else request_from_args(args)
+    if args.out is None:
+        raise InvalidRequest("--out is required", field="output")
+    with Catalog(args.settings.catalog) as cat, ProgressBar(enabled=not args.json) as bar:
+        from mergepipe.jobs.recovery import recover_interrupted
+        recover_interrupted(cat)  # merges of a killed `mergepipe merge`: we hold the catalog now
+        if request is None:
+            from mergepipe.cli.mergekit_cli import config_request
+            request = config_request(cat, args)
+        result = merge(cat, request, args.out, output_name=args.name, progress=bar.update,
+                       threads=args.threads, overwrite=args.overwrite)
+    if args.json:
+        print_json(result)
+    else:
+        print_summary(result)
+    return 0
+
+
+def print_summary(r: dict[str, Any]) -> None:
+    """A readable summary of a merge result."""
+    budget, full = r["budget_bytes"], r["full_read_bytes"]
+    share = f" = {budget / full:.0%} of the full read {human_bytes(full)}" if full else ""
+    print(f"merge {r['merge_id']} succeeded: {r['operator']} of {len(r['experts'])} expert(s) "
+          f"-> {r['output']} (model {r['output_name']!r})")
+    print(f"  plan hash       {r['plan_hash']}")
+    print(f"  budget          {human_bytes(budget)}{share}")
+    print(f"  expert bytes    {human_bytes(r['expert_bytes_read'])} read "
+          f"({human_bytes(r['planned_expert_bytes'])} planned)")
+    print(f"  base bytes      {human_bytes(r['base_bytes_read'])}")
+    if r.get("omission_bound") is not None:
+        print(f"  omission bound  {r['omission_bound']:.6g} (L2 of the omitted update, at most)")
+    if r.get("omission_bound_l2") is not None:
+        print(f"  omission L2     {r['omission_bound_l2']:.6g} (tighter bound: blocks summed in "
+              "quadrature)")
+    print(f"  blocks          {r['expert_blocks_read']} expert blocks read over "
+          f"{r['blocks_total']} output blocks")
+    print(f"  wall time       {r['wall_seconds']:.2f} s (plan {r['plan_seconds'] or 0:.2f} s, "
+          f"execute {r['exec_seconds']:.2f} s)")
+
+
+class ProgressBar:
+    """A tqdm bar over output blocks, shown only on a terminal."""
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self._bar: Any = None
+
+    def update(self, info: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+            self._bar = tqdm(total=info["blocks_total"], unit="block", file=sys.stderr,
+                             desc="merging", leave=False)
+        self._bar.n = info["blocks_done"]
+        self._bar.refresh()
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()

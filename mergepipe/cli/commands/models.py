@@ -1,0 +1,39 @@
+"""`mergepipe models`: list the registered models."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import list_models
+from mergepipe.cli.main import print_json
+from mergepipe.cli.table import human_bytes, print_table
+
+COLUMNS = ["name", "kind", "base", "status", "stats", "tensors", "size", "block", "ingest_s",
+           "path"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list the registered models")
+    p.add_argument("--json", action="store_true", help="print a JSON list of model objects")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with Catalog(args.settings.catalog) as cat:
+        models = list_models(cat)
+    if args.json:
+        print_json(models)
+    else:
+        print_table(COLUMNS, [row(m) for m in models])
+    return 0
+
+
+def row(m: dict[str, Any]) -> list[Any]:
+    """The table cells of one model."""
+    stats = "-" if m["base"] is None else ("yes" if m["has_stats"] else "no")
+    secs = m["ingest_seconds"]
+    return [m["name"], m["kind"], m["base"] or "", m["status"], stats, m["n_tensors"],
+            human_bytes(m["tensor_bytes"]), human_bytes(m["block_bytes"]),
+            f"{secs:.2f}" if secs is not None else "", m["path"]]

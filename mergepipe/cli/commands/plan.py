@@ -1,0 +1,92 @@
+"""`mergepipe plan`: dry run of a merge: which expert blocks it would read under the budget."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.cli.commands.merge import add_request_arguments, request_from_args
+from mergepipe.cli.main import print_json
+from mergepipe.cli.table import human_bytes, print_table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan", help="dry run: the access set of a merge under an I/O budget",
+        description="Plan a merge without reading any weights: rank the experts' blocks by "
+                    "utility per byte (|alpha| x L2 of the block's delta, from the catalog), "
+                    "keep those that fit in --budget, and report bytes, the touched ratio and "
+                    "the bound on the omitted update (linear, task_arithmetic).")
+    p.add_argument("config", nargs="?", type=Path, metavar="CONFIG.yml",
+                   help="a mergekit YAML config saying what to merge (instead of --base, "
+                        "--experts, --op, --param)")
+    add_request_arguments(p)
+    p.add_argument("--blocks", type=int, default=0, metavar="N",
+                   help="also list the first N blocks of the access set in rank order "
+                        "(-1: all); with --json, adds them as \"blocks\"")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mergepipe.planner.plan import make_plan
+
+    request = None if args.config else request_from_args(args)
+    with Catalog(args.settings.catalog) as cat:
+        if request is None:
+            from mergepipe.cli.mergekit_cli import config_request
+            request = config_request(cat, args)
+        plan = make_plan(cat, request)
+    shown = plan.blocks if args.blocks < 0 else plan.blocks[:args.blocks]
+    if args.json:
+        out = plan.summary()
+        if args.blocks:
+            out["blocks"] = [b._asdict() for b in shown]
+        print_json(out)
+    else:
+        print_plan(plan.summary())
+        if args.blocks:
+            print()
+            print_table(["rank", "model", "tensor", "block", "bytes", "utility"],
+                        [[b.rank, b.model, b.tensor, b.block_index, b.nbytes, b.utility]
+                         for b in shown])
+    return 0
+
+
+def print_plan(s: dict[str, Any]) -> None:
+    """A readable plan summary with a per-expert table."""
+    full, budget = s["full_read_bytes"], s["budget_bytes"]
+    spec = s["budget"]
+    given = (f"fraction {spec['fraction']:g} of the full read" if "fraction" in spec
+             else f"{spec['bytes']} bytes")
+    print(f"plan {s['plan_hash']}")
+    print(f"  operator        {s['operator']} of {len(s['experts'])} expert(s) on base "
+          f"{s['base']!r}")
+    print(f"  budget          {human_bytes(budget)} ({given})")
+    print(f"  full read       {human_bytes(full)} ({s['candidate_blocks']} candidate blocks)")
+    print(f"  planned         {human_bytes(s['planned_expert_bytes'])} = "
+          f"{s['touched_ratio']:.1%} of the full read ({s['selected_blocks']} blocks)")
+    if s["omission_bound"] is not None:
+        print(f"  omission bound  {s['omission_bound']:.6g} (L2 norm of the omitted update, "
+              "at most)")
+        if s.get("omission_bound_l2") is not None:
+            print(f"  omission L2     {s['omission_bound_l2']:.6g} (tighter bound: blocks "
+                  "summed in quadrature)")
+    else:
+        print(f"  omission bound  none ({s['omission_bound_note'].removeprefix('no bound: ')})")
+    if s["fallback_experts"]:
+        print(f"  fallback        {', '.join(s['fallback_experts'])}: no statistics, planned as "
+              f"{s['fallback_order']}")
+    print(f"  planning        {s['planning_seconds'] * 1000:.1f} ms")
+    print()
+    rows = []
+    for e in s["experts"]:
+        ratio = e["planned_bytes"] / e["full_read_bytes"] if e["full_read_bytes"] else 0.0
+        rows.append([e["model"], e["kind"], e["weight"], e["density"], e["coefficient"],
+                     f"{e['selected_blocks']}/{e['candidate_blocks']}",
+                     human_bytes(e["planned_bytes"]), human_bytes(e["full_read_bytes"]),
+                     f"{ratio:.1%}", "yes" if e["fallback"] else ""])
+    print_table(["expert", "kind", "weight", "density", "alpha", "blocks", "planned",
+                 "full read", "ratio", "fallback"], rows)

@@ -1,0 +1,93 @@
+"""The `mergepipe` command line: one entry point, one module per command in `commands/`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from typing import Any
+
+from mergepipe.core.errors import MergePipeError
+from mergepipe.core.settings import Settings
+
+# Each module defines register(subparsers) which adds its parser(s) with set_defaults(func=...).
+COMMAND_MODULES = [
+    "mergepipe.cli.commands.ingest",
+    "mergepipe.cli.commands.models",
+    "mergepipe.cli.commands.plan",
+    "mergepipe.cli.commands.merge",
+    "mergepipe.cli.commands.sql",
+    "mergepipe.cli.commands.replay",
+    "mergepipe.cli.commands.serve",
+    "mergepipe.cli.commands.demo",
+    "mergepipe.cli.commands.bench",
+    "mergepipe.cli.commands.gen_family",
+    "mergepipe.cli.commands.fidelity",
+]
+
+DESCRIPTION = """\
+Budgeted merging of LLM checkpoint families.
+
+Checkpoints are ingested once into a catalog of tensor blocks with statistics of each
+expert's delta against the base. A merge then reads only the expert blocks its plan selects
+under an I/O budget: --budget 0.3 reads at most 30% of the bytes the operator would read in
+full (its full-read cost), --budget 2GiB at most that many bytes. --budget 1 gives exactly
+the standard merge; lower budgets drop the blocks with the least delta per byte first and
+report a bound on the error (additive operators) before anything is read. `plan` shows the
+bytes, the bound and the plan hash of a budget without reading any weight.
+
+examples:
+  mergepipe ingest ./base --name base
+  mergepipe ingest ./math --name math --base base          (or --kind lora for a PEFT adapter)
+  mergepipe plan  --base base --experts math,code:0.5 --op ties --param density=0.5 --budget 0.3
+  mergepipe merge --base base --experts math,code --op ties --budget 0.3 --out ./merged
+  mergepipe merge mergekit.yml --out ./merged --budget 2GiB   (a mergekit config, as is)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mergepipe", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--catalog", help="catalog file (default: $MERGEPIPE_CATALOG or "
+                        "./mergepipe.duckdb)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.settings = Settings.from_env(catalog=args.catalog)
+        rc = args.func(args)
+    except MergePipeError as e:
+        print(f"mergepipe {args.command}: error: {e.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"mergepipe {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`mergepipe sql ... | head`): stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""dare_linear: keyed random drop with rescale, then task arithmetic."""
+
+from __future__ import annotations
+
+import torch
+
+from mergepipe.core.operators.base import BlockContext, ExpertBlock, read_experts
+from mergepipe.core.operators.sparsify import (
+    dropped_into,
+    finish_into,
+    scale_,
+    scratch,
+    weight_total,
+)
+
+
+def dare_linear(base: torch.Tensor, experts: list[ExpertBlock],
+                ctx: BlockContext) -> torch.Tensor:
+    """M = B + lambda * sum_i w_i DARE(D_i) (normalize divides by sum_i w_i)."""
+    read = [e for e in read_experts(experts) if e.delta is not None]
+    if not read:
+        return base.clone()
+    rescale = str(ctx.params.get("rescale", "density"))
+    out = torch.empty_like(base)
+    term = scratch.like("term", base)
+    for j, e in enumerate(read):
+        assert e.delta is not None
+        dst = out if j == 0 else term  # the sum runs left to right in request order
+        scale_(dropped_into(e.delta, e.density, e.key, ctx.flat_offset, rescale, dst),
+               e.weight)
+        if j:
+            out.add_(term)
+    divisor = weight_total(ctx.all_weights) if ctx.normalize(False) else None
+    return finish_into(out, base, ctx.lam, divisor)

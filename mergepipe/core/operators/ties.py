@@ -1,0 +1,24 @@
+"""ties: magnitude trim from the catalog threshold, sign election, disjoint (normalized) sum."""
+
+from __future__ import annotations
+
+import torch
+
+from mergepipe.core.operators.base import BlockContext, ExpertBlock, read_experts
+from mergepipe.core.operators.sparsify import elect_into, finish_into, scale_, scratch, trimmed_into
+
+
+def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
+    """TIES-merging; entries tied at the trim threshold are kept by the keyed rule."""
+    read = [e for e in read_experts(experts) if e.delta is not None]
+    if not read:
+        return base.clone()
+    trimmed = []
+    for j, e in enumerate(read):
+        assert e.delta is not None
+        w = trimmed_into(e.delta, e.trim, e.key, ctx.flat_offset, scratch.like(("w", j), base))
+        trimmed.append(scale_(w, e.weight))
+    out = torch.empty_like(base)
+    divisor = scratch.like("divisor", base) if ctx.normalize(True) else None
+    elect_into(trimmed, [e.weight for e in read], out, divisor)
+    return finish_into(out, base, ctx.lam, divisor)

@@ -1,0 +1,285 @@
+"""A merge request, validated and normalized: the contract of the CLI, the API and the planner."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mergepipe.core.errors import InvalidRequest
+
+OPERATORS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties")
+ALIASES = {"avg": "linear", "average": "linear"}
+# mergekit 0.1.x defaults for `normalize`.
+NORMALIZE_DEFAULT = {"linear": True, "task_arithmetic": False, "ties": True,
+                     "dare_linear": False, "dare_ties": False}
+SPARSE_OPERATORS = ("ties", "dare_linear", "dare_ties")
+ADDITIVE_OPERATORS = ("linear", "task_arithmetic")  # fixed coefficients: the bound holds
+KNOWN_PARAMS = {"normalize", "lambda", "rescale", "renormalize", "density", "utility"}
+# The planner's ranking score of a block (per byte). l2 (default, DESIGN section 2):
+# |alpha_i| * ||D_itb||_2. per_tensor: |alpha_i| * ||D_itb||_2 / ||D_it||_2, the block's share of
+# its (expert, tensor) delta, which spreads the budget over tensors whose deltas differ in scale.
+# Only the order changes: block utilities, the omission bounds and the output at full budget
+# do not.
+UTILITIES = ("l2", "per_tensor")
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
+          "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
+          "tib": 2**40}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Expert-read budget: a fraction of the operator's full-read cost, or bytes."""
+
+    fraction: float | None = None
+    bytes: int | None = None
+
+    def resolve(self, full_read_bytes: int) -> int:
+        if self.bytes is not None:
+            return self.bytes
+        assert self.fraction is not None
+        return math.floor(self.fraction * full_read_bytes)
+
+    @staticmethod
+    def parse(text: str | float | int | dict[str, Any] | Budget | None) -> Budget:
+        """'0.3' or 0.3 -> fraction; '2GiB' / '500MB' / '1234B' -> bytes; {fraction}|{bytes}."""
+        if text is None:
+            return Budget(fraction=1.0)
+        if isinstance(text, Budget):
+            return text
+        if isinstance(text, dict):
+            keys = set(text) - {"fraction", "bytes"}
+            if keys or len(text) != 1:
+                raise InvalidRequest("budget must be {\"fraction\": f} or {\"bytes\": n}",
+                                     field="budget")
+            if "fraction" in text:
+                return Budget(fraction=_fraction(text["fraction"]))
+            return Budget(bytes=_bytes(text["bytes"]))
+        if isinstance(text, bool):
+            raise InvalidRequest(f"budget {text!r} is not a number", field="budget")
+        if isinstance(text, int | float):
+            return Budget(fraction=_fraction(text))
+        s = str(text).strip()
+        m = _SIZE.match(s)
+        if m and m.group(2):
+            unit = m.group(2).lower()
+            if unit not in _UNITS:
+                raise InvalidRequest(f"budget {s!r}: unknown unit", field="budget")
+            return Budget(bytes=_bytes(float(m.group(1)) * _UNITS[unit]))
+        try:
+            return Budget(fraction=_fraction(float(s)))
+        except ValueError:
+            raise InvalidRequest(f"budget {s!r} is neither a fraction (0.3) nor a size (2GiB)",
+                                 field="budget") from None
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"fraction": self.fraction} if self.fraction is not None else {"bytes": self.bytes or 0}
+
+
+def _fraction(v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise InvalidRequest(f"budget fraction {v!r} is not a number", field="budget")
+    f = _to_float(v)
+    if not math.isfinite(f) or f <= 0:
+        raise InvalidRequest(f"budget fraction {_short(v)} must be a finite number > 0",
+                             field="budget")
+    return f
+
+
+def _bytes(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(_to_float(v)):
+        raise InvalidRequest(f"budget bytes {_short(v)} is not a number", field="budget")
+    if v <= 0 or int(v) <= 0:
+        raise InvalidRequest(f"budget bytes {v!r} must be > 0", field="budget")
+    return int(v)
+
+
+@dataclass(frozen=True)
+class ExpertSpec:
+    model: str
+    weight: float = 1.0
+    density: float | None = None
+
+
+@dataclass(frozen=True)
+class MergeRequest:
+    """What to merge. `params` holds the operator's global parameters with defaults filled in."""
+
+    base: str
+    experts: tuple[ExpertSpec, ...]
+    operator: str
+    params: dict[str, Any] = field(default_factory=dict)
+    budget: Budget = field(default_factory=lambda: Budget(fraction=1.0))
+    seed: int = 0
+    output_dtype: str | None = None  # F32 | F16 | BF16; None = the base's
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["budget"] = self.budget.to_dict()
+        d["experts"] = [asdict(e) for e in self.experts]
+        return d
+
+    def weights(self) -> list[float]:
+        return [e.weight for e in self.experts]
+
+    def densities(self) -> list[float]:
+        """Per-expert density (expert's own, else the global `density` param, else 1.0)."""
+        g = self.params.get("density", 1.0)
+        return [e.density if e.density is not None else g for e in self.experts]
+
+    def coefficients(self) -> list[float]:
+        """alpha_i: the coefficient an additive operator applies to D_i (None for others)."""
+        w = self.weights()
+        lam = float(self.params.get("lambda", 1.0))
+        if self.params.get("normalize"):
+            s = sum(w)
+            return [lam * wi / s for wi in w]
+        return [lam * wi for wi in w]
+
+
+def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] | str,
+                  operator: str, params: dict[str, Any] | None = None,
+                  budget: str | float | dict[str, Any] | Budget | None = None, seed: int | None = 0,
+                  output_dtype: str | None = None) -> MergeRequest:
+    """Validate everything that can be checked without the catalog; raise InvalidRequest."""
+    if not isinstance(base, str) or not base:
+        raise InvalidRequest("base model name is required", field="base")
+    op = ALIASES.get(str(operator).lower(), str(operator).lower())
+    if op not in OPERATORS:
+        raise InvalidRequest(f"unknown operator {operator!r}; choose one of "
+                             f"{', '.join(OPERATORS + tuple(ALIASES))}", field="operator")
+    specs = parse_experts(experts) if isinstance(experts, str) else [
+        e if isinstance(e, ExpertSpec) else _expert(e, i) for i, e in enumerate(experts)]
+    if not specs:
+        raise InvalidRequest("at least one expert is required", field="experts")
+    names = [e.model for e in specs]
+    for n in names:
+        if names.count(n) > 1:
+            raise InvalidRequest(f"expert {n!r} is listed twice", field="experts")
+        if n == base:
+            raise InvalidRequest(f"expert {n!r} is the base model", field="experts")
+    p = dict(params or {})
+    unknown = set(p) - KNOWN_PARAMS
+    if unknown:
+        raise InvalidRequest(f"unknown parameter(s) {sorted(unknown)}; known: "
+                             f"{sorted(KNOWN_PARAMS)}", field="params")
+    p["normalize"] = _bool(p.get("normalize", NORMALIZE_DEFAULT[op]), "normalize")
+    p["lambda"] = _finite(p.get("lambda", 1.0), "params.lambda")
+    if "density" in p:
+        p["density"] = _density(p["density"], "params.density")
+    if "utility" in p:
+        u = str(p.pop("utility"))
+        if u not in UTILITIES:
+            raise InvalidRequest(f"utility {u!r} must be one of {', '.join(UTILITIES)}",
+                                 field="params.utility")
+        if u != "l2":  # the default is left out: the same plan keeps the same plan hash
+            p["utility"] = u
+    if op in ("dare_linear", "dare_ties"):
+        p["rescale"] = str(p.get("rescale", "density"))
+        if p["rescale"] not in ("density", "l1", "none"):
+            raise InvalidRequest(f"rescale {p['rescale']!r} must be density, l1 or none",
+                                 field="params.rescale")
+    elif "rescale" in p:
+        raise InvalidRequest(f"rescale applies to dare operators, not {op}", field="params.rescale")
+    if op == "linear":
+        p["renormalize"] = str(p.get("renormalize", "fixed"))
+        if p["renormalize"] not in ("fixed", "selected"):
+            raise InvalidRequest("renormalize must be 'fixed' or 'selected'",
+                                 field="params.renormalize")
+    elif "renormalize" in p:
+        raise InvalidRequest("renormalize applies to linear only", field="params.renormalize")
+    if p["normalize"] and abs(sum(e.weight for e in specs)) < 1e-12:
+        raise InvalidRequest("expert weights sum to zero with normalize=true", field="experts")
+    if op not in SPARSE_OPERATORS and (p.get("density") is not None
+                                       or any(e.density is not None for e in specs)):
+        raise InvalidRequest(f"density applies to ties/dare operators, not {op}", field="density")
+    if op == "ties":
+        for e in specs:
+            d = e.density if e.density is not None else p.get("density", 1.0)
+            if abs(d * 100 - round(d * 100)) > 1e-6:
+                raise InvalidRequest(
+                    f"ties density {d} of expert {e.model!r} is not on the 1% grid the catalog "
+                    "keeps exact trim thresholds for (use e.g. 0.53)", field="density")
+    if seed is None:
+        seed = 0
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise InvalidRequest(f"seed {seed!r} must be an integer in [0, 2^63)", field="seed")
+    from mergepipe.catalog.safetensors_format import normalize_dtype
+    out_dtype = normalize_dtype(output_dtype) if output_dtype else None
+    return MergeRequest(base, tuple(specs), op, p, Budget.parse(budget), seed, out_dtype)
+
+
+def parse_experts(text: str) -> list[ExpertSpec]:
+    """'e1,e2:0.5,e3:1:0.7' -> experts with optional weight and density."""
+    out = []
+    for i, part in enumerate(p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        bits = part.split(":")
+        if len(bits) > 3 or not bits[0]:
+            raise InvalidRequest(f"expert {part!r}: use NAME[:WEIGHT[:DENSITY]]", field="experts")
+        d: dict[str, Any] = {"model": bits[0]}
+        try:
+            if len(bits) > 1 and bits[1]:
+                d["weight"] = float(bits[1])
+            if len(bits) > 2 and bits[2]:
+                d["density"] = float(bits[2])
+        except ValueError:
+            raise InvalidRequest(f"expert {part!r}: weight and density must be numbers",
+                                 field="experts") from None
+        out.append(_expert(d, i))
+    return out
+
+
+def _expert(d: object, i: int) -> ExpertSpec:
+    if not isinstance(d, dict) or not isinstance(d.get("model"), str) or not d["model"]:
+        raise InvalidRequest(f"experts[{i}] needs a model name", field=f"experts[{i}].model")
+    extra = set(d) - {"model", "weight", "density"}
+    if extra:
+        raise InvalidRequest(f"experts[{i}]: unknown field(s) {sorted(extra)}",
+                             field=f"experts[{i}]")
+    w = _finite(d.get("weight", 1.0), f"experts[{i}].weight")
+    dens = d.get("density")
+    return ExpertSpec(d["model"], w, None if dens is None else _density(dens, f"experts[{i}].density"))
+
+
+def _finite(v: object, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(_to_float(v)):
+        raise InvalidRequest(f"{name} must be a finite number, got {_short(v)}", field=name)
+    return float(v)
+
+
+def _to_float(v: int | float) -> float:
+    """float(v), with integers too large for a float as infinity (float() would raise)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
+def _short(v: object) -> str:
+    """repr(v), cut short: a 400-digit integer does not belong in an error message."""
+    try:
+        r = repr(v)
+    except ValueError:  # an integer past Python's digit limit for str()
+        return f"an integer of about {int.bit_length(v) * 0.30103:.0f} digits" \
+            if isinstance(v, int) else type(v).__name__
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _density(v: object, name: str) -> float:
+    d = _finite(v, name)
+    if not 0 < d <= 1:
+        raise InvalidRequest(f"{name} {d} is outside (0, 1]", field=name)
+    return d
+
+
+def _bool(v: object, name: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return v.lower() in ("true", "1", "yes")
+    raise InvalidRequest(f"{name} must be true or false, got {v!r}", field=f"params.{name}")

@@ -1,0 +1,61 @@
+"""One settings object, built at start-up from the environment (and CLI options)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from mergepipe.core.errors import InvalidRequest
+
+DEFAULT_CATALOG = "./mergepipe.duckdb"
+
+
+@dataclass(frozen=True)
+class Settings:
+    catalog: Path = Path(DEFAULT_CATALOG)
+    data_roots: tuple[Path, ...] = field(default_factory=tuple)  # empty: any path (CLI)
+    output_root: Path = Path("./outputs")
+    workers: int = 2
+    api_token: str | None = None
+    sql_row_limit: int = 10_000
+    sql_timeout_s: float = 10.0
+    sql_result_bytes: int = 16 << 20     # larger SQL results (as JSON) are refused
+    max_body_bytes: int = 1 << 20        # larger request bodies are refused with 413
+    shutdown_grace_s: float = 30.0       # how long `serve` waits for running jobs on SIGTERM
+    max_queued_jobs: int = 1000          # more queued ingestions + merges are refused with 429
+
+    @staticmethod
+    def from_env(env: dict[str, str] | None = None, **overrides: object) -> Settings:
+        e = dict(os.environ if env is None else env)
+        s = Settings(
+            catalog=Path(e.get("MERGEPIPE_CATALOG") or DEFAULT_CATALOG),
+            data_roots=tuple(Path(p).resolve() for p in
+                             (e.get("MERGEPIPE_DATA_ROOTS") or "").split(":") if p),
+            output_root=Path(e.get("MERGEPIPE_OUTPUT_ROOT") or "./outputs"),
+            workers=_number(e, "MERGEPIPE_WORKERS", int, 2, minimum=1),
+            api_token=e.get("MERGEPIPE_API_TOKEN") or None,
+            sql_row_limit=_number(e, "MERGEPIPE_SQL_ROW_LIMIT", int, 10_000, minimum=1),
+            sql_timeout_s=_number(e, "MERGEPIPE_SQL_TIMEOUT_S", float, 10.0, minimum=0.001),
+            sql_result_bytes=_number(e, "MERGEPIPE_SQL_RESULT_BYTES", int, 16 << 20, minimum=1),
+            max_body_bytes=_number(e, "MERGEPIPE_MAX_BODY_BYTES", int, 1 << 20, minimum=1),
+            shutdown_grace_s=_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
+            max_queued_jobs=_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),
+        )
+        return replace(s, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def _number(env: dict[str, str], key: str, cast: type[int] | type[float], default: float,
+            minimum: float) -> Any:
+    """A numeric setting; a clear error naming the variable when it is not a number >= minimum."""
+    raw = env.get(key)
+    if not raw:
+        return cast(default)
+    try:
+        v = cast(raw)
+    except ValueError:
+        v = None
+    if v is None or v != v or v < minimum:
+        raise InvalidRequest(f"{key}={raw!r} must be a number >= {minimum:g}", field=key)
+    return v

@@ -1,0 +1,72 @@
+"""Clean up after merges whose process died mid-run: staging dirs and unrecorded outputs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.executor import manifest, publish
+
+log = logging.getLogger("mergepipe.executor.recovery")
+
+INTERRUPTED = ("the process running this merge stopped before it finished (killed or crashed); "
+               "nothing was published; run it again")
+
+
+def recover_interrupted(cat: Catalog, error: str | None = INTERRUPTED) -> list[str]:
+    """Every merge still 'running' belongs to a process that died: the caller knows that no
+    other process runs merges on this catalog (the service at start-up; the CLI, which holds
+    the catalog file's lock). For each: remove its staging directory, and the output it
+    published but never recorded (a kill between the rename and the catalog transaction),
+    putting back a directory it was replacing; then mark it failed with `error` (None: leave
+    the status to the caller). Returns the merge ids."""
+    ids = []
+    for row in cat.query("merge_running"):
+        merge_id, output = str(row.merge_id), row.output_path
+        if output:
+            clean_outputs(Path(output), merge_id)
+        if error is not None:
+            manifest.record_failure(cat, merge_id, error, None)
+        ids.append(merge_id)
+    return ids
+
+
+def clean_outputs(target: Path, merge_id: str) -> None:
+    """What a dead run of `merge_id` left around `target` on disk."""
+    tag = merge_id[2:]
+    stage = publish.staging_dir(target, tag)
+    if os.path.lexists(stage):
+        log.warning("removing the staging directory %s of interrupted merge %s", stage, merge_id)
+        _remove(stage)
+    if _published_by(target, merge_id):
+        log.warning("removing %s: merge %s published it but died before recording it",
+                    target, merge_id)
+        _remove(target)
+    old = target.parent / f".{target.name}.old-{tag}"
+    if os.path.lexists(old):
+        if not os.path.lexists(target) and old.is_dir() and not old.is_symlink():
+            os.rename(old, target)  # the output this merge was replacing
+        else:
+            _remove(old)
+
+
+def _published_by(target: Path, merge_id: str) -> bool:
+    """True if `target` is a directory whose manifest.json names `merge_id`."""
+    if target.is_symlink() or not target.is_dir():
+        return False
+    try:
+        doc = json.loads((target / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("merge_id") == merge_id
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)

@@ -1,0 +1,1 @@
+"""Numbered catalog migrations (NNNN_name.sql), package data applied in order by mergepipe.catalog.db."""
