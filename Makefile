@@ -8,17 +8,18 @@ TORCH := torch==2.13.0
 
 .PHONY: demo test test-all lint bench bench-quick clean
 
-# editable_mode=compat puts the checkout itself on sys.path, so top-level packages added later
-# (catalog, planner, executor, service, ...) import without reinstalling.
+# A plain editable install: the top-level folders are linked into mergepipe/, so modules and
+# subpackages added there later import without reinstalling. Both stamps depend on
+# pyproject.toml: a changed dependency list reinstalls.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e . --config-settings editable_mode=compat
+	$(PIP) install -q $(TORCH) -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(PIP) install -q $(TORCH) -e '.[test,dev]' --config-settings editable_mode=compat
+	$(PIP) install -q $(TORCH) -e '.[test,dev]'
 	touch $@
 
 demo: $(VENV)/.installed
@@ -32,7 +33,8 @@ test-all: $(VENV)/.installed-test
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy mergepipe catalog planner executor service benchmarks
+	$(VENV)/bin/mypy -p mergepipe
+	$(VENV)/bin/lint-imports
 
 bench: $(VENV)/.installed-test
 	$(VENV)/bin/mergepipe bench
