@@ -3,6 +3,19 @@
 #         (--build-arg TORCH_INDEX_URL=<a wheel index of CPU builds> keeps torch CPU-only;
 #          without it torch comes from pip's configured index)
 # Run:    docker compose up   (see docker-compose.yml for volumes and settings)
+
+# -- builder: the wheel, from the build context (the top-level folders enter it through the
+#    links in mergepipe/; the schema, migrations and SQL files travel inside it as package data)
+FROM python:3.11-slim AS builder
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY . /src
+RUN pip wheel --no-deps --wheel-dir /dist .
+
+# -- final: the wheel installed into site-packages; no checkout in the image
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -15,10 +28,9 @@ ARG TORCH_INDEX_URL=
 # torch first and alone: the largest layer, rebuilt only when its pin changes.
 RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
 
-WORKDIR /app
-COPY . /app
-# Editable: the catalog finds catalog_schema.sql and migrations/ beside its package.
-RUN pip install -e . \
+COPY --from=builder /dist/ /tmp/dist/
+RUN pip install /tmp/dist/mergepipe-*.whl \
+    && rm -rf /tmp/dist \
     && useradd --create-home --uid 1000 mergepipe \
     && mkdir -p /data/catalog /data/models /data/outputs \
     && chown -R mergepipe:mergepipe /data/catalog /data/outputs
@@ -29,6 +41,7 @@ ENV MERGEPIPE_CATALOG=/data/catalog/mergepipe.duckdb \
     MERGEPIPE_WORKERS=2
 
 USER mergepipe
+WORKDIR /data
 EXPOSE 8000
 VOLUME ["/data/catalog", "/data/outputs"]
 
