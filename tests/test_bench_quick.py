@@ -1,4 +1,5 @@
-"""`mergepipe bench --quick` produces every figure (not their values) quickly."""
+"""`mergepipe bench --quick` produces every figure (not their values); slow (a quarter of
+`make test`), so `make test-all` runs it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 pytest.importorskip("mergekit")
 
 
+@pytest.mark.slow
 def test_bench_quick_produces_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "-m", "mergepipe", "bench", "--quick", "--out",
