@@ -1,1 +1,0 @@
-SELECT * FROM merges WHERE merge_id = :merge_id
