@@ -61,8 +61,8 @@ def merge_tensor(op: str, base: torch.Tensor, deltas: Sequence[torch.Tensor | No
                 weight=weights[i], density=dens[i], trim=trims[i],
                 key=expert_key(seed, f"e{i}", tensor)))
         ctx = BlockContext(tensor=tensor, block_index=b, flat_offset=r0 * row_numel,
-                           params=dict(params or {}), n_experts=n, all_weights=tuple(weights))
-        out.append(REGISTRY[op](base[r0:r1].clone(), experts, ctx))
+                           params=dict(params or {}), all_weights=tuple(weights))
+        out.append(REGISTRY[op].kernel(base[r0:r1].clone(), experts, ctx))
     return torch.cat(out) if base.ndim else out[0]
 
 

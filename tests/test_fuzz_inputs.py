@@ -13,15 +13,18 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
 from mergepipe.catalog.safetensors_format import (
-    DTYPE_SIZES,
     MAX_HEADER_BYTES,
     encode_header,
     read_header,
 )
-
+from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, MergePipeError
-from mergepipe.core.request import OPERATORS, Budget, MergeRequest, build_request
+from mergepipe.core.operators import REGISTRY
+from mergepipe.core.request import Budget, MergeRequest, build_request
+
+OPERATORS = tuple(REGISTRY)
 
 FAST = settings(max_examples=100, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

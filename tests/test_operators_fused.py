@@ -8,17 +8,13 @@ import torch
 
 from mergepipe.core.operators.keyed_hash import below, below_at, below_into, not_below_at
 from mergepipe.core.operators.sparsify import (
-    disjoint_sum,
     dropped_into,
     elect_into,
-    finish,
     finish_into,
-    magnitude_trim,
-    random_drop,
     trimmed_into,
-    weighted,
 )
 from tests.operator_helpers import exact_trim
+from tests.operator_reference import disjoint_sum, finish, magnitude_trim, random_drop, weighted
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -8,22 +8,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators import REGISTRY, OperatorSpec, Param, get_operator
 
-OPERATORS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties")
-ALIASES = {"avg": "linear", "average": "linear"}
-# mergekit 0.1.x defaults for `normalize`.
-NORMALIZE_DEFAULT = {"linear": True, "task_arithmetic": False, "ties": True,
-                     "dare_linear": False, "dare_ties": False}
-SPARSE_OPERATORS = ("ties", "dare_linear", "dare_ties")
-ADDITIVE_OPERATORS = ("linear", "task_arithmetic")  # fixed coefficients: the bound holds
-KNOWN_PARAMS = {"normalize", "lambda", "rescale", "renormalize", "density", "utility"}
-# The planner's ranking score of a block (per byte). l2 (default, DESIGN section 2):
-# |alpha_i| * ||D_itb||_2. per_tensor: |alpha_i| * ||D_itb||_2 / ||D_it||_2, the block's share of
-# its (expert, tensor) delta, which spreads the budget over tensors whose deltas differ in scale.
-# Only the order changes: block utilities, the omission bounds and the output at full budget
-# do not.
-UTILITIES = ("l2", "per_tensor")
+# Parameters every operator takes, and the planner's ranking score of a block (per byte). l2
+# (default, DESIGN section 2): |alpha_i| * ||D_itb||_2. per_tensor: |alpha_i| * ||D_itb|| / ||D_it||,
+# the block's share of its (expert, tensor) delta. Only the order changes: block utilities, the
+# omission bounds and the output at full budget do not.
+NORMALIZE = Param("normalize", bool, False, help="divide by the sum of the weights")
+LAMBDA = Param("lambda", float, 1.0, help="scale of the merged delta")
+UTILITY = Param("utility", str, "l2", ("l2", "per_tensor"), help="the planner's block ranking")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
@@ -122,6 +117,13 @@ class MergeRequest:
         d["experts"] = [asdict(e) for e in self.experts]
         return d
 
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> MergeRequest:
+        """Rebuild (and re-validate) a request stored by `to_dict()`."""
+        return build_request(base=d["base"], experts=list(d["experts"]), operator=d["operator"],
+                             params=d.get("params"), budget=d.get("budget"),
+                             seed=d.get("seed", 0), output_dtype=d.get("output_dtype"))
+
     def weights(self) -> list[float]:
         return [e.weight for e in self.experts]
 
@@ -130,14 +132,15 @@ class MergeRequest:
         g = self.params.get("density", 1.0)
         return [e.density if e.density is not None else g for e in self.experts]
 
+    @property
+    def spec(self) -> OperatorSpec:
+        """The operator's spec (the request holds its canonical name)."""
+        return get_operator(self.operator)
+
     def coefficients(self) -> list[float]:
-        """alpha_i: the coefficient an additive operator applies to D_i (None for others)."""
-        w = self.weights()
-        lam = float(self.params.get("lambda", 1.0))
-        if self.params.get("normalize"):
-            s = sum(w)
-            return [lam * wi / s for wi in w]
-        return [lam * wi for wi in w]
+        """alpha_i: the coefficient an additive operator applies to D_i (a ranking weight for
+        the others)."""
+        return self.spec.coefficients(self.weights(), self.params)
 
 
 def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] | str,
@@ -147,12 +150,57 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
     """Validate everything that can be checked without the catalog; raise InvalidRequest."""
     if not isinstance(base, str) or not base:
         raise InvalidRequest("base model name is required", field="base")
-    op = ALIASES.get(str(operator).lower(), str(operator).lower())
-    if op not in OPERATORS:
-        raise InvalidRequest(f"unknown operator {operator!r}; choose one of "
-                             f"{', '.join(OPERATORS + tuple(ALIASES))}", field="operator")
+    spec = get_operator(operator)
     specs = parse_experts(experts) if isinstance(experts, str) else [
         e if isinstance(e, ExpertSpec) else _expert(e, i) for i, e in enumerate(experts)]
+    _check_experts(specs, base)
+    p = operator_params(spec, params or {})
+    if p["normalize"] and abs(sum(e.weight for e in specs)) < 1e-12:
+        raise InvalidRequest("expert weights sum to zero with normalize=true", field="experts")
+    if not spec.density and (p.get("density") is not None
+                             or any(e.density is not None for e in specs)):
+        raise InvalidRequest(f"density applies to sparsifying operators, not {spec.name}",
+                             field="density")
+    if spec.trim:
+        _check_trim_grid(specs, p.get("density", 1.0))
+    if seed is None:
+        seed = 0
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise InvalidRequest(f"seed {_short(seed)} must be an integer in [0, 2^63)", field="seed")
+    out_dtype = normalize_dtype(output_dtype) if output_dtype else None
+    return MergeRequest(base, tuple(specs), spec.name, p, Budget.parse(budget), seed, out_dtype)
+
+
+def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any]:
+    """The request's global parameters checked against the operator's spec, defaults filled in
+    (the planner's `utility` is kept only when it is not the default, so plan hashes stay)."""
+    own = {p.name: p for p in spec.params}
+    known = {"normalize", "lambda", "utility", *own, *(("density",) if spec.density else ())}
+    for name in sorted(set(params) - known):
+        if name == "density":
+            raise InvalidRequest(f"density applies to sparsifying operators, not {spec.name}",
+                                 field="density")
+        takers = [s.name for s in REGISTRY.values() if s.param(name) is not None]
+        if takers:
+            raise InvalidRequest(f"{name} applies to {', '.join(takers)}, not {spec.name}",
+                                 field=f"params.{name}")
+        raise InvalidRequest(f"unknown parameter {name!r} for {spec.name}; known: "
+                             f"{sorted(known)}", field="params")
+    p: dict[str, Any] = {
+        "normalize": NORMALIZE.parse(params.get("normalize", spec.normalize_default)),
+        "lambda": LAMBDA.parse(params.get("lambda", 1.0)),
+    }
+    if "density" in params:
+        p["density"] = _density(params["density"], "params.density")
+    utility = UTILITY.parse(params.get("utility", "l2"))
+    if utility != UTILITY.default:
+        p["utility"] = utility
+    for name, param in own.items():
+        p[name] = param.parse(params.get(name, param.default))
+    return p
+
+
+def _check_experts(specs: list[ExpertSpec], base: str) -> None:
     if not specs:
         raise InvalidRequest("at least one expert is required", field="experts")
     names = [e.model for e in specs]
@@ -161,55 +209,16 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
             raise InvalidRequest(f"expert {n!r} is listed twice", field="experts")
         if n == base:
             raise InvalidRequest(f"expert {n!r} is the base model", field="experts")
-    p = dict(params or {})
-    unknown = set(p) - KNOWN_PARAMS
-    if unknown:
-        raise InvalidRequest(f"unknown parameter(s) {sorted(unknown)}; known: "
-                             f"{sorted(KNOWN_PARAMS)}", field="params")
-    p["normalize"] = _bool(p.get("normalize", NORMALIZE_DEFAULT[op]), "normalize")
-    p["lambda"] = _finite(p.get("lambda", 1.0), "params.lambda")
-    if "density" in p:
-        p["density"] = _density(p["density"], "params.density")
-    if "utility" in p:
-        u = str(p.pop("utility"))
-        if u not in UTILITIES:
-            raise InvalidRequest(f"utility {u!r} must be one of {', '.join(UTILITIES)}",
-                                 field="params.utility")
-        if u != "l2":  # the default is left out: the same plan keeps the same plan hash
-            p["utility"] = u
-    if op in ("dare_linear", "dare_ties"):
-        p["rescale"] = str(p.get("rescale", "density"))
-        if p["rescale"] not in ("density", "l1", "none"):
-            raise InvalidRequest(f"rescale {p['rescale']!r} must be density, l1 or none",
-                                 field="params.rescale")
-    elif "rescale" in p:
-        raise InvalidRequest(f"rescale applies to dare operators, not {op}", field="params.rescale")
-    if op == "linear":
-        p["renormalize"] = str(p.get("renormalize", "fixed"))
-        if p["renormalize"] not in ("fixed", "selected"):
-            raise InvalidRequest("renormalize must be 'fixed' or 'selected'",
-                                 field="params.renormalize")
-    elif "renormalize" in p:
-        raise InvalidRequest("renormalize applies to linear only", field="params.renormalize")
-    if p["normalize"] and abs(sum(e.weight for e in specs)) < 1e-12:
-        raise InvalidRequest("expert weights sum to zero with normalize=true", field="experts")
-    if op not in SPARSE_OPERATORS and (p.get("density") is not None
-                                       or any(e.density is not None for e in specs)):
-        raise InvalidRequest(f"density applies to ties/dare operators, not {op}", field="density")
-    if op == "ties":
-        for e in specs:
-            d = e.density if e.density is not None else p.get("density", 1.0)
-            if abs(d * 100 - round(d * 100)) > 1e-6:
-                raise InvalidRequest(
-                    f"ties density {d} of expert {e.model!r} is not on the 1% grid the catalog "
-                    "keeps exact trim thresholds for (use e.g. 0.53)", field="density")
-    if seed is None:
-        seed = 0
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise InvalidRequest(f"seed {seed!r} must be an integer in [0, 2^63)", field="seed")
-    from mergepipe.catalog.safetensors_format import normalize_dtype
-    out_dtype = normalize_dtype(output_dtype) if output_dtype else None
-    return MergeRequest(base, tuple(specs), op, p, Budget.parse(budget), seed, out_dtype)
+
+
+def _check_trim_grid(specs: list[ExpertSpec], default: float) -> None:
+    """Trim thresholds are catalogued on the 1% density grid."""
+    for e in specs:
+        d = e.density if e.density is not None else default
+        if abs(d * 100 - round(d * 100)) > 1e-6:
+            raise InvalidRequest(
+                f"ties density {d} of expert {e.model!r} is not on the 1% grid the catalog "
+                "keeps exact trim thresholds for (use e.g. 0.53)", field="density")
 
 
 def parse_experts(text: str) -> list[ExpertSpec]:
@@ -275,11 +284,3 @@ def _density(v: object, name: str) -> float:
     if not 0 < d <= 1:
         raise InvalidRequest(f"{name} {d} is outside (0, 1]", field=name)
     return d
-
-
-def _bool(v: object, name: str) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "yes", "no"):
-        return v.lower() in ("true", "1", "yes")
-    raise InvalidRequest(f"{name} must be true or false, got {v!r}", field=f"params.{name}")

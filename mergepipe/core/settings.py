@@ -43,7 +43,10 @@ class Settings:
             shutdown_grace_s=_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
             max_queued_jobs=_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),
         )
-        return replace(s, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "catalog" in given:  # a command-line option: text
+            given["catalog"] = Path(str(given["catalog"]))
+        return replace(s, **given)  # type: ignore[arg-type]
 
 
 def _number(env: dict[str, str], key: str, cast: type[int] | type[float], default: float,

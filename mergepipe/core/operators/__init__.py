@@ -1,20 +1,23 @@
-"""Pure block operators (no I/O), one module each, collected in REGISTRY by request name."""
+"""Merge operators: one module each declaring its OperatorSpec, registered here by name."""
 
 from __future__ import annotations
 
+from mergepipe.core.operators import dare_linear, dare_ties, linear, task_arithmetic, ties
 from mergepipe.core.operators.base import BlockContext, ExpertBlock, Operator
-from mergepipe.core.operators.dare_linear import dare_linear
-from mergepipe.core.operators.dare_ties import dare_ties
-from mergepipe.core.operators.linear import linear
-from mergepipe.core.operators.task_arithmetic import task_arithmetic
-from mergepipe.core.operators.ties import ties
+from mergepipe.core.operators.registry import (
+    REGISTRY,
+    get_operator,
+    mergekit_methods,
+    register,
+    unregister,
+)
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 
-REGISTRY: dict[str, Operator] = {
-    "linear": linear,
-    "task_arithmetic": task_arithmetic,
-    "ties": ties,
-    "dare_linear": dare_linear,
-    "dare_ties": dare_ties,
-}
+register(linear.SPEC)
+register(task_arithmetic.SPEC)
+register(ties.SPEC)
+register(dare_linear.SPEC)
+register(dare_ties.SPEC)
 
-__all__ = ["REGISTRY", "BlockContext", "ExpertBlock", "Operator"]
+__all__ = ["REGISTRY", "BlockContext", "ExpertBlock", "MergekitMethod", "Operator",
+           "OperatorSpec", "Param", "get_operator", "mergekit_methods", "register", "unregister"]

@@ -1,12 +1,13 @@
-"""The operator contract: what a block operator receives and returns (docs/CONTRACTS.md)."""
+"""The kernel contract: what a block operator receives and returns (pure: no I/O)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class Trim(Protocol):
@@ -43,7 +44,6 @@ class BlockContext:
     block_index: int
     flat_offset: int  # flat index (within the tensor) of the block's first element
     params: dict[str, Any] = field(default_factory=dict)  # normalize, lambda, rescale, renormalize
-    n_experts: int = 0
     all_weights: tuple[float, ...] = ()  # weights of all experts of the request
 
     @property
@@ -56,7 +56,7 @@ class BlockContext:
         return bool(self.params.get("normalize", default))
 
 
-Operator = Callable[[torch.Tensor, list[ExpertBlock], BlockContext], torch.Tensor]
+Operator = Callable[["torch.Tensor", list[ExpertBlock], BlockContext], "torch.Tensor"]
 
 
 def read_experts(experts: list[ExpertBlock]) -> list[ExpertBlock]:

@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from mergepipe.core.operators.base import BlockContext, ExpertBlock, read_experts
-from mergepipe.core.operators.sparsify import (
-    dropped_into,
-    finish_into,
-    scale_,
-    scratch,
-    weight_total,
-)
+from mergepipe.core.operators.base import read_experts
+from mergepipe.core.operators.dare_params import MERGEKIT_PARAMS, RESCALE, rescale_from_mergekit
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
+
+if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
 
 
 def dare_linear(base: torch.Tensor, experts: list[ExpertBlock],
                 ctx: BlockContext) -> torch.Tensor:
     """M = B + lambda * sum_i w_i DARE(D_i) (normalize divides by sum_i w_i)."""
+    import torch
+
+    from mergepipe.core.operators.sparsify import (
+        dropped_into,
+        finish_into,
+        scale_,
+        scratch,
+        weight_total,
+    )
+
     read = [e for e in read_experts(experts) if e.delta is not None]
     if not read:
         return base.clone()
@@ -32,3 +42,12 @@ def dare_linear(base: torch.Tensor, experts: list[ExpertBlock],
             out.add_(term)
     divisor = weight_total(ctx.all_weights) if ctx.normalize(False) else None
     return finish_into(out, base, ctx.lam, divisor)
+
+
+SPEC = OperatorSpec(
+    name="dare_linear", title="DARE (linear)",
+    formula="M = B + lambda * sum_i w_i drop(D_i, density_i) / rescale",
+    kernel=dare_linear, normalize_default=False, additive=False, density=True,
+    params=(RESCALE,),
+    mergekit=MergekitMethod("dare_linear", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
+)

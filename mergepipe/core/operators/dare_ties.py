@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from mergepipe.core.operators.base import BlockContext, ExpertBlock, read_experts
-from mergepipe.core.operators.sparsify import dropped_into, elect_into, finish_into, scale_, scratch
+from mergepipe.core.operators.base import read_experts
+from mergepipe.core.operators.dare_params import MERGEKIT_PARAMS, RESCALE, rescale_from_mergekit
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
+
+if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
 
 
 def dare_ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
     """DARE drop and rescale per expert, then the TIES election (normalize default false)."""
+    import torch
+
+    from mergepipe.core.operators.sparsify import (
+        dropped_into,
+        elect_into,
+        finish_into,
+        scale_,
+        scratch,
+    )
+
     read = [e for e in read_experts(experts) if e.delta is not None]
     if not read:
         return base.clone()
@@ -24,3 +40,12 @@ def dare_ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext)
     divisor = scratch.like("divisor", base) if ctx.normalize(False) else None
     elect_into(dropped, [e.weight for e in read], out, divisor)
     return finish_into(out, base, ctx.lam, divisor)
+
+
+SPEC = OperatorSpec(
+    name="dare_ties", title="DARE-TIES",
+    formula="M = B + lambda * disjoint_sum_i(w_i drop(D_i, density_i) / rescale)",
+    kernel=dare_ties, normalize_default=False, additive=False, density=True,
+    params=(RESCALE,),
+    mergekit=MergekitMethod("dare_ties", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
+)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from mergepipe.core.operators.base import BlockContext, ExpertBlock, read_experts
-from mergepipe.core.operators.sparsify import finish_into, weight_total, weighted_sum_into
+from mergepipe.core.operators.base import read_experts
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
+
+if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
 
 
 def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
@@ -14,6 +20,10 @@ def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) ->
     The coefficients are fixed by all experts' weights; with renormalize='selected' the
     divisor is the sum of the weights of the experts read for this block instead.
     """
+    import torch
+
+    from mergepipe.core.operators.sparsify import finish_into, weight_total, weighted_sum_into
+
     read = [e for e in read_experts(experts) if e.delta is not None]
     if not read:
         return base.clone()
@@ -24,3 +34,22 @@ def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) ->
         selected = ctx.params.get("renormalize", "fixed") == "selected"
         divisor = weight_total([e.weight for e in read] if selected else ctx.all_weights)
     return finish_into(mixed, base, ctx.lam, divisor)
+
+
+def _renormalized(params: Mapping[str, Any]) -> str | None:
+    if params.get("renormalize") == "selected":
+        return "no bound: renormalize=selected changes the coefficients with the access set"
+    return None
+
+
+SPEC = OperatorSpec(
+    name="linear", title="linear (weighted average)",
+    formula="M = B + lambda * sum_i (w_i / sum_j w_j) D_i",
+    kernel=linear, normalize_default=True, additive=True,
+    params=(Param("renormalize", str, "fixed", ("fixed", "selected"),
+                  "selected: divide by the weights of the experts read for each block"),),
+    aliases=("avg", "average"),
+    mergekit=MergekitMethod("linear", params={"normalize": "normalize", "lambda": "lambda"},
+                            base_in_average=True),
+    bound_exception=_renormalized,
+)

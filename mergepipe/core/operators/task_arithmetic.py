@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from mergepipe.core.operators.base import BlockContext, ExpertBlock, read_experts
-from mergepipe.core.operators.sparsify import finish_into, weight_total, weighted_sum_into
+from mergepipe.core.operators.base import read_experts
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
+
+if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
 
 
 def task_arithmetic(base: torch.Tensor, experts: list[ExpertBlock],
                     ctx: BlockContext) -> torch.Tensor:
     """Scaled sum of task vectors; omitted blocks add nothing, coefficients stay fixed."""
+    import torch
+
+    from mergepipe.core.operators.sparsify import finish_into, weight_total, weighted_sum_into
+
     read = [e for e in read_experts(experts) if e.delta is not None]
     if not read:
         return base.clone()
@@ -18,3 +27,12 @@ def task_arithmetic(base: torch.Tensor, experts: list[ExpertBlock],
                               [e.weight for e in read], torch.empty_like(base))
     divisor = weight_total(ctx.all_weights) if ctx.normalize(False) else None
     return finish_into(mixed, base, ctx.lam, divisor)
+
+
+SPEC = OperatorSpec(
+    name="task_arithmetic", title="task arithmetic",
+    formula="M = B + lambda * sum_i w_i D_i",
+    kernel=task_arithmetic, normalize_default=False, additive=True,
+    mergekit=MergekitMethod("task_arithmetic", params={"normalize": "normalize",
+                                                       "lambda": "lambda"}),
+)

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from mergepipe.core.operators.base import BlockContext, ExpertBlock, read_experts
-from mergepipe.core.operators.sparsify import elect_into, finish_into, scale_, scratch, trimmed_into
+from mergepipe.core.operators.base import read_experts
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
+
+if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
 
 
 def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
     """TIES-merging; entries tied at the trim threshold are kept by the keyed rule."""
+    import torch
+
+    from mergepipe.core.operators.sparsify import (
+        elect_into,
+        finish_into,
+        scale_,
+        scratch,
+        trimmed_into,
+    )
+
     read = [e for e in read_experts(experts) if e.delta is not None]
     if not read:
         return base.clone()
@@ -22,3 +37,11 @@ def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> t
     divisor = scratch.like("divisor", base) if ctx.normalize(True) else None
     elect_into(trimmed, [e.weight for e in read], out, divisor)
     return finish_into(out, base, ctx.lam, divisor)
+
+
+SPEC = OperatorSpec(
+    name="ties", title="TIES",
+    formula="M = B + lambda * disjoint_mean_i(w_i trim(D_i, density_i))",
+    kernel=ties, normalize_default=True, additive=False, density=True, trim=True,
+    mergekit=MergekitMethod("ties", params={"normalize": "normalize", "lambda": "lambda"}),
+)

@@ -1,0 +1,166 @@
+"""mergekit config parameters: which keys each method takes, their checks, and their translation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from mergepipe.core.dtypes import DTYPE_NAMES
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators import OperatorSpec, mergekit_methods
+
+# mergekit methods no registered operator implements, and why each is refused.
+_SPHERICAL = ("interpolates along the sphere between whole tensors, which is not a sum of "
+              "per-block deltas: a block budget could neither be honoured nor bounded")
+REFUSED_METHODS = {
+    "slerp": _SPHERICAL, "nuslerp": _SPHERICAL, "multislerp": _SPHERICAL,
+    "karcher": "needs an iterative mean of every full expert tensor (" + _SPHERICAL + ")",
+    "model_stock": "weights each tensor by the angle between the full expert tensors, so every "
+                   "expert byte must be read; it cannot run under a budget",
+    "passthrough": "stacks or copies layers (frankenmerges); there are no deltas to plan",
+    "breadcrumbs": "outlier trimming (gamma) is not implemented yet",
+    "breadcrumbs_ties": "outlier trimming (gamma) is not implemented yet",
+    "della": "magnitude-ranked drop probabilities (epsilon) are not implemented yet",
+    "della_linear": "magnitude-ranked drop probabilities (epsilon) are not implemented yet",
+    "sce": "variance-based selection needs every expert tensor at once; not implemented yet",
+    "nearswap": "needs the full expert tensor to compare with the base; not implemented yet",
+    "arcee_fusion": "needs the full expert tensors to score importance; not implemented yet",
+    "ram": "not implemented yet", "ramplus_tl": "not implemented yet",
+}
+REFUSED_KEYS = {
+    "slices": "layer slices (layer_range, frankenmerges) change the architecture; MergePipe "
+              "merges whole checkpoints that share the base's tensors - list them under models:",
+    "modules": "per-module configs are not supported; list whole models under models:",
+    "tokenizer": "tokenizer surgery (merging vocabularies, new tokens) is not supported; the "
+                 "output keeps the base's tokenizer files",
+    "chat_template": "chat templates are not edited; the output keeps the base's tokenizer files "
+                     "(edit tokenizer_config.json after the merge)",
+}
+TOP_LEVEL_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype",
+                  "tokenizer_source", *REFUSED_KEYS}
+MODEL_PARAMS = {"weight", "density"}
+COMMON_PARAMS = {"weight": None, "density": None, "int8_mask": None}  # every method's parameters
+_NUMBER_PARAMS = {"weight", "density", "lambda"}
+
+
+def method_spec(value: object) -> OperatorSpec:
+    """The operator of a `merge_method`, or a refusal that says why and what is supported."""
+    methods = mergekit_methods()
+    supported = ", ".join(methods)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"merge_method: required (one of {supported})", field="merge_method")
+    name = value.strip().lower()
+    if name in methods:
+        return methods[name]
+    if name in REFUSED_METHODS:
+        raise InvalidRequest(f"merge_method: {value} is not supported: {REFUSED_METHODS[name]}. "
+                             f"Supported: {supported}", field="merge_method")
+    raise InvalidRequest(f"merge_method: unknown method {value!r}; supported: {supported}",
+                         field="merge_method")
+
+
+def global_params(spec: OperatorSpec) -> set[str]:
+    """The keys a method's `parameters:` may hold."""
+    assert spec.mergekit is not None
+    return {*COMMON_PARAMS, *spec.mergekit.params}
+
+
+def check_tokenizer_source(value: object, notes: list[str]) -> None:
+    if value is None:
+        return
+    if value == "base":
+        notes.append("tokenizer_source: base - the output carries the base's tokenizer files")
+        return
+    raise InvalidRequest(f"tokenizer_source: {value!r} is not supported: tokenizer surgery "
+                         "(union vocabularies, another model's tokenizer, resized embeddings) is "
+                         "not done; remove the key or use tokenizer_source: base", field=
+                         "tokenizer_source")
+
+
+def as_mapping(value: object, key: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{key}: must be a mapping of parameter names to values", field=key)
+    return {str(k): v for k, v in value.items()}
+
+
+def check_params(params: Mapping[str, Any], allowed: set[str], where: str,
+                  spec: OperatorSpec) -> None:
+    for name, value in params.items():
+        key = f"{where}.{name}"
+        if name not in allowed:
+            takers = [m for m, s in mergekit_methods().items()
+                      if s.mergekit is not None and name in s.mergekit.params]
+            elsewhere = f"; {name} applies to {', '.join(takers)}" if takers else ""
+            raise InvalidRequest(f"{key}: not a parameter MergePipe supports here (supported: "
+                                 f"{', '.join(sorted(allowed))}){elsewhere}", field=key)
+        if isinstance(value, list):
+            if value and all(isinstance(v, dict) for v in value):
+                raise InvalidRequest(f"{key}: filtered values (filter: ...) set the parameter per "
+                                     "tensor name; MergePipe applies one value per model - give a "
+                                     "single number", field=key)
+            raise InvalidRequest(f"{key}: a list is a gradient (the value interpolated across "
+                                 "layers); MergePipe applies one value per model - give a single "
+                                 "number", field=key)
+        if isinstance(value, dict):
+            raise InvalidRequest(f"{key}: filtered values ({sorted(value)}) set the parameter per "
+                                 "tensor name; MergePipe applies one value per model - give a "
+                                 "single number", field=key)
+        if name in _NUMBER_PARAMS and (isinstance(value, bool) or not isinstance(
+                value, int | float) or not math.isfinite(value)):
+            raise InvalidRequest(f"{key}: must be a finite number, got {value!r}", field=key)
+        if name == "density":
+            if not 0 < value <= 1:
+                raise InvalidRequest(f"{key}: {value} is outside (0, 1] (the fraction of each "
+                                     "delta kept)", field=key)
+            if spec.trim and abs(value * 100 - round(value * 100)) > 1e-6:
+                raise InvalidRequest(f"{key}: {value} is not on the 1% grid for which the catalog "
+                                     "keeps exact TIES trim thresholds; use e.g. "
+                                     f"{round(value, 2):g}", field=key)
+            if not spec.density and value != 1:
+                raise InvalidRequest(f"{key}: {spec.name} does not sparsify, so density has no "
+                                     "effect (mergekit ignores it too); remove it or use a "
+                                     "sparsifying method such as ties", field=key)
+        if name in ("normalize", "int8_mask") and not isinstance(value, bool):
+            raise InvalidRequest(f"{key}: must be true or false, got {value!r}", field=key)
+
+
+def request_params(spec: OperatorSpec, g: Mapping[str, Any], notes: list[str]
+                    ) -> dict[str, Any]:
+    """Global mergekit parameters -> the operator's request params (defaults as mergekit's)."""
+    assert spec.mergekit is not None
+    p: dict[str, Any] = {}
+    for key, value in g.items():
+        ours = spec.mergekit.params.get(key)
+        if ours is not None:
+            p[ours] = value
+    if "int8_mask" in g:
+        notes.append("parameters.int8_mask only saves memory in mergekit; ignored")
+    if spec.density and "density" in g:
+        p["density"] = float(g["density"])
+    if "lambda" in p:
+        p["lambda"] = float(p["lambda"])
+    if spec.mergekit.translate is not None:
+        p = spec.mergekit.translate(p, notes)
+    return p
+
+
+def output_dtype(doc: Mapping[str, Any], notes: list[str]) -> str | None:
+    out = None
+    for key in ("dtype", "out_dtype"):
+        value = doc.get(key)
+        if value is None:
+            continue
+        name = str(value).removeprefix("torch.")
+        if name not in DTYPE_NAMES:
+            raise InvalidRequest(f"{key}: {value!r} is not supported (float32, float16 or "
+                                 "bfloat16)", field=key)
+        out = DTYPE_NAMES[name]
+    if doc.get("dtype") is not None:
+        notes.append("dtype: MergePipe always computes in float32; dtype only sets the output "
+                     "dtype when out_dtype is absent (as in mergekit)")
+    return out
+
+

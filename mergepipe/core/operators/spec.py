@@ -1,0 +1,120 @@
+"""The operator spec: everything about one merge operator, declared once in its own module."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators.base import Operator
+
+ParamValue = bool | float | str
+
+
+@dataclass(frozen=True)
+class Param:
+    """One global parameter of an operator: its type, default and allowed values."""
+
+    name: str
+    type: type[bool] | type[float] | type[str]
+    default: ParamValue
+    choices: tuple[str, ...] = ()  # for str parameters: the allowed values
+    help: str = ""
+
+    def parse(self, value: object) -> ParamValue:
+        """The value as this parameter's type; InvalidRequest naming `params.<name>`."""
+        field_name = f"params.{self.name}"
+        if self.type is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in _BOOLS:
+                return _BOOLS[value.lower()]
+            raise InvalidRequest(f"{self.name} must be true or false, got {_short(value)}",
+                                 field=field_name)
+        if self.type is float:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidRequest(f"{field_name} must be a finite number, got "
+                                     f"{_short(value)}", field=field_name)
+            try:
+                v = float(value)
+            except OverflowError:
+                v = math.inf
+            if not math.isfinite(v):
+                raise InvalidRequest(f"{field_name} must be a finite number, got "
+                                     f"{_short(value)}", field=field_name)
+            return v
+        text = str(value)
+        if self.choices and text not in self.choices:
+            raise InvalidRequest(f"{self.name} {_short(value)} must be one of "
+                                 f"{', '.join(self.choices)}", field=field_name)
+        return text
+
+
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _short(v: object) -> str:
+    r = repr(v) if not isinstance(v, int) or v.bit_length() < 128 else "a very large integer"
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+@dataclass(frozen=True)
+class MergekitMethod:
+    """How a mergekit 0.1.x `merge_method` maps onto the operator.
+
+    `params` maps mergekit's global `parameters:` keys to ours (or to None: accepted and ignored
+    with a note); `translate` turns mergekit values into ours where they differ (e.g. DARE's
+    `rescale: true`), appending a note for the user.
+    """
+
+    name: str
+    params: Mapping[str, str | None] = field(default_factory=dict)
+    translate: Callable[[dict[str, Any], list[str]], dict[str, Any]] | None = None
+    base_in_average: bool = False  # mergekit averages base_model in too (linear)
+
+
+def default_coefficients(weights: Sequence[float], params: Mapping[str, Any]) -> list[float]:
+    """alpha_i, the coefficient applied to D_i: lambda * w_i, divided by sum w with normalize."""
+    lam = float(params.get("lambda", 1.0))
+    if params.get("normalize"):
+        total = sum(weights)
+        return [lam * w / total for w in weights]
+    return [lam * w for w in weights]
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    """Name, kernel, typed parameters and semantics of one merge operator.
+
+    Validation, planning, the manifest, the model card and the mergekit translation read these
+    fields; no module outside the operator's own names it.
+    """
+
+    name: str
+    title: str        # in model cards: "A {title} merge of ..."
+    formula: str      # one line for help texts and docs
+    kernel: Operator  # pure block function (no I/O)
+    normalize_default: bool
+    additive: bool    # fixed coefficients: omitted blocks add nothing and the bound holds
+    density: bool = False  # per-expert density applies (sparsifying operators)
+    trim: bool = False     # magnitude trim at catalog thresholds: blocks below tau are skipped
+    params: tuple[Param, ...] = ()  # global parameters beyond normalize and lambda
+    aliases: tuple[str, ...] = ()
+    mergekit: MergekitMethod | None = None
+    # why the bound does not apply for these (validated) params, despite `additive`
+    bound_exception: Callable[[Mapping[str, Any]], str | None] | None = None
+    # alpha_i, the coefficient applied to D_i: the planner's ranking weight and, for additive
+    # operators, the factor of the omission bound
+    coefficients: Callable[[Sequence[float], Mapping[str, Any]], list[float]] = (
+        default_coefficients)
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def bound_note(self, params: Mapping[str, Any]) -> str | None:
+        """Why the omitted-update bound does not apply to a request (None: it applies)."""
+        if not self.additive:
+            return f"no bound: {self.name} is not a fixed-coefficient additive operator"
+        return self.bound_exception(params) if self.bound_exception else None
