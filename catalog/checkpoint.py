@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mergepipe.catalog.safetensors_format import SafetensorsHeader, TensorEntry, read_header
-
 from mergepipe.core.errors import InvalidCheckpoint
 
 INDEX_FILE = "model.safetensors.index.json"

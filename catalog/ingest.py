@@ -11,18 +11,21 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+
 from mergepipe.catalog.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES, block_rows
 from mergepipe.catalog.lora import lora_targets
 from mergepipe.catalog.models import (
     KINDS,
+    FileRow,
+    ModelRow,
     find_model,
     get_model,
     model_blocks,
@@ -31,8 +34,7 @@ from mergepipe.catalog.models import (
 )
 from mergepipe.catalog.safetensors_format import TensorEntry
 from mergepipe.catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_tensors
-from mergepipe.catalog.storage import LocalFileReader
-
+from mergepipe.catalog.storage import open_reader
 from mergepipe.core.errors import (
     Conflict,
     InvalidCheckpoint,
@@ -40,6 +42,7 @@ from mergepipe.core.errors import (
     NotFound,
     SourceChanged,
 )
+from mergepipe.core.progress import ProgressFn
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "KINDS", "ScannedModel", "ingest_model", "scan_model",
            "write_model"]
@@ -56,7 +59,7 @@ class ScannedModel:
     Row tables are column-wise: one list per column, one entry per row.
     """
 
-    model: dict[str, Any]
+    model: ModelRow
     files: dict[str, list[Any]]
     tensors: dict[str, list[Any]]
     blocks: dict[str, list[Any]]
@@ -67,14 +70,14 @@ class ScannedModel:
 
     @property
     def name(self) -> str:
-        return str(self.model["name"])
+        return self.model.name
 
 
 def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = None,
                  kind: str = "full", block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 with_stats: bool = True, progress: Callable[[int, int], None] | None = None,
-                 source_merge: str | None = None) -> dict[str, Any]:
-    """Register a checkpoint as model `name` (a base when `base` is None); the models row."""
+                 with_stats: bool = True, progress: ProgressFn | None = None,
+                 source_merge: str | None = None) -> ModelRow:
+    """Register a checkpoint as model `name` (a base when `base` is None); its models row."""
     scanned = scan_model(cat, path, name, base=base, kind=kind, block_bytes=block_bytes,
                          with_stats=with_stats, progress=progress, source_merge=source_merge)
     with cat.transaction() as conn:
@@ -84,7 +87,7 @@ def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None 
 
 def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = None,
                kind: str = "full", block_bytes: int = DEFAULT_BLOCK_BYTES,
-               with_stats: bool = True, progress: Callable[[int, int], None] | None = None,
+               with_stats: bool = True, progress: ProgressFn | None = None,
                source_merge: str | None = None,
                first_passes: Mapping[str, FirstPass] | None = None) -> ScannedModel:
     """Read and check the checkpoint, compute all rows; writes nothing to the catalog.
@@ -118,24 +121,22 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
             scales = [None] * len(plans)
         if with_stats and kind == "full":
             layout.check_unchanged()
-    with LocalFileReader() as reader:
+    with open_reader() as reader:
         results = scan_tensors(plans, reader, progress=progress, resume=first_passes)
         bytes_read = reader.bytes_read
     if _file_stamps(ckpt) != stamps:
         raise InvalidCheckpoint(f"{ckpt.path}: files changed while being ingested; try again")
-    model = {
-        "name": name, "kind": kind, "path": ckpt.path, "base": base, "status": "ready",
-        "error": None, "has_stats": bool(with_stats and base is not None),
-        "block_bytes": grid_bytes, "n_tensors": len(plans),
-        "tensor_bytes": sum(t.nbytes for t in ckpt.tensors),
-        "lora_scale": _common_scale(scales), "source_merge": source_merge,
-        "ingest_seconds": time.perf_counter() - t0,
-    }
+    model = ModelRow(
+        name=name, kind=kind, path=ckpt.path, base=base, status="ready", error=None,
+        has_stats=bool(with_stats and base is not None), block_bytes=grid_bytes,
+        n_tensors=len(plans), tensor_bytes=sum(t.nbytes for t in ckpt.tensors),
+        lora_scale=_common_scale(scales), source_merge=source_merge,
+        ingest_seconds=time.perf_counter() - t0)
     files = {h.path: i for i, h in enumerate(ckpt.files)}
     # Checkpoint order; a LoRA adapter's tensors keep their base's ordinals.
     ordinals = ([layout.ordinals[p.name] for p in plans] if kind == "lora"
                 else list(range(len(plans))))
-    has_stats = model["has_stats"]
+    has_stats = model.has_stats
     return ScannedModel(
         model=model,
         files=_columns([{"file_index": i, "path": h.path, "size": stamps[i][1],
@@ -158,13 +159,13 @@ def write_model(conn: sa.Connection, scanned: ScannedModel) -> None:
     name = scanned.name
     if find_model(conn, name) is not None:
         raise Conflict(f"model {name!r} already exists", field="name")
-    base = scanned.model["base"]
+    base = scanned.model.base
     if base is not None:
         row = find_model(conn, base)
-        if row is None or row["status"] != "ready":
+        if row is None or row.status != "ready":
             raise NotFound(f"base model {base!r} is not in the catalog (any more)", field="base")
     try:
-        conn.execute(load_sql("model_insert"), scanned.model)
+        conn.execute(load_sql("model_insert"), scanned.model.to_dict())
         for table, cols in (("files_insert", scanned.files), ("tensors_insert", scanned.tensors),
                             ("blocks_insert", scanned.blocks),
                             ("block_stats_insert", scanned.block_stats),
@@ -224,7 +225,7 @@ class _BaseLayout:
 
     name: str
     block_bytes: int
-    files: list[dict[str, Any]]
+    files: list[FileRow]
     tensors: dict[str, TensorEntry]
     ordinals: dict[str, int]
     rows: dict[str, list[tuple[int, int]]]
@@ -236,37 +237,35 @@ class _BaseLayout:
         if row is None:
             raise NotFound(f"base model {name!r} is not in the catalog; ingest it first",
                            field="base")
-        if row["status"] != "ready":
-            raise InvalidRequest(f"base model {name!r} is {row['status']}, not ready",
-                                 field="base")
-        if row["base"] is not None:
-            raise InvalidRequest(f"model {name!r} is an expert of {row['base']!r}, not a base; "
-                                 f"use {row['base']!r} as the base", field="base")
+        if row.status != "ready":
+            raise InvalidRequest(f"base model {name!r} is {row.status}, not ready", field="base")
+        if row.base is not None:
+            raise InvalidRequest(f"model {name!r} is an expert of {row.base!r}, not a base; "
+                                 f"use {row.base!r} as the base", field="base")
         files = model_files(cat, name)
-        paths = {int(f["file_index"]): str(f["path"]) for f in files}
+        paths = {f.index: f.path for f in files}
         tensors, ordinals = {}, {}
         for t in model_tensors(cat, name):
-            tensors[t["tensor"]] = TensorEntry(t["tensor"], t["dtype"], t["shape"],
-                                               paths[int(t["file_index"])],
-                                               int(t["data_offset"]), int(t["nbytes"]))
-            ordinals[t["tensor"]] = int(t["ordinal"])
+            tensors[t.name] = TensorEntry(t.name, t.dtype, t.shape, paths[t.file_index],
+                                          t.data_offset, t.nbytes)
+            ordinals[t.name] = t.ordinal
         rows: dict[str, list[tuple[int, int]]] = {n: [] for n in tensors}
         hashes: dict[str, list[str]] = {n: [] for n in tensors}
         for b in model_blocks(cat, name):
-            rows[b["tensor"]].append((int(b["row_start"]), int(b["row_end"])))
-            hashes[b["tensor"]].append(str(b["content_hash"]))
-        return _BaseLayout(name, int(row["block_bytes"]), files, tensors, ordinals, rows, hashes)
+            rows[b.tensor].append((b.row_start, b.row_end))
+            hashes[b.tensor].append(b.content_hash)
+        return _BaseLayout(name, row.block_bytes, files, tensors, ordinals, rows, hashes)
 
     def check_unchanged(self) -> None:
         """SourceChanged if a base file was modified since the base was ingested."""
         for f in self.files:
             try:
-                st = os.stat(f["path"])
+                st = os.stat(f.path)
             except OSError as e:
-                raise SourceChanged(f"base model {self.name!r}: file {f['path']} is not "
+                raise SourceChanged(f"base model {self.name!r}: file {f.path} is not "
                                     f"readable ({e.strerror}); re-ingest the base") from None
-            if st.st_size != f["size"] or st.st_mtime_ns != f["mtime_ns"]:
-                raise SourceChanged(f"base model {self.name!r}: file {f['path']} changed after "
+            if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
+                raise SourceChanged(f"base model {self.name!r}: file {f.path} changed after "
                                     "it was ingested; re-ingest the base first")
 
 

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from mergepipe.catalog.safetensors_format import TensorEntry
 
+from mergepipe.catalog.safetensors_format import TensorEntry
 from mergepipe.core.errors import InvalidCheckpoint
 
 # base_model.model.<module>.lora_A.weight (PEFT's saved form; an adapter name may sit before

@@ -11,10 +11,11 @@ from typing import Any
 import duckdb
 import sqlglot
 import sqlglot.expressions as exp
-from mergepipe.catalog.db import Catalog
 from sqlglot.errors import ParseError
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import Busy, InvalidRequest
+from mergepipe.core.jsonable import jsonable
 
 # Functions that read files or the network, touch settings or state, or reveal the server's
 # files; refused even though the database itself also runs with enable_external_access=false.
@@ -259,19 +260,9 @@ def _run_checked(cat: Catalog, sql: str, row_limit: int, timeout_s: float,
         finally:
             timer.cancel()
     truncated = len(rows) > row_limit
-    out = [[_jsonable(v) for v in r] for r in rows[:row_limit]]
+    out = [jsonable(list(r)) for r in rows[:row_limit]]
     size = len(json.dumps(out, default=str))
     if size > byte_limit:
         raise InvalidRequest(f"the result is {size} bytes of JSON, over the {byte_limit} byte "
                              "limit; select fewer rows or columns", field="sql")
     return {"columns": columns, "rows": out, "truncated": truncated}
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, int | float | str | bool) or v is None:
-        return v
-    if isinstance(v, list | tuple):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    return str(v)

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import struct
 from dataclasses import dataclass
 
 import torch
 
+from mergepipe.catalog.storage import RangeReader, open_reader
+from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
-DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-DTYPE_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16",
-               "fp32": "F32", "fp16": "F16", "bf16": "BF16",
-               "F32": "F32", "F16": "F16", "BF16": "BF16"}
 
 
 @dataclass(frozen=True)
@@ -60,38 +57,26 @@ class SafetensorsHeader:
     tensors: list[TensorEntry]  # in data-offset order
 
 
-def normalize_dtype(name: str) -> str:
-    """'bfloat16' / 'bf16' / 'BF16' -> 'BF16'; rejects what we cannot merge."""
-    try:
-        return DTYPE_NAMES[name]
-    except KeyError:
-        raise InvalidCheckpoint(f"unsupported dtype {name!r} (use float32, float16 or bfloat16)",
-                                field="dtype") from None
-
-
-def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
-    """Parse and validate the header of one safetensors file, reading only the header bytes."""
+def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
+                ) -> SafetensorsHeader:
+    """Parse and validate the header of one safetensors file, reading only the header bytes
+    (through `reader`, whose counters then include them; default: a reader of its own)."""
     path = os.path.abspath(path)
-    try:  # O_NONBLOCK: a FIFO planted as a checkpoint must not hang the reader on open
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
+    own = reader is None
+    reader = reader if reader is not None else open_reader()
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidCheckpoint(f"{path}: not a regular file")
-        size = st.st_size
-        raw_len = os.pread(fd, 8, 0)
-        if len(raw_len) < 8:
+        size = reader.size(path)
+        if size < 8:
             raise InvalidCheckpoint(f"{path}: file too short for a safetensors header")
-        (n,) = struct.unpack("<Q", raw_len)
+        (n,) = struct.unpack("<Q", reader.read(path, 0, 8))
         if n > MAX_HEADER_BYTES:
             raise InvalidCheckpoint(f"{path}: header length {n} exceeds the {MAX_HEADER_BYTES} limit")
         if 8 + n > size:
             raise InvalidCheckpoint(f"{path}: header length {n} is larger than the file ({size} bytes)")
-        raw = os.pread(fd, n, 8)
+        raw = bytes(reader.read(path, 8, n))
     finally:
-        os.close(fd)
+        if own:
+            reader.close()
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Iterable
 from typing import Protocol
@@ -11,13 +12,29 @@ from mergepipe.core.errors import InvalidCheckpoint
 
 
 class RangeReader(Protocol):
-    """What ingestion and the executor need from storage (local disk now, object storage later)."""
+    """What ingestion and the executor read checkpoints through: byte ranges of files, every
+    byte counted (in total and per file). Local disk today; object storage plugs in here."""
 
     bytes_read: int
+    bytes_by_path: dict[str, int]
+
+    def size(self, path: str) -> int: ...
 
     def read(self, path: str, offset: int, nbytes: int) -> bytearray: ...
 
+    def read_into(self, path: str, offset: int, out: memoryview) -> None: ...
+
     def close(self) -> None: ...
+
+    def __enter__(self) -> RangeReader: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def open_reader(*, random_access: bool = False) -> RangeReader:
+    """A reader for checkpoint files. `random_access`: the caller reads scattered ranges in large
+    reads of its own (a budgeted access set), so read-ahead would fetch bytes nobody asked for."""
+    return LocalFileReader(random_access=random_access)
 
 
 class LocalFileReader:
@@ -36,14 +53,21 @@ class LocalFileReader:
         with self._lock:
             fd = self._fds.get(path)
             if fd is None:
-                try:
-                    fd = os.open(path, os.O_RDONLY)
+                try:  # O_NONBLOCK: a FIFO planted as a checkpoint must not hang the open
+                    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
                 except OSError as e:
                     raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    raise InvalidCheckpoint(f"{path}: not a regular file")
                 if self.random_access:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 self._fds[path] = fd
             return fd
+
+    def size(self, path: str) -> int:
+        """The file's size in bytes (it is opened, and kept open, for reading)."""
+        return os.fstat(self._fd(path)).st_size
 
     def read(self, path: str, offset: int, nbytes: int) -> bytearray:
         buf = bytearray(nbytes)

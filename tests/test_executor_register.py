@@ -7,21 +7,21 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+
 from mergepipe.catalog import stats
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ScannedModel, scan_model
-from mergepipe.executor import stream
-from mergepipe.planner.plan import make_plan
-
 from mergepipe.core.request import build_request
+from mergepipe.executor import stream
 from mergepipe.jobs.merge import merge
+from mergepipe.planner.plan import make_plan
 from tests.executor_family import ingest_family
 
 ROW_TABLES = ("files", "tensors", "blocks", "block_stats", "tensor_stats")
 
 
 def rows(s: ScannedModel) -> dict:
-    model = {k: v for k, v in s.model.items() if k != "ingest_seconds"}
+    model = {k: v for k, v in s.model.to_dict().items() if k != "ingest_seconds"}
     return {"model": model, **{t: getattr(s, t) for t in ROW_TABLES}}
 
 
@@ -78,7 +78,7 @@ def test_tensors_whose_thresholds_need_refinement_are_scanned_from_the_files(
 def test_a_merge_registers_its_output_with_the_rows_of_a_rescan(families, tmp_path):
     req = build_request(base="base", experts="e0,e1,e2", operator="ties", budget=0.6,
                         params={"density": 0.4})
-    r = merge(families, req, tmp_path / "m", output_name="m")
+    r = merge(families, req, tmp_path / "m", output_name="m").to_dict()
     ref = scan_model(families, tmp_path / "m", "m-rescan", base="base", source_merge=r["merge_id"])
     for table in ("blocks", "block_stats", "tensor_stats"):
         cols = list(getattr(ref, table))

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from mergepipe.catalog import scan, stats
+
+from mergepipe.catalog import scan, stats, storage
 from mergepipe.catalog.grid import block_rows
 from mergepipe.catalog.ingest import ingest_model, scan_model
-from mergepipe.catalog.models import get_model, list_models
-
+from mergepipe.catalog.models import ModelRow, get_model, list_models
 from tests import factory
 from tests.ingest_reference import (
     check_block_stats,
@@ -34,15 +34,15 @@ def _header(path: Path) -> tuple[int, dict]:
 def test_base_rows_describe_the_files(tmp_path: Path, catalog) -> None:
     base = factory.make_base(tmp_path / "base", seed=0, dtype="BF16")
     m = ingest_model(catalog, base, "base", block_bytes=SMALL)
-    assert m["kind"] == "full" and m["base"] is None and m["status"] == "ready"
-    assert m["has_stats"] is False and m["block_bytes"] == SMALL
-    assert m["n_tensors"] == len(factory.TINY_SHAPES) and m["path"] == str(base)
+    assert m.kind == "full" and m.base is None and m.status == "ready"
+    assert m.has_stats is False and m.block_bytes == SMALL
+    assert m.n_tensors == len(factory.TINY_SHAPES) and m.path == str(base)
     f = base / "model.safetensors"
     header_len, header = _header(f)
     (frow,) = rows(catalog, "SELECT * FROM files WHERE model = 'base'")
     assert frow["path"] == str(f) and frow["size"] == f.stat().st_size
     assert frow["mtime_ns"] == f.stat().st_mtime_ns and frow["header_len"] == header_len
-    assert m["tensor_bytes"] == f.stat().st_size - header_len
+    assert m.tensor_bytes == f.stat().st_size - header_len
 
     tensors = rows(catalog, "SELECT * FROM tensors WHERE model = 'base' ORDER BY ordinal")
     by_offset = sorted((k for k in header if k != "__metadata__"),
@@ -78,7 +78,7 @@ def test_full_expert_statistics_are_exact(tmp_path: Path, catalog, base_dtype: s
                                  zero_tensors=("model.norm.weight",), sparsity=0.3)
     ingest_model(catalog, base, "base", block_bytes=SMALL)
     m = ingest_model(catalog, expert, "e", base="base")
-    assert m["has_stats"] is True and m["base"] == "base" and m["block_bytes"] == SMALL
+    assert m.has_stats is True and m.base == "base" and m.block_bytes == SMALL
     deltas = full_deltas(base, expert)
     n = check_block_stats(catalog, "e", deltas)
     assert n > len(deltas)  # multi-block grid
@@ -125,7 +125,7 @@ def test_sharded_base(tmp_path: Path, catalog) -> None:
     expert = factory.make_expert(base, tmp_path / "e", seed=6)
     m = ingest_model(catalog, base, "base", block_bytes=SMALL)
     assert len(rows(catalog, "SELECT * FROM files WHERE model = 'base'")) == 2
-    assert m["n_tensors"] == len(factory.TINY_SHAPES)
+    assert m.n_tensors == len(factory.TINY_SHAPES)
     ingest_model(catalog, expert, "e", base="base")
     check_tensor_stats(catalog, "e", full_deltas(base, expert))
 
@@ -135,7 +135,7 @@ def test_delta_checkpoint(tmp_path: Path, catalog) -> None:
     delta = factory.make_delta(base, tmp_path / "d", seed=8, dtype="F32")
     ingest_model(catalog, base, "base", block_bytes=SMALL)
     m = ingest_model(catalog, delta, "d", base="base", kind="delta")
-    assert m["kind"] == "delta" and m["has_stats"]
+    assert m.kind == "delta" and m.has_stats
     deltas = factory.load(delta)  # the tensors are the deltas themselves
     check_block_stats(catalog, "d", deltas)
     check_tensor_stats(catalog, "d", deltas)
@@ -153,7 +153,7 @@ def test_single_file_path_and_odd_shapes(tmp_path: Path, catalog) -> None:
     expert = factory.make_expert(base, tmp_path / "e", seed=10)
     ingest_model(catalog, base / "model.safetensors", "base", block_bytes=128)
     m = ingest_model(catalog, expert / "model.safetensors", "e", base="base")
-    assert m["path"] == str(expert / "model.safetensors")
+    assert m.path == str(expert / "model.safetensors")
     deltas = full_deltas(base, expert)
     got = {r["tensor"]: r for r in rows(catalog, "SELECT * FROM tensors WHERE model = 'e'")}
     assert got["scalar"]["shape"] == [] and got["scalar"]["n_blocks"] == 1
@@ -169,8 +169,8 @@ def test_no_stats_registers_blocks_without_reading_the_base(tmp_path: Path, cata
     ingest_model(catalog, base, "base", block_bytes=SMALL)
     scanned = scan_model(catalog, expert, "e", base="base", with_stats=False)
     m = get_model_after_write(catalog, scanned)
-    assert m["has_stats"] is False
-    assert scanned.bytes_read == m["tensor_bytes"]  # only the expert's own bytes
+    assert m.has_stats is False
+    assert scanned.bytes_read == m.tensor_bytes  # only the expert's own bytes
     assert not rows(catalog, "SELECT * FROM block_stats WHERE model = 'e'")
     assert not rows(catalog, "SELECT * FROM tensor_stats WHERE model = 'e'")
     same = rows(catalog, """SELECT count(*) AS n FROM blocks e JOIN blocks b
@@ -179,7 +179,7 @@ def test_no_stats_registers_blocks_without_reading_the_base(tmp_path: Path, cata
     assert same == len(rows(catalog, "SELECT * FROM blocks WHERE model = 'base'"))
 
 
-def get_model_after_write(catalog, scanned) -> dict:
+def get_model_after_write(catalog, scanned) -> ModelRow:
     from mergepipe.catalog.ingest import write_model
     with catalog.transaction() as conn:
         write_model(conn, scanned)
@@ -191,10 +191,10 @@ def test_progress_reports_bytes_up_to_the_total(tmp_path: Path, catalog) -> None
     expert = factory.make_expert(base, tmp_path / "e", seed=14)
     ingest_model(catalog, base, "base", block_bytes=SMALL)
     seen: list[tuple[int, int]] = []
-    m = ingest_model(catalog, expert, "e", base="base", progress=lambda d, t: seen.append((d, t)))
-    assert seen and all(t == m["tensor_bytes"] for _, t in seen)
+    m = ingest_model(catalog, expert, "e", base="base", progress=lambda p: seen.append((p.done, p.total)))
+    assert seen and all(t == m.tensor_bytes for _, t in seen)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
-    assert seen[-1][0] == m["tensor_bytes"]
+    assert seen[-1][0] == m.tensor_bytes
 
 
 def test_worker_threads_give_the_same_rows(tmp_path: Path, catalog, monkeypatch) -> None:
@@ -214,7 +214,7 @@ def test_expert_of_expert_output_and_source_merge(tmp_path: Path, catalog) -> No
     out = factory.make_expert(base, tmp_path / "merged", seed=18)
     ingest_model(catalog, base, "base")
     m = ingest_model(catalog, out, "merged", base="base", source_merge="m-123")
-    assert m["source_merge"] == "m-123" and m["block_bytes"] == 1 << 20
+    assert m.source_merge == "m-123" and m.block_bytes == 1 << 20
 
 
 def test_list_models_orders_bases_then_experts(tmp_path: Path, catalog) -> None:
@@ -226,24 +226,35 @@ def test_list_models_orders_bases_then_experts(tmp_path: Path, catalog) -> None:
                  with_stats=False)
     ingest_model(catalog, factory.make_expert(b1, tmp_path / "y", seed=22), "y1", base="alpha",
                  with_stats=False)
-    assert [m["name"] for m in list_models(catalog)] == ["alpha", "y1", "zeta", "x2"]
-    assert isinstance(get_model(catalog, "y1")["created_at"], str)
+    assert [m.name for m in list_models(catalog)] == ["alpha", "y1", "zeta", "x2"]
+    assert isinstance(get_model(catalog, "y1").created_at, str)
 
 
 def test_scan_reads_files_by_range_never_whole(tmp_path: Path, catalog, monkeypatch) -> None:
-    """Reads go through LocalFileReader in block-sized ranges (one block per read)."""
+    """Reads go through LocalFileReader in block-sized ranges (one block per read); the only
+    others are the safetensors headers (the length prefix, then the header itself)."""
     base = factory.make_base(tmp_path / "base", seed=23, dtype="F32")
     expert = factory.make_expert(base, tmp_path / "e", seed=24)
     ingest_model(catalog, base, "base", block_bytes=SMALL)
-    sizes: list[int] = []
-    real = scan.LocalFileReader.read_into
+    reads: list[tuple[str, int, int]] = []
+    real = storage.LocalFileReader.read_into
 
     def spy(self, path: str, offset: int, out: memoryview) -> None:
-        sizes.append(len(out))
+        reads.append((path, offset, len(out)))
         real(self, path, offset, out)
 
-    monkeypatch.setattr(scan.LocalFileReader, "read_into", spy)
+    monkeypatch.setattr(storage.LocalFileReader, "read_into", spy)
     ingest_model(catalog, expert, "e", base="base")
+    headers = {}
+    for f in (base / "model.safetensors", expert / "model.safetensors"):
+        data_start, _ = _header(f)
+        headers[str(f)] = data_start
+    sizes = []
+    for path, offset, n in reads:
+        if offset < headers[path]:  # the header: its 8-byte length, then its JSON
+            assert (offset, n) in ((0, 8), (8, headers[path] - 8)), (path, offset, n)
+        else:
+            sizes.append(n)
     assert sizes and max(sizes) <= SMALL
     assert os.path.getsize(expert / "model.safetensors") > 10 * SMALL
 
@@ -267,13 +278,13 @@ def test_blocks_equal_to_the_base_are_not_computed(tmp_path: Path, catalog, monk
     expert = factory.save_checkpoint(tmp_path / "e", {"w": e, "v": w[:8].clone()}, "F32")
     ingest_model(catalog, base, "base", block_bytes=64 * 64)  # 16 rows per block
     reads: list[tuple[str, int]] = []
-    real = scan.LocalFileReader.read_into
+    real = storage.LocalFileReader.read_into
 
     def spy(self, path: str, offset: int, out: memoryview) -> None:
         reads.append((path, offset))
         real(self, path, offset, out)
 
-    monkeypatch.setattr(scan.LocalFileReader, "read_into", spy)
+    monkeypatch.setattr(storage.LocalFileReader, "read_into", spy)
     ingest_model(catalog, expert, "e", base="base")
     deltas = full_deltas(base, expert)
     check_block_stats(catalog, "e", deltas)

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 import xxhash
-from mergepipe.catalog.ingest import ingest_model, scan_model
-from mergepipe.catalog.lora import lora_delta
 from safetensors.torch import load_file
 
+from mergepipe.catalog.ingest import ingest_model, scan_model
+from mergepipe.catalog.lora import lora_delta
 from tests import factory
 from tests.ingest_reference import check_block_stats, check_tensor_stats, rows
 
@@ -53,12 +53,12 @@ def test_lora_rows_scale_and_statistics(tmp_path: Path, catalog, base: Path, use
                            use_rslora=use_rslora, dtype=dtype)
     m = ingest_model(catalog, ad, "lora", base="base", kind="lora")
     scale = 8.0 / math.sqrt(4) if use_rslora else 8.0 / 4
-    assert m["kind"] == "lora" and m["has_stats"] and m["lora_scale"] == scale
+    assert m.kind == "lora" and m.has_stats and m.lora_scale == scale
     weights = load_file(str(ad / "adapter_model.safetensors"))
     covered = sorted(k.removeprefix("base_model.model.").removesuffix(".lora_A.weight") + ".weight"
                      for k in weights if k.endswith("lora_A.weight"))
     tensors = rows(catalog, "SELECT * FROM tensors WHERE model = 'lora' ORDER BY ordinal")
-    assert sorted(t["tensor"] for t in tensors) == covered and m["n_tensors"] == len(covered)
+    assert sorted(t["tensor"] for t in tensors) == covered and m.n_tensors == len(covered)
     base_ordinals = {r["tensor"]: r["ordinal"] for r in
                      rows(catalog, "SELECT tensor, ordinal FROM tensors WHERE model = 'base'")}
     data = (ad / "adapter_model.safetensors").read_bytes()
@@ -97,7 +97,7 @@ def test_rank_and_alpha_patterns_give_per_tensor_scales(tmp_path: Path, catalog,
                            rank_pattern={"q_proj": 2},
                            alpha_pattern={"layers.1.self_attn.v_proj": 32.0})
     m = ingest_model(catalog, ad, "lora", base="base", kind="lora")
-    assert m["lora_scale"] is None  # no single scale
+    assert m.lora_scale is None  # no single scale
     got = {r["tensor"]: (r["shape"][1], r["lora_scale"]) for r in
            rows(catalog, "SELECT * FROM tensors WHERE model = 'lora'")}
     assert got == {
@@ -115,7 +115,7 @@ def test_lora_without_stats_reads_lora_b_and_lora_a_once(tmp_path: Path, catalog
     (the executor checks both), nothing else."""
     ad = factory.make_lora(base, tmp_path / "lora", seed=3)
     scanned = scan_model(catalog, ad, "lora", base="base", kind="lora", with_stats=False)
-    assert scanned.model["has_stats"] is False and scanned.block_stats is None
+    assert scanned.model.has_stats is False and scanned.block_stats is None
     weights = load_file(str(ad / "adapter_model.safetensors"))
     b_bytes = sum(t.numel() * 4 for k, t in weights.items() if ".lora_B." in k)
     a_bytes = sum(t.numel() * 4 for k, t in weights.items() if ".lora_A." in k)

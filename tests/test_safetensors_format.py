@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+
 from mergepipe.catalog.checkpoint import open_checkpoint
 from mergepipe.catalog.safetensors_format import (
     encode_header,
     from_float32,
-    normalize_dtype,
     read_header,
     to_float32,
 )
-from safetensors.torch import load_file, save_file
-
-from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.core.dtypes import normalize_dtype
+from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest
 from tests import factory
 
 TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -124,7 +124,7 @@ def test_short_and_oversized_headers(tmp_path: Path) -> None:
 
 def test_normalize_dtype() -> None:
     assert normalize_dtype("bfloat16") == normalize_dtype("bf16") == "BF16"
-    with pytest.raises(InvalidCheckpoint, match="int8"):
+    with pytest.raises(InvalidRequest, match="int8"):
         normalize_dtype("int8")
 
 

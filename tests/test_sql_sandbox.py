@@ -11,10 +11,10 @@ from pathlib import Path
 
 import duckdb
 import pytest
+
 from mergepipe.catalog import readonly_sql
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.readonly_sql import ALLOWED_TABLE_FUNCTIONS, check_readonly, run_readonly
-
 from mergepipe.core.errors import Busy, InvalidRequest
 from tests.api_helpers import assert_error, client_for, settings_for
 

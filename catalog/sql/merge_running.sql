@@ -1,1 +1,2 @@
-SELECT merge_id, output_path FROM merges WHERE status = 'running' ORDER BY merge_id
+-- Merges marked running: after a crash, those of a process that died.
+SELECT * FROM merges WHERE status = 'running' ORDER BY merge_id

@@ -1,0 +1,219 @@
+"""The job queue in the catalog: queuing ingestions and merges (claiming their names), job rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.records import new_merge_id
+from mergepipe.core.errors import Conflict, MergePipeError
+from mergepipe.core.jsonable import dumps
+from mergepipe.core.request import MergeRequest
+
+
+@dataclass(frozen=True)
+class IngestJobRow:
+    """One row of `ingest_jobs`."""
+
+    job_id: str
+    model: str               # the name the model will be registered under
+    kind: str                # full | delta | lora
+    path: str                # resolved path inside a data root
+    base: str | None
+    block_bytes: int | None  # None: the default block size
+    with_stats: bool
+    status: str              # queued | running | succeeded | failed
+    error: str | None
+    done_bytes: int
+    total_bytes: int
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A queued job: ('ingest', job_id) or ('merge', merge_id)."""
+
+    kind: str
+    id: str
+
+
+class TooManyJobs(MergePipeError):
+    """The job queue is full; retry later."""
+
+    status = 429
+    code = "too_many_jobs"
+
+
+@dataclass(frozen=True)
+class NewIngestJob:
+    """An ingestion to queue (the model name is claimed when it is queued)."""
+
+    model: str
+    kind: str
+    path: str
+    base: str | None
+    block_bytes: int | None = None
+    with_stats: bool = True
+    field: str = "name"  # the request field that named the model, for errors
+
+
+@dataclass(frozen=True)
+class NewMerge:
+    """A merge to queue (its output name is claimed when it is queued)."""
+
+    request: MergeRequest
+    output_name: str
+    output_path: str
+    field: str = "output.name"
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What `enqueue` queued, in the order to run it."""
+
+    ingest_ids: list[str]
+    merge_id: str | None
+
+    @property
+    def jobs(self) -> list[Job]:
+        return ([Job("ingest", i) for i in self.ingest_ids]
+                + ([Job("merge", self.merge_id)] if self.merge_id else []))
+
+
+def enqueue(cat: Catalog, *, ingests: Sequence[NewIngestJob] = (), merge: NewMerge | None = None,
+            max_queued: int | None = None) -> Queued:
+    """Queue ingestions and a merge in one transaction: every name they claim must be free and
+    the queue must have room for all of them."""
+    names = [j.model for j in ingests] + ([merge.output_name] if merge else [])
+    if len(set(names)) != len(names):
+        raise Conflict(f"the request claims a name twice: {sorted(names)}", field="name")
+    with cat.transaction() as conn:
+        if max_queued is not None:
+            queued = int(conn.execute(load_sql("jobs_count")).mappings().one()["queued"])
+            if queued + len(names) > max_queued:
+                raise TooManyJobs(f"{queued} jobs are queued (limit {max_queued}); retry when "
+                                  "some finished")
+        for j in ingests:
+            _claim(conn, j.model, j.field)
+        if merge is not None:
+            _claim(conn, merge.output_name, merge.field)
+        job_ids = [_insert_ingest(conn, j) for j in ingests]
+        merge_id = _insert_merge(conn, merge) if merge is not None else None
+    return Queued(job_ids, merge_id)
+
+
+def _claim(conn: sa.Connection, name: str, field: str) -> None:
+    """Conflict when `name` is a model, is being ingested, or is a pending merge's output."""
+    if conn.execute(load_sql("model_exists"), {"name": name}).scalar_one():
+        raise Conflict(f"model name {name!r} is taken", field=field)
+    if conn.execute(load_sql("ingest_job_active"), {"model": name}).first() is not None:
+        raise Conflict(f"model {name!r} is already being ingested", field=field)
+    pending = conn.execute(load_sql("merge_output_pending"), {"name": name}).first()
+    if pending is not None:
+        raise Conflict(f"{name!r} is the output of pending merge {pending[0]}", field=field)
+
+
+def _insert_ingest(conn: sa.Connection, j: NewIngestJob) -> str:
+    job_id = f"ing-{uuid.uuid4().hex[:16]}"
+    conn.execute(load_sql("ingest_job_insert"), {
+        "job_id": job_id, "model": j.model, "kind": j.kind, "path": j.path, "base": j.base,
+        "block_bytes": j.block_bytes, "with_stats": j.with_stats})
+    return job_id
+
+
+def _insert_merge(conn: sa.Connection, m: NewMerge) -> str:
+    merge_id = new_merge_id()
+    r = m.request
+    conn.execute(load_sql("merge_insert"), {
+        "merge_id": merge_id, "operator": r.operator, "base": r.base,
+        "request": dumps(r.to_dict()), "params": dumps(r.params), "seed": r.seed,
+        "output_name": m.output_name, "output_path": m.output_path})
+    return merge_id
+
+
+def get_ingest_job(cat: Catalog, job_id: str) -> IngestJobRow | None:
+    return _job(cat.query("ingest_job_get", {"job_id": job_id}))
+
+
+def latest_ingest_job(cat: Catalog, model: str) -> IngestJobRow | None:
+    return _job(cat.query("ingest_job_latest", {"model": model}))
+
+
+def active_ingest_job(cat: Catalog, model: str) -> IngestJobRow | None:
+    """The queued or running ingestion of `model`, or None."""
+    return _job(cat.query("ingest_job_active", {"model": model}))
+
+
+def unfinished_ingest_models(cat: Catalog) -> list[IngestJobRow]:
+    """The newest job of every name that has no model row yet (ingesting or failed)."""
+    return [ingest_job_row(r) for r in cat.query("ingest_job_unfinished")]
+
+
+def start_ingest_job(cat: Catalog, job_id: str) -> None:
+    cat.execute("ingest_job_start", {"job_id": job_id})
+
+
+def finish_ingest_job(cat: Catalog, job_id: str, *, error: str | None, done_bytes: int,
+                      total_bytes: int) -> None:
+    cat.execute("ingest_job_finish", {
+        "job_id": job_id, "status": "failed" if error else "succeeded", "error": error,
+        "done_bytes": done_bytes, "total_bytes": total_bytes})
+
+
+def queued_jobs(cat: Catalog) -> list[Job]:
+    """Ingestions and merges waiting to run, oldest first."""
+    return [Job(str(r.kind), str(r.id)) for r in cat.query("jobs_queued")]
+
+
+def job_counts(cat: Catalog) -> tuple[int, int]:
+    """(queued, running) ingestions and merges."""
+    row = cat.query("jobs_count")[0]._mapping
+    return int(row["queued"]), int(row["running"])
+
+
+def name_free(cat: Catalog, name: str, field: str) -> None:
+    """Conflict when `name` is taken (see `enqueue`); for early checks of a request."""
+    with cat.reader() as conn:
+        _claim(conn, name, field)
+
+
+def pending_output(cat: Catalog, name: str) -> str | None:
+    """The queued or running merge that will register `name` as its output, if any."""
+    rows = cat.query("merge_output_pending", {"name": name})
+    return str(rows[0][0]) if rows else None
+
+
+def recover(cat: Catalog) -> None:
+    """Mark the jobs that were running when the process died as failed (one transaction)."""
+    with cat.transaction() as conn:
+        conn.execute(load_sql("ingest_job_recover"))
+        conn.execute(load_sql("merge_recover"))
+
+
+def ping(cat: Catalog) -> None:
+    cat.query("catalog_ping")
+
+
+def ingest_job_row(r: sa.Row[Any]) -> IngestJobRow:
+    m = dict(r._mapping)
+    for k in ("created_at", "started_at", "finished_at"):
+        if isinstance(m.get(k), datetime):
+            m[k] = m[k].isoformat()
+    names = {f.name for f in dataclasses.fields(IngestJobRow)}
+    return IngestJobRow(**{k: v for k, v in m.items() if k in names})
+
+
+def _job(rows: list[sa.Row[Any]]) -> IngestJobRow | None:
+    return ingest_job_row(rows[0]) if rows else None
