@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+
 from mergepipe.catalog.storage import drop_page_cache
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

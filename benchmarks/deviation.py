@@ -7,7 +7,7 @@ import os
 
 from mergepipe.catalog.checkpoint import open_checkpoint
 from mergepipe.catalog.safetensors_format import to_float32
-from mergepipe.catalog.storage import LocalFileReader
+from mergepipe.catalog.storage import open_reader
 
 
 def relative_l2(candidate: str | os.PathLike[str], reference: str | os.PathLike[str]) -> float:
@@ -24,7 +24,7 @@ def l2_distance(candidate: str | os.PathLike[str], reference: str | os.PathLike[
         missing = sorted(a.keys() ^ b.keys())[:3]
         raise ValueError(f"{candidate} and {reference} differ in tensors, e.g. {missing}")
     num = den = 0.0
-    with LocalFileReader() as reader:
+    with open_reader() as reader:
         for name, tb in b.items():
             ta = a[name]
             if ta.shape != tb.shape:

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+
 from mergepipe.catalog.safetensors_format import (
-    DTYPE_SIZES,
     TORCH_DTYPES,
     encode_header,
-    normalize_dtype,
 )
+from mergepipe.core.dtypes import DTYPE_SIZES, normalize_dtype
 
 FAMILY_FILE = "family.json"
 CHUNK_ELEMS = 1 << 22  # rows generated at a time: bounded memory whatever the tensor size

@@ -13,24 +13,21 @@ import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
+
 from mergepipe.benchmarks.coldcache import make_cold
 from mergepipe.benchmarks.deviation import l2_distance, relative_l2
+from mergepipe.benchmarks.suite import Run, Suite
 from mergepipe.benchmarks.worker import WorkerClient
-
-if TYPE_CHECKING:
-    from mergepipe.benchmarks.run import Run, Suite
 
 
 def fixed_budget_bytes(suite: Suite) -> int:
     """Scaling figure's fixed budget: a share of the full read of the scaling operator at k_main."""
-    from mergepipe.benchmarks.run import Run
     from mergepipe.catalog.db import Catalog
-    from mergepipe.planner.plan import make_plan
-
     from mergepipe.core.request import build_request
+    from mergepipe.planner.plan import make_plan
 
     cfg = suite.cfg
     req = build_request(**suite.request(Run("ours", cfg.scaling_operator, cfg.k_main)))
@@ -152,7 +149,6 @@ def _one_shot(suite: Suite, run: Run) -> dict[str, Any]:
 def physical(suite: Suite, run_physical: Callable[..., Any],
              run_ranges: Callable[..., Any]) -> list[dict[str, Any]]:
     """Figure 5: cat/dd of exactly the bytes our full-read merges read and write, vs ours."""
-    from mergepipe.benchmarks.run import Run
     from mergepipe.catalog.db import Catalog
 
     cfg = suite.cfg

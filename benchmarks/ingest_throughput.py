@@ -83,7 +83,7 @@ def _worker(args: argparse.Namespace) -> int:
         with cat.transaction() as conn:
             conn.exec_driver_sql("CHECKPOINT")
     emit({"scan_s": t1 - t0, "write_s": t2 - t1, "cpu_s": cpu, "bytes_read": scanned.bytes_read,
-          "tensor_bytes": scanned.model["tensor_bytes"], "blocks": len(scanned.blocks["tensor"]),
+          "tensor_bytes": scanned.model.tensor_bytes, "blocks": len(scanned.blocks["tensor"]),
           "catalog_bytes_after": os.path.getsize(args.catalog)})
     return 0
 

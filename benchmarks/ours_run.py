@@ -11,9 +11,8 @@ OUTPUT_NAME = "bench-output"
 
 def warm_up() -> None:
     """Import the engine (paid once per worker)."""
-    import mergepipe.planner.plan  # noqa: F401
-
     import mergepipe.jobs.merge  # noqa: F401
+    import mergepipe.planner.plan  # noqa: F401
 
 
 def dir_bytes(path: Path) -> int:
@@ -24,14 +23,13 @@ def dir_bytes(path: Path) -> int:
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """job: catalog, request (build_request keywords), out. Returns timings and the summary."""
     from mergepipe.catalog.db import Catalog
-
     from mergepipe.core.request import build_request
     from mergepipe.jobs.merge import merge
 
     t0 = time.perf_counter()
     request = build_request(**job["request"])
     with Catalog(job["catalog"]) as cat:
-        summary = merge(cat, request, Path(job["out"]), output_name=OUTPUT_NAME)
+        summary = merge(cat, request, Path(job["out"]), output_name=OUTPUT_NAME).to_dict()
     merge_s = time.perf_counter() - t0
     out = Path(job["out"])
     manifest = out / "manifest.json"

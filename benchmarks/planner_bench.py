@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
-from mergepipe.catalog.db import Catalog
-from mergepipe.planner.plan import make_plan
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import build_request
+from mergepipe.planner.plan import make_plan
 
 # Synthetic rows, generated inside the database. Sizes are bound parameters; names are fixed.
 _MODELS = sa.text(

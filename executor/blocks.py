@@ -6,16 +6,19 @@ import threading
 from collections.abc import Hashable, Mapping
 
 import torch
+
 from mergepipe.catalog.lora import lora_delta
-from mergepipe.catalog.safetensors_format import DTYPE_SIZES, TensorEntry, decode_into, to_float32
+from mergepipe.catalog.safetensors_format import TensorEntry, decode_into, to_float32
 from mergepipe.catalog.scan import BlockScan, TensorPlan, scan_full_block
 from mergepipe.catalog.stats import NonFiniteDelta
+from mergepipe.core.dtypes import DTYPE_SIZES
+from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.core.operators import BlockContext, ExpertBlock
+from mergepipe.core.operators.keyed_hash import expert_key
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.schedule import Step
 from mergepipe.executor.sources import ModelSource
 from mergepipe.executor.writer import encode
-
-from mergepipe.core.errors import InvalidCheckpoint
 
 # One merged block: (tensor, row_start, output bytes, the first scan pass over it or None).
 MergedBlock = tuple[str, int, memoryview, BlockScan | None]
@@ -30,12 +33,10 @@ class ChunkMerger:
     """
 
     def __init__(self, prep: Prepared, *, first_pass: bool = False) -> None:
-        from mergepipe.core.operators import REGISTRY
-
         self.prep = prep
         self.output_plans = output_plans(prep) if first_pass else None
         self.req = prep.plan.request
-        self.op = REGISTRY[self.req.operator]
+        self.op = self.req.spec.kernel
         self.weights = tuple(self.req.weights())
         self.densities = self.req.densities()
         self.lora_a: dict[tuple[int, str], torch.Tensor] = {}
@@ -82,9 +83,6 @@ class ChunkMerger:
 
     def merge_step(self, st: Step, data: Mapping[Hashable, memoryview]
                    ) -> tuple[str, int, memoryview]:
-        from mergepipe.core.operators import BlockContext, ExpertBlock
-        from mergepipe.core.operators.keyed_hash import expert_key
-
         t = self.prep.base.tensors[st.tensor]
         out_dtype = self.prep.out_dtype or t.dtype
         base_raw = data[("b", st.tensor, st.block_index)]
@@ -108,7 +106,7 @@ class ChunkMerger:
                 trim=self.prep.plan.trims.get((spec.model, st.tensor)), key=key))
         ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
                            flat_offset=st.row_start * t.row_numel, params=self.req.params,
-                           n_experts=len(self.req.experts), all_weights=self.weights)
+                           all_weights=self.weights)
         return st.tensor, st.row_start, encode(self.op(b32, blocks, ctx), out_dtype)
 
 

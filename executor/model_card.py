@@ -7,49 +7,46 @@ from typing import Any
 
 import yaml
 
+from mergepipe.core.dtypes import HF_DTYPE_NAMES
+from mergepipe.core.request import MergeRequest
+
 CARD_FILE = "README.md"
 TAGS = ("merge", "mergepipe")
-HF_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-OPERATOR_TITLES = {"linear": "linear (weighted average)", "task_arithmetic": "task arithmetic",
-                   "ties": "TIES", "dare_linear": "DARE (linear)", "dare_ties": "DARE-TIES"}
 
 
-def render_model_card(request: Mapping[str, Any], summary: Mapping[str, Any], *,
-                      name: str | None = None) -> str:
-    """The model card text for a merge of `request` (MergeRequest.to_dict()) and its run summary.
-
-    `summary` holds the run's keys (merge_id, plan_hash, budget_bytes, full_read_bytes,
-    planned_expert_bytes, expert_bytes_read, omission_bound, output dtype...); missing ones are
-    left out. Pure: no I/O, same inputs give the same text.
-    """
-    experts = [dict(e) for e in request.get("experts", ())]
-    base = str(request["base"])
-    op = str(request["operator"])
-    params = {k: v for k, v in dict(request.get("params") or {}).items() if v is not None}
-    budget = dict(request.get("budget") or {"fraction": 1.0})
-    io = _io(summary)
+def render_model_card(request: MergeRequest, io: Mapping[str, Any], *, name: str | None = None,
+                      merge_id: str | None = None, plan_hash: str | None = None) -> str:
+    """The model card text of a merge of `request`; `io` holds its I/O figures (budget_bytes,
+    full_read_bytes, planned_expert_bytes, expert_bytes_read, base_bytes_read, omission_bound;
+    missing ones are left out). Pure: no I/O, same inputs give the same text."""
+    spec = request.spec
+    experts = [{"model": e.model, "weight": e.weight, "density": e.density}
+               for e in request.experts]
+    base, op = request.base, request.operator
+    params = {k: v for k, v in request.params.items() if v is not None}
+    budget = request.budget.to_dict()
+    figures = _io(io)
     meta: dict[str, Any] = {
-        "base_model": [base] + [str(e["model"]) for e in experts],
+        "base_model": [base] + [e.model for e in request.experts],
         "base_model_relation": "merge",
         "library_name": "transformers",
         "tags": list(TAGS) + [op.replace("_", "-")],
         "mergepipe": {
-            **({"merge_id": summary["merge_id"]} if summary.get("merge_id") else {}),
+            **({"merge_id": merge_id} if merge_id else {}),
             "operator": op,
             "base": base,
             "experts": [{k: v for k, v in e.items() if v is not None} for e in experts],
             "parameters": params,
-            "seed": request.get("seed", 0),
+            "seed": request.seed,
             "budget": budget,
-            **io,
-            **({"plan_hash": summary["plan_hash"]} if summary.get("plan_hash") else {}),
-            **({"output_dtype": d} if (d := request.get("output_dtype")
-                                       or summary.get("output_dtype")) else {}),
+            **figures,
+            **({"plan_hash": plan_hash} if plan_hash else {}),
+            **({"output_dtype": request.output_dtype} if request.output_dtype else {}),
         },
     }
     front = yaml.safe_dump(meta, sort_keys=False, default_flow_style=False, allow_unicode=True)
-    body = _body(name, base, op, experts, params, budget, io,
-                 {**summary, "output_dtype": request.get("output_dtype")})
+    body = _body(name, base, spec.title, experts, params, budget, figures, merge_id,
+                 mergekit_config(request))
     return f"---\n{front}---\n\n{body}"
 
 
@@ -63,12 +60,11 @@ def _io(summary: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _body(name: str | None, base: str, op: str, experts: list[dict[str, Any]],
+def _body(name: str | None, base: str, title: str, experts: list[dict[str, Any]],
           params: Mapping[str, Any], budget: Mapping[str, Any], io: Mapping[str, Any],
-          summary: Mapping[str, Any]) -> str:
-    title = name or str(summary.get("output_name") or "Merged model")
-    lines = [f"# {title}", "",
-             f"A {OPERATOR_TITLES.get(op, op)} merge of {len(experts)} expert"
+          merge_id: str | None, config: str | None) -> str:
+    lines = [f"# {name or 'Merged model'}", "",
+             f"A {title} merge of {len(experts)} expert"
              f"{'s' if len(experts) != 1 else ''} onto `{base}`, made with "
              "MergePipe under an explicit expert-read budget.", "",
              "| expert | weight | density |", "| --- | --- | --- |"]
@@ -91,22 +87,23 @@ def _body(name: str | None, base: str, op: str, experts: list[dict[str, Any]],
         lines.append(f"- Bound on the L2 distance to the full-budget merge: "
                      f"{io['omission_bound']:.4g}.")
     lines.append("")
-    config = mergekit_config(base, op, experts, params, summary.get("output_dtype"))
     if config is not None:
         lines += ["The same merge at full budget as a mergekit config (model names as registered "
                   "in the catalog):", "", "```yaml", config.rstrip(), "```", ""]
-    if summary.get("merge_id"):
+    if merge_id:
         lines += ["Reproduce and verify it from the catalog that made it:", "",
-                  "```", f"mergepipe replay {summary['merge_id']}", "```", ""]
+                  "```", f"mergepipe replay {merge_id}", "```", ""]
     lines += ["The access set, plan hash, bytes read and lineage are in the manifest beside the "
               "weights and in the catalog tables `merges`, `touched_blocks` and `lineage`.", ""]
     return "\n".join(lines)
 
 
-def mergekit_config(base: str, op: str, experts: list[dict[str, Any]],
-                    params: Mapping[str, Any], output_dtype: str | None = None) -> str | None:
+def mergekit_config(request: MergeRequest) -> str | None:
     """The request as an equivalent mergekit 0.1.x YAML config, or None if it has none."""
-    p = dict(params)
+    method = request.spec.mergekit
+    if method is None:
+        return None
+    p = dict(request.params)
     p.pop("utility", None)  # the planner's ranking under a budget: no mergekit equivalent needed
     if p.pop("renormalize", "fixed") != "fixed":
         return None  # per-block renormalization over the experts read: a budget-only notion
@@ -115,28 +112,32 @@ def mergekit_config(base: str, op: str, experts: list[dict[str, Any]],
         return None  # mergekit's DARE rescale is l1 (or none)
     if rescale is not None:
         p["rescale"] = rescale == "l1"
+    ours = {v: k for k, v in method.params.items() if v is not None}  # our name -> mergekit's
+    defaults = {"normalize": request.spec.normalize_default, "lambda": 1.0,
+                **{q.name: q.default for q in request.spec.params}}
+    if any(k not in ours and k != "density" and v != defaults.get(k) for k, v in p.items()):
+        return None  # a parameter mergekit's method cannot express
+    p = {ours.get(k, k): v for k, v in p.items() if k in ours or k == "density"}
+    base = request.base
     models: list[dict[str, Any]] = []
-    if op == "linear":
+    if method.base_in_average:
         # mergekit's linear averages every listed model, the base too: give it the weight that
         # makes M = B + sum c_i (E_i - B).
-        lam = float(p.pop("lambda", 1.0))
-        w = [float(e.get("weight", 1.0)) for e in experts]
-        total = sum(w)
-        c = [lam * x / total for x in w] if p.pop("normalize", True) else [lam * x for x in w]
+        c = request.coefficients()
         models.append({"model": base, "parameters": {"weight": 1.0 - sum(c)}})
-        models += [{"model": str(e["model"]), "parameters": {"weight": ci}}
-                   for e, ci in zip(experts, c, strict=True)]
+        models += [{"model": e.model, "parameters": {"weight": ci}}
+                   for e, ci in zip(request.experts, c, strict=True)]
         p = {"normalize": False}
     else:
-        for e in experts:
-            mp = {"weight": float(e.get("weight", 1.0))}
-            if e.get("density") is not None:
-                mp["density"] = float(e["density"])
-            models.append({"model": str(e["model"]), "parameters": mp})
-    doc: dict[str, Any] = {"merge_method": op, "base_model": base, "models": models,
+        for e in request.experts:
+            mp = {"weight": float(e.weight)}
+            if e.density is not None:
+                mp["density"] = float(e.density)
+            models.append({"model": e.model, "parameters": mp})
+    doc: dict[str, Any] = {"merge_method": method.name, "base_model": base, "models": models,
                            "parameters": p, "dtype": "float32"}
-    if output_dtype:
-        doc["out_dtype"] = HF_DTYPES[output_dtype]
+    if request.output_dtype:
+        doc["out_dtype"] = HF_DTYPE_NAMES[request.output_dtype]
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
 
 

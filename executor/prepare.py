@@ -3,55 +3,25 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from mergepipe.catalog.checkpoint import Checkpoint, open_checkpoint
-from mergepipe.executor.sources import BlockInfo, ModelSource, TensorInfo, load_model
-
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import BlockRow, TensorRow
 from mergepipe.core.errors import BudgetViolation, InvalidCheckpoint, InvalidRequest, SourceChanged
-from mergepipe.core.request import MergeRequest
-
-
-class PlannedBlockLike(Protocol):
-    """One block of the access set (planner.plan.PlannedBlock)."""
-
-    @property
-    def model(self) -> str: ...
-    @property
-    def tensor(self) -> str: ...
-    @property
-    def block_index(self) -> int: ...
-    @property
-    def nbytes(self) -> int: ...
-
-
-class PlanLike(Protocol):
-    """What the executor needs of a plan (planner.plan.Plan, or a stored plan for replay)."""
-
-    @property
-    def request(self) -> MergeRequest: ...
-    @property
-    def plan_hash(self) -> str: ...
-    @property
-    def budget_bytes(self) -> int: ...
-    @property
-    def blocks(self) -> Sequence[PlannedBlockLike]: ...
-
-    @property
-    def trims(self) -> Mapping[tuple[str, str], Any]: ...
+from mergepipe.executor.sources import ModelSource, load_model
+from mergepipe.planner.plan import Plan
 
 
 @dataclass
 class Prepared:
     """A plan checked against the catalog and the files on disk, ready to execute."""
 
-    plan: PlanLike
+    plan: Plan
     base: ModelSource
     experts: list[ModelSource]
     checkpoint: Checkpoint
-    selected: dict[tuple[int, str], list[BlockInfo]]  # (expert position, tensor) -> blocks
+    selected: dict[tuple[int, str], list[BlockRow]]  # (expert position, tensor) -> blocks
     planned_by_model: dict[str, int]
     out_dtype: str | None  # None: each tensor keeps the base's dtype
 
@@ -60,7 +30,7 @@ class Prepared:
         return sum(self.planned_by_model.values())
 
 
-def prepare(cat: Any, plan: PlanLike) -> Prepared:
+def prepare(cat: Catalog, plan: Plan) -> Prepared:
     """Load the inputs, check the files are unchanged and the plan fits the budget."""
     req = plan.request
     base = load_model(cat, req.base)
@@ -75,7 +45,7 @@ def prepare(cat: Any, plan: PlanLike) -> Prepared:
     for m in (base, *experts):
         m.check_files()
     position = {e.name: i for i, e in enumerate(experts)}
-    selected: dict[tuple[int, str], list[BlockInfo]] = {}
+    selected: dict[tuple[int, str], list[BlockRow]] = {}
     for pb in plan.blocks:
         i = position.get(pb.model)
         if i is None:
@@ -123,7 +93,7 @@ def prepare(cat: Any, plan: PlanLike) -> Prepared:
 
 def output_layout(prep: Prepared) -> list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]]:
     """Output files named like the base's, each with its tensors in checkpoint order."""
-    by_file: dict[int, list[TensorInfo]] = {}
+    by_file: dict[int, list[TensorRow]] = {}
     for t in prep.base.tensors.values():
         by_file.setdefault(t.file_index, []).append(t)
     out = []

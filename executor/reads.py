@@ -6,8 +6,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from mergepipe.catalog.storage import LocalFileReader
-
+from mergepipe.catalog.storage import RangeReader
 from mergepipe.core.errors import BudgetViolation
 
 # Adjacent ranges are merged into one read up to this many bytes (memory stays bounded).
@@ -69,8 +68,8 @@ class BudgetCounter:
 class Prefetcher:
     """Reads chunk i+1.. in a thread pool while chunk i is computed; pieces come back by key."""
 
-    def __init__(self, chunks: Sequence[Sequence[Range]], *, expert_reader: LocalFileReader,
-                 base_reader: LocalFileReader, budget: BudgetCounter, threads: int,
+    def __init__(self, chunks: Sequence[Sequence[Range]], *, expert_reader: RangeReader,
+                 base_reader: RangeReader, budget: BudgetCounter, threads: int,
                  depth: int = 2) -> None:
         self._chunks = chunks
         self._expert_reader = expert_reader

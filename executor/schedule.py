@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+from mergepipe.catalog.models import BlockRow
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.reads import Range
-from mergepipe.executor.sources import BlockInfo
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Step:
 def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[list[Range]]]:
     """Steps in checkpoint order grouped into chunks, with the byte ranges each chunk needs."""
     base = prep.base
-    sel_index: dict[tuple[int, str], dict[int, BlockInfo]] = {
+    sel_index: dict[tuple[int, str], dict[int, BlockRow]] = {
         k: {b.block_index: b for b in v} for k, v in prep.selected.items()}
     by_tensor: dict[str, list[int]] = {}
     for i, tensor in prep.selected:

@@ -9,20 +9,21 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import torch
 from mergepipe.catalog.checkpoint import INDEX_FILE
 from mergepipe.catalog.scan import FirstPass
-from mergepipe.catalog.storage import LocalFileReader
+from mergepipe.catalog.storage import RangeReader, open_reader
+from mergepipe.core.errors import BudgetViolation
+from mergepipe.core.progress import Progress, ProgressFn
+from mergepipe.core.torch_threads import pin_torch_threads
 from mergepipe.executor.blocks import ChunkMerger, MergedBlock
-from mergepipe.executor.prepare import PlanLike, Prepared, output_layout, prepare
+from mergepipe.executor.prepare import Prepared, output_layout, prepare
 from mergepipe.executor.reads import BudgetCounter, Prefetcher
-from mergepipe.executor.schedule import schedule
+from mergepipe.executor.schedule import Step, schedule
 from mergepipe.executor.writer import (
     BackgroundWrites,
     CheckpointWriter,
@@ -30,13 +31,8 @@ from mergepipe.executor.writer import (
     copy_extra_files,
 )
 
-from mergepipe.core.errors import BudgetViolation
+__all__ = ["ExecutionResult", "Prepared", "execute", "prepare"]
 
-__all__ = ["ExecutionResult", "PlanLike", "Prepared", "execute", "prepare"]
-
-# One intra-op thread: block-sized elementwise ops are ~10x faster than with torch's pool
-# here (its threads spin against our read threads); reads give the parallelism instead.
-COMPUTE_THREADS = 1
 # Block-sized buffers come from the heap and are reused, not fresh mmaps that fault in every
 # page of every block (2-3 ms per MiB-sized tensor on a VM).
 MALLOC_MMAP_THRESHOLD = 64 << 20
@@ -64,7 +60,7 @@ class ExecutionResult:
 
 
 def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
-            progress: Callable[[dict[str, Any]], None] | None = None,
+            progress: ProgressFn | None = None,
             chunk_bytes: int | None = None, compute_threads: int | None = None,
             first_pass: bool = False) -> ExecutionResult:
     """Write the merged checkpoint into `out_dir` (an existing empty directory).
@@ -83,42 +79,15 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
         write_index=os.path.isdir(prep.base.path) and os.path.exists(
             os.path.join(prep.base.path, INDEX_FILE)))
     # Expert reads are scattered (a budgeted access set) and already large: no read-ahead.
-    expert_reader, base_reader = LocalFileReader(random_access=True), LocalFileReader()
+    expert_reader, base_reader = open_reader(random_access=True), open_reader()
     merger = ChunkMerger(prep, first_pass=first_pass)
-    passes: dict[str, FirstPass] = {}  # opened at a tensor's first block (histograms)
     n_compute = compute_threads or default_compute_threads()
-    done = 0
-    blocks_total = sum(map(len, steps))
-    last_report = time.monotonic()
     _reuse_freed_buffers()
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(COMPUTE_THREADS)
-    writes = BackgroundWrites(writer)
+    pin_torch_threads()
+    out = _Output(BackgroundWrites(writer), merger, sum(map(len, steps)), progress,
+                  expert_reader, base_reader)
     compute = ThreadPoolExecutor(max_workers=n_compute, thread_name_prefix="mergepipe-merge")
-    inflight: deque[tuple[int, Future[list[MergedBlock]]]] = deque()
-
-    def finish_oldest() -> None:
-        nonlocal done, last_report
-        ci, fut = inflight.popleft()
-        for st, (tensor, row_start, buf, scan) in zip(steps[ci], fut.result(), strict=True):
-            writes.write(tensor, row_start, buf)
-            if merger.output_plans is not None:
-                fp = passes.get(tensor)
-                if fp is None:
-                    fp = passes[tensor] = FirstPass(merger.output_plans[tensor])
-                if scan is None:
-                    fp.discard()
-                else:
-                    fp.add(st.block_index, scan)
-        merger.release(steps[ci])
-        done += len(steps[ci])
-        if progress is not None and (time.monotonic() - last_report >= PROGRESS_EVERY_S
-                                     or done == blocks_total):
-            last_report = time.monotonic()
-            progress({"blocks_done": done, "blocks_total": blocks_total,
-                      "expert_bytes_read": expert_reader.bytes_read,
-                      "base_bytes_read": base_reader.bytes_read})
-
+    inflight: deque[tuple[list[Step], Future[list[MergedBlock]]]] = deque()
     try:
         with Prefetcher(chunks, expert_reader=expert_reader, base_reader=base_reader,
                         budget=BudgetCounter(prep.plan.budget_bytes),
@@ -126,35 +95,73 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
             for ci, chunk_steps in enumerate(steps):
                 data = pre.get(ci)
                 merger.load_lora_a(data)
-                inflight.append((ci, compute.submit(merger.merge_chunk, chunk_steps, data)))
+                inflight.append((chunk_steps, compute.submit(merger.merge_chunk, chunk_steps,
+                                                             data)))
                 while len(inflight) > n_compute:
-                    finish_oldest()
+                    out.take(*inflight.popleft())
             while inflight:
-                finish_oldest()
-        writes.drain()
+                out.take(*inflight.popleft())
+        out.writes.drain()
         tensors = writer.finish()
     except BaseException:
         compute.shutdown(wait=True, cancel_futures=True)
-        writes.close()
+        out.writes.close()
         writer.abort()
         raise
     finally:
         compute.shutdown(wait=True)
-        writes.close()
-        torch.set_num_threads(torch_threads)
+        out.writes.close()
         expert_reader.close()
         base_reader.close()
     if expert_reader.bytes_read > prep.plan.budget_bytes:
         raise BudgetViolation(f"read {expert_reader.bytes_read} expert bytes, over the budget "
                               f"of {prep.plan.budget_bytes}")
     extra = copy_extra_files(prep.checkpoint.extra_files, Path(out_dir), prep.out_dtype)
+    return ExecutionResult(tensors, output_hash(tensors), expert_reader.bytes_read,
+                           _bytes_by_model(prep, expert_reader), base_reader.bytes_read,
+                           out.done, merger.expert_blocks, time.perf_counter() - t0, extra,
+                           out.passes)
+
+
+class _Output:
+    """Takes merged chunks in order: writes them, feeds the output's first scan pass, reports."""
+
+    def __init__(self, writes: BackgroundWrites, merger: ChunkMerger, blocks_total: int,
+                 progress: ProgressFn | None, expert_reader: RangeReader,
+                 base_reader: RangeReader) -> None:
+        self.writes, self.merger, self.blocks_total = writes, merger, blocks_total
+        self.progress, self.readers = progress, (expert_reader, base_reader)
+        self.passes: dict[str, FirstPass] = {}  # opened at a tensor's first block (histograms)
+        self.done = 0
+        self.last_report = time.monotonic()
+
+    def take(self, chunk_steps: list[Step], fut: Future[list[MergedBlock]]) -> None:
+        plans = self.merger.output_plans
+        for st, (tensor, row_start, buf, scan) in zip(chunk_steps, fut.result(), strict=True):
+            self.writes.write(tensor, row_start, buf)
+            if plans is not None:
+                fp = self.passes.get(tensor)
+                if fp is None:
+                    fp = self.passes[tensor] = FirstPass(plans[tensor])
+                if scan is None:
+                    fp.discard()
+                else:
+                    fp.add(st.block_index, scan)
+        self.merger.release(chunk_steps)
+        self.done += len(chunk_steps)
+        if self.progress is not None and (time.monotonic() - self.last_report >= PROGRESS_EVERY_S
+                                          or self.done == self.blocks_total):
+            self.last_report = time.monotonic()
+            self.progress(Progress(self.done, self.blocks_total, "blocks",
+                                   self.readers[0].bytes_read, self.readers[1].bytes_read))
+
+
+def _bytes_by_model(prep: Prepared, expert_reader: RangeReader) -> dict[str, int]:
     by_path = {f.path: e.name for e in prep.experts for f in e.files.values()}
     by_model = {e.name: 0 for e in prep.experts}
     for path, n in expert_reader.bytes_by_path.items():
         by_model[by_path[path]] += n
-    return ExecutionResult(tensors, output_hash(tensors), expert_reader.bytes_read, by_model,
-                           base_reader.bytes_read, done, merger.expert_blocks,
-                           time.perf_counter() - t0, extra, passes)
+    return by_model
 
 
 def _reuse_freed_buffers() -> None:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import torch
 import xxhash
+
 from mergepipe.catalog.checkpoint import INDEX_FILE
-from mergepipe.catalog.safetensors_format import DTYPE_SIZES, TORCH_DTYPES, encode_header
+from mergepipe.catalog.safetensors_format import TORCH_DTYPES, encode_header
+from mergepipe.core.dtypes import DTYPE_SIZES
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from mergepipe.catalog.db import load_sql
-from mergepipe.planner.validate import ModelInfo
 
+from mergepipe.catalog.db import load_sql
 from mergepipe.core.errors import BudgetViolation, InvalidRequest
+from mergepipe.planner.validate import ModelInfo
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any, NamedTuple
+from typing import Any
 
 from mergepipe.catalog.db import Catalog, register_sql_package
+from mergepipe.catalog.records import TouchedBlock
+from mergepipe.core.jsonable import jsonable
+from mergepipe.core.request import MergeRequest
 from mergepipe.planner import knapsack
 from mergepipe.planner.hashing import plan_hash
 from mergepipe.planner.validate import ModelInfo, load_models
 from mergepipe.planner.weights import rank_weights, trim_indexes, trim_k
-
-from mergepipe.core.request import ADDITIVE_OPERATORS, SPARSE_OPERATORS, MergeRequest
 
 register_sql_package("mergepipe.planner")
 
@@ -35,15 +36,7 @@ class TrimThreshold:
     k: int       # int(density * numel)
 
 
-class PlannedBlock(NamedTuple):
-    """One expert block of the access set (immutable; a tuple so that 10^5 of them are cheap)."""
-
-    model: str
-    tensor: str
-    block_index: int
-    nbytes: int       # bytes read for the block (LoRA: lora_B rows; lora_A is charged apart)
-    utility: float    # |alpha_i| * l2 of the block's delta; 0.0 for fallback experts (unknown)
-    rank: int         # position in the access set (0 = first in the planner's order)
+PlannedBlock = TouchedBlock  # one expert block of the access set, as touched_blocks stores it
 
 
 @dataclass(frozen=True)
@@ -72,17 +65,20 @@ class ExpertPlan:
 
 @dataclass
 class Plan:
-    """The access set of a merge under its budget, with what the user needs to judge it."""
+    """The access set of a merge under its budget, with what the user needs to judge it.
+
+    The executor runs any Plan: the planner's, one rebuilt from a merge's record (replay), or a
+    benchmark's baseline of equal bytes."""
 
     request: MergeRequest
     plan_hash: str
     budget_bytes: int
     full_read_bytes: int
     planned_expert_bytes: int
-    omission_bound: float | None
-    fallback_experts: list[str]
     blocks: list[PlannedBlock]
-    trims: dict[tuple[str, str], TrimThreshold]
+    omission_bound: float | None = None
+    fallback_experts: list[str] = field(default_factory=list)
+    trims: dict[tuple[str, str], TrimThreshold] = field(default_factory=dict)
     experts: list[ExpertPlan] = field(default_factory=list)
     candidate_blocks: int = 0
     omission_bound_note: str | None = None   # why there is no bound, when there is none
@@ -102,6 +98,34 @@ class Plan:
     def touched_ratio(self) -> float:
         """Planned bytes over the operator's full-read bytes (0.0 when there is nothing to read)."""
         return self.planned_expert_bytes / self.full_read_bytes if self.full_read_bytes else 0.0
+
+    def document(self) -> dict[str, Any]:
+        """The summary plus the TIES trims: what a merge's record keeps to re-execute the plan."""
+        doc = dict(jsonable(self.summary()))
+        doc["trims"] = [
+            {"model": m, "tensor": t, "tau": None if math.isinf(tr.tau) else float(tr.tau),
+             "above": int(tr.above), "tied": int(tr.tied), "k": int(tr.k)}
+            for (m, t), tr in sorted(self.trims.items())]
+        return doc
+
+    @staticmethod
+    def from_document(request: MergeRequest, doc: dict[str, Any],
+                      blocks: list[PlannedBlock]) -> Plan:
+        """The plan a merge recorded (`document()` and its touched_blocks), to execute again."""
+        trims = {(t["model"], t["tensor"]): TrimThreshold(
+            math.inf if t["tau"] is None else float(t["tau"]), int(t["above"]), int(t["tied"]),
+            int(t["k"])) for t in doc.get("trims", [])}
+        experts = [ExpertPlan(position=i, **e) for i, e in enumerate(doc.get("experts", []))]
+        return Plan(
+            request=request, plan_hash=str(doc["plan_hash"]), budget_bytes=int(doc["budget_bytes"]),
+            full_read_bytes=int(doc["full_read_bytes"]),
+            planned_expert_bytes=int(doc["planned_expert_bytes"]), blocks=blocks,
+            omission_bound=doc.get("omission_bound"),
+            fallback_experts=list(doc.get("fallback_experts") or []), trims=trims,
+            experts=experts, candidate_blocks=int(doc.get("candidate_blocks") or 0),
+            omission_bound_note=doc.get("omission_bound_note"),
+            omission_bound_l2=doc.get("omission_bound_l2"),
+            planning_seconds=float(doc.get("planning_seconds") or 0.0))
 
     def summary(self) -> dict[str, Any]:
         """The plan report (CLI --json, POST /v1/plans, the merge manifest)."""
@@ -131,10 +155,9 @@ class Plan:
 
 def bound_note(request: MergeRequest, fallback: list[str]) -> str | None:
     """Why the omitted-update bound does not apply to this request (None: it applies)."""
-    if request.operator not in ADDITIVE_OPERATORS:
-        return f"no bound: {request.operator} is not a fixed-coefficient additive operator"
-    if request.operator == "linear" and request.params.get("renormalize") == "selected":
-        return "no bound: renormalize=selected changes the coefficients with the access set"
+    note = request.spec.bound_note(request.params)
+    if note is not None:
+        return note
     if fallback:
         return f"no bound: no statistics for {', '.join(fallback)}"
     return None
@@ -142,7 +165,7 @@ def bound_note(request: MergeRequest, fallback: list[str]) -> str | None:
 
 def _expert_plans(request: MergeRequest, models: list[ModelInfo],
                   per_expert: dict[int, knapsack.ExpertTotals]) -> list[ExpertPlan]:
-    sparse = request.operator in SPARSE_OPERATORS
+    sparse = request.spec.density
     densities = request.densities()
     empty = knapsack.ExpertTotals(0, 0, 0, 0, 0.0)
     out = []
@@ -180,7 +203,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         planned = knapsack.select(conn, budget)
         per_expert = knapsack.totals(conn, budget)
         bound_l2 = (knapsack.omission_l2(conn, budget)
-                    if request.operator in ADDITIVE_OPERATORS else None)
+                    if request.spec.additive else None)
         with _gc_paused():
             rows, access_digest = knapsack.access_set(conn, budget)
             # C-level construction (row + rank): a full-budget plan has 10^5+ blocks.

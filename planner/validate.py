@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import sqlalchemy as sa
-from mergepipe.catalog.db import load_sql
 
+from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.models import ModelRow, model_row
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.core.request import MergeRequest
 
@@ -23,21 +23,19 @@ class ModelInfo:
     lora_scale: float | None
 
 
-def _ready(row: dict[str, Any], role: str, field: str) -> ModelInfo:
-    if row["status"] != "ready":
-        why = f": {row['error']}" if row.get("error") else ""
-        raise Conflict(f"{role} model {row['name']!r} is {row['status']}, not ready{why}",
-                       field=field)
-    return ModelInfo(row["name"], row["kind"], row["base"], bool(row["has_stats"]),
-                     row["lora_scale"])
+def _ready(row: ModelRow, role: str, field: str) -> ModelInfo:
+    if row.status != "ready":
+        why = f": {row.error}" if row.error else ""
+        raise Conflict(f"{role} model {row.name!r} is {row.status}, not ready{why}", field=field)
+    return ModelInfo(row.name, row.kind, row.base, row.has_stats, row.lora_scale)
 
 
 def load_models(conn: sa.Connection, request: MergeRequest) -> tuple[ModelInfo, list[ModelInfo]]:
     """The base and the experts of `request` as catalog facts; NotFound / Conflict / InvalidRequest
     naming the model when one is missing, not ready, or not an expert of the request's base."""
     names = [request.base] + [e.model for e in request.experts]
-    rows = {r["name"]: dict(r) for r in
-            conn.execute(load_sql("planner_models"), {"names": names}).mappings()}
+    rows = {r.name: r for r in map(model_row, conn.execute(load_sql("planner_models"),
+                                                               {"names": names}))}
     row = rows.get(request.base)
     if row is None:
         raise NotFound(f"base model {request.base!r} is not in the catalog", field="base")
@@ -60,3 +58,9 @@ def load_models(conn: sa.Connection, request: MergeRequest) -> tuple[ModelInfo, 
                                  f"not from the request's base {request.base!r}", field=field)
         experts.append(info)
     return base, experts
+
+
+def check_request(cat: Catalog, request: MergeRequest) -> None:
+    """`load_models` on a reader of its own: the request's models exist, are ready and fit."""
+    with cat.reader() as conn:
+        load_models(conn, request)

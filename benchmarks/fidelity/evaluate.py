@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from mergepipe.benchmarks.fidelity.model import collate
 from mergepipe.benchmarks.fidelity.tasks import PAD, Example
 

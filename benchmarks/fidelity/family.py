@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from mergepipe.benchmarks.fidelity.model import (
     ModelSize,
     TrainSpec,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from mergepipe.benchmarks.fidelity.tasks import BOS, END, PAD, VOCAB_SIZE
 
 

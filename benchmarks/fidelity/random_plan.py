@@ -15,8 +15,6 @@ from mergepipe.planner.plan import Plan, PlannedBlock
 from mergepipe.planner.validate import load_models
 from mergepipe.planner.weights import rank_weights, trim_indexes
 
-from mergepipe.core.request import ADDITIVE_OPERATORS
-
 
 @dataclass(frozen=True)
 class Candidate:
@@ -92,7 +90,7 @@ def _first_fit(plan: Plan, cands: list[Candidate], order: list[Candidate],
         {"base_plan": plan.plan_hash, **tag,
          "blocks": sorted([b.model, b.tensor, b.block_index] for b in blocks)}).encode()
     ).hexdigest()
-    additive = plan.request.operator in ADDITIVE_OPERATORS and plan.omission_bound is not None
+    additive = plan.request.spec.additive and plan.omission_bound is not None
     return replace(plan, plan_hash=digest, planned_expert_bytes=spent, blocks=blocks,
                    omission_bound=omitted if additive else None,
                    omission_bound_l2=omitted_l2 if additive else None, experts=[],

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from mergepipe.benchmarks.fidelity.evaluate import (
     additive_reference,
     exact_match,
@@ -33,10 +34,9 @@ from mergepipe.benchmarks.fidelity.random_plan import (
 from mergepipe.benchmarks.fidelity.tasks import Example, eval_set
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
-from mergepipe.planner.plan import Plan, make_plan
-
-from mergepipe.core.request import ADDITIVE_OPERATORS, build_request
+from mergepipe.core.request import build_request
 from mergepipe.jobs.merge import execute_plan
+from mergepipe.planner.plan import Plan, make_plan
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ class Evaluator:
 
 def _execute(cat: Catalog, plan: Plan, out: Path, threads: int) -> dict[str, Any]:
     summary = execute_plan(cat, plan, out, threads=threads, overwrite=True)
-    assert summary["expert_bytes_read"] <= plan.budget_bytes, "budget soundness violated"
-    return summary
+    assert summary.expert_bytes_read <= plan.budget_bytes, "budget soundness violated"
+    return summary.to_dict()
 
 
 class OperatorRun:
@@ -174,7 +174,7 @@ class OperatorRun:
     def _reference(self, plan: Plan, full_state: dict[str, torch.Tensor], base_path: Path,
                    expert_paths: list[Path]) -> dict[str, Any] | None:
         """Engine full merge vs the same merge computed directly in torch (additive only)."""
-        if self.op.name not in ADDITIVE_OPERATORS:
+        if not plan.request.spec.additive:
             return None
         ref = additive_reference(load_state(base_path), [load_state(p) for p in expert_paths],
                                  plan.request.coefficients())

@@ -25,6 +25,8 @@ from typing import Any
 
 import sqlalchemy as sa
 import torch
+from safetensors.torch import load_file
+
 from mergepipe.benchmarks.fidelity.evaluate import load_state
 from mergepipe.benchmarks.fidelity.family import build_family
 from mergepipe.benchmarks.fidelity.random_plan import Candidate, _first_fit, candidates
@@ -33,7 +35,6 @@ from mergepipe.benchmarks.fidelity.tasks import eval_set
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.planner.plan import Plan, make_plan
-from safetensors.torch import load_file
 
 Score = Callable[[Candidate], float]
 
