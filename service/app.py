@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+
 from mergepipe.catalog.db import Catalog
+from mergepipe.core.settings import Settings
+from mergepipe.jobs.runner import JobRunner
 from mergepipe.service import errors
 from mergepipe.service.limits import BodyLimit
 from mergepipe.service.routes import health, lineage, merges, models, plans, sql
 from mergepipe.service.state import AppState
-
-from mergepipe.core.settings import Settings
-from mergepipe.jobs.runner import JobRunner
 
 log = logging.getLogger("mergepipe.service")
 

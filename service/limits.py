@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from mergepipe.service.errors import PayloadTooLarge, to_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mergepipe.service.errors import PayloadTooLarge, to_response
 
 
 class BodyLimit:

@@ -1,14 +1,13 @@
-"""What the routes share: settings, the catalog, the job runner and the name reservation lock."""
+"""What the routes share: the settings, the catalog and the job runner."""
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.settings import Settings
 from mergepipe.jobs.runner import JobRunner
 
@@ -18,8 +17,6 @@ class AppState:
     settings: Settings
     cat: Catalog
     runner: JobRunner
-    # Held while a name is checked free and claimed (model registration, merge output).
-    names: threading.Lock = field(default_factory=threading.Lock)
 
 
 def get_state(request: Request) -> AppState:

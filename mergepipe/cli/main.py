@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from mergepipe.core.errors import MergePipeError
+from mergepipe.core.jsonable import jsonable
 from mergepipe.core.settings import Settings
 
 # Each module defines register(subparsers) which adds its parser(s) with set_defaults(func=...).
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=str)
+    json.dump(jsonable(obj), sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 

@@ -1,149 +1,160 @@
-"""Entry points: queue a merge, run it (plan, execute, publish, record), merge in one call, replay."""
+"""One merge end to end: validate and queue it; then plan it once, execute, publish, record, register.
+
+The request is validated when the merge is accepted (4xx then, for the caller), and planned once,
+by the worker that runs it, against the catalog as it is then: a merge queued behind the
+ingestion of its own inputs cannot be planned earlier, and a plan made at acceptance could be
+stale by the time it runs. The plan is recorded before any weight is read, and replay
+re-executes exactly that record.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from mergepipe.catalog import records
 from mergepipe.catalog.db import Catalog
-from mergepipe.core.errors import InvalidRequest, MergePipeError
+from mergepipe.catalog.ingest import scan_model, write_model
+from mergepipe.catalog.models import find_model
+from mergepipe.catalog.paths import recheck_input
+from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest
-from mergepipe.executor import manifest, publish, stream
+from mergepipe.executor import publish, stream
+from mergepipe.executor.manifest import build_manifest, io_figures, write_manifest
 from mergepipe.executor.model_card import CARD_FILE, render_model_card
-from mergepipe.executor.stream import ExecutionResult, PlanLike, Prepared
-from mergepipe.jobs.register import register_output, scan_output
-from mergepipe.jobs.replay import replay as replay
-from mergepipe.jobs.replay import request_from_dict
+from mergepipe.executor.stream import ExecutionResult, Prepared
+from mergepipe.jobs.failure import failure_message
+from mergepipe.jobs.planning import check_inputs
+from mergepipe.jobs.report import MergeSummary, outcome_record, plan_record, summary
+from mergepipe.planner.plan import Plan, make_plan
 
-Progress = Callable[[dict[str, Any]], None]
-
-__all__ = ["execute_plan", "merge", "new_merge", "replay", "run_merge"]
+__all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
 
 
-def new_merge(cat: Catalog, request: MergeRequest, output_name: str, output_dir: Path, *,
-              overwrite: bool = False) -> str:
-    """Record a merge as 'queued' and return its id; checks the output name and directory."""
+def submit_merge(cat: Catalog, request: MergeRequest, output_name: str, output_dir: Path, *,
+                 overwrite: bool = False, ingests: Sequence[NewIngestJob] = (),
+                 max_queued: int | None = None) -> Queued:
+    """Check the request against the catalog and the output, and queue the merge (with the
+    ingestions of its inputs that are not registered yet, in one transaction)."""
     if not output_name or "/" in output_name:
         raise InvalidRequest(f"output name {output_name!r} must be a non-empty name without '/'",
                              field="output.name")
     target = Path(output_dir).absolute()
     publish.check_target(target, overwrite=overwrite)
-    merge_id = manifest.new_merge_id()
-    manifest.insert_queued(cat, merge_id, request, output_name, target)
-    return merge_id
+    check_inputs(cat, request, pending={j.model for j in ingests})
+    return enqueue(cat, ingests=ingests, merge=NewMerge(request, output_name, str(target)),
+                   max_queued=max_queued)
 
 
-def run_merge(cat: Catalog, merge_id: str, *, progress: Progress | None = None,
-              threads: int | None = None, overwrite: bool = False) -> dict[str, Any]:
-    """Plan, execute, publish (output + manifest.json atomically) and record a queued merge;
-    on success the output is registered as a model. Returns the summary."""
-    from mergepipe.planner.plan import make_plan
-
+def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None,
+              threads: int | None = None, overwrite: bool = False,
+              data_roots: Sequence[Path] = ()) -> MergeSummary:
+    """Plan, record the plan, execute, publish (output + manifest.json atomically), register the
+    output as a model and record success; any failure is recorded once and raised. With data
+    roots (the service), the inputs must still lie inside them."""
     wall0 = time.perf_counter()
-    row = manifest.mark_running(cat, merge_id)
-    target = Path(row["output_path"])
-    name = str(row["output_name"])
-    stage: Path | None = None
-    published = False
+    row = records.mark_running(cat, merge_id)
+    target, name = Path(str(row.output_path)), str(row.output_name)
     result: ExecutionResult | None = None
     try:
-        request = request_from_dict(row["request"])
+        request = MergeRequest.from_dict(row.request)
+        if data_roots:
+            _recheck_inputs(cat, request, data_roots)
         t0 = time.perf_counter()
-        plan = make_plan(cat, request)
-        prep = stream.prepare(cat, plan)
+        prep = stream.prepare(cat, make_plan(cat, request))
         plan_seconds = time.perf_counter() - t0
-        manifest.record_plan(cat, merge_id, prep, plan_seconds, len(prep.base.blocks))
-        stage = publish.prepare(target, merge_id[2:], overwrite=overwrite)
-        result = stream.execute(prep, stage, threads=threads,
-                                progress=_progress_recorder(cat, merge_id, progress),
-                                first_pass=True)
-        manifest.write_manifest(stage, manifest.build_manifest(
-            merge_id=merge_id, prep=prep, result=result, output_name=name, output_path=target,
-            plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0))
-        (stage / CARD_FILE).write_text(render_model_card(request.to_dict(), summary(
-            merge_id, prep, result, output=target, output_name=name, plan_seconds=plan_seconds,
-            wall_seconds=time.perf_counter() - wall0), name=name))
-        publish.publish(stage, target, overwrite=overwrite)
-        stage, published = None, True
-        scanned = scan_output(cat, target, name, request.base, merge_id, result.first_passes)
-        result.first_passes.clear()
-        with cat.transaction() as conn:
-            register_output(conn, scanned)
-            manifest.record_success(conn, merge_id, request, name, target, result)
+        records.record_plan(cat, merge_id, plan_record(prep, plan_seconds))
+        result = _execute_and_publish(cat, merge_id, prep, target, name, plan_seconds, wall0,
+                                      progress=progress, threads=threads, overwrite=overwrite)
     except BaseException as e:
-        if stage is not None:
-            publish.discard(stage)
-        if published:
-            publish.discard(target)  # never an output without its catalog record
-        msg = e.message if isinstance(e, MergePipeError) else f"{type(e).__name__}: {e}"
-        if isinstance(e, KeyboardInterrupt):
-            msg = "interrupted"
-        manifest.record_failure(cat, merge_id, msg,
-                                result.exec_seconds if result is not None else None)
+        records.record_failure(cat, merge_id, failure_message(e, "merge"),
+                               result.exec_seconds if result is not None else None)
         raise
     return summary(merge_id, prep, result, output=target, output_name=name,
                    plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
 
 
+def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared, target: Path, name: str,
+                         plan_seconds: float, wall0: float, *, progress: ProgressFn | None,
+                         threads: int | None, overwrite: bool) -> ExecutionResult:
+    """Execute into a staging directory, publish it, then register the output and record the
+    outcome in one transaction; an output is never left published without its record."""
+    stage: Path | None = publish.prepare(target, merge_id[2:], overwrite=overwrite)
+    published = False
+    try:
+        assert stage is not None
+        result = stream.execute(prep, stage, threads=threads, first_pass=True,
+                                progress=_recorder(cat, merge_id, progress))
+        write_manifest(stage, build_manifest(
+            merge_id=merge_id, prep=prep, result=result, output_name=name, output_path=target,
+            plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0))
+        (stage / CARD_FILE).write_text(render_model_card(
+            prep.plan.request, io_figures(prep, result), name=name, merge_id=merge_id,
+            plan_hash=prep.plan.plan_hash))
+        publish.publish(stage, target, overwrite=overwrite)
+        stage, published = None, True
+        scanned = scan_model(cat, target, name, base=prep.plan.request.base, kind="full",
+                             with_stats=True, source_merge=merge_id,
+                             first_passes=result.first_passes)
+        result.first_passes.clear()
+        with cat.transaction() as conn:
+            write_model(conn, scanned)
+            records.record_success(conn, merge_id, outcome_record(prep, result, name, target))
+        return result
+    except BaseException:
+        if stage is not None:
+            publish.discard(stage)
+        if published:
+            publish.discard(target)
+        raise
+
+
 def merge(cat: Catalog, request: MergeRequest, output_dir: Path, *,
-          output_name: str | None = None, progress: Progress | None = None,
-          threads: int | None = None, overwrite: bool = False) -> dict[str, Any]:
-    """new_merge + run_merge: the CLI's merge. The output name defaults to the directory name."""
+          output_name: str | None = None, progress: ProgressFn | None = None,
+          threads: int | None = None, overwrite: bool = False) -> MergeSummary:
+    """submit_merge + run_merge: the CLI's merge. The output name defaults to the directory name."""
     target = Path(output_dir).absolute()
-    merge_id = new_merge(cat, request, output_name or target.name, target, overwrite=overwrite)
+    merge_id = submit_merge(cat, request, output_name or target.name, target,
+                            overwrite=overwrite).merge_id
+    assert merge_id is not None
     return run_merge(cat, merge_id, progress=progress, threads=threads, overwrite=overwrite)
 
 
-def execute_plan(cat: Catalog, plan: PlanLike, output_dir: Path, *,
-                 threads: int | None = None, progress: Progress | None = None,
-                 overwrite: bool = False) -> dict[str, Any]:
+def execute_plan(cat: Catalog, plan: Plan, output_dir: Path, *, threads: int | None = None,
+                 progress: ProgressFn | None = None, overwrite: bool = False) -> MergeSummary:
     """Execute any plan (e.g. a benchmark's random plan of equal bytes) into `output_dir`,
     atomically with its manifest.json; no catalog rows are written."""
     wall0 = time.perf_counter()
     target = Path(output_dir).absolute()
     prep = stream.prepare(cat, plan)
-    tag = "x-" + manifest.new_merge_id()[2:]
+    tag = "x-" + records.new_merge_id()[2:]
     with publish.staged(target, tag, overwrite=overwrite) as stage:
         result = stream.execute(prep, stage, threads=threads, progress=progress)
-        manifest.write_manifest(stage, manifest.build_manifest(
+        write_manifest(stage, build_manifest(
             merge_id=None, prep=prep, result=result, output_name=None, output_path=target,
             plan_seconds=None, wall_seconds=time.perf_counter() - wall0))
     return summary(None, prep, result, output=target, output_name=None, plan_seconds=None,
                    wall_seconds=time.perf_counter() - wall0)
 
 
-def summary(merge_id: str | None, prep: Prepared, result: ExecutionResult, *, output: Path,
-            output_name: str | None, plan_seconds: float | None,
-            wall_seconds: float) -> dict[str, Any]:
-    """The fields of DESIGN section 4 plus timings and per-expert I/O."""
-    plan = prep.plan
-    req = plan.request
-    return manifest.jsonable({
-        "merge_id": merge_id,
-        "status": "succeeded",
-        "plan_hash": plan.plan_hash,
-        "operator": req.operator,
-        **manifest.io_figures(prep, result),
-        "output": str(output),
-        "output_name": output_name,
-        "output_hash": result.output_hash,
-        "blocks_total": result.blocks_total,
-        "expert_blocks_read": result.expert_blocks_read,
-        "experts": [{"model": e.model, "planned_bytes": prep.planned_by_model[e.model],
-                     "bytes_read": result.expert_bytes_by_model.get(e.model, 0)}
-                    for e in req.experts],
-        "plan_seconds": plan_seconds,
-        "exec_seconds": result.exec_seconds,
-        "wall_seconds": wall_seconds,
-    })
+def _recheck_inputs(cat: Catalog, request: MergeRequest, data_roots: Sequence[Path]) -> None:
+    """The directories of the merge's models inside the data roots still hold no link out of
+    them (the merge reads the experts and copies the base's config files)."""
+    fields = [("base", request.base)] + [(f"experts[{i}].model", e.model)
+                                         for i, e in enumerate(request.experts)]
+    for field_name, name in fields:
+        m = find_model(cat, name)
+        if m is not None:
+            recheck_input(m.path, data_roots, field=field_name)
 
 
-def _progress_recorder(cat: Catalog, merge_id: str, user: Progress | None) -> Progress:
+def _recorder(cat: Catalog, merge_id: str, user: ProgressFn | None) -> ProgressFn:
     """Record progress in the merges row (the executor calls it at most every 0.5 s)."""
-    def report(info: dict[str, Any]) -> None:
-        manifest.record_progress(cat, merge_id, info)
+    def report(p: Progress) -> None:
+        records.record_progress(cat, merge_id, p)
         if user is not None:
-            user({"merge_id": merge_id, **info})
+            user(p)
     return report

@@ -8,10 +8,12 @@ import os
 import shutil
 from pathlib import Path
 
+from mergepipe.catalog import records
 from mergepipe.catalog.db import Catalog
-from mergepipe.executor import manifest, publish
+from mergepipe.executor import publish
+from mergepipe.executor.manifest import MANIFEST_FILE
 
-log = logging.getLogger("mergepipe.executor.recovery")
+log = logging.getLogger("mergepipe.jobs.recovery")
 
 INTERRUPTED = ("the process running this merge stopped before it finished (killed or crashed); "
                "nothing was published; run it again")
@@ -25,13 +27,12 @@ def recover_interrupted(cat: Catalog, error: str | None = INTERRUPTED) -> list[s
     putting back a directory it was replacing; then mark it failed with `error` (None: leave
     the status to the caller). Returns the merge ids."""
     ids = []
-    for row in cat.query("merge_running"):
-        merge_id, output = str(row.merge_id), row.output_path
-        if output:
-            clean_outputs(Path(output), merge_id)
+    for row in records.running_merges(cat):
+        if row.output_path:
+            clean_outputs(Path(row.output_path), row.merge_id)
         if error is not None:
-            manifest.record_failure(cat, merge_id, error, None)
-        ids.append(merge_id)
+            records.record_failure(cat, row.merge_id, error, None)
+        ids.append(row.merge_id)
     return ids
 
 
@@ -59,7 +60,7 @@ def _published_by(target: Path, merge_id: str) -> bool:
     if target.is_symlink() or not target.is_dir():
         return False
     try:
-        doc = json.loads((target / "manifest.json").read_text())
+        doc = json.loads((target / MANIFEST_FILE).read_text())
     except (OSError, ValueError):
         return False
     return isinstance(doc, dict) and doc.get("merge_id") == merge_id

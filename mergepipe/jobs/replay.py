@@ -1,106 +1,76 @@
-"""Replay: re-execute a merge's stored access set and compare the output tensor hashes."""
+"""Replay: re-execute the plan a merge recorded and compare the output hashes with the stored ones."""
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mergepipe.catalog import records
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import Conflict
-from mergepipe.core.request import MergeRequest, build_request
-from mergepipe.executor import manifest, publish, stream
+from mergepipe.core.jsonable import jsonable
+from mergepipe.core.progress import ProgressFn
+from mergepipe.core.request import MergeRequest
+from mergepipe.executor import publish, stream
+from mergepipe.executor.manifest import build_manifest, write_manifest
+from mergepipe.planner.plan import Plan
 
 
 @dataclass(frozen=True)
-class StoredTrim:
-    """A TIES trim threshold as recorded in the merge's plan document."""
-
-    tau: float
-    above: int
-    tied: int
-    k: int
-
-
-@dataclass(frozen=True)
-class StoredBlock:
-    """One touched block as recorded in touched_blocks."""
-
-    model: str
+class TensorCheck:
     tensor: str
-    block_index: int
-    nbytes: int
-    utility: float
-    rank: int
+    expected: str | None
+    actual: str | None
+    match: bool
 
 
-@dataclass
-class StoredPlan:
-    """A plan rebuilt from the catalog rows of a merge (satisfies stream.PlanLike)."""
+@dataclass(frozen=True)
+class ReplayResult:
+    """Whether re-executing a merge's recorded plan gave its recorded output, tensor by tensor."""
 
-    request: MergeRequest
+    merge_id: str
+    match: bool
     plan_hash: str
+    expected_output_hash: str | None
+    output_hash: str
+    n_tensors: int
+    mismatched_tensors: list[str]
+    expert_bytes_read: int
+    base_bytes_read: int
     budget_bytes: int
-    full_read_bytes: int | None
-    omission_bound: float | None
-    blocks: list[StoredBlock]
-    trims: dict[tuple[str, str], StoredTrim]
-    fallback_experts: list[str] = field(default_factory=list)
-    document: dict[str, Any] = field(default_factory=dict)
+    output: str | None  # None: replayed into a temporary directory, since removed
+    wall_seconds: float
+    tensors: list[TensorCheck] = field(default_factory=list)
 
-    @property
-    def omission_bound_l2(self) -> float | None:
-        """The plan's tighter bound, from the stored plan document (None for older records)."""
-        v = self.document.get("omission_bound_l2")
-        return None if v is None else float(v)
-
-    def summary(self) -> dict[str, Any]:
-        return {k: v for k, v in self.document.items() if k != "trims"}
+    def to_dict(self) -> dict[str, Any]:
+        return dict(jsonable(asdict(self)))
 
 
-def request_from_dict(d: dict[str, Any]) -> MergeRequest:
-    """Rebuild (and re-validate) a request stored by MergeRequest.to_dict()."""
-    return build_request(base=d["base"], experts=list(d["experts"]), operator=d["operator"],
-                         params=d.get("params"), budget=d.get("budget"), seed=d.get("seed", 0),
-                         output_dtype=d.get("output_dtype"))
-
-
-def stored_plan(cat: Catalog, merge_id: str) -> StoredPlan:
-    """The access set, trims and budget a merge executed, from its catalog rows."""
-    row = manifest.get_merge(cat, merge_id)
-    if row["plan_hash"] is None or row["plan"] is None:
-        raise Conflict(f"merge {merge_id} was never planned (status {row['status']}); nothing "
+def stored_plan(cat: Catalog, merge_id: str) -> Plan:
+    """The plan a merge recorded (request, plan document, access set), ready to execute."""
+    row = records.get_merge(cat, merge_id)
+    if row.plan_hash is None or row.plan is None:
+        raise Conflict(f"merge {merge_id} was never planned (status {row.status}); nothing "
                        "to replay", field="merge_id")
-    doc = row["plan"]
-    blocks = [StoredBlock(str(r["model"]), str(r["tensor"]), int(r["block_index"]),
-                          int(r["nbytes"]), float(r["utility"]), int(r["rank"]))
-              for r in manifest.touched_blocks(cat, merge_id)]
-    trims = {(t["model"], t["tensor"]): StoredTrim(
-        math.inf if t["tau"] is None else float(t["tau"]), int(t["above"]), int(t["tied"]),
-        int(t["k"])) for t in doc.get("trims", [])}
-    fallback = [e["model"] for e in manifest.merge_experts(cat, merge_id) if e["fallback"]]
-    return StoredPlan(request_from_dict(row["request"]), str(row["plan_hash"]),
-                      int(row["budget_bytes"]), row["full_read_bytes"], row["omission_bound"],
-                      blocks, trims, fallback, doc)
+    return Plan.from_document(MergeRequest.from_dict(row.request), row.plan,
+                              records.touched_blocks(cat, merge_id))
 
 
 def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
-           threads: int | None = None,
-           progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+           threads: int | None = None, progress: ProgressFn | None = None) -> ReplayResult:
     """Re-run the stored access set into `output_dir` (default: a temporary directory that is
     removed afterwards) and report, per tensor, whether the output hash matches the stored one."""
     t0 = time.perf_counter()
-    row = manifest.get_merge(cat, merge_id)
-    if row["status"] != "succeeded":
-        raise Conflict(f"merge {merge_id} is {row['status']}; only succeeded merges can be "
+    row = records.get_merge(cat, merge_id)
+    if row.status != "succeeded":
+        raise Conflict(f"merge {merge_id} is {row.status}; only succeeded merges can be "
                        "replayed", field="merge_id")
     plan = stored_plan(cat, merge_id)
-    expected = manifest.output_tensors(cat, merge_id)
+    expected = records.output_tensors(cat, merge_id)
     prep = stream.prepare(cat, plan)
     tmp_root = None
     if output_dir is None:
@@ -111,23 +81,21 @@ def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
     try:
         with publish.staged(target, f"replay-{merge_id[2:]}") as stage:
             result = stream.execute(prep, stage, threads=threads, progress=progress)
-            manifest.write_manifest(stage, manifest.build_manifest(
+            write_manifest(stage, build_manifest(
                 merge_id=merge_id, prep=prep, result=result, output_name=None,
                 output_path=target, plan_seconds=None))
     finally:
         if tmp_root is not None:
             shutil.rmtree(tmp_root, ignore_errors=True)
     actual = {t.name: t.content_hash for t in result.tensors}
-    tensors = [{"tensor": name, "expected": expected.get(name), "actual": actual.get(name),
-                "match": expected.get(name) == actual.get(name)}
-               for name in sorted(expected.keys() | actual.keys())]
-    mismatches = [t["tensor"] for t in tensors if not t["match"]]
-    return {
-        "merge_id": merge_id, "match": not mismatches and result.output_hash == row["output_hash"],
-        "plan_hash": plan.plan_hash, "expected_output_hash": row["output_hash"],
-        "output_hash": result.output_hash, "n_tensors": len(tensors),
-        "mismatched_tensors": mismatches, "tensors": tensors,
-        "expert_bytes_read": result.expert_bytes_read,
-        "base_bytes_read": result.base_bytes_read, "budget_bytes": plan.budget_bytes,
-        "output": None if tmp_root is not None else str(target),
-        "wall_seconds": time.perf_counter() - t0}
+    checks = [TensorCheck(name, expected.get(name), actual.get(name),
+                          expected.get(name) == actual.get(name))
+              for name in sorted(expected.keys() | actual.keys())]
+    mismatches = [c.tensor for c in checks if not c.match]
+    return ReplayResult(
+        merge_id=merge_id, match=not mismatches and result.output_hash == row.output_hash,
+        plan_hash=plan.plan_hash, expected_output_hash=row.output_hash,
+        output_hash=result.output_hash, n_tensors=len(checks), mismatched_tensors=mismatches,
+        expert_bytes_read=result.expert_bytes_read, base_bytes_read=result.base_bytes_read,
+        budget_bytes=plan.budget_bytes, output=None if tmp_root is not None else str(target),
+        wall_seconds=time.perf_counter() - t0, tensors=checks)

@@ -1,25 +1,29 @@
-"""Worker threads that run ingestion and merge jobs inside the server process."""
+"""Worker threads that take queued ingestions and merges from the catalog and run them."""
 
 from __future__ import annotations
 
 import logging
-import queue
+import queue as fifo
 import shutil
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
+from mergepipe.catalog import queue, records
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import find_model
+from mergepipe.catalog.paths import temp_dirs
+from mergepipe.catalog.queue import Job
 from mergepipe.core.errors import MergePipeError
+from mergepipe.core.progress import Progress
 from mergepipe.core.settings import Settings
-from mergepipe.service import paths, store
+from mergepipe.jobs.ingest import run_ingest_job
+from mergepipe.jobs.merge import run_merge
+from mergepipe.jobs.recovery import recover_interrupted
 
-log = logging.getLogger("mergepipe.service.jobs")
+log = logging.getLogger("mergepipe.jobs.runner")
 
-Job = tuple[str, str]  # (kind, id): ("ingest", job_id) | ("merge", merge_id)
-_STOP: Job = ("stop", "")
+_STOP = Job("stop", "")
 
 
 class JobRunner:
@@ -28,18 +32,18 @@ class JobRunner:
     def __init__(self, cat: Catalog, settings: Settings) -> None:
         self.cat = cat
         self.settings = settings
-        self.queue: queue.Queue[Job] = queue.Queue()
+        self.queue: fifo.Queue[Job] = fifo.Queue()
         self.threads: list[threading.Thread] = []
         self.stopping = threading.Event()
         self.changed = threading.Condition()   # notified whenever a job finishes
-        self.progress: dict[Job, dict[str, Any]] = {}
+        self.progress: dict[Job, Progress] = {}
         self.running: set[Job] = set()
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
         """Recover from a previous crash, resume queued jobs, start the workers."""
         self.recover()
-        for job in store.queued_jobs(self.cat):
+        for job in queue.queued_jobs(self.cat):
             self.queue.put(job)
         for i in range(max(1, self.settings.workers)):
             t = threading.Thread(target=self._work, name=f"mergepipe-worker-{i}", daemon=True)
@@ -48,11 +52,9 @@ class JobRunner:
 
     def recover(self) -> None:
         """Jobs that were running when the server died: failed; their temp outputs: removed."""
-        from mergepipe.jobs.recovery import recover_interrupted
-
-        recover_interrupted(self.cat, error=None)  # disk only; store.recover says why it failed
-        store.recover(self.cat)
-        for tmp in paths.temp_dirs(self.settings.output_root):
+        recover_interrupted(self.cat, error=None)  # disk only; queue.recover says why it failed
+        queue.recover(self.cat)
+        for tmp in temp_dirs(self.settings.output_root):
             log.warning("removing the temporary output %s of an interrupted merge", tmp)
             if tmp.is_dir() and not tmp.is_symlink():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -75,38 +77,27 @@ class JobRunner:
         return not any(t.is_alive() for t in self.threads)
 
     # -- submitting and watching --------------------------------------------------------------
-    def submit(self, kind: str, job_id: str) -> None:
-        self.queue.put((kind, job_id))
+    def submit(self, job: Job) -> None:
+        self.queue.put(job)
 
-    def live_progress(self, kind: str, job_id: str) -> dict[str, Any] | None:
-        return self.progress.get((kind, job_id))
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Block until no job is queued or running (tests, shutdown); False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self.changed:
-            while self.queue.unfinished_tasks or self.running:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.changed.wait(min(left, 0.1))
-        return True
+    def live_progress(self, job: Job) -> Progress | None:
+        return self.progress.get(job)
 
     # -- the workers ------------------------------------------------------------------------
     def _work(self) -> None:
         while True:
             job = self.queue.get()
             try:
-                if job == _STOP or self.stopping.is_set():
-                    if job != _STOP:  # leave it queued in the catalog for the next start
-                        continue
+                if job == _STOP:
                     return
+                if self.stopping.is_set():
+                    continue  # left queued in the catalog for the next start
                 with self.changed:
                     self.running.add(job)
                 try:
-                    (self._ingest if job[0] == "ingest" else self._merge)(job[1])
+                    self._run(job)
                 except Exception:  # noqa: BLE001 - a worker must survive any job
-                    log.exception("job %s %s crashed", *job)
+                    log.exception("job %s %s crashed", job.kind, job.id)
                 finally:
                     with self.changed:
                         self.running.discard(job)
@@ -115,96 +106,41 @@ class JobRunner:
             finally:
                 self.queue.task_done()
 
-    def _tracker(self, job: Job, keys: tuple[str, str]) -> Callable[..., None]:
-        def update(*args: Any) -> None:
-            if len(args) == 1 and isinstance(args[0], dict):
-                d = args[0]
-                done = d.get(keys[0], d.get("done", 0))
-                total = d.get(keys[1], d.get("total", 0))
-                extra = {k: v for k, v in d.items() if isinstance(v, int | float | str)}
-            else:
-                done, total = args[0], args[1]
-                extra = {}
-            self.progress[job] = {**extra, "done": int(done or 0), "total": int(total or 0)}
-        return update
+    def _run(self, job: Job) -> None:
+        def track(p: Progress) -> None:
+            self.progress[job] = p
 
-    def _wait_for_base(self, job_id: str, base: str) -> bool:
-        """An expert registered right after its base waits for the base's ingestion to end.
-
-        False (and the job goes back to the end of the queue) while the base's job has not
-        started, so that a worker never waits on a job queued behind it."""
-        while not self.stopping.is_set():
-            active = store.active_ingest_job(self.cat, base)
-            if active is None:
-                return True
-            if active["status"] == "queued" and ("ingest", active["job_id"]) not in self.running:
-                self.queue.put(("ingest", job_id))
-                return False
-            with self.changed:
-                self.changed.wait(0.2)
-        return False
-
-    def _ingest(self, job_id: str) -> None:
-        from mergepipe.catalog.ingest import DEFAULT_BLOCK_BYTES, ingest_model
-
-        job = store.get_ingest_job(self.cat, job_id)
-        if job is None or job["status"] != "queued":
+        if job.kind == "ingest":
+            row = queue.get_ingest_job(self.cat, job.id)
+            if row is not None and row.status == "queued" and self._inputs_ready(job, [row.base]):
+                run_ingest_job(self.cat, job.id, data_roots=self.settings.data_roots,
+                               progress=track)
             return
-        if job["base"] and not self._wait_for_base(job_id, job["base"]):
+        merge = records.find_merge(self.cat, job.id)
+        if merge is None or merge.status != "queued":
             return
-        store.start_ingest_job(self.cat, job_id)
-        key: Job = ("ingest", job_id)
-        track = self._tracker(key, ("done_bytes", "total_bytes"))
-        track(0, 0)
-        error: str | None = None
+        names = [merge.base] + [str(e.get("model")) for e in merge.request.get("experts", [])]
+        if not self._inputs_ready(job, names):
+            return
         try:
-            paths.recheck_input(job["path"], self.settings.data_roots)
-            ingest_model(self.cat, Path(job["path"]), job["model"], base=job["base"],
-                         kind=job["kind"], block_bytes=job["block_bytes"] or DEFAULT_BLOCK_BYTES,
-                         with_stats=job["with_stats"], progress=track)
-        except MergePipeError as e:
-            error = e.message
-        except Exception as e:  # noqa: BLE001 - recorded on the job; the worker goes on
-            log.exception("ingestion %s of %r failed", job_id, job["model"])
-            error = f"internal error during ingestion ({_brief(e)})"
-        p = self.progress.get(key, {})
-        store.finish_ingest_job(self.cat, job_id, error=error, done_bytes=p.get("done", 0),
-                                total_bytes=p.get("total", 0))
+            run_merge(self.cat, job.id, progress=track, data_roots=self.settings.data_roots)
+        except Exception as e:  # noqa: BLE001 - recorded on the merge by run_merge
+            if not isinstance(e, MergePipeError):
+                log.exception("merge %s failed", job.id)
 
-    def _merge(self, merge_id: str) -> None:
-        from mergepipe.jobs.merge import run_merge
+    def _inputs_ready(self, job: Job, names: Sequence[str | None]) -> bool:
+        """Wait while an input of `job` is being ingested. False (and the job goes back to the
+        end of the queue) while such an ingestion has not started, so that a worker never waits
+        on a job queued behind it; False too when stopping."""
+        for name in names:
+            while name is not None and not self.stopping.is_set():
+                active = queue.active_ingest_job(self.cat, name)
+                if active is None or find_model(self.cat, name) is not None:
+                    break
+                if active.status == "queued" and Job("ingest", active.job_id) not in self.running:
+                    self.queue.put(job)
+                    return False
+                with self.changed:
+                    self.changed.wait(0.2)
+        return not self.stopping.is_set()
 
-        row = store.get_merge(self.cat, merge_id)
-        if row is None or row["status"] != "queued":
-            return
-        key: Job = ("merge", merge_id)
-        track = self._tracker(key, ("blocks_done", "blocks_total"))
-        try:
-            self._recheck_sources(row["request"])
-            run_merge(self.cat, merge_id, progress=track)
-        except MergePipeError as e:
-            store.fail_merge(self.cat, merge_id, e.message)
-        except Exception as e:  # noqa: BLE001 - recorded on the merge; the worker goes on
-            log.exception("merge %s failed", merge_id)
-            store.fail_merge(self.cat, merge_id, f"internal error during the merge ({_brief(e)})")
-
-    def _recheck_sources(self, request: Any) -> None:
-        """The directories of the merge's models inside the data roots still hold no link out
-        of them (the merge reads the experts and copies the base's config files)."""
-        from mergepipe.catalog.models import find_model
-
-        if not isinstance(request, dict):
-            return
-        names = [("base", request.get("base"))]
-        names += [(f"experts[{i}].model", e.get("model"))
-                  for i, e in enumerate(request.get("experts") or []) if isinstance(e, dict)]
-        for field, name in names:
-            m = find_model(self.cat, str(name)) if name else None
-            if m is not None and m.get("path"):
-                paths.recheck_input(str(m["path"]), self.settings.data_roots, field=field)
-
-
-def _brief(e: BaseException) -> str:
-    """Type and first line of an unexpected error, short enough for a status field."""
-    first = (str(e).strip().splitlines() or [""])[0]
-    return f"{type(e).__name__}: {first[:300]}"

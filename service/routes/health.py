@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from mergepipe.service import store
+
+from mergepipe.catalog import queue
+from mergepipe.core.errors import MergePipeError
 from mergepipe.service.schemas import Health
 from mergepipe.service.state import State
-
-from mergepipe.core.errors import MergePipeError
 
 router = APIRouter(tags=["health"])
 
@@ -24,8 +24,8 @@ class Unavailable(MergePipeError):
 @router.get("/healthz", response_model=Health, summary="Liveness and readiness")
 def healthz(st: State) -> dict[str, Any]:
     try:
-        store.ping(st.cat)
-        queued, running = store.job_counts(st.cat)
+        queue.ping(st.cat)
+        queued, running = queue.job_counts(st.cat)
     except Exception as e:  # noqa: BLE001 - any catalog failure means: not healthy
         raise Unavailable(f"catalog does not answer ({type(e).__name__})") from None
     alive = sum(t.is_alive() for t in st.runner.threads)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from mergepipe.service import store
+
+from mergepipe.catalog import records
+from mergepipe.catalog.models import find_model
+from mergepipe.core.errors import NotFound
+from mergepipe.core.jsonable import jsonable
 from mergepipe.service.schemas import LineageOut
 from mergepipe.service.state import State
-from mergepipe.service.views import find_model
-
-from mergepipe.core.errors import NotFound
 
 router = APIRouter(prefix="/v1", tags=["lineage"])
 
@@ -18,8 +19,9 @@ router = APIRouter(prefix="/v1", tags=["lineage"])
 @router.get("/lineage/{name}", response_model=LineageOut,
             summary="Ancestors and descendants of a model with roles and weights")
 def lineage(name: str, st: State) -> dict[str, Any]:
-    ancestors, descendants = store.lineage(st.cat, name)
+    ancestors, descendants = records.lineage(st.cat, name)
     if not ancestors and not descendants and find_model(st.cat, name) is None:
         raise NotFound(f"model {name!r} not found", field="name")
-    depth = max((e["depth"] for e in ancestors), default=0)
-    return {"name": name, "ancestors": ancestors, "descendants": descendants, "depth": depth}
+    depth = max((e.depth or 0 for e in ancestors), default=0)
+    return {"name": name, "ancestors": jsonable(ancestors), "descendants": jsonable(descendants),
+            "depth": depth}

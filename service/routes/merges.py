@@ -9,69 +9,56 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Response
-from mergepipe.service import store
-from mergepipe.service.auth import require_token
-from mergepipe.service.config_yaml import body_request
-from mergepipe.service.paths import output_dir
-from mergepipe.service.routes.plans import check_inputs, plan_summary
-from mergepipe.service.schemas import MergeAccepted, MergeIn, MergeList, MergeOut, TouchedPage
-from mergepipe.service.state import AppState, State
-from mergepipe.service.views import ensure_name_free, ensure_queue_room, merge_out
 
+from mergepipe.catalog import records
+from mergepipe.catalog.paths import output_dir
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
+from mergepipe.executor.manifest import MANIFEST_FILE
+from mergepipe.jobs.merge import submit_merge
+from mergepipe.service.auth import require_token
+from mergepipe.service.requests import body_request
+from mergepipe.service.schemas import MergeAccepted, MergeIn, MergeList, MergeOut, TouchedPage
+from mergepipe.service.state import State
+from mergepipe.service.views import merge_out
 
 router = APIRouter(prefix="/v1", tags=["merges"])
-MANIFEST_FILE = "manifest.json"
 
 
 @router.post("/merges", status_code=202, response_model=MergeAccepted,
              dependencies=[Depends(require_token)], summary="Start a budgeted merge job")
-def start_merge(body: MergeIn, response: Response,
-                st: State) -> dict[str, Any]:
-    from mergepipe.jobs.merge import new_merge
-
+def start_merge(body: MergeIn, response: Response, st: State) -> dict[str, Any]:
     req = body_request(st, body, body.output.dtype)
     out = output_dir(st.settings.output_root, body.output.name)
-    check_inputs(st.cat, req)
-    plan_summary(st.cat, req)  # what the planner rejects is the caller's 4xx, now, not later
-    with st.names:
-        ensure_queue_room(st.cat, st.settings.max_queued_jobs)
-        ensure_name_free(st.cat, body.output.name, "output.name")
-        out = output_dir(st.settings.output_root, body.output.name)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        merge_id = new_merge(st.cat, req, body.output.name, out)
-    st.runner.submit("merge", merge_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    queued = submit_merge(st.cat, req.request, body.output.name, out, ingests=req.to_ingest,
+                          max_queued=st.settings.max_queued_jobs)
+    for job in queued.jobs:  # the ingestions the config needs, then the merge
+        st.runner.submit(job)
+    merge_id = queued.merge_id
     response.headers["Location"] = f"/v1/merges/{merge_id}"
     return {"id": merge_id, "status": "queued"}
-
-
-def _merge(st: AppState, merge_id: str) -> dict[str, Any]:
-    row = store.get_merge(st.cat, merge_id)
-    if row is None:
-        raise NotFound(f"merge {merge_id!r} not found", field="merge_id")
-    return row
 
 
 @router.get("/merges", response_model=MergeList, summary="Merges, newest first")
 def list_all(st: State, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
              offset: Annotated[int, Query(ge=0, le=2**62)] = 0) -> dict[str, Any]:
     return {"merges": [merge_out(r, st.cat, st.runner)
-                       for r in store.list_merges(st.cat, limit, offset)]}
+                       for r in records.list_merges(st.cat, limit, offset)]}
 
 
 @router.get("/merges/{merge_id}", response_model=MergeOut,
             summary="Status, progress, realized I/O and error of a merge")
 def get_one(merge_id: str, st: State) -> dict[str, Any]:
-    return merge_out(_merge(st, merge_id), st.cat, st.runner)
+    return merge_out(records.get_merge(st.cat, merge_id), st.cat, st.runner)
 
 
 @router.get("/merges/{merge_id}/manifest", summary="The manifest published with the output")
 def manifest(merge_id: str, st: State) -> dict[str, Any]:
-    row = _merge(st, merge_id)
-    if row["status"] != "succeeded":
-        raise Conflict(f"merge {merge_id} is {row['status']}; a manifest exists once it "
+    row = records.get_merge(st.cat, merge_id)
+    if row.status != "succeeded":
+        raise Conflict(f"merge {merge_id} is {row.status}; a manifest exists once it "
                        "succeeded", field="merge_id")
-    path = Path(row["output_path"] or "") / MANIFEST_FILE
+    path = Path(row.output_path or "") / MANIFEST_FILE
     try:
         data: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError:
@@ -102,14 +89,15 @@ def touched_blocks(merge_id: str, st: State,
                    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
                    cursor: Annotated[str | None, Query(
                        max_length=200, description="next_cursor of the previous page")] = None) -> dict[str, Any]:
-    _merge(st, merge_id)
+    records.get_merge(st.cat, merge_id)
     if cursor is not None and offset:
         raise InvalidRequest("give either offset or cursor, not both", field="cursor")
     after = _after_rank(cursor) if cursor is not None else -1
-    rows = store.touched_page(st.cat, merge_id, after_rank=after, limit=limit + 1, offset=offset)
+    rows = records.touched_page(st.cat, merge_id, after_rank=after, limit=limit + 1,
+                                offset=offset)
     more = len(rows) > limit
     rows = rows[:limit]
-    return {"merge_id": merge_id, "total": store.touched_count(st.cat, merge_id),
+    return {"merge_id": merge_id, "total": records.touched_count(st.cat, merge_id),
             "limit": limit, "offset": offset,
-            "next_cursor": _cursor(rows[-1]["rank"]) if more and rows else None,
-            "blocks": rows}
+            "next_cursor": _cursor(rows[-1].rank) if more and rows else None,
+            "blocks": [b._asdict() for b in rows]}

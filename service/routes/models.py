@@ -5,20 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Response
-from mergepipe.service import store
+
+from mergepipe.catalog import queue
+from mergepipe.catalog.models import find_model, list_models
+from mergepipe.catalog.paths import check_name, confine_input
+from mergepipe.catalog.queue import Job, NewIngestJob, enqueue
+from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.service.auth import require_token
-from mergepipe.service.paths import check_name, confine_input
 from mergepipe.service.schemas import IngestJobOut, ModelIn, ModelList, ModelOut
 from mergepipe.service.state import AppState, State
-from mergepipe.service.views import (
-    ensure_name_free,
-    ensure_queue_room,
-    find_model,
-    job_out,
-    model_out,
-)
-
-from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
+from mergepipe.service.views import job_out, model_out
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
@@ -26,9 +22,7 @@ router = APIRouter(prefix="/v1", tags=["models"])
 @router.post("/models", status_code=202, response_model=IngestJobOut,
              dependencies=[Depends(require_token)],
              summary="Register a checkpoint: starts an ingestion job")
-def register_model(body: ModelIn, response: Response,
-                   st: State) -> dict[str, Any]:
-    cat = st.cat
+def register_model(body: ModelIn, response: Response, st: State) -> dict[str, Any]:
     name = check_name(body.name, "name")
     if body.base is None and body.kind != "full":
         raise InvalidRequest(f"a {body.kind} checkpoint needs a base model", field="base")
@@ -38,15 +32,13 @@ def register_model(body: ModelIn, response: Response,
                                  "block grid", field="block_bytes")
         _check_base(st, body.base)
     path = confine_input(body.path, st.settings.data_roots)
-    with st.names:
-        ensure_queue_room(cat, st.settings.max_queued_jobs)
-        ensure_name_free(cat, name, "name")
-        job_id = store.new_ingest_job(cat, model=name, kind=body.kind, path=str(path),
-                                      base=body.base, block_bytes=body.block_bytes,
-                                      with_stats=body.stats)
-    st.runner.submit("ingest", job_id)
+    queued = enqueue(st.cat, ingests=[NewIngestJob(
+        name, body.kind, str(path), body.base, body.block_bytes, body.stats)],
+        max_queued=st.settings.max_queued_jobs)
+    (job_id,) = queued.ingest_ids
+    st.runner.submit(Job("ingest", job_id))
     response.headers["Location"] = f"/v1/models/{name}"
-    job = store.get_ingest_job(cat, job_id)
+    job = queue.get_ingest_job(st.cat, job_id)
     assert job is not None
     return job_out(job, st.runner)
 
@@ -55,23 +47,22 @@ def _check_base(st: AppState, base: str) -> None:
     """The base must be ready or still being ingested (the job then waits for it)."""
     row = find_model(st.cat, base)
     if row is not None:
-        if row.get("base"):
-            raise InvalidRequest(f"model {base!r} is itself an expert of {row['base']!r}; "
+        if row.base:
+            raise InvalidRequest(f"model {base!r} is itself an expert of {row.base!r}; "
                                  "register experts against the base", field="base")
         return
-    if store.active_ingest_job(st.cat, base):
+    if queue.active_ingest_job(st.cat, base) is not None:
         return
-    job = store.latest_ingest_job(st.cat, base)
-    if job is not None and job["status"] == "failed":
-        raise Conflict(f"base model {base!r} failed to ingest: {job['error']}", field="base")
+    job = queue.latest_ingest_job(st.cat, base)
+    if job is not None and job.status == "failed":
+        raise Conflict(f"base model {base!r} failed to ingest: {job.error}", field="base")
     raise NotFound(f"base model {base!r} not found", field="base")
 
 
 @router.get("/models", response_model=ModelList, summary="All models, ingesting and failed too")
 def list_all(st: State) -> dict[str, Any]:
-    from mergepipe.catalog.models import list_models
-    rows = [model_out(dict(r), None, st.runner) for r in list_models(st.cat)]
-    rows += [model_out(None, j, st.runner) for j in store.unfinished_ingest_models(st.cat)]
+    rows = [model_out(r, None, st.runner) for r in list_models(st.cat)]
+    rows += [model_out(None, j, st.runner) for j in queue.unfinished_ingest_models(st.cat)]
     rows.sort(key=lambda m: m["name"])
     return {"models": rows}
 
@@ -79,17 +70,17 @@ def list_all(st: State) -> dict[str, Any]:
 @router.get("/models/{name}", response_model=ModelOut, summary="One model and its last ingestion")
 def get_one(name: str, st: State) -> dict[str, Any]:
     row = find_model(st.cat, name)
-    job = store.latest_ingest_job(st.cat, name)
-    if row is None and (job is None or job["status"] == "succeeded"):
+    job = queue.latest_ingest_job(st.cat, name)
+    if row is None and (job is None or job.status == "succeeded"):
         raise NotFound(f"model {name!r} not found", field="name")
-    if row is not None and job is not None and job["status"] != "succeeded":
-        job = job if job["status"] in ("queued", "running") else None
+    if row is not None and job is not None and job.status != "succeeded":
+        job = job if job.status in ("queued", "running") else None
     return model_out(row, job, st.runner)
 
 
 @router.get("/ingestions/{job_id}", response_model=IngestJobOut, summary="One ingestion job")
 def get_ingestion(job_id: str, st: State) -> dict[str, Any]:
-    job = store.get_ingest_job(st.cat, job_id)
+    job = queue.get_ingest_job(st.cat, job_id)
     if job is None:
         raise NotFound(f"ingestion job {job_id!r} not found", field="job_id")
     return job_out(job, st.runner)

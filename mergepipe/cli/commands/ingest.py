@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
-from typing import Any
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES
-from mergepipe.catalog.models import KINDS
+from mergepipe.catalog.models import KINDS, ModelRow
+from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.cli.main import print_json
+from mergepipe.cli.progress import IngestBar
 from mergepipe.cli.table import human_bytes
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?|B)?\s*$", re.IGNORECASE)
@@ -41,12 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with Catalog(args.settings.catalog) as cat, _Bar(args.name, enabled=not args.json) as bar:
-        from mergepipe.catalog.ingest import ingest_model  # torch: imported only when needed
+    from mergepipe.jobs.ingest import run_ingestion  # torch: imported only when it runs
 
-        model = ingest_model(cat, args.path, args.name, base=args.base, kind=args.kind,
-                             block_bytes=args.block_bytes or DEFAULT_BLOCK_BYTES,
-                             with_stats=not args.no_stats, progress=bar.update)
+    job = NewIngestJob(args.name, args.kind, str(args.path), args.base, args.block_bytes,
+                       not args.no_stats)
+    with Catalog(args.settings.catalog) as cat, IngestBar(enabled=not args.json) as bar:
+        model = run_ingestion(cat, job, progress=bar.update_for(args.name))
     if args.json:
         print_json(model)
     else:
@@ -54,15 +53,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def summary(m: dict[str, Any]) -> str:
+def summary(m: ModelRow) -> str:
     """One line saying what was registered."""
-    what = "base model" if m["base"] is None else f"{m['kind']} expert of {m['base']!r}"
-    secs = float(m["ingest_seconds"] or 0.0)
-    rate = f", {human_bytes(m['tensor_bytes'] / secs)}/s" if secs > 0 else ""
-    stats = "" if m["base"] is None else (" with statistics" if m["has_stats"]
-                                          else " without statistics")
-    return (f"registered {m['name']!r}: {what}{stats}, {m['n_tensors']} tensors, "
-            f"{human_bytes(m['tensor_bytes'])} in {secs:.2f} s{rate}")
+    what = "base model" if m.base is None else f"{m.kind} expert of {m.base!r}"
+    secs = float(m.ingest_seconds or 0.0)
+    rate = f", {human_bytes(m.tensor_bytes / secs)}/s" if secs > 0 else ""
+    stats = "" if m.base is None else (" with statistics" if m.has_stats
+                                       else " without statistics")
+    return (f"registered {m.name!r}: {what}{stats}, {m.n_tensors} tensors, "
+            f"{human_bytes(m.tensor_bytes)} in {secs:.2f} s{rate}")
 
 
 def _block_bytes(text: str) -> int:
@@ -73,30 +72,3 @@ def _block_bytes(text: str) -> int:
     if unit not in _UNITS:
         raise argparse.ArgumentTypeError(f"{text!r}: unknown unit")
     return int(m.group(1)) * _UNITS[unit]
-
-
-class _Bar:
-    """A tqdm byte bar on a terminal; nothing otherwise."""
-
-    def __init__(self, name: str, *, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.name = name
-        self._bar: Any = None
-
-    def update(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self._bar is None:
-            from tqdm import tqdm
-            self._bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                             desc=f"ingesting {self.name}", file=sys.stderr, leave=False)
-        self._bar.update(done - self._bar.n)
-
-    def __enter__(self) -> _Bar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-

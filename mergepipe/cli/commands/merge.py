@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import print_json
+from mergepipe.cli.mergekit_cli import config_request
+from mergepipe.cli.progress import MergeBar
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.request import MergeRequest, build_request
+
+if TYPE_CHECKING:
+    from mergepipe.jobs.report import MergeSummary
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,16 +84,15 @@ def request_from_args(args: argparse.Namespace) -> MergeRequest:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.jobs.merge import merge
+    from mergepipe.jobs.merge import merge  # torch: imported only when it runs
+    from mergepipe.jobs.recovery import recover_interrupted
 
     request = None if args.config else request_from_args(args)
     if args.out is None:
         raise InvalidRequest("--out is required", field="output")
-    with Catalog(args.settings.catalog) as cat, ProgressBar(enabled=not args.json) as bar:
-        from mergepipe.jobs.recovery import recover_interrupted
+    with Catalog(args.settings.catalog) as cat, MergeBar(enabled=not args.json) as bar:
         recover_interrupted(cat)  # merges of a killed `mergepipe merge`: we hold the catalog now
         if request is None:
-            from mergepipe.cli.mergekit_cli import config_request
             request = config_request(cat, args)
         result = merge(cat, request, args.out, output_name=args.name, progress=bar.update,
                        threads=args.threads, overwrite=args.overwrite)
@@ -100,48 +103,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_summary(r: dict[str, Any]) -> None:
+def print_summary(r: MergeSummary) -> None:
     """A readable summary of a merge result."""
-    budget, full = r["budget_bytes"], r["full_read_bytes"]
+    budget, full = r.budget_bytes, r.full_read_bytes
     share = f" = {budget / full:.0%} of the full read {human_bytes(full)}" if full else ""
-    print(f"merge {r['merge_id']} succeeded: {r['operator']} of {len(r['experts'])} expert(s) "
-          f"-> {r['output']} (model {r['output_name']!r})")
-    print(f"  plan hash       {r['plan_hash']}")
+    print(f"merge {r.merge_id} succeeded: {r.operator} of {len(r.experts)} expert(s) "
+          f"-> {r.output} (model {r.output_name!r})")
+    print(f"  plan hash       {r.plan_hash}")
     print(f"  budget          {human_bytes(budget)}{share}")
-    print(f"  expert bytes    {human_bytes(r['expert_bytes_read'])} read "
-          f"({human_bytes(r['planned_expert_bytes'])} planned)")
-    print(f"  base bytes      {human_bytes(r['base_bytes_read'])}")
-    if r.get("omission_bound") is not None:
-        print(f"  omission bound  {r['omission_bound']:.6g} (L2 of the omitted update, at most)")
-    if r.get("omission_bound_l2") is not None:
-        print(f"  omission L2     {r['omission_bound_l2']:.6g} (tighter bound: blocks summed in "
+    print(f"  expert bytes    {human_bytes(r.expert_bytes_read)} read "
+          f"({human_bytes(r.planned_expert_bytes)} planned)")
+    print(f"  base bytes      {human_bytes(r.base_bytes_read)}")
+    if r.omission_bound is not None:
+        print(f"  omission bound  {r.omission_bound:.6g} (L2 of the omitted update, at most)")
+    if r.omission_bound_l2 is not None:
+        print(f"  omission L2     {r.omission_bound_l2:.6g} (tighter bound: blocks summed in "
               "quadrature)")
-    print(f"  blocks          {r['expert_blocks_read']} expert blocks read over "
-          f"{r['blocks_total']} output blocks")
-    print(f"  wall time       {r['wall_seconds']:.2f} s (plan {r['plan_seconds'] or 0:.2f} s, "
-          f"execute {r['exec_seconds']:.2f} s)")
-
-
-class ProgressBar:
-    """A tqdm bar over output blocks, shown only on a terminal."""
-
-    def __init__(self, *, enabled: bool = True) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self._bar: Any = None
-
-    def update(self, info: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        if self._bar is None:
-            from tqdm import tqdm
-            self._bar = tqdm(total=info["blocks_total"], unit="block", file=sys.stderr,
-                             desc="merging", leave=False)
-        self._bar.n = info["blocks_done"]
-        self._bar.refresh()
-
-    def __enter__(self) -> ProgressBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.close()
+    print(f"  blocks          {r.expert_blocks_read} expert blocks read over "
+          f"{r.blocks_total} output blocks")
+    print(f"  wall time       {r.wall_seconds:.2f} s (plan {r.plan_seconds or 0:.2f} s, "
+          f"execute {r.exec_seconds:.2f} s)")

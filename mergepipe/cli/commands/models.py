@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.models import list_models
+from mergepipe.catalog.models import ModelRow, list_models
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import human_bytes, print_table
 
@@ -30,10 +30,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def row(m: dict[str, Any]) -> list[Any]:
+def row(m: ModelRow) -> list[Any]:
     """The table cells of one model."""
-    stats = "-" if m["base"] is None else ("yes" if m["has_stats"] else "no")
-    secs = m["ingest_seconds"]
-    return [m["name"], m["kind"], m["base"] or "", m["status"], stats, m["n_tensors"],
-            human_bytes(m["tensor_bytes"]), human_bytes(m["block_bytes"]),
-            f"{secs:.2f}" if secs is not None else "", m["path"]]
+    stats = "-" if m.base is None else ("yes" if m.has_stats else "no")
+    secs = m.ingest_seconds
+    return [m.name, m.kind, m.base or "", m.status, stats, m.n_tensors,
+            human_bytes(m.tensor_bytes), human_bytes(m.block_bytes),
+            f"{secs:.2f}" if secs is not None else "", m.path]

@@ -9,7 +9,9 @@ from typing import Any
 from mergepipe.catalog.db import Catalog
 from mergepipe.cli.commands.merge import add_request_arguments, request_from_args
 from mergepipe.cli.main import print_json
+from mergepipe.cli.mergekit_cli import config_request
 from mergepipe.cli.table import human_bytes, print_table
+from mergepipe.jobs.planning import plan_merge
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,14 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.planner.plan import make_plan
-
     request = None if args.config else request_from_args(args)
     with Catalog(args.settings.catalog) as cat:
         if request is None:
-            from mergepipe.cli.mergekit_cli import config_request
             request = config_request(cat, args)
-        plan = make_plan(cat, request)
+        plan = plan_merge(cat, request)
     shown = plan.blocks if args.blocks < 0 else plan.blocks[:args.blocks]
     if args.json:
         out = plan.summary()

@@ -27,21 +27,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.jobs.merge import replay
+    from mergepipe.jobs.replay import replay  # torch: imported only when it runs
 
     with Catalog(args.settings.catalog) as cat:
         result = replay(cat, args.merge_id, args.out, threads=args.threads)
     if args.json:
         print_json(result)
     else:
-        verdict = "match" if result["match"] else "MISMATCH"
-        print(f"replay {result['merge_id']}: {verdict}: {result['n_tensors']} tensors, "
-              f"{len(result['mismatched_tensors'])} differ; "
-              f"{human_bytes(result['expert_bytes_read'])} expert bytes read "
-              f"(budget {human_bytes(result['budget_bytes'])}), "
-              f"{result['wall_seconds']:.2f} s")
-        for name in result["mismatched_tensors"]:
+        verdict = "match" if result.match else "MISMATCH"
+        print(f"replay {result.merge_id}: {verdict}: {result.n_tensors} tensors, "
+              f"{len(result.mismatched_tensors)} differ; "
+              f"{human_bytes(result.expert_bytes_read)} expert bytes read "
+              f"(budget {human_bytes(result.budget_bytes)}), {result.wall_seconds:.2f} s")
+        for name in result.mismatched_tensors:
             print(f"  differs: {name}")
-        if result["output"]:
-            print(f"  output kept in {result['output']}")
-    return 0 if result["match"] else EXIT_MISMATCH
+        if result.output:
+            print(f"  output kept in {result.output}")
+    return 0 if result.match else EXIT_MISMATCH

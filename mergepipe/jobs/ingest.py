@@ -1,0 +1,59 @@
+"""One ingestion end to end: confine its path, register the checkpoint, record the job's outcome."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from mergepipe.catalog import queue
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES
+from mergepipe.catalog.ingest import ingest_model
+from mergepipe.catalog.models import ModelRow
+from mergepipe.catalog.paths import recheck_input
+from mergepipe.catalog.queue import NewIngestJob
+from mergepipe.core.errors import MergePipeError
+from mergepipe.core.progress import Progress, ProgressFn
+from mergepipe.jobs.failure import failure_message
+
+log = logging.getLogger("mergepipe.jobs.ingest")
+
+
+def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path] = (),
+                  progress: ProgressFn | None = None) -> ModelRow:
+    """Register `job.path` as model `job.model`; with data roots (the service), the path must
+    still lie inside them when the job starts."""
+    if data_roots:
+        recheck_input(job.path, data_roots, field=job.field)
+    return ingest_model(cat, Path(job.path), job.model, base=job.base, kind=job.kind,
+                        block_bytes=job.block_bytes or DEFAULT_BLOCK_BYTES,
+                        with_stats=job.with_stats, progress=progress)
+
+
+def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
+                   progress: ProgressFn | None = None) -> None:
+    """Run a queued ingestion job and record how it ended (its error is the one users see)."""
+    row = queue.get_ingest_job(cat, job_id)
+    if row is None or row.status != "queued":
+        return
+    queue.start_ingest_job(cat, job_id)
+    last = Progress(0, 0, "bytes", model=row.model)
+
+    def track(p: Progress) -> None:
+        nonlocal last
+        last = Progress(p.done, p.total, "bytes", model=row.model)
+        if progress is not None:
+            progress(last)
+
+    error: str | None = None
+    try:
+        run_ingestion(cat, NewIngestJob(row.model, row.kind, row.path, row.base, row.block_bytes,
+                                        row.with_stats, field="path"),
+                      data_roots=data_roots, progress=track)
+    except Exception as e:  # noqa: BLE001 - recorded on the job; the worker goes on
+        if not isinstance(e, MergePipeError):
+            log.exception("ingestion %s of %r failed", job_id, row.model)
+        error = failure_message(e, "ingestion")
+    queue.finish_ingest_job(cat, job_id, error=error, done_bytes=last.done,
+                            total_bytes=last.total)

@@ -1,0 +1,47 @@
+"""Before any weight is read: whether a request's inputs can be merged now, and its dry-run plan."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from mergepipe.catalog import queue
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import find_model
+from mergepipe.core.errors import Conflict, NotFound
+from mergepipe.core.request import MergeRequest
+from mergepipe.planner.plan import Plan, make_plan
+from mergepipe.planner.validate import check_request
+
+
+def check_inputs(cat: Catalog, request: MergeRequest, pending: Collection[str] = ()) -> None:
+    """Every input model exists and is ready (the error names the field), and the experts are
+    experts of the request's base (the planner's validation). Models in `pending` are about to
+    be ingested for this request: the plan validates them when it runs."""
+    fields = [("base", request.base)] + [(f"experts[{i}].model", e.model)
+                                         for i, e in enumerate(request.experts)]
+    for field, name in fields:
+        if name not in pending:
+            require_ready(cat, name, field)
+    if not pending:
+        check_request(cat, request)
+
+
+def require_ready(cat: Catalog, name: str, field: str) -> None:
+    """404 for an unknown model, 409 for one still ingesting, failed, or not ready."""
+    row = find_model(cat, name)
+    if row is None:
+        if queue.active_ingest_job(cat, name) is not None:
+            raise Conflict(f"model {name!r} is still ingesting; retry when it is ready",
+                           field=field)
+        job = queue.latest_ingest_job(cat, name)
+        if job is not None and job.status == "failed":
+            raise Conflict(f"model {name!r} failed to ingest: {job.error}", field=field)
+        raise NotFound(f"model {name!r} not found", field=field)
+    if row.status != "ready":
+        raise Conflict(f"model {name!r} is {row.status}, not ready", field=field)
+
+
+def plan_merge(cat: Catalog, request: MergeRequest) -> Plan:
+    """The plan a merge of `request` would execute now (a dry run: nothing is read or recorded)."""
+    check_inputs(cat, request)
+    return make_plan(cat, request)
