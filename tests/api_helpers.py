@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from mergepipe.service.app import create_app
 
 from mergepipe.core.settings import Settings
+from mergepipe.service.app import create_app
 from tests import factory
 
 EXPERTS = ("e0", "e1", "e2")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from tests import factory
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+
 from mergepipe.catalog.db import Catalog
 
 # Rows an ingestion writes, per table (all or nothing).

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import torch
+
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
-
 from tests import factory
 
 BLOCK_BYTES = 256  # several blocks per tensor of the tiny factory models

@@ -7,8 +7,8 @@ from typing import Any
 
 import sqlalchemy as sa
 import torch
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from tests import factory
 
 TABLES = ("models", "files", "tensors", "blocks", "block_stats", "tensor_stats")

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+
 from mergepipe.catalog.db import Catalog
 
 INSERT_MODEL = sa.text(

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from mergepipe.catalog.db import Catalog
-from mergepipe.service import store
 
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.queue import NewIngestJob, enqueue
 from tests import factory
 from tests.api_helpers import (
     assert_error,
@@ -151,8 +151,7 @@ def test_a_link_put_in_while_the_ingestion_was_queued_fails_it(tmp_path: Path) -
     (tmp_path / "outside.json").write_text("{}")
     settings = settings_for(tmp_path)
     with Catalog(settings.catalog) as cat:  # accepted while the server was down ...
-        store.new_ingest_job(cat, model="base", kind="full", path=str(family["base"]),
-                             base=None, block_bytes=None, with_stats=True)
+        enqueue(cat, ingests=[NewIngestJob("base", "full", str(family["base"]), None)]).ingest_ids[0]
     (family["base"] / "generation_config.json").symlink_to(tmp_path / "outside.json")
     with client_for(settings) as c:  # ... and checked again when it runs
         m = wait(c, "/v1/models/base")

@@ -299,7 +299,7 @@ def test_sql_select_and_refusals(env: dict[str, Any], client: TestClient) -> Non
     assert r.json() == {"columns": ["name", "kind"], "rows": [["e0", "full"]],
                         "truncated": False}
     r = client.post("/v1/sql", json={"sql": "SELECT 'nan'::DOUBLE AS x, 'inf'::DOUBLE AS y"})
-    assert r.status_code == 200 and r.json()["rows"] == [["nan", "inf"]]
+    assert r.status_code == 200 and r.json()["rows"] == [[None, None]]  # JSON has no NaN
     data = env["tmp"] / "data" / "family" / "base" / "config.json"
     for bad in ("DROP TABLE models", "DELETE FROM merges", "SELECT 1; DROP TABLE models",
                 "INSERT INTO models SELECT * FROM models", "ATTACH 'x.db' AS x",
@@ -339,7 +339,7 @@ def test_internal_faults_are_500_without_internals(
     def boom(*a: Any) -> Any:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(lineage_route.store, "lineage", boom)
+    monkeypatch.setattr(lineage_route.records, "lineage", boom)
     c = TestClient(client.app, raise_server_exceptions=False)
     err = assert_error(c.get("/v1/lineage/base"), 500, "internal_error")
     assert "secret" not in err["message"]
@@ -352,7 +352,7 @@ def test_healthz_is_503_when_the_catalog_fails(client: TestClient,
     def boom(*a: Any) -> Any:
         raise RuntimeError("db gone")
 
-    monkeypatch.setattr(health_route.store, "ping", boom)
+    monkeypatch.setattr(health_route.queue, "ping", boom)
     assert_error(client.get("/healthz"), 503, "unavailable")
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mergepipe.catalog import queue, records
 from mergepipe.catalog.db import Catalog
-from mergepipe.service import store
-
+from mergepipe.catalog.queue import Job, NewIngestJob, enqueue
 from mergepipe.core.request import build_request
 from tests.api_helpers import (
     EXPERTS,
@@ -20,9 +20,7 @@ from tests.api_helpers import (
 
 def test_restart_fails_running_jobs_removes_temp_outputs_and_resumes_queued(
         tmp_path: Path) -> None:
-    from mergepipe.executor import manifest
-
-    from mergepipe.jobs.merge import new_merge
+    from mergepipe.jobs.merge import submit_merge
 
     family = make_family(tmp_path / "data" / "family")
     settings = settings_for(tmp_path)
@@ -34,14 +32,12 @@ def test_restart_fails_running_jobs_removes_temp_outputs_and_resumes_queued(
     req = build_request(base="base", experts=[{"model": e} for e in EXPERTS], operator="ties",
                         params={"density": 0.5}, budget={"fraction": 0.5}, seed=1)
     with Catalog(settings.catalog) as cat:
-        half = store.new_ingest_job(cat, model="half", kind="full", path=str(family["e0"]),
-                                    base="base", block_bytes=None, with_stats=True)
-        store.start_ingest_job(cat, half)
-        later = store.new_ingest_job(cat, model="later", kind="full", path=str(family["e1"]),
-                                     base="base", block_bytes=None, with_stats=True)
-        crashed = new_merge(cat, req, "crashed", out / "crashed")
-        manifest.mark_running(cat, crashed)
-        resumed = new_merge(cat, req, "resumed", out / "resumed")
+        half = enqueue(cat, ingests=[NewIngestJob("half", "full", str(family["e0"]), "base")]).ingest_ids[0]
+        queue.start_ingest_job(cat, half)
+        later = enqueue(cat, ingests=[NewIngestJob("later", "full", str(family["e1"]), "base")]).ingest_ids[0]
+        crashed = submit_merge(cat, req, "crashed", out / "crashed").merge_id
+        records.mark_running(cat, str(crashed))
+        resumed = submit_merge(cat, req, "resumed", out / "resumed").merge_id
     stage = out / ".crashed.tmp-deadbeef"
     stage.mkdir(parents=True)
     (stage / "model.safetensors").write_bytes(b"half written")
@@ -76,10 +72,9 @@ def test_stopping_leaves_queued_jobs_queued(tmp_path: Path) -> None:
     with Catalog(settings.catalog) as cat:
         runner = JobRunner(cat, settings)
         runner.stop(grace_s=1)  # stopped before it ever started
-        job = store.new_ingest_job(cat, model="base", kind="full", path=str(family["base"]),
-                                   base=None, block_bytes=None, with_stats=True)
-        runner.submit("ingest", job)
-        assert store.get_ingest_job(cat, job)["status"] == "queued"  # type: ignore[index]
+        job = enqueue(cat, ingests=[NewIngestJob("base", "full", str(family["base"]), None)]).ingest_ids[0]
+        runner.submit(Job("ingest", job))
+        assert queue.get_ingest_job(cat, job).status == "queued"  # type: ignore[union-attr]
     with client_for(settings) as c:
         assert wait(c, "/v1/models/base")["status"] == "ready"
 
@@ -89,10 +84,8 @@ def test_an_expert_queued_before_its_base_does_not_block_a_single_worker(
     family = make_family(tmp_path / "data" / "family")
     settings = settings_for(tmp_path, workers=1)
     with Catalog(settings.catalog) as cat:
-        store.new_ingest_job(cat, model="e0", kind="full", path=str(family["e0"]), base="base",
-                             block_bytes=None, with_stats=True)
-        store.new_ingest_job(cat, model="base", kind="full", path=str(family["base"]),
-                             base=None, block_bytes=None, with_stats=True)
+        enqueue(cat, ingests=[NewIngestJob("e0", "full", str(family["e0"]), "base")]).ingest_ids[0]
+        enqueue(cat, ingests=[NewIngestJob("base", "full", str(family["base"]), None)]).ingest_ids[0]
     with client_for(settings) as c:
         assert wait(c, "/v1/models/e0", timeout=30)["status"] == "ready"
         assert c.get("/v1/models/base").json()["status"] == "ready"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from mergepipe.service.paths import check_name, confine_input, output_dir, temp_dirs
 
+from mergepipe.catalog.paths import check_name, confine_input, output_dir, temp_dirs
 from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
 from tests.api_helpers import assert_error, client_for, settings_for
 
@@ -31,7 +31,7 @@ def test_mutating_endpoints_need_the_bearer_token(secured: TestClient, tmp_path:
         assert_error(r, 401, "unauthorized")
         assert r.headers["www-authenticate"] == "Bearer"
         assert_error(c.post("/v1/merges", json={}, headers=headers), 401, "unauthorized")
-    # a mergekit config may name unregistered paths, which get ingested: a write too
+    # a mergekit config names paths on the server's disk: it needs the token too
     cfg = {"config_yaml": "merge_method: linear\nmodels:\n  - model: a\n"}
     assert_error(c.post("/v1/plans", json=cfg), 401, "unauthorized")
     ok = {"Authorization": f"Bearer {TOKEN}"}
@@ -92,14 +92,20 @@ def test_output_names_stay_one_segment_under_the_root(tmp_path: Path) -> None:
     assert temp_dirs(tmp_path) == [tmp_path / ".x.tmp-123"]
 
 
-def test_a_full_queue_is_429(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mergepipe.service.views
+def test_a_full_queue_is_429(tmp_path: Path) -> None:
+    from mergepipe.catalog import queue
 
     (tmp_path / "data" / "m").mkdir(parents=True)
     with client_for(settings_for(tmp_path, max_queued_jobs=3)) as c:
-        monkeypatch.setattr(mergepipe.service.views.store, "job_counts", lambda cat: (3, 2))
+        cat = c.app.state.mergepipe.cat
+        # three queued jobs the workers were never handed: they stay queued
+        held = queue.enqueue(cat, ingests=[
+            queue.NewIngestJob(f"held-{i}", "full", str(tmp_path / "data" / "m"), None)
+            for i in range(3)]).ingest_ids
+        assert queue.job_counts(cat)[0] == 3
         err = assert_error(c.post("/v1/models", json={"name": "m", "path": "m"}),
                            429, "too_many_jobs")
         assert "limit 3" in err["message"]
-        monkeypatch.setattr(mergepipe.service.views.store, "job_counts", lambda cat: (2, 2))
+        queue.finish_ingest_job(cat, held[0], error="gave up", done_bytes=0, total_bytes=0)
+        assert queue.job_counts(cat)[0] == 2
         assert c.post("/v1/models", json={"name": "m", "path": "m"}).status_code == 202

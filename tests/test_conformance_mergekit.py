@@ -33,10 +33,9 @@ pytest.importorskip("mergekit", reason="mergekit (test extra: pip install -e '.[
 from mergepipe.catalog.db import Catalog  # noqa: E402
 from mergepipe.catalog.ingest import ingest_model  # noqa: E402
 from mergepipe.catalog.models import model_blocks  # noqa: E402
-from mergepipe.planner.plan import make_plan  # noqa: E402
-
 from mergepipe.core.request import build_request  # noqa: E402
 from mergepipe.jobs.merge import merge  # noqa: E402
+from mergepipe.planner.plan import make_plan  # noqa: E402
 
 EXPERTS = ("e0", "e1", "e2")
 WEIGHTS = (1.0, 0.5, 2.0)
@@ -131,7 +130,7 @@ def _ours(cat: Catalog, op: str, out: Path, **kw) -> tuple[dict, dict[str, torch
     params = kw.pop("params", CASES.get(op, {}))
     threads = kw.pop("threads", None)
     req = build_request(base="base", experts=experts, operator=op, params=params, **kw)
-    summary = merge(cat, req, out, threads=threads, output_name=f"{op}-{out.parent.name}-{out.name}")
+    summary = merge(cat, req, out, threads=threads, output_name=f"{op}-{out.parent.name}-{out.name}").to_dict()
     return summary, _load_raw(out)
 
 
@@ -200,7 +199,7 @@ def test_ties_matches_mergekit_off_the_threshold(cat, fam, reference, tmp_path):
 
 
 def _block_rows(cat: Catalog) -> dict[tuple[str, int], tuple[int, int]]:
-    return {(b["tensor"], b["block_index"]): (b["row_start"], b["row_end"])
+    return {(b.tensor, b.block_index): (b.row_start, b.row_end)
             for b in model_blocks(cat, "base")}
 
 

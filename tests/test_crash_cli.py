@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog import records
+from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import main
 from tests import factory
 from tests.crash_helpers import (
@@ -113,21 +114,19 @@ def test_recovery_removes_staging_and_unrecorded_outputs(ready: dict[str, Any],
                                                          ) -> None:
     """The states a kill leaves (built by hand): in the staging phase, between the publishing
     rename and the catalog record, and in the middle of replacing an existing output."""
-    from mergepipe.executor import manifest
-
     from mergepipe.core.request import build_request
-    from mergepipe.jobs.merge import new_merge
+    from mergepipe.jobs.merge import submit_merge
 
     db, out = ready["db"], ready["out"]
     reference = out / "reference"
     req = build_request(base="base", experts="e0,e1,e2", operator="ties",
                         params={"density": 0.5}, budget=0.9, seed=5)
     with Catalog(db) as cat:
-        staged = new_merge(cat, req, "staged", out / "staged")
-        published = new_merge(cat, req, "published", out / "published")
-        replacing = new_merge(cat, req, "replacing", out / "replacing")
+        staged = submit_merge(cat, req, "staged", out / "staged").merge_id
+        published = submit_merge(cat, req, "published", out / "published").merge_id
+        replacing = submit_merge(cat, req, "replacing", out / "replacing").merge_id
         for m in (staged, published, replacing):
-            manifest.mark_running(cat, m)
+            records.mark_running(cat, str(m))
     (out / f".staged.tmp-{staged[2:]}").mkdir()
     (out / f".staged.tmp-{staged[2:]}" / "model.safetensors").write_bytes(b"half")
     (out / "published").mkdir()
@@ -283,10 +282,8 @@ def test_service_start_removes_an_output_published_but_not_recorded(
         ready: dict[str, Any]) -> None:
     """A server killed between the publishing rename and the catalog record: at its restart the
     merge is failed, its output gone and the name free."""
-    from mergepipe.executor import manifest
-
     from mergepipe.core.request import build_request
-    from mergepipe.jobs.merge import new_merge
+    from mergepipe.jobs.merge import submit_merge
     from tests.api_helpers import client_for, settings_for, ties_body, wait
 
     db, out = ready["db"], ready["out"]
@@ -295,8 +292,8 @@ def test_service_start_removes_an_output_published_but_not_recorded(
     req = build_request(base="base", experts="e0,e1,e2", operator="ties",
                         params={"density": 0.5}, budget=0.9, seed=5)
     with Catalog(db) as cat:
-        mid = new_merge(cat, req, "orphan", out / "orphan")
-        manifest.mark_running(cat, mid)
+        mid = submit_merge(cat, req, "orphan", out / "orphan").merge_id
+        records.mark_running(cat, str(mid))
     (out / "orphan").mkdir()
     (out / "orphan" / "model.safetensors").write_bytes(b"whole, but never recorded")
     (out / "orphan" / "manifest.json").write_text(json.dumps({"merge_id": mid}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -10,16 +11,15 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 import torch
+
 from mergepipe.catalog.checkpoint import open_checkpoint
 from mergepipe.catalog.db import Catalog
-from mergepipe.executor import stream
-from mergepipe.planner.plan import make_plan
-
 from mergepipe.core.errors import BudgetViolation, Conflict, SourceChanged
 from mergepipe.core.operators import BlockContext
 from mergepipe.core.request import build_request
+from mergepipe.executor import stream
 from mergepipe.jobs.merge import execute_plan, merge
-from mergepipe.jobs.replay import StoredBlock, StoredPlan
+from mergepipe.planner.plan import Plan, PlannedBlock, make_plan
 from tests import factory
 from tests.executor_family import additive_reference, ingest_family
 
@@ -54,7 +54,7 @@ def test_full_budget_equals_whole_tensor_merge(shared: dict, tmp_path: Path, op:
     p = "" if family == "full" else "m"
     req = build_request(base=f"{p}base", experts=EXPERTS.replace("e", f"{p}e"), operator=op,
                         budget=1.0, params={"lambda": 0.7}, output_dtype="F32")
-    r = merge(shared["cat"], req, tmp_path / "out", output_name=f"{op}-{family}")
+    r = merge(shared["cat"], req, tmp_path / "out", output_name=f"{op}-{family}").to_dict()
     assert r["expert_bytes_read"] == r["planned_expert_bytes"] <= r["budget_bytes"]
     ref = additive_reference(paths, kinds, req.coefficients())
     out = factory.load(tmp_path / "out")
@@ -100,7 +100,7 @@ def test_output_keeps_the_bases_layout_and_extra_files(shared: dict, tmp_path: P
 def test_unread_blocks_are_the_base_bit_for_bit(shared: dict, tmp_path: Path) -> None:
     catalog, paths = shared["cat"], shared["full"]
     req = build_request(base="base", experts=EXPERTS, operator="linear", budget=0.05)
-    r = merge(catalog, req, tmp_path / "out", output_name="sparse")
+    r = merge(catalog, req, tmp_path / "out", output_name="sparse").to_dict()
     touched = {(row.tensor, row.block_index) for row in catalog.query(sa.text(
         "SELECT tensor, block_index FROM touched_blocks WHERE merge_id = :m"),
         {"m": r["merge_id"]})}
@@ -120,15 +120,15 @@ def test_budget_is_never_exceeded_and_checked_before_reading(shared: dict,
     req = build_request(base="base", experts=EXPERTS, operator="linear", budget=1.0)
     rows = catalog.query(sa.text("SELECT model, tensor, block_index, nbytes FROM blocks "
                                  "WHERE model IN ('e0', 'e1', 'e2') ORDER BY model, tensor, block_index"))
-    blocks = [StoredBlock(r.model, r.tensor, r.block_index, r.nbytes, 1.0, i)
+    blocks = [PlannedBlock(r.model, r.tensor, r.block_index, r.nbytes, 1.0, i)
               for i, r in enumerate(rows)]
     need = sum(b.nbytes for b in blocks)
-    plan = StoredPlan(req, "0" * 64, need - 1, need, None, blocks, {})
+    plan = Plan(req, "0" * 64, need - 1, need, need, blocks)
     with pytest.raises(BudgetViolation, match=f"needs {need} expert bytes, over its budget"):
         execute_plan(catalog, plan, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     plan.budget_bytes = need
-    r = execute_plan(catalog, plan, tmp_path / "out")  # any plan runs: e.g. a random one
+    r = execute_plan(catalog, plan, tmp_path / "out").to_dict()  # any plan runs: e.g. a random one
     assert r["expert_bytes_read"] == need and r["merge_id"] is None
 
 
@@ -172,15 +172,16 @@ def test_failure_mid_way_leaves_no_output_and_no_temp_dir(shared: dict, tmp_path
         calls["n"] += 1
         if calls["n"] == 20:
             raise RuntimeError("disk on fire")
-        return real(base, experts, ctx)
+        return real.kernel(base, experts, ctx)
 
-    monkeypatch.setitem(operators.REGISTRY, "linear", flaky)
+    monkeypatch.setitem(operators.REGISTRY, "linear", dataclasses.replace(real, kernel=flaky))
     req = build_request(base="base", experts=EXPERTS, operator="linear", budget=1.0)
     with pytest.raises(RuntimeError, match="disk on fire"):
         merge(catalog, req, tmp_path / "out", output_name="fails")
     assert list(tmp_path.iterdir()) == []
     row = catalog.query(sa.text("SELECT status, error FROM merges WHERE output_name = 'fails'"))[0]
-    assert (row.status, row.error) == ("failed", "RuntimeError: disk on fire")
+    assert (row.status, row.error) == (
+        "failed", "internal error during the merge (RuntimeError: disk on fire)")
     assert catalog.query(sa.text("SELECT count(*) FROM models WHERE name = 'fails'"))[0][0] == 0
 
 
@@ -192,9 +193,9 @@ def test_existing_output_is_refused(shared: dict, tmp_path: Path) -> None:
     with pytest.raises(Conflict, match="not empty"):
         merge(catalog, req, tmp_path / "out")
     merge(catalog, req, tmp_path / "first")
-    with pytest.raises(Conflict, match="model named 'first' already exists"):
+    with pytest.raises(Conflict, match="model name 'first' is taken"):
         merge(catalog, req, tmp_path / "elsewhere", output_name="first")
-    r = merge(catalog, req, tmp_path / "out", output_name="second", overwrite=True)
+    r = merge(catalog, req, tmp_path / "out", output_name="second", overwrite=True).to_dict()
     assert not (tmp_path / "out" / "mine.txt").exists() and r["output_name"] == "second"
 
 
@@ -203,9 +204,9 @@ def test_thread_count_and_chunking_do_not_change_the_output(shared: dict, tmp_pa
                                                            ) -> None:
     req = build_request(base="base", experts=EXPERTS, operator="dare_ties", budget=0.6,
                         params={"density": 0.4}, seed=7)
-    a = execute_plan(shared["cat"], make_plan(shared["cat"], req), tmp_path / "a", threads=1)
+    a = execute_plan(shared["cat"], make_plan(shared["cat"], req), tmp_path / "a", threads=1).to_dict()
     monkeypatch.setattr(stream, "CHUNK_BYTES", 1)  # one block per chunk
-    b = execute_plan(shared["cat"], make_plan(shared["cat"], req), tmp_path / "b", threads=8)
+    b = execute_plan(shared["cat"], make_plan(shared["cat"], req), tmp_path / "b", threads=8).to_dict()
     assert a["output_hash"] == b["output_hash"] and a["plan_hash"] == b["plan_hash"]
 
 
@@ -213,12 +214,12 @@ def test_output_is_registered_and_can_be_merged_again(shared: dict, tmp_path: Pa
     catalog = shared["cat"]
     req = build_request(base="base", experts=EXPERTS, operator="ties", budget=0.5,
                         params={"density": 0.5})
-    r = merge(catalog, req, tmp_path / "m1", output_name="m1")
+    r = merge(catalog, req, tmp_path / "m1", output_name="m1").to_dict()
     m = catalog.query(sa.text("SELECT kind, base, source_merge, has_stats, status FROM models "
                               "WHERE name = 'm1'"))[0]
     assert tuple(m) == ("full", "base", r["merge_id"], True, "ready")
     again = build_request(base="base", experts="m1,e2", operator="linear", budget=0.5)
-    r2 = merge(catalog, again, tmp_path / "m2")
+    r2 = merge(catalog, again, tmp_path / "m2").to_dict()
     assert r2["expert_bytes_read"] <= r2["budget_bytes"]
 
 

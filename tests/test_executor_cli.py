@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.cli.commands.merge import parse_params
 from mergepipe.cli.main import main
 from mergepipe.core.errors import InvalidRequest

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from tests.executor_family import ingest_family
 
 STRACE = shutil.which("strace") or "/usr/bin/strace"

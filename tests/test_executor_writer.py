@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from mergepipe.executor import publish
-from mergepipe.executor.reads import BudgetCounter, Range, coalesce
-from mergepipe.executor.writer import CheckpointWriter, copy_extra_files, encode
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from mergepipe.core.errors import BudgetViolation, Conflict
+from mergepipe.executor import publish
+from mergepipe.executor.reads import BudgetCounter, Range, coalesce
+from mergepipe.executor.writer import CheckpointWriter, copy_extra_files, encode
 
 
 def _write(out: Path, tensors: dict[str, torch.Tensor], dtype: str, *, shards: int = 1,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from mergepipe.benchmarks.family import generate_family, read_family, shape_for_size
 from mergepipe.catalog.checkpoint import open_checkpoint
-
 from mergepipe.cli.main import main
 from tests.factory import load
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from mergepipe.benchmarks.fidelity.random_plan import Candidate
 from mergepipe.benchmarks.fidelity.utility_study import Norms, variants
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import build_request
 from tests import hf_family
 
@@ -74,7 +74,7 @@ def test_linear_output_loads_generates_and_equals_torch_merge(
         req = build_request(base="base", experts=[{"model": e, "weight": w} for e, w in
                                                   zip(experts, (1.0, 2.0, 1.0), strict=True)],
                             operator="linear", output_dtype="F32")
-        summary = merge(cat, req, tmp_path / "out")
+        summary = merge(cat, req, tmp_path / "out").to_dict()
     out = tmp_path / "out"
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
@@ -113,7 +113,7 @@ def test_tied_embeddings_budgeted_ties_loads_in_base_dtype(
         experts = ingest_family(cat, qwen_tied)
         req = build_request(base="base", experts=",".join(experts), operator="ties",
                             params={"density": 0.5}, budget=0.5)
-        summary = merge(cat, req, tmp_path / "out")
+        summary = merge(cat, req, tmp_path / "out").to_dict()
     out = tmp_path / "out"
     assert summary["expert_bytes_read"] <= summary["budget_bytes"]
     with safe_open(str(out / "model.safetensors"), "pt") as f:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from mergepipe.catalog import ingest as ingest_module
-from mergepipe.catalog.ingest import ingest_model
 from safetensors.torch import load_file, save_file
 
+from mergepipe.catalog import ingest as ingest_module
+from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.errors import (
     Conflict,
     InvalidCheckpoint,

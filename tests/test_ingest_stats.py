@@ -8,9 +8,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from mergepipe.catalog import stats
 from mergepipe.catalog.stats import Scratch, TrimThresholds, scan_block, trim_ks
-
 from tests.ingest_reference import reference_trims
 
 

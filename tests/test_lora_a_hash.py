@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 import xxhash
+
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
-from mergepipe.planner.plan import make_plan
-
 from mergepipe.core.errors import SourceChanged
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.jobs.merge import merge
+from mergepipe.planner.plan import make_plan
 from tests import factory
 from tests.ingest_reference import rows
 
@@ -95,6 +95,6 @@ def test_a_catalog_row_without_a_hash_is_not_checked(catalog: Catalog, tmp_path:
         conn.execute(sa.text("UPDATE tensors SET lora_a_hash = NULL WHERE model = 'lora'"))
     without = make_plan(catalog, _request()).plan_hash
     assert without != with_hash
-    r = merge(catalog, _request(), tmp_path / "out", output_name="merged")
+    r = merge(catalog, _request(), tmp_path / "out", output_name="merged").to_dict()
     assert r["plan_hash"] == without
     assert (tmp_path / "out" / "model.safetensors").exists()

@@ -8,13 +8,14 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 import xxhash
-from mergepipe.catalog.db import Catalog
-from mergepipe.executor.manifest import MANIFEST_FORMAT
 from safetensors import safe_open
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import Conflict
+from mergepipe.core.progress import Progress
 from mergepipe.core.request import build_request
-from mergepipe.jobs.merge import new_merge, run_merge
+from mergepipe.executor.manifest import MANIFEST_FORMAT
+from mergepipe.jobs.merge import run_merge, submit_merge
 from tests.executor_family import ingest_family
 
 
@@ -26,10 +27,11 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     ingest_family(catalog, tmp_path / "fam")
     req = build_request(base="base", experts="e0,e1:0.5,e2", operator="task_arithmetic",
                         budget=0.4, seed=3)
-    mid = new_merge(catalog, req, "child", tmp_path / "out")
+    mid = submit_merge(catalog, req, "child", tmp_path / "out").merge_id
+    assert mid is not None
     assert catalog.query(sa.text("SELECT status FROM merges"))[0][0] == "queued"
-    seen: list[dict] = []
-    summary = run_merge(catalog, mid, progress=seen.append)
+    seen: list[Progress] = []
+    summary = run_merge(catalog, mid, progress=seen.append).to_dict()
     yield {"cat": catalog, "summary": summary, "progress": seen, "out": tmp_path / "out",
            "request": req}
     catalog.close()
@@ -128,7 +130,10 @@ def test_manifest_json_matches_the_catalog(merged: dict) -> None:
 def test_progress_is_reported_and_a_merge_runs_once(merged: dict) -> None:
     catalog = merged["cat"]
     last = merged["progress"][-1]
-    assert last["blocks_done"] == last["blocks_total"] == merged["summary"]["blocks_total"]
-    assert last["merge_id"] == merged["summary"]["merge_id"]
+    assert last.unit == "blocks"
+    assert last.done == last.total == merged["summary"]["blocks_total"]
+    # the reads of this merge (Progress carries no merge id): the final counts at the last report
+    assert last.expert_bytes_read == merged["summary"]["expert_bytes_read"]
+    assert last.base_bytes_read == merged["summary"]["base_bytes_read"]
     with pytest.raises(Conflict, match="is succeeded, not queued"):
         run_merge(catalog, merged["summary"]["merge_id"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_config import parse_config
 
@@ -194,26 +194,30 @@ def _ingest_all(catalog: Catalog, family: dict[str, Path]) -> None:
 
 def test_paths_are_ingested_base_first_then_matched(catalog: Catalog,
                                                     family: dict[str, Path]) -> None:
-    from mergepipe.catalog.models import get_model
-
-    from mergepipe.jobs.mergekit_resolve import load_config
+    from mergepipe.catalog.models import find_model, get_model
+    from mergepipe.jobs.config import load_config
+    from mergepipe.jobs.ingest import run_ingestion
     text = (f"merge_method: ties\nbase_model: {family['base']}\nmodels:\n"
             f"  - {{model: {family['e0']}, parameters: {{density: 0.5}}}}\n"
             f"  - {{model: {family['e1']}, parameters: {{density: 0.3, weight: 2}}}}\n")
-    seen: list[str] = []
-    req, resolved = load_config(catalog, text, budget=0.5, seed=3,
-                                progress=lambda name, done, total: seen.append(name))
-    assert resolved.ingested == ["base", "e0", "e1"] and seen[0] == "base"
-    assert get_model(catalog, "e1")["base"] == "base" and get_model(catalog, "e1")["has_stats"]
+    req, resolved = load_config(catalog, text, budget=0.5, seed=3)
+    assert [j.model for j in resolved.to_ingest] == ["base", "e0", "e1"]
+    assert [j.base for j in resolved.to_ingest] == [None, "base", "base"]  # the base first
+    assert find_model(catalog, "base") is None  # resolving never ingests
+    seen: list[tuple[str, str]] = []
+    for job in resolved.to_ingest:
+        run_ingestion(catalog, job, progress=lambda p, name=job.model: seen.append((name, p.unit)))
+    assert seen[0] == ("base", "bytes") and {n for n, _ in seen} == {"base", "e0", "e1"}
+    assert get_model(catalog, "e1").base == "base" and get_model(catalog, "e1").has_stats
     assert [(e.model, e.weight, e.density) for e in req.experts] == [("e0", 1.0, 0.5),
                                                                        ("e1", 2.0, 0.3)]
     assert req.budget.fraction == 0.5 and req.seed == 3
     _, again = load_config(catalog, text)
-    assert again.ingested == [] and again.experts == ["e0", "e1"]
+    assert again.to_ingest == [] and again.experts == ["e0", "e1"]
 
 
 def test_registered_names_and_inferred_base(catalog: Catalog, family: dict[str, Path]) -> None:
-    from mergepipe.jobs.mergekit_resolve import load_config
+    from mergepipe.jobs.config import load_config
     _ingest_all(catalog, family)
     req, _ = load_config(catalog, "merge_method: linear\nmodels:\n"
                                   "  - {model: e0, parameters: {weight: 1}}\n"
@@ -223,7 +227,7 @@ def test_registered_names_and_inferred_base(catalog: Catalog, family: dict[str, 
 
 def test_resolution_errors_name_the_key(catalog: Catalog, family: dict[str, Path],
                                         tmp_path: Path) -> None:
-    from mergepipe.jobs.mergekit_resolve import load_config
+    from mergepipe.jobs.config import load_config
     _ingest_all(catalog, family)
     cases = [
         ("merge_method: ties\nbase_model: e0\nmodels: [e1]", "base_model", "registered as an "

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import main
 from tests import api_helpers, hf_family
 
@@ -100,8 +100,8 @@ def test_config_both_ways_gives_the_same_model(template: str, family: dict[str, 
         torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=2e-6, msg=k)
     with Catalog(catalog) as cat:
         from mergepipe.catalog.models import list_models
-        names = {m["name"]: m for m in list_models(cat)}
-    assert names["base"]["base"] is None and names["e0"]["base"] == "base"
+        names = {m.name: m for m in list_models(cat)}
+    assert names["base"].base is None and names["e0"].base == "base"
     # A second run matches the registered models by path instead of ingesting again.
     rc, out, err = cli(capsys, "--catalog", catalog, "merge", str(config), "--out",
                        str(tmp_path / "again"), "--budget", "0.5")
@@ -119,7 +119,7 @@ def test_lora_reference_base_plus_adapter(family: dict[str, Path], tmp_path: Pat
     assert rc == 0, err
     with Catalog(tmp_path / "c.duckdb") as cat:
         from mergepipe.catalog.models import get_model
-        assert get_model(cat, "a0")["kind"] == "lora"
+        assert get_model(cat, "a0").kind == "lora"
     ours = hf_family.state_dict(tmp_path / "ours")
     theirs = run_mergekit(config, tmp_path / "mergekit")
     for k in theirs:
@@ -152,14 +152,21 @@ def test_api_config_yaml(family: dict[str, Path], tmp_path: Path) -> None:
     # Paths relative to the (first) data root, as POST /v1/models takes them.
     text = TASK_ARITHMETIC.format(base="base", e0="e0", e1="e1", e2="e2")
     with api_helpers.client_for(settings) as client:
+        # A dry run has no side effects: a path that is not registered is a 409 naming the key.
         r = client.post("/v1/plans", json={"config_yaml": text, "budget": {"fraction": 0.5}})
-        assert r.status_code == 200, r.text
-        assert r.json()["operator"] == "task_arithmetic"
+        assert r.status_code == 409, r.text
+        assert r.json()["error"]["field"] == "config_yaml.base_model"
+        assert client.get("/v1/models").json()["models"] == []
+        # A merge queues the ingestions of its paths, then itself.
         r = client.post("/v1/merges", json={"config_yaml": text, "output": {"name": "ta"}})
         assert r.status_code == 202, r.text
         done = api_helpers.wait(client, f"/v1/merges/{r.json()['id']}")
         assert done["status"] == "succeeded", done
         assert (settings.output_root / "ta" / "README.md").exists()
+        # Registered now: the paths match the models and the dry run plans.
+        r = client.post("/v1/plans", json={"config_yaml": text, "budget": {"fraction": 0.5}})
+        assert r.status_code == 200, r.text
+        assert r.json()["operator"] == "task_arithmetic"
         r = client.post("/v1/merges", json={"config_yaml": text.replace("task_arithmetic",
                                                                          "model_stock"),
                                             "output": {"name": "ms"}})

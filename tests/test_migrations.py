@@ -8,6 +8,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+
 from mergepipe.catalog.db import (
     MIGRATIONS_PACKAGE,
     Catalog,

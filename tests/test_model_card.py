@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import pytest
 import yaml
+
+from mergepipe.core.request import build_request
 from mergepipe.executor.model_card import render_model_card
 
-REQUEST = {"base": "org/base", "operator": "ties", "seed": 7, "output_dtype": "BF16",
-           "experts": [{"model": "org/code", "weight": 1.0, "density": 0.5},
-                       {"model": "org/math", "weight": 0.5, "density": None}],
-           "params": {"normalize": True, "lambda": 1.0, "density": 0.5},
-           "budget": {"fraction": 0.3}}
-SUMMARY = {"merge_id": "m-42", "plan_hash": "ab" * 32, "budget_bytes": 3000,
-           "full_read_bytes": 10_000, "planned_expert_bytes": 2990, "expert_bytes_read": 2990,
-           "base_bytes_read": 12_000, "omission_bound": None}
+EXPERTS = [{"model": "org/code", "weight": 1.0, "density": 0.5},
+           {"model": "org/math", "weight": 0.5}]
+REQUEST_ARGS = {"base": "org/base", "operator": "ties", "seed": 7, "output_dtype": "BF16",
+                "experts": EXPERTS, "params": {"normalize": True, "lambda": 1.0, "density": 0.5},
+                "budget": {"fraction": 0.3}}
+REQUEST = build_request(**REQUEST_ARGS)
+IDS = {"merge_id": "m-42", "plan_hash": "ab" * 32}
+SUMMARY = {"budget_bytes": 3000, "full_read_bytes": 10_000, "planned_expert_bytes": 2990,
+           "expert_bytes_read": 2990, "base_bytes_read": 12_000, "omission_bound": None}
 
 
 def front_matter(card: str) -> dict:
@@ -23,7 +26,7 @@ def front_matter(card: str) -> dict:
 
 
 def test_front_matter_lists_lineage_tags_and_io() -> None:
-    meta = front_matter(render_model_card(REQUEST, SUMMARY, name="code-math"))
+    meta = front_matter(render_model_card(REQUEST, SUMMARY, name="code-math", **IDS))
     assert meta["base_model"] == ["org/base", "org/code", "org/math"]
     assert meta["base_model_relation"] == "merge"
     assert {"merge", "mergepipe"} <= set(meta["tags"])
@@ -39,7 +42,7 @@ def test_front_matter_lists_lineage_tags_and_io() -> None:
 
 
 def test_body_is_short_and_human() -> None:
-    card = render_model_card(REQUEST, SUMMARY, name="code-math")
+    card = render_model_card(REQUEST, SUMMARY, name="code-math", **IDS)
     body = card.split("\n---\n", 1)[1]
     assert "# code-math" in body and "TIES merge of 2 experts onto `org/base`" in body
     assert "| `org/code` | 1 | 0.5 |" in body
@@ -49,10 +52,12 @@ def test_body_is_short_and_human() -> None:
 
 
 def test_bytes_budget_full_read_and_bound() -> None:
-    req = {**REQUEST, "operator": "linear", "budget": {"bytes": 3 * 2**20},
-           "params": {"normalize": True}}
+    req = build_request(**{**REQUEST_ARGS, "operator": "linear", "budget": {"bytes": 3 * 2**20},
+                           "params": {"normalize": True},
+                           "experts": [{k: v for k, v in e.items() if k != "density"}
+                                       for e in EXPERTS]})
     summ = {**SUMMARY, "expert_bytes_read": 10_000, "omission_bound": 0.0}
-    card = render_model_card(req, summ)
+    card = render_model_card(req, summ, **IDS)
     assert "3.0 MiB of expert reads" in card
     assert "equals the standard full-read merge" in card
     assert "Bound on the L2 distance" in card
@@ -60,7 +65,8 @@ def test_bytes_budget_full_read_and_bound() -> None:
 
 
 def test_deterministic() -> None:
-    assert render_model_card(REQUEST, SUMMARY) == render_model_card(REQUEST, SUMMARY)
+    assert (render_model_card(REQUEST, SUMMARY, **IDS)
+            == render_model_card(REQUEST, SUMMARY, **IDS))
 
 
 @pytest.mark.parametrize(("op", "params", "densities"), [
@@ -74,13 +80,12 @@ def test_card_config_round_trips_through_the_mergekit_parser(
         op: str, params: dict, densities: tuple[float | None, float | None]) -> None:
     """The card's mergekit config, read back by `mergepipe merge CONFIG.yml`, is the same merge."""
     from mergepipe.core.mergekit_config import parse_config
-    from mergepipe.core.request import build_request
     experts = [{"model": "e1", "weight": 1.0, "density": densities[0]},
                {"model": "e2", "weight": 3.0, "density": densities[1]}]
     req = build_request(base="base", experts=[{k: v for k, v in e.items() if v is not None}
                                               for e in experts],
                         operator=op, params=params, output_dtype="BF16")
-    card = render_model_card(req.to_dict(), {})
+    card = render_model_card(req, {})
     text = card.split("```yaml\n", 1)[1].split("```", 1)[0]
     again = build_request(**parse_config(text).request_args("base", ["e1", "e2"]))
     assert again.coefficients() == pytest.approx(req.coefficients())
@@ -90,5 +95,6 @@ def test_card_config_round_trips_through_the_mergekit_parser(
 
 
 def test_no_config_when_mergekit_has_no_equivalent() -> None:
-    req = {**REQUEST, "operator": "dare_linear", "params": {"rescale": "density"}}
-    assert "```yaml" not in render_model_card(req, SUMMARY)
+    req = build_request(**{**REQUEST_ARGS, "operator": "dare_linear",
+                           "params": {"rescale": "density"}})
+    assert "```yaml" not in render_model_card(req, SUMMARY, **IDS)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import build_request
 from tests import hf_family
 
@@ -119,7 +119,7 @@ def test_several_adapters_every_operator(
         req = build_request(base="base", operator=op, params=params, output_dtype="F32",
                             experts=[{"model": n, "weight": w}
                                      for n, w in zip(names, WEIGHTS, strict=True)])
-        summary = merge(cat, req, tmp_path / "out")
+        summary = merge(cat, req, tmp_path / "out").to_dict()
     assert summary["expert_bytes_read"] == summary["full_read_bytes"]
     base = hf_family.state_dict(adapters["base"])
     deltas = [{k: peft_merged[n][k] - base[k] for k in base} for n in names]
@@ -137,7 +137,7 @@ def test_several_adapters_sparse_under_budget(op: str, adapters: dict[str, Path]
         ingest(cat, adapters, ("a0", "a1", "a2"))
         req = build_request(base="base", experts="a0,a1,a2", operator=op,
                             params={"density": 0.5}, budget=0.4)
-        summary = merge(cat, req, tmp_path / "out")
+        summary = merge(cat, req, tmp_path / "out").to_dict()
     assert 0 < summary["expert_bytes_read"] <= summary["budget_bytes"]
     assert all(torch.isfinite(v).all() for v in hf_family.state_dict(tmp_path / "out").values())
 
@@ -147,13 +147,12 @@ def test_block_cost_of_a_lora_expert_is_what_is_read(adapters: dict[str, Path],
     """C(A) = the lora_B rows of the selected blocks + lora_A once per touched tensor."""
     from mergepipe.catalog.checkpoint import open_checkpoint
     from mergepipe.catalog.models import model_tensors
-    from mergepipe.planner.plan import make_plan
-
     from mergepipe.jobs.merge import merge
+    from mergepipe.planner.plan import make_plan
     adapter_bytes = sum(t.nbytes for t in open_checkpoint(adapters["a1"]).tensors)
     with Catalog(tmp_path / "c.duckdb") as cat:
         ingest(cat, adapters, ("a1",))
-        lora_a = {t["tensor"]: t["lora_a_nbytes"] for t in model_tensors(cat, "a1")}
+        lora_a = {t.name: t.lora_a.nbytes for t in model_tensors(cat, "a1") if t.lora_a}
         full = make_plan(cat, build_request(base="base", experts="a1", operator="linear"))
         assert full.full_read_bytes == full.planned_expert_bytes == adapter_bytes
         req = build_request(base="base", experts="a1", operator="linear", budget=0.5)
@@ -162,5 +161,5 @@ def test_block_cost_of_a_lora_expert_is_what_is_read(adapters: dict[str, Path],
         assert plan.planned_expert_bytes == (sum(b.nbytes for b in plan.blocks)
                                              + sum(lora_a[t] for t in touched))
         assert plan.planned_expert_bytes <= plan.budget_bytes
-        summary = merge(cat, req, tmp_path / "out")
+        summary = merge(cat, req, tmp_path / "out").to_dict()
     assert summary["expert_bytes_read"] == plan.planned_expert_bytes

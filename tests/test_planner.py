@@ -6,11 +6,11 @@ import math
 
 import pytest
 import sqlalchemy as sa
-from mergepipe.catalog.db import Catalog
-from mergepipe.planner.plan import Plan, TrimThreshold, make_plan
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.core.request import Budget, build_request
+from mergepipe.planner.plan import Plan, TrimThreshold, make_plan
 from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
 # Three experts, two tensors. Block sizes 100 bytes except the 40-byte last block of t1.

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import main
 from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
@@ -70,7 +70,7 @@ def test_readable_output(db: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--experts", "e0,ghost", "--op", "linear"], "expert model 'ghost' is not in the catalog"),
+    (["--experts", "e0,ghost", "--op", "linear"], "model 'ghost' not found"),
     (["--experts", "e0", "--op", "nope"], "unknown operator 'nope'"),
     (["--experts", "e0", "--op", "linear", "--budget", "0"], "must be a finite number > 0"),
     (["--experts", "e0", "--op", "ties", "--param", "density"], "use KEY=VALUE"),

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from mergepipe.catalog.db import Catalog
+from mergepipe.core.request import build_request
 from mergepipe.planner.hashing import canonical_json
 from mergepipe.planner.plan import make_plan
-
-from mergepipe.core.request import build_request
 from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
 E0 = [Ten("t0", [Blk(100, 4), Blk(100, 0), Blk(100, 1)], tau=0.5),

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 import torch
+
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
-from mergepipe.planner.plan import Plan, make_plan
-
 from mergepipe.core.request import build_request
+from mergepipe.planner.plan import Plan, make_plan
 from tests import factory
 
 BLOCK = 512  # bytes: several blocks per tensor of the tiny family

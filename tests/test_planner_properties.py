@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
 from mergepipe.catalog.db import Catalog
+from mergepipe.core.request import Budget, MergeRequest, build_request
 from mergepipe.planner.plan import make_plan
 from mergepipe.planner.weights import rank_weights
-
-from mergepipe.core.request import Budget, MergeRequest, build_request
 from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
 _names = itertools.count()

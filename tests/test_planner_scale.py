@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from mergepipe.catalog.db import Catalog
-from mergepipe.benchmarks import planner_bench as bench
-from mergepipe.planner.plan import make_plan
 
+from mergepipe.benchmarks import planner_bench as bench
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import build_request
+from mergepipe.planner.plan import make_plan
 
 BLOCK = 1 << 20
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mergepipe.catalog.db import Catalog
-from mergepipe.planner.plan import make_plan
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.jobs.merge import execute_plan
+from mergepipe.planner.plan import make_plan
 from tests import factory
 from tests.executor_family import ingest_family
 
@@ -91,7 +91,7 @@ def test_budget_soundness_and_monotonicity(fams: Families, req: tuple[str, dict]
     small = make_plan(fams.cat, _request(family, spec))
     larger = make_plan(fams.cat, _request(family, spec, budget=min(1.0, spec["budget"] * 1.5)))
     assert larger.planned_expert_bytes >= small.planned_expert_bytes
-    r = execute_plan(fams.cat, small, fams.out())
+    r = execute_plan(fams.cat, small, fams.out()).to_dict()
     assert r["expert_bytes_read"] == r["planned_expert_bytes"] <= r["budget_bytes"]
     assert r["budget_bytes"] == math.floor(spec["budget"] * r["full_read_bytes"])
 
@@ -104,10 +104,10 @@ def test_omission_bound_holds_for_additive_operators(fams: Families,
     fams.get(family)
     budgeted = execute_plan(fams.cat, make_plan(fams.cat, _request(family, spec,
                                                                    output_dtype="F32")),
-                            fams.out())
+                            fams.out()).to_dict()
     full = execute_plan(fams.cat, make_plan(fams.cat, _request(family, spec, budget=1.0,
                                                                output_dtype="F32")),
-                        fams.out())
+                        fams.out()).to_dict()
     m_a, m_full = factory.load(Path(budgeted["output"])), factory.load(Path(full["output"]))
     deviation = _l2(m_full, m_a)
     scale = math.sqrt(sum(float((t.double() ** 2).sum()) for t in m_full.values()))
@@ -125,8 +125,8 @@ def test_same_request_same_plan_and_output(fams: Families, req: tuple[str, dict]
     family, spec = req
     fams.get(family)
     a = execute_plan(fams.cat, make_plan(fams.cat, _request(family, spec)), fams.out(),
-                     threads=1)
+                     threads=1).to_dict()
     b = execute_plan(fams.cat, make_plan(fams.cat, _request(family, spec)), fams.out(),
-                     threads=4)
+                     threads=4).to_dict()
     assert a["plan_hash"] == b["plan_hash"]
     assert a["output_hash"] == b["output_hash"]

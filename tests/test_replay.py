@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from mergepipe.catalog.db import Catalog
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import main
 from mergepipe.core.errors import Conflict, NotFound
 from mergepipe.core.request import build_request
-from mergepipe.jobs.merge import merge, replay
-from mergepipe.jobs.replay import stored_plan
+from mergepipe.jobs.merge import merge
+from mergepipe.jobs.replay import replay, stored_plan
 from tests.executor_family import ingest_family
 
 
@@ -41,30 +41,30 @@ def catalog(family: Path, tmp_path: Path) -> Iterator[Catalog]:
 def done(catalog: Catalog, tmp_path: Path) -> dict:
     req = build_request(base="base", experts="e0,e1,e2:0.5", operator="ties", budget=0.5,
                         params={"density": 0.3}, seed=11)
-    return merge(catalog, req, tmp_path / "out")
+    return merge(catalog, req, tmp_path / "out").to_dict()
 
 
 def test_replay_matches_and_reads_the_same_bytes(catalog: Catalog, done: dict,
                                                  tmp_path: Path) -> None:
-    r = replay(catalog, done["merge_id"])
+    r = replay(catalog, done["merge_id"]).to_dict()
     assert r["match"] and not r["mismatched_tensors"] and r["n_tensors"] == 19
     assert r["output_hash"] == done["output_hash"]
     assert r["expert_bytes_read"] == done["expert_bytes_read"]
     assert r["output"] is None
-    kept = replay(catalog, done["merge_id"], tmp_path / "again")
+    kept = replay(catalog, done["merge_id"], tmp_path / "again").to_dict()
     assert kept["match"] and (tmp_path / "again" / "model.safetensors").exists()
 
 
 def test_replay_of_a_per_tensor_plan_keeps_its_bounds(catalog: Catalog, tmp_path: Path) -> None:
     req = build_request(base="base", experts="e0,e1", operator="task_arithmetic", budget=0.4,
                         params={"utility": "per_tensor"})
-    done = merge(catalog, req, tmp_path / "pt")
+    done = merge(catalog, req, tmp_path / "pt").to_dict()
     assert done["omission_bound_l2"] is not None
     assert 0 < done["omission_bound_l2"] <= done["omission_bound"]
     sp = stored_plan(catalog, done["merge_id"])
     assert sp.request.params["utility"] == "per_tensor"
     assert sp.omission_bound_l2 == pytest.approx(done["omission_bound_l2"])
-    r = replay(catalog, done["merge_id"])
+    r = replay(catalog, done["merge_id"]).to_dict()
     assert r["match"] and r["expert_bytes_read"] == done["expert_bytes_read"]
 
 
@@ -73,7 +73,7 @@ def test_replay_uses_the_stored_access_set_not_a_new_plan(catalog: Catalog, done
     with catalog.transaction() as conn:
         conn.execute(sa.text("DELETE FROM touched_blocks WHERE merge_id = :m AND rank % 2 = 1"),
                      {"m": done["merge_id"]})
-    r = replay(catalog, done["merge_id"])
+    r = replay(catalog, done["merge_id"]).to_dict()
     assert not r["match"] and r["mismatched_tensors"]
     assert r["expert_bytes_read"] < done["expert_bytes_read"]
 
