@@ -13,7 +13,16 @@ from mergepipe.core.settings import Settings
 from mergepipe.jobs.runner import JobRunner
 from mergepipe.service import errors
 from mergepipe.service.limits import BodyLimit
-from mergepipe.service.routes import health, lineage, merges, models, plans, sql
+from mergepipe.service.routes import (
+    console,
+    health,
+    lineage,
+    merges,
+    models,
+    operators,
+    plans,
+    sql,
+)
 from mergepipe.service.state import AppState
 
 log = logging.getLogger("mergepipe.service")
@@ -50,6 +59,7 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     for r in (health.router, models.router, plans.router, merges.router, lineage.router,
-              sql.router):
+              sql.router, operators.router):
         app.include_router(r)
+    console.install(app)
     return app
