@@ -32,7 +32,8 @@ DESCRIPTION = """Budgeted, catalog-planned merging of LLM checkpoint families.
 Register checkpoints with `POST /v1/models` (an ingestion job), dry-run a plan with
 `POST /v1/plans`, run a merge with `POST /v1/merges` and follow it with `GET /v1/merges/{id}`.
 Every error is `{"error": {"code", "message", "field"?}}`. When the server has an API token,
-`POST /v1/models` and `POST /v1/merges` need `Authorization: Bearer <token>`."""
+`POST /v1/models` and `POST /v1/merges` need `Authorization: Bearer <token>`. A web console
+over this API is served at `/`."""
 
 
 def create_app(settings: Settings) -> FastAPI:

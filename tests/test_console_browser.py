@@ -157,6 +157,7 @@ def test_console_end_to_end(page: Any, server: tuple[str, Api, Path], shots: Pat
     page.wait_for_function("() => document.querySelectorAll('#models-table tbody tr').length "
                            "=== 4 && [...document.querySelectorAll('#models-table tbody tr')]"
                            ".every(r => r.cells[1].textContent === 'ready')")
+    shoot(page, shots, "models")
     stats = {m["name"]: m for m in api.ok("GET", "/v1/model-stats")["models"]}
     row = page.locator("#models-table tbody tr", has_text="e1").inner_text()
     assert f"{stats['e1']['n_blocks']}" in row and "full" in row and "base" in row
@@ -199,9 +200,9 @@ def test_console_end_to_end(page: Any, server: tuple[str, Api, Path], shots: Pat
     assert merge["plan_hash"] == plan["plan_hash"] and merge["status"] == "succeeded"
 
     check_merge_page(page, api, merge_id, merge, shots)
-    check_lineage(page)
-    check_frontier(page, merge_id, plan)
-    check_sql(page, api, merge_id)
+    check_lineage(page, shots)
+    check_frontier(page, merge_id, plan, shots)
+    check_sql(page, api, merge_id, shots)
 
     assert all(u.startswith((url, "blob:", "data:")) for u in page.requests), page.requests
     assert [e for e in page.errors if "401" not in e] == [], page.errors
@@ -264,7 +265,7 @@ def check_merge_page(page: Any, api: Api, merge_id: str, merge: dict[str, Any],
     page.set_viewport_size({"width": 1280, "height": 800})
 
 
-def check_lineage(page: Any) -> None:
+def check_lineage(page: Any, shots: Path) -> None:
     page.click("dd >> text=ta-40")
     page.locator("svg.lineage").wait_for()
     nodes = set(page.eval_on_selector_all("svg.lineage .node", "els => els.map(e => e.dataset.node)"))
@@ -273,9 +274,10 @@ def check_lineage(page: Any) -> None:
         "svg.lineage .edge-label", "els => els.map(e => [e.dataset.edge, e.textContent])"))
     assert labels == {"base>ta-40": "base", **{f"{e}>ta-40": "w 1.00" for e in EXPERTS}}
     assert page.locator("#lineage-table tbody tr").count() == 4
+    shoot(page, shots, "lineage", full_page=True)
 
 
-def check_frontier(page: Any, merge_id: str, plan: dict[str, Any]) -> None:
+def check_frontier(page: Any, merge_id: str, plan: dict[str, Any], shots: Path) -> None:
     page.go_back()
     page.click("text=Frontier of this request")
     page.locator("#frontier-planned").wait_for()
@@ -284,9 +286,10 @@ def check_frontier(page: Any, merge_id: str, plan: dict[str, Any]) -> None:
     assert f"{plan['selected_blocks']} / {plan['candidate_blocks']}" in row40
     assert merge_id in page.inner_text("#frontier-realized")
     assert page.locator("svg.chart rect.realized").count() == 1
+    shoot(page, shots, "frontier", full_page=True)
 
 
-def check_sql(page: Any, api: Api, merge_id: str) -> None:
+def check_sql(page: Any, api: Api, merge_id: str, shots: Path) -> None:
     page.click("nav >> text=SQL")
     query = (f"SELECT model, count(*) AS blocks, sum(nbytes) AS bytes FROM touched_blocks "
              f"WHERE merge_id = '{merge_id}' GROUP BY model ORDER BY model")
@@ -297,6 +300,7 @@ def check_sql(page: Any, api: Api, merge_id: str) -> None:
     shown = page.eval_on_selector_all("#sql-table tbody tr",
                                       "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
     assert shown == [[str(v) for v in r] for r in want]
+    shoot(page, shots, "sql")
     with page.expect_download() as d:
         page.click("text=Download CSV")
     rows = list(csv.reader(io.StringIO(Path(d.value.path()).read_text())))

@@ -20,7 +20,7 @@ function place(name, ancestors, descendants) {
   return {cols, byCol};
 }
 
-const NODE_W = 150, NODE_H = 34, GAP_X = 90, GAP_Y = 22, PAD = 16;
+const NODE_W = 150, NODE_H = 34, GAP_X = 120, GAP_Y = 22, PAD = 16;
 
 function graph(name, edges, ancestors, descendants) {
   const {cols, byCol} = place(name, ancestors, descendants);
@@ -42,7 +42,8 @@ function graph(name, edges, ancestors, descendants) {
     const line = h("svg:path", {d: `M${x1},${y1} C${x1 + GAP_X / 2},${y1} ${x2 - GAP_X / 2},${y2} ${x2},${y2}`,
                                 class: `edge ${e.role}`, "marker-end": "url(#arrow)"});
     line.append(h("svg:title", {}, `${e.parent} → ${e.child}: ${e.role}${e.weight === null ? "" : `, weight ${e.weight}`} (${e.merge_id})`));
-    svg.append(line, h("svg:text", {x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 4, "text-anchor": "middle",
+    // the label sits by its parent, where edges of one child have not converged yet
+    svg.append(line, h("svg:text", {x: x1 + 8, y: y1 - 5, "text-anchor": "start",
                                     class: "edge-label", "data-edge": `${e.parent}>${e.child}`}, label));
   }
   for (const [n, p] of pos) {

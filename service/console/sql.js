@@ -46,7 +46,7 @@ export async function renderSql(main, _arg, query) {
       h("label", {for: "sql-text"}, "One read-only SELECT over the catalog"),
       text,
       h("small", {id: "sql-hint", class: "muted"},
-        "Tables: models, tensors, blocks, block_stats, tensor_stats, merges, merge_experts, touched_blocks, " +
+        "Tables include models, files, tensors, blocks, block_stats, tensor_stats, merges, merge_experts, touched_blocks, " +
         "output_tensors, lineage. Ctrl+Enter runs. The server limits rows, time and result size."),
       h("div", {class: "toolbar"}, h("button", {type: "submit"}, "Run"), h("label", {for: "sql-examples", class: "visually-hidden"}, "Example queries"), examples)),
     out);
