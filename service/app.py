@@ -13,7 +13,16 @@ from mergepipe.core.settings import Settings
 from mergepipe.jobs.runner import JobRunner
 from mergepipe.service import errors
 from mergepipe.service.limits import BodyLimit
-from mergepipe.service.routes import health, lineage, merges, models, plans, sql
+from mergepipe.service.routes import (
+    console,
+    health,
+    lineage,
+    merges,
+    models,
+    operators,
+    plans,
+    sql,
+)
 from mergepipe.service.state import AppState
 
 log = logging.getLogger("mergepipe.service")
@@ -23,7 +32,8 @@ DESCRIPTION = """Budgeted, catalog-planned merging of LLM checkpoint families.
 Register checkpoints with `POST /v1/models` (an ingestion job), dry-run a plan with
 `POST /v1/plans`, run a merge with `POST /v1/merges` and follow it with `GET /v1/merges/{id}`.
 Every error is `{"error": {"code", "message", "field"?}}`. When the server has an API token,
-`POST /v1/models` and `POST /v1/merges` need `Authorization: Bearer <token>`."""
+`POST /v1/models` and `POST /v1/merges` need `Authorization: Bearer <token>`. A web console
+over this API is served at `/`."""
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -50,6 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     for r in (health.router, models.router, plans.router, merges.router, lineage.router,
-              sql.router):
+              sql.router, operators.router):
         app.include_router(r)
+    console.install(app)
     return app

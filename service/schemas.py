@@ -179,3 +179,66 @@ class Health(_Out):
     workers: int
     queued: int
     running: int
+
+
+class TensorShare(_Out):
+    model: str
+    tensor: str
+    ordinal: int
+    tensor_bytes: int | None
+    blocks: int | None
+    read_bytes: int
+    read_blocks: int
+    share: float | None
+
+
+class TensorShares(_Out):
+    merge_id: str
+    base: str
+    experts: list[str]
+    tensors: list[TensorShare]
+
+
+class IdenticalTensors(_Out):
+    merge_id: str
+    reference: str
+    tensors: int
+    identical: int
+
+
+class ModelStats(_Out):
+    name: str
+    n_blocks: int
+    delta_l2: float | None
+    delta_l1: float | None
+    delta_max_abs: float | None
+    delta_nnz: int | None
+    numel: int | None
+    lineage_depth: int
+
+
+class ModelStatsList(_Out):
+    models: list[ModelStats]
+
+
+class OperatorParam(_Out):
+    name: str
+    type: Literal["bool", "float", "str"]
+    default: bool | float | str
+    choices: list[str]
+    help: str
+
+
+class OperatorOut(_Out):
+    name: str
+    aliases: list[str]
+    title: str
+    formula: str
+    additive: bool
+    density: bool
+    normalize_default: bool
+    params: list[OperatorParam]
+
+
+class OperatorList(_Out):
+    operators: list[OperatorOut]

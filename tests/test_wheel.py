@@ -161,6 +161,8 @@ def test_wheel_installs_only_mergepipe(installed: Installed) -> None:
     assert sorted(p.name for p in (pkg / "migrations").glob("[0-9]*.sql")) == \
         sorted(p.name for p in (REPO / "migrations").glob("[0-9]*.sql"))
     assert list((pkg / "catalog" / "sql").glob("*.sql"))
+    console = sorted(p.name for p in (REPO / "service" / "console").iterdir())
+    assert sorted(p.name for p in (pkg / "service" / "console").iterdir()) == console
 
 
 def test_wheel_runs_without_the_checkout(installed: Installed, outside: Path) -> None:
@@ -205,6 +207,9 @@ def test_wheel_runs_without_the_checkout(installed: Installed, outside: Path) ->
                  {"MERGEPIPE_CATALOG": str(outside / "catalog.duckdb")}, port) as url:
         code, body = http("POST", f"{url}/v1/sql", {"sql": "SELECT count(*) FROM models"})
         assert code == 200 and body["rows"] == [[4]], body
+        for page in ("/", "/console/app.js"):  # the console, from the package data
+            with urllib.request.urlopen(url + page, timeout=30) as r:
+                assert r.status == 200 and r.read(), page
 
 
 @contextmanager

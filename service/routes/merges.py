@@ -10,14 +10,22 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from mergepipe.catalog import records
+from mergepipe.catalog import records, summaries
 from mergepipe.catalog.paths import output_dir
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.executor.manifest import MANIFEST_FILE
 from mergepipe.jobs.merge import submit_merge
 from mergepipe.service.auth import require_token
 from mergepipe.service.requests import body_request
-from mergepipe.service.schemas import MergeAccepted, MergeIn, MergeList, MergeOut, TouchedPage
+from mergepipe.service.schemas import (
+    IdenticalTensors,
+    MergeAccepted,
+    MergeIn,
+    MergeList,
+    MergeOut,
+    TensorShares,
+    TouchedPage,
+)
 from mergepipe.service.state import State
 from mergepipe.service.views import merge_out
 
@@ -101,3 +109,29 @@ def touched_blocks(merge_id: str, st: State,
             "limit": limit, "offset": offset,
             "next_cursor": _cursor(rows[-1].rank) if more and rows else None,
             "blocks": [b._asdict() for b in rows]}
+
+
+@router.get("/merges/{merge_id}/tensor-shares", response_model=TensorShares,
+            summary="Per base tensor and expert: its bytes and blocks, and what the merge read")
+def tensor_shares(merge_id: str, st: State) -> dict[str, Any]:
+    row = records.get_merge(st.cat, merge_id)
+    return {"merge_id": merge_id, "base": row.base,
+            "experts": [e.model for e in records.merge_experts(st.cat, merge_id)],
+            "tensors": [c.to_dict() for c in summaries.merge_tensor_shares(st.cat, merge_id)]}
+
+
+@router.get("/merges/{merge_id}/identical-tensors", response_model=IdenticalTensors,
+            summary="How many output tensors are bit-identical to a reference merge's output")
+def identical_tensors(merge_id: str, st: State,
+                      reference: Annotated[str, Query(min_length=1, max_length=64)]
+                      ) -> dict[str, Any]:
+    for mid, field in ((merge_id, "merge_id"), (reference, "reference")):
+        row = records.find_merge(st.cat, mid)
+        if row is None:
+            raise NotFound(f"merge {mid!r} not found", field=field)
+        if row.status != "succeeded":
+            raise Conflict(f"merge {mid} is {row.status}; outputs are compared once it "
+                           "succeeded", field=field)
+    tensors, identical = summaries.identical_tensors(st.cat, merge_id, reference)
+    return {"merge_id": merge_id, "reference": reference, "tensors": tensors,
+            "identical": identical}

@@ -1,4 +1,4 @@
-"""POST /v1/models (an ingestion job), GET /v1/models, /v1/models/{name}, /v1/ingestions/{id}."""
+"""POST /v1/models (an ingestion job); GET models, one model, model statistics, ingestion jobs."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Response
 
-from mergepipe.catalog import queue
+from mergepipe.catalog import queue, summaries
 from mergepipe.catalog.models import find_model, list_models
 from mergepipe.catalog.paths import check_name, confine_input
 from mergepipe.catalog.queue import Job, NewIngestJob, enqueue
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
+from mergepipe.core.jsonable import jsonable
 from mergepipe.service.auth import require_token
-from mergepipe.service.schemas import IngestJobOut, ModelIn, ModelList, ModelOut
+from mergepipe.service.schemas import IngestJobOut, ModelIn, ModelList, ModelOut, ModelStatsList
 from mergepipe.service.state import AppState, State
 from mergepipe.service.views import job_out, model_out
 
@@ -76,6 +77,12 @@ def get_one(name: str, st: State) -> dict[str, Any]:
     if row is not None and job is not None and job.status != "succeeded":
         job = job if job.status in ("queued", "running") else None
     return model_out(row, job, st.runner)
+
+
+@router.get("/model-stats", response_model=ModelStatsList,
+            summary="Per registered model: blocks, delta statistics, lineage depth")
+def model_stats(st: State) -> dict[str, Any]:
+    return {"models": jsonable(summaries.model_summaries(st.cat))}
 
 
 @router.get("/ingestions/{job_id}", response_model=IngestJobOut, summary="One ingestion job")

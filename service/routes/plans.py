@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
+from mergepipe.catalog.summaries import plan_tensor_shares
 from mergepipe.core.errors import Conflict
 from mergepipe.core.jsonable import jsonable
 from mergepipe.jobs.planning import plan_merge
@@ -18,7 +19,11 @@ router = APIRouter(prefix="/v1", tags=["plans"])
 
 
 @router.post("/plans", summary="Dry run: the plan summary (bytes, bound, hash) of a merge")
-def plan(body: PlanIn, st: State, request: Request) -> dict[str, Any]:
+def plan(body: PlanIn, st: State, request: Request,
+         tensors: Annotated[bool, Query(description=(
+             "also return `tensors`: per base tensor and expert, the expert's bytes and "
+             "blocks and how many of them the plan reads (the console's heatmap)"))] = False,
+         ) -> dict[str, Any]:
     if body.config_yaml is not None:
         require_token(request)  # a config names paths on the server's disk (docs/api.md)
     req = body_request(st, body)
@@ -27,4 +32,10 @@ def plan(body: PlanIn, st: State, request: Request) -> dict[str, Any]:
         raise Conflict(f"{j.field}: {j.path} is not registered yet; register it with POST "
                        "/v1/models, or POST the merge to /v1/merges, which queues its "
                        "ingestion first", field=j.field)
-    return dict(jsonable(plan_merge(st.cat, req.request).summary()))
+    p = plan_merge(st.cat, req.request)
+    out = dict(jsonable(p.summary()))
+    if tensors:
+        experts = [e.model for e in req.request.experts]
+        out["tensors"] = [c.to_dict() for c in plan_tensor_shares(
+            st.cat, req.request.base, experts, p.blocks)]
+    return out
