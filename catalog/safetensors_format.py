@@ -64,7 +64,7 @@ def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
     (through `reader`, whose counters then include them; default: a reader of its own)."""
     path = absolute(path)
     own = reader is None
-    reader = reader if reader is not None else open_reader()
+    reader = reader if reader is not None else open_reader(random_access=True)
     try:
         size = reader.size(path)
         if size < 8:

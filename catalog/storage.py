@@ -40,7 +40,8 @@ class RangeReader(Protocol):
 def open_reader(*, random_access: bool = False) -> SourceReader:
     """A reader for checkpoint files. `random_access`: the caller reads scattered ranges in large
     reads of its own (a budgeted access set), so read-ahead would fetch bytes nobody asked for."""
-    return SourceReader(LocalFileReader(random_access=random_access), RemoteReader())
+    return SourceReader(LocalFileReader(random_access=random_access),
+                        RemoteReader(read_ahead=not random_access))
 
 
 class SourceReader:

@@ -28,3 +28,12 @@ def family(tmp_path: Path) -> dict[str, Path]:
             base, root / f"e{i}", seed=100 + i,
             zero_tensors=("model.norm.weight",) if i == 0 else ())
     return out
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on loopback, started once for the session (its endpoint URL)."""
+    from tests.remote_servers import moto_server
+
+    with moto_server() as endpoint:
+        yield endpoint
