@@ -57,9 +57,10 @@ class HttpStore:
         return Stamp(int(size), mtime_ns, r.headers.get("ETag"))
 
     def kind(self, path: str) -> str | None:
-        """A .safetensors URL is a file (if it exists); any other URL is taken as a directory
-        (what it holds is probed by `entries`)."""
-        if not parse_url(path).name.endswith(".safetensors"):
+        """A URL named *.safetensors or like a checkpoint's file (PROBED_NAMES) is a file, if it
+        exists; any other URL is taken as a directory (what it holds is probed by `entries`)."""
+        name = parse_url(path).name
+        if not name.endswith(".safetensors") and name not in PROBED_NAMES:
             return DIR
         try:
             self.stat(path)

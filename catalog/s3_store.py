@@ -202,18 +202,19 @@ def _raise_for(path: str, e: Any, kw: dict[str, Any]) -> NoReturn:
     err = e.response.get("Error", {})
     code = str(err.get("Code", ""))
     status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    label = f"HTTP {status}" + (f" {code}" if code and code != str(status) else "")
     if code in TRANSIENT_CODES or status == 429 or status >= 500:
-        raise Transient(f"HTTP {status} {code}")
+        raise Transient(label)
     if code in MISSING_CODES or status == 404:
         what = "bucket" if code == "NoSuchBucket" else "object"
-        raise FileNotFoundError(errno.ENOENT, f"no such {what} (HTTP 404 {code})", path)
+        raise FileNotFoundError(errno.ENOENT, f"no such {what} ({label})", path)
     if code in DENIED_CODES or status == 403:
-        raise PermissionError(errno.EACCES, f"access denied (HTTP 403 {code}): the credentials "
+        raise PermissionError(errno.EACCES, f"access denied ({label}): the credentials "
                               "in the environment may not read it", path)
     if code == "PreconditionFailed" or status == 412:
         raise SourceChanged(f"{path} changed while it was being read (it no longer has ETag "
                             f"{kw.get('IfMatch')}); re-ingest it")
     if code == "InvalidRange" or status == 416:
         raise InvalidCheckpoint(f"{path}: truncated: the object ends before {kw.get('Range')}")
-    raise InvalidCheckpoint(f"{path}: S3 error HTTP {status} {code}: {err.get('Message', '')}")
+    raise InvalidCheckpoint(f"{path}: S3 error {label}: {err.get('Message', '')}")
 

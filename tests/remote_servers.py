@@ -147,7 +147,8 @@ def _serving(server: ThreadingHTTPServer) -> Iterator[str]:
 class Fault:
     """What to do to the next `times` requests whose path contains `path_part` (by default
     ranged GETs only: block reads): answer `status` (503: a burst), reset the connection after
-    `after` body bytes ("reset"), or close it cleanly after `after` bytes ("truncate")."""
+    `after` body bytes ("reset"), or close it cleanly after `after` bytes ("truncate"); a body
+    is always cut before its end."""
 
     kind: str  # status | reset | truncate
     times: int = 1
@@ -228,7 +229,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         fault = self.proxy.take_fault(self.command, self.path, "Range" in self.headers)
         if fault is not None and fault.kind == "status":
             doc = s3_error(fault.status) if self.command != "HEAD" else b""
-            self.proxy.count(self.command, self.path, len(doc))
+            self.proxy.count(self.command, self.path, 0)  # an error document, not data
             self.send_response(fault.status)
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(doc)))
@@ -246,7 +247,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             out_headers = [(k, v) for k, v in r.getheaders() if k.lower() not in dropped]
         finally:
             conn.close()
-        send = data if fault is None else data[:fault.after]
+        send = data if fault is None else data[:min(fault.after, len(data) - 1)]  # cut short
         self.proxy.count(self.command, self.path, len(send) if self.command != "HEAD" else 0)
         self.send_response(r.status)
         for k, v in out_headers:
