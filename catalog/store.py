@@ -32,3 +32,10 @@ def remote_store(path: str) -> RemoteStore:
         if store is None:
             store = _remote[key] = S3Store(cfg) if s3 else HttpStore(cfg)
         return store
+
+
+def s3_store(path: str) -> S3Store:
+    """The S3 store of an s3:// URL (for what only S3 does: multipart uploads, deletes)."""
+    store = remote_store(path)
+    assert isinstance(store, S3Store), path
+    return store

@@ -43,7 +43,7 @@ def io_figures(prep: Prepared, result: ExecutionResult) -> dict[str, Any]:
 
 
 def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionResult,
-                   output_name: str | None, output_path: Path, plan_seconds: float | None,
+                   output_name: str | None, output_path: Path | str, plan_seconds: float | None,
                    wall_seconds: float | None = None) -> dict[str, Any]:
     """The manifest.json document: request, plan, access set, realized I/O, outputs, lineage."""
     plan = prep.plan

@@ -179,6 +179,7 @@ class CountingProxy:
         self.upstream = upstream.removeprefix("http://")
         self.counts = Counts()
         self.faults: list[Fault] = []
+        self.log: list[tuple[str, str]] = []  # (method, path with query) in arrival order
         self.lock = threading.Lock()
 
     def inject(self, fault: Fault) -> None:
@@ -201,6 +202,7 @@ class CountingProxy:
     def count(self, method: str, path: str, nbytes: int) -> None:
         key = (method, path.split("?", 1)[0])
         with self.lock:
+            self.log.append((method, path))
             self.counts.body_bytes[key] = self.counts.body_bytes.get(key, 0) + nbytes
             self.counts.requests[key] = self.counts.requests.get(key, 0) + 1
 
