@@ -56,6 +56,19 @@ def test_budgeted_merge_from_s3_fetches_its_budget_and_matches_local(s3_server, 
             (tmp_path / "from-disk" / "config.json").read_text()
 
 
+CONFIG = """\
+merge_method: task_arithmetic
+base_model: {base}
+models:
+  - model: {e0}
+    parameters: {{weight: 0.5}}
+  - model: {e1}
+    parameters: {{weight: 1.0}}
+  - model: {e2}
+    parameters: {{weight: 0.3}}
+"""
+
+
 def test_ingest_through_the_api_is_confined_to_the_remote_roots(s3_server, tmp_path,
                                                                monkeypatch) -> None:
     with s3_family(s3_server, tmp_path, monkeypatch) as fam:
@@ -83,6 +96,20 @@ def test_ingest_through_the_api_is_confined_to_the_remote_roots(s3_server, tmp_p
             job = wait(c, "/v1/models/e9")
             assert job["status"] == "failed", job
             assert f"{fam.url('nothing-here')}: no such file or directory" in str(job), job
+
+            # a mergekit config naming the checkpoints by URL: registered ones match by URL,
+            # the others are queued for ingestion with the merge
+            config = CONFIG.format(**{n: fam.url(n) for n in ("base", *EXPERTS)})
+            r = c.post("/v1/merges", json={"config_yaml": config, "output": {"name": "ta"}})
+            assert r.status_code == 202, r.text
+            done = wait(c, f"/v1/merges/{r.json()['id']}")
+            assert done["status"] == "succeeded", done
+            manifest = c.get(f"/v1/merges/{r.json()['id']}/manifest").json()
+            assert [i["path"] for i in manifest["inputs"]] == \
+                [fam.url(n) for n in ("base", *EXPERTS)]
+            outside = config.replace(fam.url("e2"), f"s3://{fam.bucket}/elsewhere/e2")
+            r = c.post("/v1/merges", json={"config_yaml": outside, "output": {"name": "tb"}})
+            assert_error(r, 403, "forbidden")
 
 
 def test_cli_ingest_errors_name_the_object(s3_server, tmp_path, monkeypatch, capsys) -> None:
