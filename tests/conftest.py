@@ -8,6 +8,7 @@ import pytest
 
 from mergepipe.catalog.db import Catalog
 from tests import factory
+from tests.remote_servers import moto_server
 
 
 @pytest.fixture
@@ -33,7 +34,5 @@ def family(tmp_path: Path) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def s3_server():
     """moto's S3 server on loopback, started once for the session (its endpoint URL)."""
-    from tests.remote_servers import moto_server
-
     with moto_server() as endpoint:
         yield endpoint
