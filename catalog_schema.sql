@@ -27,10 +27,12 @@ CREATE TABLE models (
 CREATE TABLE files (
     model       VARCHAR NOT NULL,
     file_index  INTEGER NOT NULL,              -- order of the file in the checkpoint
-    path        VARCHAR NOT NULL,              -- absolute path
+    path        VARCHAR NOT NULL,              -- absolute path, or s3:// / https:// URL
     size        BIGINT NOT NULL,
-    mtime_ns    BIGINT NOT NULL,
+    mtime_ns    BIGINT NOT NULL,               -- remote objects: Last-Modified
     header_len  BIGINT NOT NULL,               -- 8 + JSON header bytes
+    etag        VARCHAR,                       -- remote objects: ETag at ingestion (else NULL)
+    version_id  VARCHAR,                       -- remote objects: version id, if versioned
     PRIMARY KEY (model, file_index)
 );
 

@@ -1,109 +1,139 @@
-"""Locate the safetensors files of a checkpoint (single file, sharded HF directory, LoRA adapter)."""
+"""Locate the safetensors files of a checkpoint (single file, sharded HF directory, LoRA adapter),
+on the local disk or in remote storage (through the store of its scheme)."""
 
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from mergepipe.catalog.locations import absolute, basename, is_url, join, parent, parse_url
 from mergepipe.catalog.safetensors_format import SafetensorsHeader, TensorEntry, read_header
+from mergepipe.catalog.store import store_for
+from mergepipe.catalog.store_types import FILE, Store
 from mergepipe.core.errors import InvalidCheckpoint
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MAX_JSON_BYTES = 64 << 20  # an index or adapter config larger than this is refused
 
 
 @dataclass
 class Checkpoint:
     """The tensors of a checkpoint in checkpoint order (file order, then offset)."""
 
-    path: str  # absolute directory or file as given
+    path: str  # absolute directory or file (or its URL) as given
     files: list[SafetensorsHeader]
     tensors: list[TensorEntry]
     extra_files: list[str] = field(default_factory=list)  # non-weight files (config, tokenizer)
     adapter_config: dict[str, object] | None = None  # PEFT LoRA adapters only
+    is_dir: bool = True  # a directory (else a single .safetensors file)
+    has_index: bool = False  # a sharded directory with model.safetensors.index.json
 
     def by_name(self) -> dict[str, TensorEntry]:
         return {t.name: t for t in self.tensors}
 
     @property
     def directory(self) -> str:
-        return self.path if os.path.isdir(self.path) else os.path.dirname(self.path)
+        return self.path if self.is_dir else parent(self.path)
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Read the headers of every file of the checkpoint at `path`; no tensor data is read."""
-    p = Path(path).absolute()
-    if not p.exists():
+    """Read the headers of every file of the checkpoint at `path` (a local path, or an s3:// or
+    http(s):// URL); no tensor data is read."""
+    p = absolute(path)
+    store = store_for(p)
+    kind = _kind(store, p)
+    if kind is None:
         raise InvalidCheckpoint(f"{p}: no such file or directory", field="path")
-    if p.is_file():
-        return _from_files(str(p), [p], [])
-    if (p / ADAPTER_CONFIG).exists():
-        return _adapter(p)
-    if (p / INDEX_FILE).exists():
-        shards = _shards_from_index(p)
-    elif (p / SINGLE_FILE).exists():
-        shards = [p / SINGLE_FILE]
+    if kind == FILE:
+        return _from_files(p, [p], [], is_dir=False)
+    names = _entries(store, p)
+    if ADAPTER_CONFIG in names:
+        return _adapter(store, p)
+    if INDEX_FILE in names:
+        shards = _shards_from_index(store, p)
+    elif SINGLE_FILE in names:
+        shards = [join(p, SINGLE_FILE)]
     else:
-        shards = sorted(p.glob("*.safetensors"))
+        shards = sorted(join(p, n) for n in names if n.endswith(".safetensors"))
         if not shards:
+            unlisted = (" (an HTTP directory cannot be listed: MergePipe looks for the names a "
+                        "hub uses)" if is_url(p) and parse_url(p).scheme != "s3" else "")
             raise InvalidCheckpoint(f"{p}: no safetensors files (expected {SINGLE_FILE} or "
-                                    f"{INDEX_FILE})", field="path")
-    weights = {s.name for s in shards} | {INDEX_FILE}
-    extra = sorted(str(f) for f in p.iterdir()
-                   if f.is_file() and f.name not in weights and not f.name.endswith(".safetensors"))
-    ckpt = _from_files(str(p), shards, extra)
-    if (p / INDEX_FILE).exists():
-        _check_index(p, ckpt)
+                                    f"{INDEX_FILE}){unlisted}", field="path")
+    weights = {basename(s) for s in shards} | {INDEX_FILE}
+    extra = sorted(join(p, n) for n, k in names.items()
+                   if k == FILE and n not in weights and not n.endswith(".safetensors"))
+    ckpt = _from_files(p, shards, extra, has_index=INDEX_FILE in names)
+    if INDEX_FILE in names:
+        _check_index(store, p, ckpt)
     return ckpt
 
 
-def _shards_from_index(p: Path) -> list[Path]:
-    index = _load_json(p / INDEX_FILE)
+def _kind(store: Store, p: str) -> str | None:
+    try:
+        return store.kind(p)
+    except OSError as e:
+        raise InvalidCheckpoint(f"{p}: cannot open ({e.strerror})", field="path") from None
+
+
+def _entries(store: Store, p: str) -> dict[str, str]:
+    try:
+        return store.entries(p)
+    except OSError as e:
+        raise InvalidCheckpoint(f"{p}: cannot list ({e.strerror})", field="path") from None
+
+
+def _shards_from_index(store: Store, p: str) -> list[str]:
+    index_path = join(p, INDEX_FILE)
+    index = _load_json(store, index_path)
     wm = index.get("weight_map")
     if not isinstance(wm, dict) or not wm:
-        raise InvalidCheckpoint(f"{p / INDEX_FILE}: missing or empty weight_map")
+        raise InvalidCheckpoint(f"{index_path}: missing or empty weight_map")
     names = sorted(set(map(str, wm.values())))
     shards = []
     for n in names:
-        s = (p / n)
-        if os.path.isabs(n) or ".." in Path(n).parts or s.parent != p:
-            raise InvalidCheckpoint(f"{p / INDEX_FILE}: shard {n!r} is outside the checkpoint")
-        if not s.is_file():
-            raise InvalidCheckpoint(f"{p / INDEX_FILE}: points at missing shard {n!r}")
+        if not n or os.path.isabs(n) or "/" in n or n in (".", "..") or "\x00" in n:
+            raise InvalidCheckpoint(f"{index_path}: shard {n!r} is outside the checkpoint")
+        s = join(p, n)
+        if _kind(store, s) != FILE:
+            raise InvalidCheckpoint(f"{index_path}: points at missing shard {n!r}")
         shards.append(s)
     return shards
 
 
-def _check_index(p: Path, ckpt: Checkpoint) -> None:
-    wm = _load_json(p / INDEX_FILE)["weight_map"]
+def _check_index(store: Store, p: str, ckpt: Checkpoint) -> None:
+    index_path = join(p, INDEX_FILE)
+    wm = _load_json(store, index_path)["weight_map"]
     assert isinstance(wm, dict)  # checked by _shards_from_index
-    actual = {t.name: os.path.basename(t.file) for t in ckpt.tensors}
+    actual = {t.name: basename(t.file) for t in ckpt.tensors}
     for name, shard in wm.items():
         if actual.get(name) != shard:
             raise InvalidCheckpoint(
-                f"{p / INDEX_FILE}: tensor {name!r} mapped to {shard!r} but "
+                f"{index_path}: tensor {name!r} mapped to {shard!r} but "
                 f"{'found in ' + repr(actual[name]) if name in actual else 'not found in any shard'}")
     extra = sorted(actual.keys() - wm.keys())
     if extra:
-        raise InvalidCheckpoint(f"{p / INDEX_FILE}: tensor {extra[0]!r} (in "
+        raise InvalidCheckpoint(f"{index_path}: tensor {extra[0]!r} (in "
                                 f"{actual[extra[0]]!r}) is not in the weight_map")
 
 
-def _adapter(p: Path) -> Checkpoint:
-    cfg = _load_json(p / ADAPTER_CONFIG)
-    weights = p / ADAPTER_WEIGHTS
-    if not weights.is_file():
+def _adapter(store: Store, p: str) -> Checkpoint:
+    cfg_path = join(p, ADAPTER_CONFIG)
+    cfg = _load_json(store, cfg_path)
+    weights = join(p, ADAPTER_WEIGHTS)
+    if _kind(store, weights) != FILE:
         raise InvalidCheckpoint(f"{p}: {ADAPTER_CONFIG} without {ADAPTER_WEIGHTS}")
-    ckpt = _from_files(str(p), [weights], [str(p / ADAPTER_CONFIG)])
+    ckpt = _from_files(p, [weights], [cfg_path])
     ckpt.adapter_config = cfg
     return ckpt
 
 
-def _from_files(path: str, files: list[Path], extra: list[str]) -> Checkpoint:
+def _from_files(path: str, files: list[str], extra: list[str], *, is_dir: bool = True,
+                has_index: bool = False) -> Checkpoint:
     headers = [read_header(f) for f in files]
     tensors: list[TensorEntry] = []
     seen: dict[str, str] = {}
@@ -113,15 +143,22 @@ def _from_files(path: str, files: list[Path], extra: list[str]) -> Checkpoint:
                 raise InvalidCheckpoint(f"tensor {t.name!r} appears in both {seen[t.name]} and {h.path}")
             seen[t.name] = h.path
             tensors.append(t)
-    return Checkpoint(path, headers, tensors, extra)
+    return Checkpoint(path, headers, tensors, extra, is_dir=is_dir, has_index=has_index)
 
 
-def _load_json(p: Path) -> dict[str, object]:
-    if not p.is_file():  # a FIFO or a device would block or never end
+def load_json(path: str) -> dict[str, object]:
+    """A small JSON object file (an index, an adapter or model config), local or remote."""
+    return _load_json(store_for(path), path)
+
+
+def _load_json(store: Store, p: str) -> dict[str, object]:
+    if _kind(store, p) != FILE:  # a FIFO or a device would block or never end
         raise InvalidCheckpoint(f"{p}: not a regular file")
     try:
-        data = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = json.loads(store.read_bytes(p, MAX_JSON_BYTES).decode())
+    except OSError as e:
+        raise InvalidCheckpoint(f"{p}: not readable JSON ({e.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidCheckpoint(f"{p}: not readable JSON ({e})") from None
     except RecursionError:
         raise InvalidCheckpoint(f"{p}: JSON nested too deeply") from None

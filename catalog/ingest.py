@@ -8,7 +8,6 @@ caller's transaction. `ingest_model` does both, so that on any error nothing is 
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
 from collections.abc import Mapping
@@ -35,6 +34,8 @@ from mergepipe.catalog.models import (
 from mergepipe.catalog.safetensors_format import TensorEntry
 from mergepipe.catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_tensors
 from mergepipe.catalog.storage import open_reader
+from mergepipe.catalog.store import store_for
+from mergepipe.catalog.store_types import Stamp
 from mergepipe.core.errors import (
     Conflict,
     InvalidCheckpoint,
@@ -66,7 +67,7 @@ class ScannedModel:
     block_stats: dict[str, list[Any]] | None
     tensor_stats: dict[str, list[Any]] | None
     bytes_read: int = 0
-    file_stats: list[tuple[str, int, int]] = field(default_factory=list)  # path, size, mtime_ns
+    file_stamps: list[Stamp] = field(default_factory=list)  # of each file, as read
 
     @property
     def name(self) -> str:
@@ -122,6 +123,8 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
         if with_stats and kind == "full":
             layout.check_unchanged()
     with open_reader() as reader:
+        for h, stamp in zip(ckpt.files, stamps, strict=True):
+            reader.pin(h.path, stamp)  # a remote object is read at this version only
         results = scan_tensors(plans, reader, progress=progress, resume=first_passes)
         bytes_read = reader.bytes_read
     if _file_stamps(ckpt) != stamps:
@@ -139,8 +142,9 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     has_stats = model.has_stats
     return ScannedModel(
         model=model,
-        files=_columns([{"file_index": i, "path": h.path, "size": stamps[i][1],
-                         "mtime_ns": stamps[i][2], "header_len": h.header_len}
+        files=_columns([{"file_index": i, "path": h.path, "size": stamps[i].size,
+                         "mtime_ns": stamps[i].mtime_ns, "header_len": h.header_len,
+                         "etag": stamps[i].etag, "version_id": stamps[i].version_id}
                         for i, h in enumerate(ckpt.files)]),
         tensors=_columns([_tensor_row(p, results[k], files, scales[k], ordinals[k])
                           for k, p in enumerate(plans)]),
@@ -150,7 +154,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
                               for i in range(len(r.hashes))]) if has_stats else None,
         tensor_stats=_columns([_tensor_stats_row(r) for r in results]) if has_stats else None,
         bytes_read=bytes_read,
-        file_stats=stamps,
+        file_stamps=stamps,
     )
 
 
@@ -208,14 +212,13 @@ def _open(path: str | Path, kind: str) -> Checkpoint:
     return ckpt
 
 
-def _file_stamps(ckpt: Checkpoint) -> list[tuple[str, int, int]]:
+def _file_stamps(ckpt: Checkpoint) -> list[Stamp]:
     out = []
     for h in ckpt.files:
         try:
-            st = os.stat(h.path)
+            out.append(store_for(h.path).stat(h.path))
         except OSError as e:
             raise InvalidCheckpoint(f"{h.path}: cannot stat ({e.strerror})") from None
-        out.append((h.path, st.st_size, st.st_mtime_ns))
     return out
 
 
@@ -260,11 +263,11 @@ class _BaseLayout:
         """SourceChanged if a base file was modified since the base was ingested."""
         for f in self.files:
             try:
-                st = os.stat(f.path)
+                st = store_for(f.path).stat(f.path)
             except OSError as e:
                 raise SourceChanged(f"base model {self.name!r}: file {f.path} is not "
                                     f"readable ({e.strerror}); re-ingest the base") from None
-            if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
+            if st.change_from(f.stamp) is not None:
                 raise SourceChanged(f"base model {self.name!r}: file {f.path} changed after "
                                     "it was ingested; re-ingest the base first")
 

@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.store_types import Stamp
 from mergepipe.core.errors import NotFound
 
 KINDS = ("full", "delta", "lora")  # how a model stores its weights
@@ -42,13 +43,19 @@ class ModelRow:
 
 @dataclass(frozen=True)
 class FileRow:
-    """One registered file: where it is and how it looked at ingestion."""
+    """One registered file: where it is (a path or a URL) and how it looked at ingestion."""
 
     index: int
     path: str
     size: int
     mtime_ns: int
     header_len: int = 0
+    etag: str | None = None        # remote objects only
+    version_id: str | None = None  # remote objects in a versioned bucket
+
+    @property
+    def stamp(self) -> Stamp:
+        return Stamp(self.size, self.mtime_ns, self.etag, self.version_id)
 
 
 @dataclass(frozen=True)
@@ -121,7 +128,8 @@ def list_models(cat: Connectable) -> list[ModelRow]:
 def model_files(cat: Connectable, name: str) -> list[FileRow]:
     """The files of a model in checkpoint order."""
     return [FileRow(int(r.file_index), str(r.path), int(r.size), int(r.mtime_ns),
-                    int(r.header_len)) for r in _query(cat, "model_files", {"model": name})]
+                    int(r.header_len), r.etag, r.version_id)
+            for r in _query(cat, "model_files", {"model": name})]
 
 
 def model_tensors(cat: Connectable, name: str) -> list[TensorRow]:

@@ -7,6 +7,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from mergepipe.catalog.locations import is_url
+from mergepipe.catalog.remote_paths import confine_url
 from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
 
 # Model and output names become directory names under the output root: one path segment.
@@ -53,6 +55,15 @@ def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> 
         raise InvalidRequest(f"{field} {_short(raw)} is not a usable path ({e.strerror})",
                              field=field) from None
     return real
+
+
+def confine_source(raw: str, data_roots: Sequence[Path], remote_roots: Sequence[str],
+                   field: str = "path") -> str:
+    """A checkpoint location the service may read: a URL under a remote root, or the real
+    path of a local path inside a data root."""
+    if is_url(raw):
+        return confine_url(raw, remote_roots, field)
+    return str(confine_input(raw, data_roots, field))
 
 
 def _short(raw: str) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mergepipe.catalog.locations import absolute
 from mergepipe.catalog.storage import RangeReader, open_reader
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
@@ -61,9 +62,9 @@ def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
                 ) -> SafetensorsHeader:
     """Parse and validate the header of one safetensors file, reading only the header bytes
     (through `reader`, whose counters then include them; default: a reader of its own)."""
-    path = os.path.abspath(path)
+    path = absolute(path)
     own = reader is None
-    reader = reader if reader is not None else open_reader()
+    reader = reader if reader is not None else open_reader(random_access=True)
     try:
         size = reader.size(path)
         if size < 8:

@@ -1,4 +1,4 @@
-"""The one reader interface to checkpoint storage: byte ranges by pread, every byte counted."""
+"""The one reader interface to checkpoint storage: byte ranges (local pread, remote ranged GETs), every byte counted."""
 
 from __future__ import annotations
 
@@ -8,15 +8,21 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
+from mergepipe.catalog.locations import is_url
+from mergepipe.catalog.remote_reader import RemoteReader
+from mergepipe.catalog.store_types import FetchStats, Stamp
 from mergepipe.core.errors import InvalidCheckpoint
 
 
 class RangeReader(Protocol):
     """What ingestion and the executor read checkpoints through: byte ranges of files, every
-    byte counted (in total and per file). Local disk today; object storage plugs in here."""
+    byte counted (in total and per file): local files and remote objects (s3://, https://)."""
 
-    bytes_read: int
-    bytes_by_path: dict[str, int]
+    @property
+    def bytes_read(self) -> int: ...
+
+    @property
+    def bytes_by_path(self) -> dict[str, int]: ...
 
     def size(self, path: str) -> int: ...
 
@@ -31,10 +37,70 @@ class RangeReader(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
-def open_reader(*, random_access: bool = False) -> RangeReader:
+def open_reader(*, random_access: bool = False) -> SourceReader:
     """A reader for checkpoint files. `random_access`: the caller reads scattered ranges in large
     reads of its own (a budgeted access set), so read-ahead would fetch bytes nobody asked for."""
-    return LocalFileReader(random_access=random_access)
+    return SourceReader(LocalFileReader(random_access=random_access),
+                        RemoteReader(read_ahead=not random_access))
+
+
+class SourceReader:
+    """Dispatch by scheme: local paths to a LocalFileReader, URLs to a RemoteReader; the
+    counters cover both (for local files a request is one read call, never retried)."""
+
+    def __init__(self, local: LocalFileReader, remote: RemoteReader) -> None:
+        self.local, self.remote = local, remote
+        self._local_reads: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _for(self, path: str) -> LocalFileReader | RemoteReader:
+        return self.remote if is_url(path) else self.local
+
+    @property
+    def bytes_read(self) -> int:
+        return self.local.bytes_read + self.remote.bytes_read
+
+    @property
+    def bytes_by_path(self) -> dict[str, int]:
+        return {**self.local.bytes_by_path, **self.remote.bytes_by_path}
+
+    def fetch_stats(self) -> dict[str, FetchStats]:
+        """Bytes, requests and retries per file read."""
+        out = self.remote.fetch_stats()
+        for path, n in self.local.bytes_by_path.items():
+            out[path] = st = FetchStats()
+            st.add(nbytes=n, requests=self._local_reads.get(path, 0))
+        return out
+
+    def pin(self, path: str, stamp: Stamp) -> None:
+        """Read a remote object at the version `stamp` names (local files: no-op)."""
+        if is_url(path):
+            self.remote.pin(path, stamp)
+
+    def size(self, path: str) -> int:
+        return self._for(path).size(path)
+
+    def read(self, path: str, offset: int, nbytes: int) -> bytearray:
+        buf = bytearray(nbytes)
+        self.read_into(path, offset, memoryview(buf))
+        return buf
+
+    def read_into(self, path: str, offset: int, out: memoryview) -> None:
+        reader = self._for(path)
+        reader.read_into(path, offset, out)
+        if reader is self.local:
+            with self._lock:
+                self._local_reads[path] = self._local_reads.get(path, 0) + 1
+
+    def close(self) -> None:
+        self.local.close()
+        self.remote.close()
+
+    def __enter__(self) -> SourceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class LocalFileReader:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mergepipe.catalog.models import FileRow
 from mergepipe.catalog.records import LineageEdge, lineage_edges
 from mergepipe.core.jsonable import jsonable
 from mergepipe.executor.stream import ExecutionResult, Prepared
@@ -42,7 +43,7 @@ def io_figures(prep: Prepared, result: ExecutionResult) -> dict[str, Any]:
 
 
 def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionResult,
-                   output_name: str | None, output_path: Path, plan_seconds: float | None,
+                   output_name: str | None, output_path: Path | str, plan_seconds: float | None,
                    wall_seconds: float | None = None) -> dict[str, Any]:
     """The manifest.json document: request, plan, access set, realized I/O, outputs, lineage."""
     plan = prep.plan
@@ -62,13 +63,14 @@ def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionRes
         **io_figures(prep, result),
         "inputs": [{"model": m.name, "role": "base" if m is prep.base else "expert",
                     "kind": m.kind, "path": m.path, "blocks_digest": input_digest(prep, m.name),
-                    "files": [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns}
-                              for f in m.files.values()]}
+                    "files": [_file_entry(f) for f in m.files.values()]}
                    for m in (prep.base, *prep.experts)],
         "experts": [{"position": i, "model": e.model, "weight": e.weight,
                      "density": densities[i], "fallback": e.model in fallback,
                      "planned_bytes": prep.planned_by_model[e.model],
-                     "bytes_read": result.expert_bytes_by_model.get(e.model, 0)}
+                     "bytes_read": result.expert_bytes_by_model.get(e.model, 0),
+                     "requests": result.expert_fetch_by_model.get(e.model, {}).get("requests", 0),
+                     "retries": result.expert_fetch_by_model.get(e.model, {}).get("retries", 0)}
                     for i, e in enumerate(req.experts)],
         "touched_blocks": {"columns": TOUCHED_COLUMNS, "rows": [list(b) for b in plan.blocks]},
         "output": {"name": output_name, "path": str(output_path), "hash": result.output_hash,
@@ -83,6 +85,13 @@ def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionRes
         "blocks_total": result.blocks_total,
         "expert_blocks_read": result.expert_blocks_read,
     }))
+
+
+def _file_entry(f: FileRow) -> dict[str, Any]:
+    """A file as ingested: path, size, mtime_ns, and a remote object's ETag and version id."""
+    out: dict[str, Any] = {"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns}
+    out.update({k: v for k, v in (("etag", f.etag), ("version_id", f.version_id)) if v})
+    return out
 
 
 def write_manifest(out_dir: Path, manifest: Mapping[str, Any]) -> Path:

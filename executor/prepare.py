@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from mergepipe.catalog.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.locations import absolute, basename
 from mergepipe.catalog.models import BlockRow, TensorRow
 from mergepipe.core.errors import BudgetViolation, InvalidCheckpoint, InvalidRequest, SourceChanged
 from mergepipe.executor.sources import ModelSource, load_model
@@ -84,8 +84,8 @@ def prepare(cat: Catalog, plan: Plan) -> Prepared:
         raise BudgetViolation(f"plan {plan.plan_hash[:12]} needs {total} expert bytes, over its "
                               f"budget of {plan.budget_bytes}")
     ckpt = open_checkpoint(base.path)
-    on_disk = {os.path.abspath(h.path) for h in ckpt.files}
-    if on_disk != {os.path.abspath(f.path) for f in base.files.values()}:
+    on_disk = {absolute(h.path) for h in ckpt.files}
+    if on_disk != {absolute(f.path) for f in base.files.values()}:
         raise SourceChanged(f"model {base.name!r}: the files at {base.path} are not the ones "
                             f"ingested; re-ingest {base.name!r}")
     return Prepared(plan, base, experts, ckpt, selected, planned, req.output_dtype)
@@ -98,7 +98,7 @@ def output_layout(prep: Prepared) -> list[tuple[str, list[tuple[str, str, tuple[
         by_file.setdefault(t.file_index, []).append(t)
     out = []
     for index in sorted(by_file):
-        name = os.path.basename(prep.base.file_path(index))
+        name = basename(prep.base.file_path(index))
         tensors = sorted(by_file[index], key=lambda t: t.ordinal)
         out.append((name, [(t.name, prep.out_dtype or t.dtype, t.shape) for t in tensors]))
     return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import xxhash
@@ -18,6 +17,7 @@ from mergepipe.catalog.models import (
     model_files,
     model_tensors,
 )
+from mergepipe.catalog.store import store_for
 from mergepipe.core.errors import InvalidRequest, SourceChanged
 
 
@@ -51,19 +51,20 @@ class ModelSource:
         return out
 
     def check_files(self) -> None:
-        """Raise SourceChanged if a file is gone or its size or mtime differ from ingestion."""
+        """Raise SourceChanged if a file is gone or differs from ingestion: size and mtime of
+        a local file, the version id or ETag (else size and Last-Modified) of a remote one."""
         for f in self.files.values():
             try:
-                st = os.stat(f.path)
+                st = store_for(f.path).stat(f.path)
             except OSError as e:
                 raise SourceChanged(
                     f"model {self.name!r}: file {f.path} is not readable ({e.strerror}); it was "
                     f"moved or deleted after ingestion: restore it or re-ingest {self.name!r}"
                 ) from None
-            if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
+            change = st.change_from(f.stamp)
+            if change is not None:
                 raise SourceChanged(
-                    f"model {self.name!r}: file {f.path} changed after ingestion (size "
-                    f"{f.size} -> {st.st_size}, mtime_ns {f.mtime_ns} -> {st.st_mtime_ns}); "
+                    f"model {self.name!r}: file {f.path} changed after ingestion ({change}); "
                     f"re-ingest {self.name!r} before merging it")
 
     def verify_block(self, block: BlockRow, raw: bytes | bytearray | memoryview) -> None:

@@ -14,9 +14,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mergepipe.catalog.checkpoint import INDEX_FILE
+from mergepipe.catalog.locations import basename
 from mergepipe.catalog.scan import FirstPass
-from mergepipe.catalog.storage import RangeReader, open_reader
+from mergepipe.catalog.storage import RangeReader, SourceReader, open_reader
 from mergepipe.core.errors import BudgetViolation
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.torch_threads import pin_torch_threads
@@ -24,6 +24,7 @@ from mergepipe.executor.blocks import ChunkMerger, MergedBlock
 from mergepipe.executor.prepare import Prepared, output_layout, prepare
 from mergepipe.executor.reads import BudgetCounter, Prefetcher
 from mergepipe.executor.schedule import Step, schedule
+from mergepipe.executor.sources import ModelSource
 from mergepipe.executor.writer import (
     BackgroundWrites,
     CheckpointWriter,
@@ -50,6 +51,7 @@ class ExecutionResult:
     output_hash: str
     expert_bytes_read: int
     expert_bytes_by_model: dict[str, int]
+    expert_fetch_by_model: dict[str, dict[str, int]]  # bytes, requests, retries per expert
     base_bytes_read: int
     blocks_total: int
     expert_blocks_read: int
@@ -75,11 +77,12 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     steps, chunks = schedule(prep, chunk_bytes or CHUNK_BYTES)
     writer = CheckpointWriter(
         Path(out_dir), output_layout(prep),
-        metadata={os.path.basename(h.path): h.metadata for h in prep.checkpoint.files},
-        write_index=os.path.isdir(prep.base.path) and os.path.exists(
-            os.path.join(prep.base.path, INDEX_FILE)))
+        metadata={basename(h.path): h.metadata for h in prep.checkpoint.files},
+        write_index=prep.checkpoint.has_index)
     # Expert reads are scattered (a budgeted access set) and already large: no read-ahead.
     expert_reader, base_reader = open_reader(random_access=True), open_reader()
+    _pin(expert_reader, prep.experts)
+    _pin(base_reader, [prep.base])
     merger = ChunkMerger(prep, first_pass=first_pass)
     n_compute = compute_threads or default_compute_threads()
     _reuse_freed_buffers()
@@ -117,8 +120,10 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
         raise BudgetViolation(f"read {expert_reader.bytes_read} expert bytes, over the budget "
                               f"of {prep.plan.budget_bytes}")
     extra = copy_extra_files(prep.checkpoint.extra_files, Path(out_dir), prep.out_dtype)
+    fetched = _fetch_by_model(prep, expert_reader)
     return ExecutionResult(tensors, output_hash(tensors), expert_reader.bytes_read,
-                           _bytes_by_model(prep, expert_reader), base_reader.bytes_read,
+                           {m: f["bytes"] for m, f in fetched.items()}, fetched,
+                           base_reader.bytes_read,
                            out.done, merger.expert_blocks, time.perf_counter() - t0, extra,
                            out.passes)
 
@@ -156,11 +161,20 @@ class _Output:
                                    self.readers[0].bytes_read, self.readers[1].bytes_read))
 
 
-def _bytes_by_model(prep: Prepared, expert_reader: RangeReader) -> dict[str, int]:
+def _pin(reader: SourceReader, models: Sequence[ModelSource]) -> None:
+    """Remote files are read at the version ingested (their ETag / version id)."""
+    for m in models:
+        for f in m.files.values():
+            reader.pin(f.path, f.stamp)
+
+
+def _fetch_by_model(prep: Prepared, expert_reader: SourceReader) -> dict[str, dict[str, int]]:
+    """Bytes fetched, requests and retries of each expert's reads."""
     by_path = {f.path: e.name for e in prep.experts for f in e.files.values()}
-    by_model = {e.name: 0 for e in prep.experts}
-    for path, n in expert_reader.bytes_by_path.items():
-        by_model[by_path[path]] += n
+    by_model = {e.name: {"bytes": 0, "requests": 0, "retries": 0} for e in prep.experts}
+    for path, st in expert_reader.fetch_stats().items():
+        for k, v in st.to_dict().items():
+            by_model[by_path[path]][k] += v
     return by_model
 
 

@@ -14,8 +14,12 @@ import torch
 import xxhash
 
 from mergepipe.catalog.checkpoint import INDEX_FILE
+from mergepipe.catalog.locations import basename, is_url
 from mergepipe.catalog.safetensors_format import TORCH_DTYPES, encode_header
+from mergepipe.catalog.store import store_for
+from mergepipe.catalog.store_types import FILE
 from mergepipe.core.dtypes import DTYPE_SIZES
+from mergepipe.core.errors import InvalidCheckpoint
 
 
 @dataclass(frozen=True)
@@ -128,13 +132,7 @@ class CheckpointWriter:
 
 def write_json(path: Path, obj: object) -> None:
     """Write JSON and fsync it."""
-    data = (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _pwrite_all(fd, data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_all(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
@@ -148,35 +146,59 @@ def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> N
 STALE_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf")
 CONFIG_FILE = "config.json"
 HF_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+MAX_SIDE_FILE_BYTES = 256 << 20  # a config or tokenizer file larger than this is not copied
 
 
 def copy_extra_files(paths: list[str], out_dir: Path, dtype: str | None) -> list[str]:
-    """Copy the base's non-weight files (config, tokenizer); config.json gets the output dtype."""
+    """Copy the base's non-weight files (config, tokenizer; local or remote); config.json gets
+    the output dtype."""
     copied = []
     for p in paths:
-        src = Path(p)
-        if src.name.endswith(STALE_WEIGHT_SUFFIXES) or not src.is_file():
+        name = basename(p)
+        store = store_for(p)
+        if name.endswith(STALE_WEIGHT_SUFFIXES) or store.kind(p) != FILE:
             continue
-        dst = out_dir / src.name
-        if src.name == CONFIG_FILE:
+        dst = out_dir / name
+        if name == CONFIG_FILE and dtype is not None and _write_config(p, dst, dtype):
+            copied.append(name)
+            continue
+        if is_url(p):
             try:
-                cfg = json.loads(src.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-                cfg = None
-            if isinstance(cfg, dict) and dtype is not None:
-                cfg["torch_dtype"] = HF_DTYPE_NAMES[dtype]
-                if "dtype" in cfg:
-                    cfg["dtype"] = HF_DTYPE_NAMES[dtype]
-                write_json(dst, cfg)
-                copied.append(src.name)
-                continue
-        with open(src, "rb") as fin, open(dst, "wb") as fout:
-            while chunk := fin.read(1 << 20):
-                fout.write(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
-        copied.append(src.name)
+                _write_all(dst, store.read_bytes(p, MAX_SIDE_FILE_BYTES))
+            except OSError as e:
+                raise InvalidCheckpoint(f"{p}: cannot copy it ({e.strerror})") from None
+        else:
+            with open(p, "rb") as fin, open(dst, "wb") as fout:
+                while chunk := fin.read(1 << 20):
+                    fout.write(chunk)
+                fout.flush()
+                os.fsync(fout.fileno())
+        copied.append(name)
     return copied
+
+
+def _write_config(src: str, dst: Path, dtype: str) -> bool:
+    """config.json with the output dtype; False if it is not a JSON object (copied as is)."""
+    try:
+        cfg = json.loads(store_for(src).read_bytes(src, MAX_SIDE_FILE_BYTES))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(cfg, dict):
+        return False
+    cfg["torch_dtype"] = HF_DTYPE_NAMES[dtype]
+    if "dtype" in cfg:
+        cfg["dtype"] = HF_DTYPE_NAMES[dtype]
+    write_json(dst, cfg)
+    return True
+
+
+def _write_all(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _pwrite_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class BackgroundWrites:

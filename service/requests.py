@@ -4,9 +4,8 @@ against the catalog (models are registered names or paths inside the data roots)
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
-from mergepipe.catalog.paths import confine_input
+from mergepipe.catalog.paths import confine_source
 from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import MergePipeError
@@ -36,9 +35,10 @@ def body_request(st: AppState, body: PlanIn, output_dtype: str | None = None) ->
             operator=body.operator, params=body.params, budget=budget, seed=body.seed,
             output_dtype=output_dtype))
 
-    def locate(text: str, key: str) -> Path:
+    def locate(text: str, key: str) -> str:
         try:
-            return confine_input(text, st.settings.data_roots, field=key)
+            return confine_source(text, st.settings.data_roots, st.settings.remote_roots,
+                                  field=key)
         except MergePipeError as e:
             if "does not exist" in e.message:
                 raise not_found(text, key) from None

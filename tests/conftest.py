@@ -8,6 +8,7 @@ import pytest
 
 from mergepipe.catalog.db import Catalog
 from tests import factory
+from tests.remote_servers import moto_server
 
 
 @pytest.fixture
@@ -28,3 +29,10 @@ def family(tmp_path: Path) -> dict[str, Path]:
             base, root / f"e{i}", seed=100 + i,
             zero_tensors=("model.norm.weight",) if i == 0 else ())
     return out
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on loopback, started once for the session (its endpoint URL)."""
+    with moto_server() as endpoint:
+        yield endpoint

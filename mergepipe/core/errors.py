@@ -73,3 +73,10 @@ class BudgetViolation(MergePipeError):
 
     status = 500
     code = "budget_violation"
+
+
+class RemoteUnavailable(MergePipeError):
+    """Remote storage kept failing (timeouts, throttling, 5xx) after every retry; try later."""
+
+    status = 503
+    code = "remote_unavailable"

@@ -218,7 +218,7 @@ def _ref(value: object, key: str) -> ModelRef:
     text = value.strip()
     model, _, lora = text.partition("+")
     for part in (model, lora):
-        if "@" in part and not os.path.exists(part):
+        if "@" in part and "://" not in part and not os.path.exists(part):
             raise InvalidRequest(f"{key}: {part!r} pins a Hub revision; MergePipe reads only local "
                                  "checkpoints - download that revision and give its directory",
                                  field=key)

@@ -16,6 +16,8 @@ DEFAULT_CATALOG = "./mergepipe.duckdb"
 class Settings:
     catalog: Path = Path(DEFAULT_CATALOG)
     data_roots: tuple[Path, ...] = field(default_factory=tuple)  # empty: any path (CLI)
+    # s3://bucket[/prefix] and http(s):// URL prefixes the service may read (empty: none)
+    remote_roots: tuple[str, ...] = field(default_factory=tuple)
     output_root: Path = Path("./outputs")
     workers: int = 2
     api_token: str | None = None
@@ -33,15 +35,16 @@ class Settings:
             catalog=Path(e.get("MERGEPIPE_CATALOG") or DEFAULT_CATALOG),
             data_roots=tuple(Path(p).resolve() for p in
                              (e.get("MERGEPIPE_DATA_ROOTS") or "").split(":") if p),
+            remote_roots=tuple((e.get("MERGEPIPE_REMOTE_ROOTS") or "").replace(",", " ").split()),
             output_root=Path(e.get("MERGEPIPE_OUTPUT_ROOT") or "./outputs"),
-            workers=_number(e, "MERGEPIPE_WORKERS", int, 2, minimum=1),
+            workers=env_number(e, "MERGEPIPE_WORKERS", int, 2, minimum=1),
             api_token=e.get("MERGEPIPE_API_TOKEN") or None,
-            sql_row_limit=_number(e, "MERGEPIPE_SQL_ROW_LIMIT", int, 10_000, minimum=1),
-            sql_timeout_s=_number(e, "MERGEPIPE_SQL_TIMEOUT_S", float, 10.0, minimum=0.001),
-            sql_result_bytes=_number(e, "MERGEPIPE_SQL_RESULT_BYTES", int, 16 << 20, minimum=1),
-            max_body_bytes=_number(e, "MERGEPIPE_MAX_BODY_BYTES", int, 1 << 20, minimum=1),
-            shutdown_grace_s=_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
-            max_queued_jobs=_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),
+            sql_row_limit=env_number(e, "MERGEPIPE_SQL_ROW_LIMIT", int, 10_000, minimum=1),
+            sql_timeout_s=env_number(e, "MERGEPIPE_SQL_TIMEOUT_S", float, 10.0, minimum=0.001),
+            sql_result_bytes=env_number(e, "MERGEPIPE_SQL_RESULT_BYTES", int, 16 << 20, minimum=1),
+            max_body_bytes=env_number(e, "MERGEPIPE_MAX_BODY_BYTES", int, 1 << 20, minimum=1),
+            shutdown_grace_s=env_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
+            max_queued_jobs=env_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         if "catalog" in given:  # a command-line option: text
@@ -49,7 +52,7 @@ class Settings:
         return replace(s, **given)  # type: ignore[arg-type]
 
 
-def _number(env: dict[str, str], key: str, cast: type[int] | type[float], default: float,
+def env_number(env: dict[str, str], key: str, cast: type[int] | type[float], default: float,
             minimum: float) -> Any:
     """A numeric setting; a clear error naming the variable when it is not a number >= minimum."""
     raw = env.get(key)

@@ -13,16 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mergepipe.catalog import queue
+from mergepipe.catalog.checkpoint import ADAPTER_CONFIG
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.locations import basename, is_url, join, parse_url
 from mergepipe.catalog.models import ModelRow, list_models
 from mergepipe.catalog.queue import NewIngestJob
+from mergepipe.catalog.store import store_for
 from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.mergekit_config import BudgetSpec, MergekitConfig, ModelRef, parse_config
 from mergepipe.core.request import MergeRequest, build_request
 
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
-Locate = Callable[[str, str], Path]  # (path as written, YAML key) -> real path
+Locate = Callable[[str, str], str]  # (path or URL as written, YAML key) -> real path or URL
 
 
 @dataclass
@@ -60,9 +63,9 @@ def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
     """Match every model to a registered one (by name or path), to one queued for ingestion
     from the same path, or make it an ingestion job of its own, the base first.
 
-    `locate(text, key)` turns a path from the config into a real path (default: local paths,
-    relative to the working directory, as mergekit); the service confines them to its data
-    roots. `reserved` names are not given to models ingested for the config.
+    `locate(text, key)` turns a path from the config into a real path or a canonical URL
+    (default: local paths relative to the working directory, as mergekit, and any URL); the
+    service confines them to its data and remote roots. `reserved` names are not given to models ingested for the config.
     """
     locate = locate or local_path
     pending = {j.model: NewIngestJob(j.model, j.kind, j.path, j.base, j.block_bytes,
@@ -80,9 +83,9 @@ def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
         found = _match(ref, known.models, base=base, path=path) or _pending(known, path, base)
         if found is not None:
             return found
-        if (path / "adapter_config.json").exists():
+        if _has_adapter_config(path):
             kind = "lora"
-        job = NewIngestJob(_free_name(path, known.taken), kind, str(path), base, field=ref.key)
+        job = NewIngestJob(_free_name(path, known.taken), kind, path, base, field=ref.key)
         known.taken.add(job.model)
         known.pending[job.model] = job
         to_ingest.append(job)
@@ -139,15 +142,26 @@ def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> 
             "the average" if in_average else ""), field="base_model")
 
 
-def _same_path(a: str | Path, b: Path) -> bool:
+def _same_path(a: str, b: str) -> bool:
+    if is_url(a) or is_url(b):
+        return a == b  # both canonical (as recorded and as located)
     try:
         return os.path.samefile(a, b)
     except OSError:
         return False
 
 
+def _has_adapter_config(path: str) -> bool:
+    """Whether the checkpoint at `path` is a PEFT adapter directory (it has adapter_config.json)."""
+    target = join(path, ADAPTER_CONFIG)
+    try:
+        return store_for(target).kind(target) is not None
+    except OSError:
+        return False
+
+
 def _match(ref: ModelRef, models: list[ModelRow], *, base: str | None,
-           path: Path | None = None, any_base: bool = False) -> str | None:
+           path: str | None = None, any_base: bool = False) -> str | None:
     """The registered model named `ref` (or, given `path`, ingested from it) with base `base`."""
     if path is None:
         cands = [m for m in models if m.name == ref.text]
@@ -171,7 +185,7 @@ def _match(ref: ModelRef, models: list[ModelRow], *, base: str | None,
     return sorted(ready, key=lambda m: m.name)[0].name
 
 
-def _pending(known: _Known, path: Path, base: str | None) -> str | None:
+def _pending(known: _Known, path: str, base: str | None) -> str | None:
     """A model already queued for ingestion from `path` with base `base`."""
     for name, job in sorted(known.pending.items()):
         if job.base == base and _same_path(job.path, path):
@@ -179,12 +193,15 @@ def _pending(known: _Known, path: Path, base: str | None) -> str | None:
     return None
 
 
-def local_path(text: str, key: str) -> Path:
-    """A local checkpoint path from the config (relative to the working directory)."""
+def local_path(text: str, key: str) -> str:
+    """A checkpoint from the config: a URL (canonical), or a local path (relative to the
+    working directory) that exists."""
+    if is_url(text):
+        return str(parse_url(text, key))
     path = Path(text).expanduser()
     if not path.exists():
         raise not_found(text, key)
-    return path.resolve()
+    return str(path.resolve())
 
 
 def not_found(text: str, key: str) -> InvalidRequest:
@@ -196,8 +213,8 @@ def not_found(text: str, key: str) -> InvalidRequest:
                           field=key)
 
 
-def _free_name(path: Path, taken: set[str]) -> str:
-    stem = _NAME_CHARS.sub("-", path.name.removesuffix(".safetensors")).strip("-._")[:100]
+def _free_name(path: str, taken: set[str]) -> str:
+    stem = _NAME_CHARS.sub("-", basename(path).removesuffix(".safetensors")).strip("-._")[:100]
     stem = stem or "model"
     name, n = stem, 2
     while name in taken:

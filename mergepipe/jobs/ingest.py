@@ -10,9 +10,11 @@ from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES
 from mergepipe.catalog.ingest import ingest_model
+from mergepipe.catalog.locations import is_url
 from mergepipe.catalog.models import ModelRow
 from mergepipe.catalog.paths import recheck_input
 from mergepipe.catalog.queue import NewIngestJob
+from mergepipe.catalog.remote_paths import confine_url
 from mergepipe.core.errors import MergePipeError
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.jobs.failure import failure_message
@@ -21,17 +23,22 @@ log = logging.getLogger("mergepipe.jobs.ingest")
 
 
 def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path] = (),
+                  remote_roots: Sequence[str] | None = None,
                   progress: ProgressFn | None = None) -> ModelRow:
-    """Register `job.path` as model `job.model`; with data roots (the service), the path must
-    still lie inside them when the job starts."""
-    if data_roots:
+    """Register `job.path` (a local path or a URL) as model `job.model`. The service passes
+    its roots: the path must still lie inside them when the job starts."""
+    if is_url(job.path):
+        if remote_roots is not None:
+            confine_url(job.path, remote_roots, field=job.field)
+    elif data_roots:
         recheck_input(job.path, data_roots, field=job.field)
-    return ingest_model(cat, Path(job.path), job.model, base=job.base, kind=job.kind,
+    return ingest_model(cat, job.path, job.model, base=job.base, kind=job.kind,
                         block_bytes=job.block_bytes or DEFAULT_BLOCK_BYTES,
                         with_stats=job.with_stats, progress=progress)
 
 
 def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
+                   remote_roots: Sequence[str] = (),
                    progress: ProgressFn | None = None) -> None:
     """Run a queued ingestion job and record how it ended (its error is the one users see)."""
     row = queue.get_ingest_job(cat, job_id)
@@ -50,7 +57,7 @@ def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
     try:
         run_ingestion(cat, NewIngestJob(row.model, row.kind, row.path, row.base, row.block_bytes,
                                         row.with_stats, field="path"),
-                      data_roots=data_roots, progress=track)
+                      data_roots=data_roots, remote_roots=remote_roots, progress=track)
     except Exception as e:  # noqa: BLE001 - recorded on the job; the worker goes on
         if not isinstance(e, MergePipeError):
             log.exception("ingestion %s of %r failed", job_id, row.model)

@@ -16,6 +16,7 @@ from pathlib import Path
 from mergepipe.catalog import records
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import scan_model, write_model
+from mergepipe.catalog.locations import basename
 from mergepipe.catalog.models import find_model
 from mergepipe.catalog.paths import recheck_input
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
@@ -25,6 +26,8 @@ from mergepipe.core.request import MergeRequest
 from mergepipe.executor import publish, stream
 from mergepipe.executor.manifest import build_manifest, io_figures, write_manifest
 from mergepipe.executor.model_card import CARD_FILE, render_model_card
+from mergepipe.executor.outputs import LocalOutput, output_for
+from mergepipe.executor.s3_output import S3Output
 from mergepipe.executor.stream import ExecutionResult, Prepared
 from mergepipe.jobs.failure import failure_message
 from mergepipe.jobs.planning import check_inputs
@@ -34,7 +37,8 @@ from mergepipe.planner.plan import Plan, make_plan
 __all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
 
 
-def submit_merge(cat: Catalog, request: MergeRequest, output_name: str, output_dir: Path, *,
+def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
+                 output_dir: Path | str, *,
                  overwrite: bool = False, ingests: Sequence[NewIngestJob] = (),
                  max_queued: int | None = None) -> Queued:
     """Check the request against the catalog and the output, and queue the merge (with the
@@ -42,10 +46,10 @@ def submit_merge(cat: Catalog, request: MergeRequest, output_name: str, output_d
     if not output_name or "/" in output_name:
         raise InvalidRequest(f"output name {output_name!r} must be a non-empty name without '/'",
                              field="output.name")
-    target = Path(output_dir).absolute()
-    publish.check_target(target, overwrite=overwrite)
+    out = output_for(output_dir)
+    out.check(overwrite=overwrite)
     check_inputs(cat, request, pending={j.model for j in ingests})
-    return enqueue(cat, ingests=ingests, merge=NewMerge(request, output_name, str(target)),
+    return enqueue(cat, ingests=ingests, merge=NewMerge(request, output_name, out.location),
                    max_queued=max_queued)
 
 
@@ -57,7 +61,7 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
     roots (the service), the inputs must still lie inside them."""
     wall0 = time.perf_counter()
     row = records.mark_running(cat, merge_id)
-    target, name = Path(str(row.output_path)), str(row.output_name)
+    out, name = output_for(str(row.output_path)), str(row.output_name)
     result: ExecutionResult | None = None
     try:
         request = MergeRequest.from_dict(row.request)
@@ -67,57 +71,61 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
         prep = stream.prepare(cat, make_plan(cat, request))
         plan_seconds = time.perf_counter() - t0
         records.record_plan(cat, merge_id, plan_record(prep, plan_seconds))
-        result = _execute_and_publish(cat, merge_id, prep, target, name, plan_seconds, wall0,
+        result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
                                       progress=progress, threads=threads, overwrite=overwrite)
     except BaseException as e:
         records.record_failure(cat, merge_id, failure_message(e, "merge"),
                                result.exec_seconds if result is not None else None)
         raise
-    return summary(merge_id, prep, result, output=target, output_name=name,
+    return summary(merge_id, prep, result, output=out.location, output_name=name,
                    plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
 
 
-def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared, target: Path, name: str,
+def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
+                         out: LocalOutput | S3Output, name: str,
                          plan_seconds: float, wall0: float, *, progress: ProgressFn | None,
                          threads: int | None, overwrite: bool) -> ExecutionResult:
     """Execute into a staging directory, publish it, then register the output and record the
     outcome in one transaction; an output is never left published without its record."""
-    stage: Path | None = publish.prepare(target, merge_id[2:], overwrite=overwrite)
+    stage: Path | None = out.stage(merge_id[2:], overwrite=overwrite)
     published = False
     try:
         assert stage is not None
         result = stream.execute(prep, stage, threads=threads, first_pass=True,
                                 progress=_recorder(cat, merge_id, progress))
         write_manifest(stage, build_manifest(
-            merge_id=merge_id, prep=prep, result=result, output_name=name, output_path=target,
-            plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0))
+            merge_id=merge_id, prep=prep, result=result, output_name=name,
+            output_path=out.location, plan_seconds=plan_seconds,
+            wall_seconds=time.perf_counter() - wall0))
         (stage / CARD_FILE).write_text(render_model_card(
             prep.plan.request, io_figures(prep, result), name=name, merge_id=merge_id,
             plan_hash=prep.plan.plan_hash))
-        publish.publish(stage, target, overwrite=overwrite)
+        out.publish(stage, overwrite=overwrite)
         stage, published = None, True
-        scanned = scan_model(cat, target, name, base=prep.plan.request.base, kind="full",
+        scanned = scan_model(cat, out.location, name, base=prep.plan.request.base, kind="full",
                              with_stats=True, source_merge=merge_id,
                              first_passes=result.first_passes)
         result.first_passes.clear()
         with cat.transaction() as conn:
             write_model(conn, scanned)
-            records.record_success(conn, merge_id, outcome_record(prep, result, name, target))
+            records.record_success(conn, merge_id,
+                                   outcome_record(prep, result, name, out.location))
         return result
     except BaseException:
         if stage is not None:
             publish.discard(stage)
         if published:
-            publish.discard(target)
+            out.discard()
         raise
 
 
-def merge(cat: Catalog, request: MergeRequest, output_dir: Path, *,
+def merge(cat: Catalog, request: MergeRequest, output_dir: Path | str, *,
           output_name: str | None = None, progress: ProgressFn | None = None,
           threads: int | None = None, overwrite: bool = False) -> MergeSummary:
-    """submit_merge + run_merge: the CLI's merge. The output name defaults to the directory name."""
-    target = Path(output_dir).absolute()
-    merge_id = submit_merge(cat, request, output_name or target.name, target,
+    """submit_merge + run_merge: the CLI's merge into a directory or an s3:// prefix. The
+    output name defaults to the directory's name."""
+    out = output_for(output_dir)
+    merge_id = submit_merge(cat, request, output_name or basename(out.location), out.location,
                             overwrite=overwrite).merge_id
     assert merge_id is not None
     return run_merge(cat, merge_id, progress=progress, threads=threads, overwrite=overwrite)

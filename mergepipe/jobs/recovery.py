@@ -10,8 +10,10 @@ from pathlib import Path
 
 from mergepipe.catalog import records
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.locations import is_url
 from mergepipe.executor import publish
 from mergepipe.executor.manifest import MANIFEST_FILE
+from mergepipe.executor.s3_output import S3Output
 
 log = logging.getLogger("mergepipe.jobs.recovery")
 
@@ -28,7 +30,9 @@ def recover_interrupted(cat: Catalog, error: str | None = INTERRUPTED) -> list[s
     the status to the caller). Returns the merge ids."""
     ids = []
     for row in records.running_merges(cat):
-        if row.output_path:
+        if row.output_path and is_url(row.output_path):
+            S3Output(row.output_path).clean_interrupted(row.merge_id)
+        elif row.output_path:
             clean_outputs(Path(row.output_path), row.merge_id)
         if error is not None:
             records.record_failure(cat, row.merge_id, error, None)

@@ -54,7 +54,7 @@ class MergeSummary:
         return dict(jsonable(asdict(self)))
 
 
-def summary(merge_id: str | None, prep: Prepared, result: ExecutionResult, *, output: Path,
+def summary(merge_id: str | None, prep: Prepared, result: ExecutionResult, *, output: Path | str,
             output_name: str | None, plan_seconds: float | None,
             wall_seconds: float) -> MergeSummary:
     plan = prep.plan
@@ -87,7 +87,7 @@ def plan_record(prep: Prepared, plan_seconds: float) -> PlanRecord:
 
 
 def outcome_record(prep: Prepared, result: ExecutionResult, output_name: str,
-                   target: Path) -> OutcomeRecord:
+                   target: Path | str) -> OutcomeRecord:
     """The catalog rows of a succeeded merge: realized I/O, output hashes, lineage."""
     return OutcomeRecord(
         expert_bytes_read=result.expert_bytes_read, base_bytes_read=result.base_bytes_read,

@@ -114,6 +114,7 @@ class JobRunner:
             row = queue.get_ingest_job(self.cat, job.id)
             if row is not None and row.status == "queued" and self._inputs_ready(job, [row.base]):
                 run_ingest_job(self.cat, job.id, data_roots=self.settings.data_roots,
+                               remote_roots=self.settings.remote_roots,
                                progress=track)
             return
         merge = records.find_merge(self.cat, job.id)

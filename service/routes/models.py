@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Response
 
 from mergepipe.catalog import queue, summaries
 from mergepipe.catalog.models import find_model, list_models
-from mergepipe.catalog.paths import check_name, confine_input
+from mergepipe.catalog.paths import check_name, confine_source
 from mergepipe.catalog.queue import Job, NewIngestJob, enqueue
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.core.jsonable import jsonable
@@ -32,9 +32,9 @@ def register_model(body: ModelIn, response: Response, st: State) -> dict[str, An
             raise InvalidRequest("block_bytes applies to bases only; experts use their base's "
                                  "block grid", field="block_bytes")
         _check_base(st, body.base)
-    path = confine_input(body.path, st.settings.data_roots)
+    path = confine_source(body.path, st.settings.data_roots, st.settings.remote_roots)
     queued = enqueue(st.cat, ingests=[NewIngestJob(
-        name, body.kind, str(path), body.base, body.block_bytes, body.stats)],
+        name, body.kind, path, body.base, body.block_bytes, body.stats)],
         max_queued=st.settings.max_queued_jobs)
     (job_id,) = queued.ingest_ids
     st.runner.submit(Job("ingest", job_id))

@@ -28,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a mergekit YAML config saying what to merge (instead of --base, "
                         "--experts, --op, --param); local paths in it are registered on the fly")
     add_request_arguments(p)
-    p.add_argument("--out", type=Path, help="output directory (must not exist or be empty)")
+    p.add_argument("--out", help="output directory (must not exist or be empty), or an "
+                                 "s3://bucket/prefix to upload it to (multipart, published "
+                                 "when complete)")
     p.add_argument("--name", help="model name of the output in the catalog (default: the "
                                   "--out directory name)")
     p.add_argument("--threads", type=int, help="read threads (default: 2 x cores, 2..8)")

@@ -1,0 +1,41 @@
+"""The storage seam for finding checkpoints: the local disk, or an S3 / HTTP store by URL scheme."""
+
+from __future__ import annotations
+
+import threading
+
+from mergepipe.catalog.http_store import HttpStore
+from mergepipe.catalog.local_store import LocalStore
+from mergepipe.catalog.locations import is_url, parse_url
+from mergepipe.catalog.remote_io import RemoteConfig
+from mergepipe.catalog.s3_store import S3Store
+from mergepipe.catalog.store_types import RemoteStore, Store
+
+_LOCAL = LocalStore()
+_remote: dict[tuple[str, RemoteConfig], RemoteStore] = {}
+_lock = threading.Lock()
+
+
+def store_for(path: str) -> Store:
+    """The store that holds `path`: the local disk, or the S3 / HTTP store of its URL."""
+    return remote_store(path) if is_url(path) else _LOCAL
+
+
+def remote_store(path: str) -> RemoteStore:
+    """The S3 or HTTP store for a URL: one per scheme and configuration (endpoint,
+    credentials, retries: from the environment) per process."""
+    s3 = parse_url(path).scheme == "s3"
+    cfg = RemoteConfig.from_env()
+    key = ("s3" if s3 else "http", cfg)
+    with _lock:
+        store = _remote.get(key)
+        if store is None:
+            store = _remote[key] = S3Store(cfg) if s3 else HttpStore(cfg)
+        return store
+
+
+def s3_store(path: str) -> S3Store:
+    """The S3 store of an s3:// URL (for what only S3 does: multipart uploads, deletes)."""
+    store = remote_store(path)
+    assert isinstance(store, S3Store), path
+    return store
