@@ -1,4 +1,4 @@
--- 0006: how a remote object looked at ingestion, for the drift check and for reading exactly
+-- 0005: how a remote object looked at ingestion, for the drift check and for reading exactly
 -- that version: its ETag and version id (S3 with versioning). NULL for local files, which keep
 -- size + mtime_ns; a remote object's mtime_ns is its Last-Modified.
 
