@@ -1,268 +1,183 @@
-"""Run one user-supplied read-only SELECT over the catalog, with row, size and time limits."""
+"""Run one user-supplied read-only SELECT over the catalog in the SQL sandbox (SqlLimits)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import duckdb
-import sqlglot
-import sqlglot.expressions as exp
-from sqlglot.errors import ParseError
 
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.sql_guard import (
+    ALLOWED_TABLE_FUNCTIONS,
+    check_duckdb_tree,
+    check_readonly,
+    check_with_duckdb,
+)
 from mergepipe.core.errors import Busy, InvalidRequest
 from mergepipe.core.jsonable import jsonable
+from mergepipe.core.sql_limits import SqlLimits
 
-# Functions that read files or the network, touch settings or state, or reveal the server's
-# files; refused even though the database itself also runs with enable_external_access=false.
-FORBIDDEN_FUNCTIONS = {
-    "read_csv", "read_csv_auto", "read_parquet", "parquet_scan", "read_json", "read_json_auto",
-    "read_json_objects", "read_ndjson", "read_text", "read_blob", "glob", "sniff_csv",
-    "parquet_metadata", "parquet_schema", "iceberg_scan", "delta_scan", "sqlite_scan",
-    "postgres_scan", "mysql_scan", "read_xlsx", "getenv", "current_setting", "set_config",
-    "http_get", "query", "query_table", "checkpoint", "force_checkpoint", "setseed",
-    "nextval", "currval", "setval", "getvariable",
-}
-FORBIDDEN_PREFIXES = ("read_", "pragma_", "duckdb_", "sqlite_", "postgres_", "mysql_",
-                      "iceberg_", "delta_", "parquet_", "http", "write_", "copy_", "load_",
-                      "install_", "enable_", "disable_", "set_", "which_secret")
-# Table functions a query may use in FROM besides the catalog's own tables and views.
-ALLOWED_TABLE_FUNCTIONS = {"range", "generate_series", "unnest"}
-FORBIDDEN_NODES = (exp.Insert, exp.Update, exp.Delete, exp.Create, exp.Drop, exp.Alter,
-                   exp.Command, exp.Set, exp.Pragma, exp.Copy, exp.Attach, exp.Detach,
-                   exp.Merge, exp.Use, exp.Transaction, exp.Commit, exp.Rollback, exp.Into,
-                   exp.LoadData, exp.Export)
-# User queries running at once, counting those DuckDB has not stopped yet after their time
-# limit (one huge scalar, e.g. repeat('x', 2e9) or a 1e8-element list, ignores interrupts until
-# it is computed): a flood of such queries holds these slots, not the whole server.
-MAX_RUNNING = 2
+__all__ = ["ALLOWED_TABLE_FUNCTIONS", "SqlLimits", "SqlSlots", "check_readonly", "run_readonly",
+           "run_readonly_async"]
+
 # How long past its time limit the caller waits for a query's answer before it gets the
 # time-limit error anyway (the query then ends, or is interrupted, in its own thread).
-DEADLINE_GRACE_S = 1.0
-_slots = threading.BoundedSemaphore(MAX_RUNNING)
+DEADLINE_GRACE_S = 0.5
+# Rows fetched from DuckDB at a time; the row and byte limits are checked after each batch.
+FETCH_ROWS = 64
 SELECT_TABLES = ("SELECT table_name FROM information_schema.tables "
                  "WHERE table_schema = 'main' AND table_catalog = current_database()")
 
 
-def _function_name(node: exp.Func) -> str:
-    return (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+class SqlSlots:
+    """A fixed number of user queries at once, each in its own daemon thread (never a request
+    thread): `start` raises Busy (429) at once when every slot is taken. A query deaf to its
+    interrupt (one huge scalar) keeps its slot until DuckDB finishes it."""
 
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._free = threading.BoundedSemaphore(n)
 
-def _forbidden_function(name: str) -> bool:
-    return name in FORBIDDEN_FUNCTIONS or name.startswith(FORBIDDEN_PREFIXES)
+    def start(self, work: Callable[[], dict[str, Any]]) -> Future[dict[str, Any]]:
+        if not self._free.acquire(blocking=False):
+            raise Busy(f"{self.n} SQL queries are already running; retry later", field="sql")
+        fut: Future[dict[str, Any]] = Future()
+        fut.set_running_or_notify_cancel()
 
+        def run() -> None:
+            try:
+                fut.set_result(work())
+            except BaseException as e:  # noqa: BLE001 - handed over to the caller
+                fut.set_exception(e)
+            finally:
+                self._free.release()
 
-def _check_table(node: exp.Table, tables: Collection[str], ctes: set[str]) -> None:
-    """A FROM item must be a catalog table or view, a CTE, information_schema, or range()."""
-    if isinstance(node.this, exp.Literal):
-        raise InvalidRequest(f"reading files ({node.this.sql()}) is not allowed", field="sql")
-    if isinstance(node.this, exp.Func):
-        name = _function_name(node.this)
-        if name not in ALLOWED_TABLE_FUNCTIONS:
-            raise InvalidRequest(f"table function {name}() is not allowed; query the catalog's "
-                                 "tables", field="sql")
-        return
-    name, schema = node.name.lower(), node.db.lower()
-    if node.catalog:
-        raise InvalidRequest(f"table {node.sql()} names another database", field="sql")
-    if schema == "information_schema":
-        return
-    if schema not in ("", "main"):
-        raise InvalidRequest(f"schema {node.db!r} is not part of the catalog", field="sql")
-    if (not schema and name in ctes) or name in tables:
-        return
-    raise InvalidRequest(f"table {node.name!r} is not a catalog table (try: SELECT table_name "
-                         "FROM information_schema.tables)", field="sql")
-
-
-TOO_DEEP = "sql is nested too deeply (parentheses, brackets or subqueries)"
-# Parsing is not under the time limit (and runs twice): a megabyte of SQL would cost seconds of
-# CPU per request. Catalog queries are short.
-MAX_SQL_CHARS = 64 * 1024
-
-
-def check_readonly(sql: str, tables: Collection[str] | None = None) -> None:
-    """Raise InvalidRequest unless `sql` is exactly one SELECT / WITH ... SELECT statement.
-
-    With `tables` (lower-case names of the catalog's tables and views), FROM items are also
-    restricted to those, the query's CTEs, information_schema and range/generate_series/unnest."""
-    if isinstance(sql, str) and len(sql) > MAX_SQL_CHARS:
-        raise InvalidRequest(f"sql is {len(sql)} characters long, over the {MAX_SQL_CHARS} "
-                             "limit", field="sql")
-    try:
-        _check_readonly(sql, tables)
-    except RecursionError:  # sqlglot recurses once per nesting level
-        raise InvalidRequest(TOO_DEEP, field="sql") from None
-
-
-def _check_readonly(sql: str, tables: Collection[str] | None) -> None:
-    if not isinstance(sql, str) or not sql.strip():
-        raise InvalidRequest("sql is empty", field="sql")
-    try:
-        statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
-    except (ParseError, sqlglot.errors.TokenError) as e:
-        raise InvalidRequest(f"sql does not parse: {str(e).splitlines()[0]}", field="sql") from None
-    if len(statements) != 1:
-        raise InvalidRequest(f"exactly one statement is allowed, got {len(statements)}",
-                             field="sql")
-    (tree,) = statements
-    if not isinstance(tree, exp.Query):
-        raise InvalidRequest(f"only SELECT queries are allowed, not {tree.key.upper()}",
-                             field="sql")
-    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
-    for node in tree.walk():
-        if isinstance(node, FORBIDDEN_NODES):
-            raise InvalidRequest(f"{node.key.upper()} is not allowed in a read-only query",
-                                 field="sql")
-        if isinstance(node, exp.Func):
-            name = _function_name(node)
-            if _forbidden_function(name):
-                raise InvalidRequest(f"function {name}() is not allowed (no file or network "
-                                     "access, no settings or state)", field="sql")
-        if isinstance(node, exp.Table):
-            if tables is not None:
-                _check_table(node, tables, ctes)
-            elif isinstance(node.this, exp.Literal):
-                raise InvalidRequest(f"reading files ({node.this.sql()}) is not allowed",
-                                     field="sql")
-
-
-def _check_with_duckdb(raw: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """DuckDB's own parser must agree: one statement, of type SELECT."""
-    try:
-        statements = raw.extract_statements(sql)
-    except duckdb.Error as e:
-        raise InvalidRequest(f"sql does not parse: {str(e).splitlines()[0]}", field="sql") from None
-    if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
-        raise InvalidRequest("only one SELECT query is allowed", field="sql")
-
-
-def check_duckdb_tree(raw: duckdb.DuckDBPyConnection, sql: str,
-                      tables: Collection[str]) -> None:
-    """The checks of check_readonly again, over DuckDB's own parse tree (json_serialize_sql):
-    a query that sqlglot and DuckDB read differently cannot slip a function or a table past."""
-    try:
-        row = raw.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchone()
-        doc = json.loads(row[0]) if row else None
-    except RecursionError:
-        raise InvalidRequest(TOO_DEEP, field="sql") from None
-    except (duckdb.Error, ValueError, TypeError) as e:
-        raise InvalidRequest(f"sql does not parse: {str(e).splitlines()[0]}", field="sql") from None
-    if not isinstance(doc, dict) or doc.get("error"):
-        msg = doc.get("error_message") if isinstance(doc, dict) else None
-        raise InvalidRequest(f"sql is not one plain SELECT ({msg or 'unreadable'})", field="sql")
-    nodes: list[dict[str, Any]] = []
-    stack: list[Any] = [doc]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, dict):
-            nodes.append(n)
-            stack.extend(n.values())
-        elif isinstance(n, list):
-            stack.extend(n)
-    ctes = {str(e.get("key", "")).lower() for n in nodes
-            if isinstance(n.get("cte_map"), dict)
-            for e in n["cte_map"].get("map") or [] if isinstance(e, dict)}
-    for n in nodes:
-        kind = n.get("type")
-        if n.get("class") in ("FUNCTION", "WINDOW", "AGGREGATE") and "function_name" in n:
-            name = str(n["function_name"]).lower()
-            if _forbidden_function(name):
-                raise InvalidRequest(f"function {name}() is not allowed (no file or network "
-                                     "access, no settings or state)", field="sql")
-        if kind == "TABLE_FUNCTION":
-            fn = n.get("function")
-            name = str(fn.get("function_name", "?") if isinstance(fn, dict) else "?").lower()
-            if name not in ALLOWED_TABLE_FUNCTIONS:
-                raise InvalidRequest(f"table function {name}() is not allowed; query the "
-                                     "catalog's tables", field="sql")
-        if kind in ("BASE_TABLE", "SHOW_REF") and n.get("table_name"):
-            name = str(n["table_name"]).lower()
-            schema = str(n.get("schema_name") or "").lower()
-            if n.get("catalog_name"):
-                raise InvalidRequest(f"table {n['table_name']!r} names another database",
-                                     field="sql")
-            if schema == "information_schema" or (not schema and name in ctes) or (
-                    schema in ("", "main") and name in tables):
-                continue
-            raise InvalidRequest(f"table {n['table_name']!r} is not a catalog table (try: "
-                                 "SELECT table_name FROM information_schema.tables)", field="sql")
-
-
-def run_readonly(cat: Catalog, sql: str, *, row_limit: int = 10_000,
-                 timeout_s: float = 10.0, byte_limit: int = 16 << 20) -> dict[str, Any]:
-    """{columns, rows, truncated} of a checked read-only query; interrupted after `timeout_s`;
-    refused when the result is more than `byte_limit` bytes of JSON.
-
-    The caller has its answer within about `timeout_s` (+ DEADLINE_GRACE_S) whatever the query
-    does; at most MAX_RUNNING queries run at once (Busy after waiting `timeout_s` for a slot)."""
-    check_readonly(sql)
-    t0 = time.monotonic()
-    slots = _slots
-    if not slots.acquire(timeout=timeout_s):
-        raise Busy(f"{MAX_RUNNING} SQL queries are already running; retry later", field="sql")
-    box: dict[str, Any] = {}
-
-    def work() -> None:
         try:
-            box["out"] = _run_checked(cat, sql, row_limit, timeout_s, byte_limit)
-        except BaseException as e:  # noqa: BLE001 - handed over to the caller's thread
-            box["err"] = e
-        finally:
-            slots.release()
-
-    worker = threading.Thread(target=work, name="mergepipe-sql", daemon=True)
-    worker.start()
-    worker.join(max(0.0, t0 + timeout_s + DEADLINE_GRACE_S - time.monotonic()))
-    if worker.is_alive():
-        raise InvalidRequest(f"query failed: query exceeded the {timeout_s:g}s time limit",
-                             field="sql")
-    if "err" in box:
-        raise box["err"]
-    out: dict[str, Any] = box["out"]
-    return out
+            threading.Thread(target=run, name="mergepipe-sql", daemon=True).start()
+        except BaseException:
+            self._free.release()
+            raise
+        return fut
 
 
-def _run_checked(cat: Catalog, sql: str, row_limit: int, timeout_s: float,
-                 byte_limit: int) -> dict[str, Any]:
-    """The work of run_readonly, in its own thread."""
+_slots: dict[int, SqlSlots] = {}
+_slots_lock = threading.Lock()
+
+
+def slots_for(limits: SqlLimits) -> SqlSlots:
+    """The process's slots (one set per slot count; a server has one)."""
+    with _slots_lock:
+        return _slots.setdefault(limits.slots, SqlSlots(limits.slots))
+
+
+def _time_limit_error(limits: SqlLimits) -> InvalidRequest:
+    return InvalidRequest(f"query failed: query exceeded the {limits.timeout_s:g}s time limit",
+                          field="sql")
+
+
+def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dict[str, Any]:
+    """{columns, rows, truncated} of a checked read-only query, within `limits`.
+
+    The caller has its answer within the time limit + DEADLINE_GRACE_S whatever the query does;
+    Busy (429) at once when all slots are taken."""
+    lim = limits or SqlLimits()
+    check_readonly(sql)
+    fut = slots_for(lim).start(lambda: _run_checked(cat, sql, lim))
+    try:
+        return fut.result(timeout=lim.timeout_s + DEADLINE_GRACE_S)
+    except FutureTimeout:
+        raise _time_limit_error(lim) from None
+
+
+async def run_readonly_async(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
+    """run_readonly for the event loop: no request thread waits on the query."""
+    check_readonly(sql)
+    fut = slots_for(limits).start(lambda: _run_checked(cat, sql, limits))
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(fut),
+                                      limits.timeout_s + DEADLINE_GRACE_S)
+    except TimeoutError:
+        raise _time_limit_error(limits) from None
+
+
+def sandbox_connection(cat: Catalog, sql: str, limits: SqlLimits) -> duckdb.DuckDBPyConnection:
+    """A connection of its own to the catalog's database, after every check of `sql`, with the
+    engine limits set (DuckDB's memory_limit, threads and temp size are database-wide)."""
     with cat.reader() as conn:
         raw = conn.connection.driver_connection
         assert raw is not None
         try:
-            conn.exec_driver_sql("SET enable_progress_bar = false")  # none on the server's stdout
             tables = {str(r[0]).lower() for r in conn.exec_driver_sql(SELECT_TABLES)}
         finally:
             conn.rollback()
         check_readonly(sql, tables)
-        _check_with_duckdb(raw, sql)
+        check_with_duckdb(raw, sql)
         check_duckdb_tree(raw, sql, tables)
-        timer = threading.Timer(timeout_s, raw.interrupt)
+        own: duckdb.DuckDBPyConnection = raw.duplicate()
+    try:
+        own.execute("SET enable_progress_bar = false")  # none on the server's stdout
+        # numbers from SqlLimits (ints), not user text
+        own.execute(f"SET memory_limit = '{int(limits.memory_bytes) >> 20}MiB'")
+        own.execute(f"SET threads = {int(limits.threads)}")
+        own.execute(f"SET max_temp_directory_size = '{int(limits.temp_bytes) >> 20}MiB'")
+    except BaseException:
+        own.close()
+        raise
+    return own
+
+
+def _run_checked(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
+    """The work of run_readonly, in its slot's thread."""
+    own = sandbox_connection(cat, sql, limits)
+    fired = threading.Event()
+
+    def interrupt() -> None:
+        fired.set()
+        with contextlib.suppress(duckdb.Error):  # the query ended (its connection closed)
+            own.interrupt()
+
+    timer = threading.Timer(limits.timeout_s, interrupt)
+    timer.daemon = True
+    try:
+        own.execute("BEGIN TRANSACTION READ ONLY")
+        deadline = time.monotonic() + limits.timeout_s
         timer.start()
-        try:
-            try:
-                cur = conn.exec_driver_sql(sql)
-                columns = list(cur.keys())
-                rows = cur.fetchmany(row_limit + 1)
-            finally:
-                conn.rollback()  # whatever the query did, nothing of it is kept
-        except Exception as e:  # noqa: BLE001 - a user's query failing is the user's error
-            if isinstance(e, InvalidRequest):
-                raise
-            msg = str(getattr(e, "orig", e)).strip().splitlines()[0]
-            if not timer.is_alive():
-                msg = f"query exceeded the {timeout_s:g}s time limit"
-            raise InvalidRequest(f"query failed: {msg}", field="sql") from None
-        finally:
-            timer.cancel()
-    truncated = len(rows) > row_limit
-    out = [jsonable(list(r)) for r in rows[:row_limit]]
-    size = len(json.dumps(out, default=str))
-    if size > byte_limit:
-        raise InvalidRequest(f"the result is {size} bytes of JSON, over the {byte_limit} byte "
-                             "limit; select fewer rows or columns", field="sql")
-    return {"columns": columns, "rows": out, "truncated": truncated}
+        cur = own.execute(sql)
+        return _fetch(cur, limits, deadline)
+    except duckdb.Error as e:  # a user's query failing is the user's error
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise (_time_limit_error(limits) if fired.is_set()
+               else InvalidRequest(f"query failed: {msg}", field="sql")) from None
+    finally:
+        timer.cancel()
+        own.close()  # whatever the query did, nothing of it is kept
+
+
+def _fetch(cur: duckdb.DuckDBPyConnection, limits: SqlLimits, deadline: float
+           ) -> dict[str, Any]:
+    """Rows in batches of FETCH_ROWS; stop at row_limit, refuse past result_bytes."""
+    columns = [d[0] for d in cur.description or []]
+    rows: list[Any] = []
+    size = 2
+    while len(rows) <= limits.row_limit:
+        batch = cur.fetchmany(min(FETCH_ROWS, limits.row_limit + 1 - len(rows)))
+        if not batch:
+            break
+        out = [jsonable(list(r)) for r in batch]
+        size += sum(len(json.dumps(r, default=str)) + 1 for r in out)
+        if size > limits.result_bytes:
+            raise InvalidRequest(f"the result is over the {limits.result_bytes} byte limit "
+                                 "(as JSON); select fewer rows or columns", field="sql")
+        if time.monotonic() > deadline:
+            raise _time_limit_error(limits)
+        rows.extend(out)
+    truncated = len(rows) > limits.row_limit
+    return {"columns": columns, "rows": rows[:limits.row_limit], "truncated": truncated}

@@ -14,7 +14,12 @@ import pytest
 
 from mergepipe.catalog import readonly_sql
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.readonly_sql import ALLOWED_TABLE_FUNCTIONS, check_readonly, run_readonly
+from mergepipe.catalog.readonly_sql import (
+    ALLOWED_TABLE_FUNCTIONS,
+    SqlLimits,
+    check_readonly,
+    run_readonly,
+)
 from mergepipe.core.errors import Busy, InvalidRequest
 from tests.api_helpers import assert_error, client_for, settings_for
 
@@ -78,6 +83,21 @@ REFUSED = [
     "SELECT * FROM repeat_row(1, num_rows := 100000000)", "SELECT * FROM test_all_types()",
     "SELECT * FROM truncate_duckdb_logs()", "SELECT * FROM checkpoint()",
     "SELECT * FROM sqlite_master", "SELECT * FROM nowhere",
+    "SELECT table_name FROM information_schema.tables", "SELECT * FROM information_schema.schemata",
+    "SELECT * FROM pg_settings", "SELECT * FROM duckdb_databases", "SELECT * FROM pragma_database_list",
+    "SELECT current_database()", "SELECT version()", "SELECT current_user", "SELECT pg_typeof(1)",
+    # a CTE's name is a table only in the scope where it is defined
+    "SELECT * FROM (WITH pg_settings AS (SELECT 1) SELECT 1) t, pg_settings",
+    "SELECT * FROM (WITH duckdb_databases AS (SELECT 1) SELECT 1) t, duckdb_databases",
+    "SELECT * FROM (WITH pragma_database_list AS (SELECT 1) SELECT 1) t, pragma_database_list",
+    "SELECT (WITH pg_settings AS (SELECT 1) SELECT 1), * FROM pg_settings",
+    "WITH a AS (WITH duckdb_settings AS (SELECT 1) SELECT 1) SELECT * FROM duckdb_settings",
+    "WITH a AS (SELECT * FROM duckdb_settings), duckdb_settings AS (SELECT 1) SELECT * FROM a",
+    "WITH duckdb_settings AS (SELECT * FROM duckdb_settings) SELECT * FROM duckdb_settings",
+    "(WITH pg_settings AS (SELECT 1) SELECT * FROM pg_settings) UNION ALL "
+    "(SELECT 1 FROM pg_settings)",
+    "WITH RECURSIVE duckdb_settings AS (SELECT 1 FROM duckdb_settings UNION ALL "
+    "SELECT 1 FROM duckdb_settings) SELECT 1",
     # junk
     "", "   ", "SELEC 1", "SELECT 'unterminated", "-- only a comment", "SELECT 1 /*",
 ]
@@ -88,7 +108,7 @@ def test_refused(cat: tuple[Catalog, Path], sql: str) -> None:
     c, secret = cat
     q = sql.format(secret=secret, dir=secret.parent)
     with pytest.raises(InvalidRequest) as err:
-        run_readonly(c, q, timeout_s=5)
+        run_readonly(c, q, SqlLimits(timeout_s=5))
     assert err.value.field == "sql" and err.value.message
     assert SECRET not in err.value.message
 
@@ -114,76 +134,90 @@ def test_every_table_function_but_the_allowed_ones_is_refused(cat: tuple[Catalog
     "FROM range(3) SELECT *", "SELECT * FROM (DESCRIBE models)", "SELECT * FROM (SUMMARIZE models)",
     "SELECT * FROM models UNION BY NAME SELECT * FROM models",
     "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < 5) "
-    "SELECT sum(n) FROM t", "SELECT table_name FROM information_schema.tables",
+    "SELECT sum(n) FROM t", "WITH a AS (SELECT 1 AS x), b AS (SELECT x FROM a) SELECT * FROM b",
+    "WITH models AS (SELECT name FROM models) SELECT * FROM models",
+    "SELECT * FROM (WITH m AS (SELECT 1) SELECT * FROM m) t, models",
     "SELECT * FROM unnest([1, 2])", "SELECT 1 -- ; DROP TABLE models", "SELECT $$a;b$$",
 ])
 def test_duckdb_syntax_over_the_catalog_is_allowed(cat: tuple[Catalog, Path], sql: str) -> None:
-    out = run_readonly(cat[0], sql, timeout_s=5)
+    out = run_readonly(cat[0], sql, SqlLimits(timeout_s=5))
     assert set(out) == {"columns", "rows", "truncated"}
 
 
 def test_nothing_was_changed_by_the_refused_statements(cat: tuple[Catalog, Path]) -> None:
     c, secret = cat
-    tables = run_readonly(c, "SELECT table_name FROM information_schema.tables "
-                             "ORDER BY 1")["rows"]
-    assert ["models"] in tables and ["merges"] in tables and ["t"] not in tables
+    with c.reader() as conn:
+        tables = {r[0] for r in conn.exec_driver_sql(readonly_sql.SELECT_TABLES)}
+    assert {"models", "merges"} <= tables and "t" not in tables
     assert secret.read_text() == f"x\n{SECRET}\n"
     assert not (secret.parent / "x.csv").exists()
 
 
 def test_row_byte_and_time_limits(cat: tuple[Catalog, Path]) -> None:
     c, _ = cat
-    out = run_readonly(c, "SELECT * FROM range(1000)", row_limit=10)
+    out = run_readonly(c, "SELECT * FROM range(1000)", SqlLimits(row_limit=10))
     assert out["truncated"] and len(out["rows"]) == 10
     with pytest.raises(InvalidRequest, match="byte limit"):
-        run_readonly(c, "SELECT repeat('x', 100000) FROM range(20)", byte_limit=1 << 20)
+        run_readonly(c, "SELECT repeat('x', 100000) FROM range(20)", SqlLimits(result_bytes=1 << 20))
     for bomb in ("WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) "
                  "SELECT count(*) FROM t",
                  "SELECT count(*) FROM range(100000) a, range(100000) b"):
         t0 = time.monotonic()
         with pytest.raises(InvalidRequest, match="time limit"):
-            run_readonly(c, bomb, timeout_s=0.3)
+            run_readonly(c, bomb, SqlLimits(timeout_s=0.3))
         assert time.monotonic() - t0 < 5
+
+
+def hold_slots(limits: SqlLimits) -> threading.Event:
+    """Take every slot of `limits` with queries-in-progress until the returned event is set."""
+    release = threading.Event()
+    slots = readonly_sql.slots_for(limits)
+    for _ in range(limits.slots):
+        slots.start(lambda: (release.wait(30), {})[1])
+    return release
 
 
 def test_a_query_deaf_to_interrupts_still_answers_in_time_and_holds_one_slot(
         cat: tuple[Catalog, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """One huge scalar ignores DuckDB's interrupt until it is computed: the caller gets the
-    time-limit error anyway, and such queries cannot take more than MAX_RUNNING threads."""
+    time-limit error anyway, and such queries cannot take more than their slots."""
     c, _ = cat
     monkeypatch.setattr(readonly_sql, "DEADLINE_GRACE_S", 0.2)
     slow = "SELECT md5(repeat('a', 150000000))"  # about 2 s of work, not interruptible
     t0 = time.monotonic()
+    lim = SqlLimits(timeout_s=0.2, slots=3)
     with pytest.raises(InvalidRequest, match="time limit"):
-        run_readonly(c, slow, timeout_s=0.2)
+        run_readonly(c, slow, lim)
     assert time.monotonic() - t0 < 1.5
-    # while it still runs, the other slot serves queries; with no slot free the caller is told
-    assert run_readonly(c, "SELECT 42", timeout_s=5)["rows"] == [[42]]
-    monkeypatch.setattr(readonly_sql, "_slots", threading.BoundedSemaphore(1))
-    assert readonly_sql._slots.acquire(timeout=1)
+    # while it still runs, the other slots serve queries; with no slot free: Busy at once
+    assert run_readonly(c, "SELECT 42", SqlLimits(timeout_s=5, slots=3))["rows"] == [[42]]
+    release = hold_slots(SqlLimits(slots=1))
     try:
+        t0 = time.monotonic()
         with pytest.raises(Busy) as busy:
-            run_readonly(c, "SELECT 1", timeout_s=0.2)
+            run_readonly(c, "SELECT 1", SqlLimits(timeout_s=5, slots=1))
         assert busy.value.status == 429 and busy.value.field == "sql"
+        assert time.monotonic() - t0 < 0.5
     finally:
-        readonly_sql._slots.release()
-    assert run_readonly(c, "SELECT 1", timeout_s=5)["rows"] == [[1]]
+        release.set()
+    time.sleep(0.1)
+    assert run_readonly(c, "SELECT 1", SqlLimits(timeout_s=5, slots=1))["rows"] == [[1]]
 
 
-def test_through_the_api_busy_is_429_and_refusals_are_422(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_through_the_api_busy_is_429_and_refusals_are_422(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
-    with client_for(settings_for(tmp_path, sql_timeout_s=0.3)) as client:
+    settings = settings_for(tmp_path, sql_timeout_s=0.3, sql_slots=1)
+    with client_for(settings) as client:
         for sql in ("SELECT * FROM duckdb_secrets()", "FROM '/etc/passwd'",
                     "SELECT * FROM (DESCRIBE '/etc/passwd')", "SET threads = 1"):
             assert_error(client.post("/v1/sql", json={"sql": sql}), 422, "invalid_request", "sql")
-        monkeypatch.setattr(readonly_sql, "_slots", threading.BoundedSemaphore(1))
-        readonly_sql._slots.acquire()
+        release = hold_slots(SqlLimits(slots=1))
         try:
             assert_error(client.post("/v1/sql", json={"sql": "SELECT 1"}), 429,
                          "too_many_requests", "sql")
         finally:
-            readonly_sql._slots.release()
+            release.set()
+        time.sleep(0.1)
         assert client.post("/v1/sql", json={"sql": "SELECT 1"}).json()["rows"] == [[1]]
 
 
@@ -203,7 +237,7 @@ def test_duckdbs_own_parse_tree_is_checked_too(cat: tuple[Catalog, Path], sql: s
     c, secret = cat
     monkeypatch.setattr(readonly_sql, "check_readonly", lambda *a, **k: None)
     with pytest.raises(InvalidRequest) as err:
-        run_readonly(c, sql.format(secret=secret, dir=secret.parent), timeout_s=5)
+        run_readonly(c, sql.format(secret=secret, dir=secret.parent), SqlLimits(timeout_s=5))
     assert "not allowed" in err.value.message or "not a catalog table" in err.value.message \
         or "another database" in err.value.message, err.value.message
 
@@ -217,7 +251,7 @@ def test_duckdbs_own_parse_tree_is_checked_too(cat: tuple[Catalog, Path], sql: s
 def test_deeply_nested_queries_are_refused_not_crashing(cat: tuple[Catalog, Path],
                                                         sql: str) -> None:
     with pytest.raises(InvalidRequest):
-        run_readonly(cat[0], sql, timeout_s=5)
+        run_readonly(cat[0], sql, SqlLimits(timeout_s=5))
 
 
 def test_deep_nesting_through_the_api_is_422(tmp_path: Path) -> None:
@@ -245,7 +279,7 @@ def test_sql_text_is_bounded_before_it_is_parsed(cat: tuple[Catalog, Path]) -> N
     big = "SELECT 1" + " UNION ALL SELECT 1" * 50_000
     t0 = time.monotonic()
     with pytest.raises(InvalidRequest, match="characters long"):
-        run_readonly(cat[0], big, timeout_s=5)
+        run_readonly(cat[0], big, SqlLimits(timeout_s=5))
     assert time.monotonic() - t0 < 0.5
     ok = "SELECT 1" + " UNION ALL SELECT 1" * 500
-    assert len(run_readonly(cat[0], ok, timeout_s=10, row_limit=1000)["rows"]) == 501
+    assert len(run_readonly(cat[0], ok, SqlLimits(timeout_s=10, row_limit=1000))["rows"]) == 501

@@ -1,4 +1,4 @@
-"""POST /v1/sql: one read-only SELECT over the catalog, with row and time limits."""
+"""POST /v1/sql: one read-only SELECT over the catalog, in the SQL sandbox (core/sql_limits.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from mergepipe.catalog.readonly_sql import run_readonly
+from mergepipe.catalog.readonly_sql import run_readonly_async
+from mergepipe.core.sql_limits import SqlLimits
 from mergepipe.service.schemas import SqlIn, SqlOut
 from mergepipe.service.state import State
 
@@ -15,7 +16,6 @@ router = APIRouter(prefix="/v1", tags=["sql"])
 
 @router.post("/sql", response_model=SqlOut,
              summary="Read-only SQL (one SELECT; no files, no network, row and time limits)")
-def sql(body: SqlIn, st: State) -> dict[str, Any]:
-    return run_readonly(st.cat, body.sql, row_limit=st.settings.sql_row_limit,
-                        timeout_s=st.settings.sql_timeout_s,
-                        byte_limit=st.settings.sql_result_bytes)
+async def sql(body: SqlIn, st: State) -> dict[str, Any]:
+    # async: the query runs in one of the sandbox's slot threads, never in a request thread
+    return await run_readonly_async(st.cat, body.sql, SqlLimits.from_settings(st.settings))

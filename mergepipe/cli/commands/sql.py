@@ -8,6 +8,7 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.readonly_sql import run_readonly
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import print_table
+from mergepipe.core.sql_limits import SqlLimits
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,8 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with Catalog(args.settings.catalog) as cat:
-        result = run_readonly(cat, args.query, row_limit=args.settings.sql_row_limit,
-                              timeout_s=args.settings.sql_timeout_s)
+        result = run_readonly(cat, args.query, SqlLimits.from_settings(args.settings))
     if args.json:
         print_json(result)
     else:

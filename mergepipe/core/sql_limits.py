@@ -1,0 +1,29 @@
+"""Every limit of user SQL in one place (the DuckDB sandbox applies them; others mirror them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mergepipe.core.settings import Settings
+
+
+@dataclass(frozen=True)
+class SqlLimits:
+    """What one user query may use. Row and byte limits are enforced while rows are fetched;
+    the time limit interrupts the query; `slots` queries run at once and callers beyond get
+    429; `memory_bytes`, `threads` and `temp_bytes` bound the database engine's own work."""
+
+    row_limit: int = 10_000        # more rows: the first row_limit, "truncated": true
+    result_bytes: int = 16 << 20   # a result over this many bytes of JSON is refused
+    timeout_s: float = 10.0        # the query is interrupted then; the caller hears by +1 s
+    memory_bytes: int = 512 << 20  # the engine's memory limit (DuckDB: memory_limit)
+    threads: int = 2               # the engine's threads (DuckDB: threads)
+    slots: int = 2                 # user queries running at once (a query deaf to its
+    # interrupt keeps its slot until it ends)
+    temp_bytes: int = 1 << 30      # spill to disk (DuckDB: max_temp_directory_size)
+
+    @staticmethod
+    def from_settings(s: Settings) -> SqlLimits:
+        return SqlLimits(row_limit=s.sql_row_limit, result_bytes=s.sql_result_bytes,
+                         timeout_s=s.sql_timeout_s, memory_bytes=s.sql_memory_bytes,
+                         threads=s.sql_threads, slots=s.sql_slots)
