@@ -17,7 +17,7 @@ class SqlLimits:
     result_bytes: int = 16 << 20   # a result over this many bytes of JSON is refused
     timeout_s: float = 10.0        # the query is interrupted then; the caller hears by +1 s
     memory_bytes: int = 512 << 20  # the engine's memory limit (DuckDB: memory_limit)
-    threads: int = 2               # the engine's threads (DuckDB: threads)
+    threads: int = 1               # the engine's threads (DuckDB: threads)
     slots: int = 2                 # user queries running at once (a query deaf to its
     # interrupt keeps its slot until it ends)
     temp_bytes: int = 1 << 30      # spill to disk (DuckDB: max_temp_directory_size)

@@ -1,0 +1,190 @@
+"""The SQL bombs of issue 11 against a real `mergepipe serve` on loopback: the server's RSS grows
+by less than 1.5 GB, every answer comes within the time limit + 1 s, /healthz within 1 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.test_server_e2e import REPO, Api, free_port, mergepipe_command
+
+TIME_LIMIT_S = 2.0
+RSS_CEILING = 1.5e9
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[psutil.Process, Api]]:
+    tmp = tmp_path_factory.mktemp("bombs")
+    (tmp / "data").mkdir()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
+    env.update(MERGEPIPE_CATALOG=str(tmp / "catalog.duckdb"), MERGEPIPE_DATA_ROOTS=str(tmp / "data"),
+               MERGEPIPE_OUTPUT_ROOT=str(tmp / "outputs"), MERGEPIPE_SQL_TIMEOUT_S=str(TIME_LIMIT_S),
+               PYTHONPATH=str(REPO))
+    log = (tmp / "server.log").open("wb")
+    proc = subprocess.Popen([*mergepipe_command(), "serve", "--host", "127.0.0.1",
+                             "--port", str(port), "--log-level", "warning"],
+                            cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
+    api = Api(port)
+    try:
+        for _ in range(300):
+            assert proc.poll() is None, (tmp / "server.log").read_text()
+            try:
+                if api.call("GET", "/healthz")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("server did not come up in 30 s")
+        api.ok("POST", "/v1/sql", {"sql": "SELECT 1"})  # the sandbox's first use is not measured
+        yield psutil.Process(proc.pid), api
+    finally:
+        proc.kill()
+        proc.wait(10)
+        log.close()
+
+
+class Watch:
+    """Peak RSS of the server and the slowest /healthz while a bomb runs."""
+
+    def __init__(self, proc: psutil.Process, api: Api) -> None:
+        self.proc, self.api = proc, api
+        self.rss0 = proc.memory_info().rss
+        self.peak = self.rss0
+        self.health: list[float] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._rss), threading.Thread(target=self._hz)]
+
+    def _rss(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.005)
+
+    def _hz(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            code, _ = self.api.call("GET", "/healthz")
+            assert code == 200
+            self.health.append(time.monotonic() - t0)
+            time.sleep(0.05)
+
+    def __enter__(self) -> Watch:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.3)
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def report(self, name: str) -> str:
+        return (f"{name}: RSS +{(self.peak - self.rss0) / 1e6:.0f} MB, slowest /healthz "
+                f"{max(self.health) * 1000:.0f} ms over {len(self.health)} calls")
+
+
+# The client side of fire(), in another process (standard library only: it starts at once) so
+# that its 60 threads do not slow this process's /healthz calls.
+CLIENT = """
+import json, sys, time, urllib.error, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+port, n, sql = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def one(_):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/sql", method="POST",
+                                 data=json.dumps({"sql": sql}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            code, body = r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        code, body = e.code, json.loads(e.read())
+    return time.monotonic() - t0, code, body
+with ThreadPoolExecutor(n) as pool:
+    print(json.dumps(list(pool.map(one, range(n)))))
+"""
+
+
+def fire(api: Api, sql: str, n: int) -> list[tuple[float, int, Any]]:
+    """n concurrent POST /v1/sql: (seconds, status, body) each."""
+    port = api.base.rsplit(":", 1)[1]
+    out = subprocess.run([sys.executable, "-c", CLIENT, port, str(n), sql], capture_output=True,
+                         text=True, timeout=120, check=True)
+    return [tuple(a) for a in json.loads(out.stdout)]  # type: ignore[misc]
+
+
+def wait_for_free_slots(api: Api) -> None:
+    """A query deaf to its interrupt keeps its slot until DuckDB ends it (a previous test's)."""
+    for _ in range(600):
+        if api.call("POST", "/v1/sql", {"sql": "SELECT 1"})[0] == 200:
+            return
+        time.sleep(0.1)
+    pytest.fail("the SQL slots stayed busy for 60 s")
+
+
+def check(w: Watch, answers: list[tuple[float, int, Any]], name: str) -> None:
+    print(w.report(name), f"; slowest answer {max(a[0] for a in answers):.2f} s "
+          f"(limit {TIME_LIMIT_S:g} s)")
+    assert w.peak - w.rss0 < RSS_CEILING, w.report(name)
+    assert max(a[0] for a in answers) < TIME_LIMIT_S + 1, answers
+    assert w.health and max(w.health) < 1.0, w.report(name)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT len(list(i)) FROM range(1000000000) t(i)",
+    pytest.param("SELECT sum(len(l)) FROM (SELECT list(range(1000000)) l FROM range(5000) t(i))",
+                 marks=pytest.mark.slow),
+    pytest.param("SELECT list(x) FROM (SELECT list(i) x FROM range(100000000) t(i) "
+                 "GROUP BY i % 1000)", marks=pytest.mark.slow),
+])
+def test_list_building_bombs(server: tuple[psutil.Process, Api], sql: str) -> None:
+    """On 0.1 one of these grew the server by 4 GB, two at once by 6.4 GB."""
+    proc, api = server
+    wait_for_free_slots(api)
+    with Watch(proc, api) as w:
+        answers = fire(api, sql, 2)
+    assert all(code == 422 and body["error"]["field"] == "sql" for _, code, body in answers)
+    check(w, answers, "list bomb x2")
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT repeat('x', 15000) AS s FROM range(100000)",
+    pytest.param("SELECT repeat('x', 150000) AS s FROM range(10000)", marks=pytest.mark.slow),
+])
+def test_a_result_of_1_5_gb_of_strings(server: tuple[psutil.Process, Api], sql: str) -> None:
+    """On 0.1 this froze the server for 13 s: the result limit was checked after fetching.
+    Now rows are fetched in small batches and the limit stops the query as it is crossed (or
+    the time limit does first: with 150 kB strings DuckDB's first 2048-row chunk is 300 MB)."""
+    proc, api = server
+    wait_for_free_slots(api)
+    with Watch(proc, api) as w:
+        answers = fire(api, sql, 2)
+    for _, code, body in answers:
+        msg = body["error"]["message"]
+        assert code == 422 and ("byte limit" in msg or "time limit" in msg), body
+    check(w, answers, "1.5 GB of strings x2")
+
+
+def test_sixty_concurrent_slow_queries(server: tuple[psutil.Process, Api]) -> None:
+    """On 0.1 these starved the request threads: /healthz took 10 s. Now two run (and are
+    interrupted at the time limit); the others get 429 without waiting for a slot."""
+    proc, api = server
+    slow = "SELECT count(*) FROM range(100000) a, range(100000) b"
+    with Watch(proc, api) as w:
+        answers = fire(api, slow, 60)
+    codes = [code for _, code, _ in answers]
+    assert codes.count(429) >= 50 and set(codes) <= {422, 429}, codes
+    assert all("time limit" in b["error"]["message"] for _, c, b in answers if c == 422)
+    check(w, answers, "60 slow queries")
+    assert api.ok("POST", "/v1/sql", {"sql": "SELECT 42 AS x"})["rows"] == [[42]]
+
