@@ -5,11 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -22,7 +19,8 @@ from mergepipe.catalog.sql_guard import (
     check_readonly,
     check_with_duckdb,
 )
-from mergepipe.core.errors import Busy, InvalidRequest
+from mergepipe.catalog.sql_slots import SqlSlots, slots_for
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.jsonable import jsonable
 from mergepipe.core.sql_limits import SqlLimits
 
@@ -32,56 +30,12 @@ __all__ = ["ALLOWED_TABLE_FUNCTIONS", "SqlLimits", "SqlSlots", "check_readonly",
 # How long past its time limit the caller waits for a query's answer before it gets the
 # time-limit error anyway (the query then ends, or is interrupted, in its own thread).
 DEADLINE_GRACE_S = 0.5
-# Scheduling priority (nice) of the threads that run user queries: under CPU contention the
-# event loop and /healthz come first.
-SLOT_NICE = 10
+# A query that gets its slot with less time than this left is not started.
+MIN_RUN_S = 0.05
 # Rows fetched from DuckDB at a time; the row and byte limits are checked after each batch.
 FETCH_ROWS = 64
 SELECT_TABLES = ("SELECT table_name FROM information_schema.tables "
                  "WHERE table_schema = 'main' AND table_catalog = current_database()")
-
-
-class SqlSlots:
-    """A fixed number of user queries at once, each in its own daemon thread (never a request
-    thread): `start` raises Busy (429) at once when every slot is taken. A query deaf to its
-    interrupt (one huge scalar) keeps its slot until DuckDB finishes it."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self._free = threading.BoundedSemaphore(n)
-
-    def start(self, work: Callable[[], dict[str, Any]]) -> Future[dict[str, Any]]:
-        if not self._free.acquire(blocking=False):
-            raise Busy(f"{self.n} SQL queries are already running; retry later", field="sql")
-        fut: Future[dict[str, Any]] = Future()
-        fut.set_running_or_notify_cancel()
-
-        def run() -> None:
-            with contextlib.suppress(OSError, AttributeError):  # behind request handling
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SLOT_NICE)
-            try:
-                fut.set_result(work())
-            except BaseException as e:  # noqa: BLE001 - handed over to the caller
-                fut.set_exception(e)
-            finally:
-                self._free.release()
-
-        try:
-            threading.Thread(target=run, name="mergepipe-sql", daemon=True).start()
-        except BaseException:
-            self._free.release()
-            raise
-        return fut
-
-
-_slots: dict[int, SqlSlots] = {}
-_slots_lock = threading.Lock()
-
-
-def slots_for(limits: SqlLimits) -> SqlSlots:
-    """The process's slots (one set per slot count; a server has one)."""
-    with _slots_lock:
-        return _slots.setdefault(limits.slots, SqlSlots(limits.slots))
 
 
 def _time_limit_error(limits: SqlLimits) -> InvalidRequest:
@@ -92,25 +46,36 @@ def _time_limit_error(limits: SqlLimits) -> InvalidRequest:
 def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dict[str, Any]:
     """{columns, rows, truncated} of a checked read-only query, within `limits`.
 
-    The caller has its answer within the time limit + DEADLINE_GRACE_S whatever the query does;
-    Busy (429) at once when all slots are taken."""
+    The caller has its answer within the time limit (counted from the call, waiting for a slot
+    included) + DEADLINE_GRACE_S whatever the query does; Busy (429) when no slot frees."""
     lim = limits or SqlLimits()
-    fut = slots_for(lim).start(lambda: _run_checked(cat, sql, lim))
+    deadline = time.monotonic() + lim.timeout_s
+    slots = slots_for(lim)
+    slots.acquire(deadline)
+    fut = slots.start(lambda: _run_checked(cat, sql, lim, deadline))
     try:
-        return fut.result(timeout=lim.timeout_s + DEADLINE_GRACE_S)
+        return fut.result(timeout=max(0.0, deadline + DEADLINE_GRACE_S - time.monotonic()))
     except FutureTimeout:
         raise _time_limit_error(lim) from None
 
 
 async def run_readonly_async(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
-    """run_readonly for the event loop: no request thread waits on the query, and nothing is
-    parsed before a slot is taken (a flood of queries costs the loop almost nothing)."""
-    fut = slots_for(limits).start(lambda: _run_checked(cat, sql, limits))
+    """run_readonly for the event loop: no request thread waits, for a slot or on the query,
+    and nothing is parsed before a slot is taken (a flood costs the loop almost nothing)."""
+    deadline = time.monotonic() + limits.timeout_s
+    slots = slots_for(limits)
+    await slots.acquire_async(deadline)
+    fut = slots.start(lambda: _run_checked(cat, sql, limits, deadline))
     try:
-        return await asyncio.wait_for(asyncio.wrap_future(fut),
-                                      limits.timeout_s + DEADLINE_GRACE_S)
+        return await asyncio.wait_for(asyncio.wrap_future(fut), max(
+            0.0, deadline + DEADLINE_GRACE_S - time.monotonic()))
     except TimeoutError:
         raise _time_limit_error(limits) from None
+
+
+def _check_time_left(deadline: float, limits: SqlLimits) -> None:
+    if deadline - time.monotonic() < MIN_RUN_S:  # a slot came too late to start the query
+        raise _time_limit_error(limits)
 
 
 def sandbox_connection(cat: Catalog, sql: str, limits: SqlLimits) -> duckdb.DuckDBPyConnection:
@@ -139,8 +104,9 @@ def sandbox_connection(cat: Catalog, sql: str, limits: SqlLimits) -> duckdb.Duck
     return own
 
 
-def _run_checked(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
+def _run_checked(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
     """The work of run_readonly, in its slot's thread."""
+    _check_time_left(deadline, limits)
     own = sandbox_connection(cat, sql, limits)
     fired = threading.Event()
 
@@ -149,11 +115,10 @@ def _run_checked(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
         with contextlib.suppress(duckdb.Error):  # the query ended (its connection closed)
             own.interrupt()
 
-    timer = threading.Timer(limits.timeout_s, interrupt)
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), interrupt)
     timer.daemon = True
     try:
         own.execute("BEGIN TRANSACTION READ ONLY")
-        deadline = time.monotonic() + limits.timeout_s
         timer.start()
         cur = own.execute(sql)
         return _fetch(cur, limits, deadline)

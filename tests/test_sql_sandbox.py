@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -173,6 +174,7 @@ def hold_slots(limits: SqlLimits) -> threading.Event:
     release = threading.Event()
     slots = readonly_sql.slots_for(limits)
     for _ in range(limits.slots):
+        slots.acquire(time.monotonic())
         slots.start(lambda: (release.wait(30), {})[1])
     return release
 
@@ -191,27 +193,62 @@ def test_a_query_deaf_to_interrupts_still_answers_in_time_and_holds_one_slot(
     assert time.monotonic() - t0 < 1.5
     # while it still runs, the other slots serve queries; with no slot free: Busy at once
     assert run_readonly(c, "SELECT 42", SqlLimits(timeout_s=5, slots=3))["rows"] == [[42]]
-    release = hold_slots(SqlLimits(slots=1))
+    one = SqlLimits(timeout_s=5, slots=1, queue=0)
+    release = hold_slots(one)
     try:
         t0 = time.monotonic()
         with pytest.raises(Busy) as busy:
-            run_readonly(c, "SELECT 1", SqlLimits(timeout_s=5, slots=1))
+            run_readonly(c, "SELECT 1", one)
         assert busy.value.status == 429 and busy.value.field == "sql"
         assert time.monotonic() - t0 < 0.5
     finally:
         release.set()
     time.sleep(0.1)
-    assert run_readonly(c, "SELECT 1", SqlLimits(timeout_s=5, slots=1))["rows"] == [[1]]
+    assert run_readonly(c, "SELECT 1", one)["rows"] == [[1]]
+
+
+def test_a_bounded_queue_waits_for_a_slot_within_the_time_limit(
+        cat: tuple[Catalog, Path]) -> None:
+    c, _ = cat
+    lim = SqlLimits(timeout_s=3, slots=1, queue=1)
+    release = hold_slots(lim)
+    got: dict[str, Any] = {}
+
+    def waiter() -> None:
+        try:
+            got["out"] = run_readonly(c, "SELECT 7", lim)
+        except Exception as e:  # noqa: BLE001 - checked below
+            got["err"] = e
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.3)  # the waiter holds the one place in the queue: a third caller is refused
+    t0 = time.monotonic()
+    with pytest.raises(Busy):
+        run_readonly(c, "SELECT 1", lim)
+    assert time.monotonic() - t0 < 0.5
+    release.set()
+    t.join(5)
+    assert got.get("out", got)["rows"] == [[7]]
+    # nobody frees the slot: the waiter hears Busy at its deadline, not later
+    release = hold_slots(SqlLimits(timeout_s=0.5, slots=1, queue=1))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Busy):
+            run_readonly(c, "SELECT 1", SqlLimits(timeout_s=0.5, slots=1, queue=1))
+        assert 0.4 < time.monotonic() - t0 < 1.5
+    finally:
+        release.set()
 
 
 def test_through_the_api_busy_is_429_and_refusals_are_422(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
-    settings = settings_for(tmp_path, sql_timeout_s=0.3, sql_slots=1)
+    settings = settings_for(tmp_path, sql_timeout_s=0.3, sql_slots=1, sql_queue=0)
     with client_for(settings) as client:
         for sql in ("SELECT * FROM duckdb_secrets()", "FROM '/etc/passwd'",
                     "SELECT * FROM (DESCRIBE '/etc/passwd')", "SET threads = 1"):
             assert_error(client.post("/v1/sql", json={"sql": sql}), 422, "invalid_request", "sql")
-        release = hold_slots(SqlLimits(slots=1))
+        release = hold_slots(SqlLimits(slots=1, queue=0))
         try:
             assert_error(client.post("/v1/sql", json={"sql": "SELECT 1"}), 429,
                          "too_many_requests", "sql")

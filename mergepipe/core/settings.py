@@ -26,7 +26,8 @@ class Settings:
     sql_result_bytes: int = 16 << 20     # larger SQL results (as JSON) are refused
     sql_memory_bytes: int = 512 << 20    # user SQL's DuckDB memory_limit (core/sql_limits.py)
     sql_threads: int = 1                 # user SQL's DuckDB threads
-    sql_slots: int = 2                   # user queries at once; 429 beyond
+    sql_slots: int = 2                   # user queries at once
+    sql_queue: int = 16                  # user queries waiting for a slot; 429 beyond
     max_body_bytes: int = 1 << 20        # larger request bodies are refused with 413
     shutdown_grace_s: float = 30.0       # how long `serve` waits for running jobs on SIGTERM
     max_queued_jobs: int = 1000          # more queued ingestions + merges are refused with 429
@@ -49,6 +50,7 @@ class Settings:
                                         minimum=64 << 20),
             sql_threads=env_number(e, "MERGEPIPE_SQL_THREADS", int, 1, minimum=1),
             sql_slots=env_number(e, "MERGEPIPE_SQL_SLOTS", int, 2, minimum=1),
+            sql_queue=env_number(e, "MERGEPIPE_SQL_QUEUE", int, 16, minimum=0),
             max_body_bytes=env_number(e, "MERGEPIPE_MAX_BODY_BYTES", int, 1 << 20, minimum=1),
             shutdown_grace_s=env_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
             max_queued_jobs=env_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),

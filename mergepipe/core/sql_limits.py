@@ -10,8 +10,8 @@ from mergepipe.core.settings import Settings
 @dataclass(frozen=True)
 class SqlLimits:
     """What one user query may use. Row and byte limits are enforced while rows are fetched;
-    the time limit interrupts the query; `slots` queries run at once and callers beyond get
-    429; `memory_bytes`, `threads` and `temp_bytes` bound the database engine's own work."""
+    the time limit (counted from arrival, waiting for a slot included) interrupts the query;
+    `slots` queries run at once, `queue` more wait, callers beyond get 429; `memory_bytes`, `threads` and `temp_bytes` bound the database engine's own work."""
 
     row_limit: int = 10_000        # more rows: the first row_limit, "truncated": true
     result_bytes: int = 16 << 20   # a result over this many bytes of JSON is refused
@@ -20,10 +20,11 @@ class SqlLimits:
     threads: int = 1               # the engine's threads (DuckDB: threads)
     slots: int = 2                 # user queries running at once (a query deaf to its
     # interrupt keeps its slot until it ends)
+    queue: int = 16                # more wait for a slot (within their time limit); then 429
     temp_bytes: int = 1 << 30      # spill to disk (DuckDB: max_temp_directory_size)
 
     @staticmethod
     def from_settings(s: Settings) -> SqlLimits:
         return SqlLimits(row_limit=s.sql_row_limit, result_bytes=s.sql_result_bytes,
                          timeout_s=s.sql_timeout_s, memory_bytes=s.sql_memory_bytes,
-                         threads=s.sql_threads, slots=s.sql_slots)
+                         threads=s.sql_threads, slots=s.sql_slots, queue=s.sql_queue)
