@@ -320,3 +320,24 @@ def test_sql_text_is_bounded_before_it_is_parsed(cat: tuple[Catalog, Path]) -> N
     assert time.monotonic() - t0 < 0.5
     ok = "SELECT 1" + " UNION ALL SELECT 1" * 500
     assert len(run_readonly(cat[0], ok, SqlLimits(timeout_s=10, row_limit=1000))["rows"]) == 501
+
+
+def test_the_cli_runs_with_the_same_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from mergepipe.cli.main import main
+
+    monkeypatch.setenv("MERGEPIPE_SQL_ROW_LIMIT", "5")
+    monkeypatch.setenv("MERGEPIPE_SQL_TIMEOUT_S", "0.5")
+    capsys.readouterr()
+    assert main(["--catalog", str(tmp_path / "c.duckdb"), "sql", "SELECT * FROM range(50)",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["truncated"] is True and len(out["rows"]) == 5
+    t0 = time.monotonic()
+    rc = main(["--catalog", str(tmp_path / "c.duckdb"), "sql",
+               "SELECT count(*) FROM range(100000) a, range(100000) b"])
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and "time limit" in err and len(err.splitlines()) == 1, err
+    assert time.monotonic() - t0 < 0.5 + 1
