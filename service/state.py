@@ -19,8 +19,8 @@ class AppState:
     runner: JobRunner
 
 
-def get_state(request: Request) -> AppState:
-    """FastAPI dependency: the app's state."""
+async def get_state(request: Request) -> AppState:
+    """FastAPI dependency: the app's state (async: no thread-pool hop per request)."""
     st: AppState = request.app.state.mergepipe
     return st
 
