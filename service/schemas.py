@@ -38,11 +38,12 @@ class ExpertIn(_In):
 
 
 class BudgetIn(_In):
-    # strict: "0.5" and true are refused, not coerced (a budget is a number)
-    fraction: float | None = Field(None, strict=True, gt=0, allow_inf_nan=False,
+    # strict: "0.5" and true are refused, not coerced (a budget is a number); the ranges are
+    # core.request's (field "budget")
+    fraction: float | None = Field(None, strict=True,
                                    description="of the operator's full-read cost (above 1: "
                                                "the full read)")
-    bytes: int | None = Field(None, strict=True, gt=0, le=2**63 - 1, description="expert bytes")
+    bytes: int | None = Field(None, strict=True, description="expert bytes, at most 2^63 - 1")
 
     @model_validator(mode="after")
     def _one(self) -> BudgetIn:
