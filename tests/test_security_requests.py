@@ -232,3 +232,15 @@ def test_no_existence_oracle_outside_the_roots(env: dict[str, Any], tmp_path: Pa
         answers.append((r.status_code, json.dumps(r.json()).replace(second, "X")))
     assert answers[0] == answers[1] == answers[2], answers
     assert answers[0][0] == 403
+
+
+def test_compose_passes_the_token_and_the_loopback_switch_through() -> None:
+    """docker compose up without a token starts `serve --host 0.0.0.0`: the refusal above."""
+    import yaml
+    api = yaml.safe_load((Path(__file__).parents[1] / "docker-compose.yml").read_text())
+    api = api["services"]["api"]
+    assert api["command"][api["command"].index("--host") + 1] == "0.0.0.0"
+    env = api["environment"]
+    assert env["MERGEPIPE_API_TOKEN"].startswith("${MERGEPIPE_API_TOKEN")
+    assert env["MERGEPIPE_LOOPBACK_ONLY"].startswith("${MERGEPIPE_LOOPBACK_ONLY")
+    assert all(p.startswith("127.0.0.1:") for p in api["ports"])
