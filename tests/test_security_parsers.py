@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,9 +69,10 @@ def test_pattern_matching_keeps_peft_semantics() -> None:
 
 # -- YAML --------------------------------------------------------------------------------------
 
-BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
-    for p, c in zip("abcdefgh", "bcdefghi", strict=True)) + "merge_method: *i\n"
+BOMB = ("merge_method: linear\nmodels: [a]\ntokenizer_source: "
+        "[&a [x, x, x, x, x, x, x, x, x], " + ", ".join(
+            f"&{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]"
+            for p, c in zip("abcdefg", "bcdefgh", strict=True)) + "]\n")  # 9^8 once expanded
 
 
 def test_a_yaml_alias_bomb_is_refused_small_and_fast() -> None:
@@ -79,6 +82,18 @@ def test_a_yaml_alias_bomb_is_refused_small_and_fast() -> None:
         parse_config(BOMB)
     assert time.perf_counter() - t0 < 1.0
     assert len(e.value.message) < 400
+
+
+def test_the_alias_bomb_stays_under_a_memory_ceiling() -> None:
+    """Peak RSS of a fresh process parsing the bomb (1.7 GB on 0.1): under 400 MB."""
+    code = ("import resource, sys\n"
+            "from mergepipe.core.mergekit_config import parse_config\n"
+            "try:\n    parse_config(sys.stdin.read())\nexcept Exception as e:\n"
+            "    print(type(e).__name__)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    out = subprocess.run([sys.executable, "-c", code], input=BOMB, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split()
+    assert out[0] == "InvalidRequest" and int(out[1]) < 400 * 1024, out
 
 
 @pytest.mark.parametrize("value", ["2024-01-01", "2001-12-14t21:59:43.10-05:00"])
