@@ -17,7 +17,8 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-MAX_JSON_BYTES = 64 << 20  # an index or adapter config larger than this is refused
+MAX_JSON_BYTES = 16 << 20  # an index or adapter config larger than this is refused
+MAX_INDEX_TENSORS = 262_144  # entries of an index's weight_map
 
 
 @dataclass
@@ -93,6 +94,9 @@ def _shards_from_index(store: Store, p: str) -> list[str]:
     wm = index.get("weight_map")
     if not isinstance(wm, dict) or not wm:
         raise InvalidCheckpoint(f"{index_path}: missing or empty weight_map")
+    if len(wm) > MAX_INDEX_TENSORS:
+        raise InvalidCheckpoint(f"{index_path}: {len(wm)} tensors in the weight_map, over the "
+                                f"limit of {MAX_INDEX_TENSORS}")
     names = sorted(set(map(str, wm.values())))
     shards = []
     for n in names:

@@ -48,9 +48,9 @@ from mergepipe.core.progress import ProgressFn
 __all__ = ["DEFAULT_BLOCK_BYTES", "KINDS", "ScannedModel", "ingest_model", "scan_model",
            "write_model"]
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@-]{0,127}$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@-]{0,127}")  # fullmatch, never match
 MIN_BLOCK_BYTES = 64
-MAX_BLOCK_BYTES = 1 << 30
+MAX_BLOCK_BYTES = 64 << 20  # a merge holds about K x block size; 1 GiB blocks were accepted
 
 
 @dataclass
@@ -183,7 +183,7 @@ def write_model(conn: sa.Connection, scanned: ScannedModel) -> None:
 # -- checks --------------------------------------------------------------------------------------
 
 def _check_args(name: str, kind: str, base: str | None, block_bytes: int) -> None:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise InvalidRequest(f"model name {name!r} must be 1-128 characters of letters, digits "
                              "and . _ - + @, starting with a letter or digit", field="name")
     if kind not in KINDS:

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import re2
 import torch
 
 from mergepipe.catalog.safetensors_format import TensorEntry
@@ -44,7 +45,7 @@ def adapter_scale(config: Mapping[str, object], module: str, rank: int) -> tuple
     """(alpha, scale) of one module: alpha_pattern / lora_alpha over r (or sqrt(r) with rslora)."""
     alpha = _number(config, "lora_alpha")
     pattern = _pattern(config, "alpha_pattern")
-    key = _pattern_key(pattern, module)
+    key = _pattern_key(pattern, module, "alpha_pattern")
     if key is not None:
         alpha = _as_number(pattern[key], f"alpha_pattern[{key!r}]")
     if config.get("use_rslora"):
@@ -55,7 +56,7 @@ def adapter_scale(config: Mapping[str, object], module: str, rank: int) -> tuple
 def configured_rank(config: Mapping[str, object], module: str) -> int:
     """The rank the config gives a module (rank_pattern, else r)."""
     pattern = _pattern(config, "rank_pattern")
-    key = _pattern_key(pattern, module)
+    key = _pattern_key(pattern, module, "rank_pattern")
     r = pattern[key] if key is not None else config.get("r")
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
         raise InvalidCheckpoint(f"adapter_config.json: rank {r!r} for module {module!r} is not a "
@@ -142,23 +143,47 @@ def _unsupported_key(name: str) -> str:
     return "not a lora_A / lora_B weight (modules_to_save and other extras are not supported)"
 
 
+MAX_PATTERNS = 4096  # keys of one rank_pattern / alpha_pattern
+MAX_PATTERN_CHARS = 1024
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+_RE2_OPTIONS.max_mem = 8 << 20  # a pattern whose automaton is bigger is refused
+
+
 def _pattern(config: Mapping[str, object], name: str) -> dict[str, object]:
     p = config.get(name) or {}
     if not isinstance(p, dict):
         raise InvalidCheckpoint(f"adapter_config.json: {name} is not an object", field=name)
+    if len(p) > MAX_PATTERNS:
+        raise InvalidCheckpoint(f"adapter_config.json: {name} has {len(p)} keys, over the "
+                                f"limit of {MAX_PATTERNS}", field=name)
     return p
 
 
-def _pattern_key(pattern: Mapping[str, object], module: str) -> str | None:
-    """The pattern key PEFT would use for `module` (its get_pattern_key rule), or None."""
+def _pattern_key(pattern: Mapping[str, object], module: str, name: str) -> str | None:
+    r"""The pattern key PEFT would use for `module` (its get_pattern_key rule: the first key
+    matching `(.*\.)?(key)$`), or None. Keys come from a user's file, so they run through RE2
+    (linear time in the module name, whatever the pattern); a key RE2 cannot take (a
+    back-reference, a look-around) is refused by name, never handed to `re`."""
     for key in pattern:
+        if len(key) > MAX_PATTERN_CHARS:
+            raise InvalidCheckpoint(f"adapter_config.json: {name} key {key[:60]!r}... is over "
+                                    f"{MAX_PATTERN_CHARS} characters", field=name)
         try:
-            if re.match(rf"(.*\.)?({key})$", module):
-                return key
-        except re.error as e:
-            raise InvalidCheckpoint(f"adapter_config.json: pattern {key!r} is not a valid "
-                                    f"regular expression ({e})") from None
+            rx = re2.compile(rf"(.*\.)?({key})$", _RE2_OPTIONS)
+        except re2.error as e:
+            raise InvalidCheckpoint(f"adapter_config.json: {name} key {key!r} is not a regular "
+                                    f"expression MergePipe runs (RE2 syntax, linear time: no "
+                                    f"back-references or look-arounds): {_reason(e)}",
+                                    field=name) from None
+        if rx.match(module):
+            return key
     return None
+
+
+def _reason(e: Exception) -> str:
+    arg = e.args[0] if e.args else e
+    return (arg.decode(errors="replace") if isinstance(arg, bytes) else str(arg))[:200]
 
 
 def _number(config: Mapping[str, object], name: str) -> float:

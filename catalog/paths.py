@@ -12,13 +12,15 @@ from mergepipe.catalog.remote_paths import confine_url
 from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
 
 # Model and output names become directory names under the output root: one path segment.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# Matched whole (fullmatch): with `$`, "e0\n" was a valid name (a second "e0" in listings, a
+# directory "nl\n", a crash writing the Location header).
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _NAME = re.compile(NAME_PATTERN)
 
 
 def check_name(name: str, field: str) -> str:
     """A model / output name: letters, digits, '.', '_', '-'; no slash, no '..'."""
-    if not _NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise InvalidRequest(f"{field} {name!r} is not a valid name (1-128 of A-Z a-z 0-9 . _ -, "
                              "starting with a letter or digit, no '..')", field=field)
     return name
@@ -85,11 +87,13 @@ def _confine_entries(real: Path, roots: Sequence[Path], raw: str, field: str) ->
 def recheck_input(path: str, data_roots: Sequence[Path], field: str = "path") -> None:
     """Confine again, when a job starts, a path that lies inside a data root: its directory may
     have changed (a symbolic link put in) since it was accepted. Paths outside every root (a
-    merge output, a model the CLI registered) are left as the catalog has them."""
-    real = Path(os.path.realpath(path))
+    merge output, a model the CLI registered) are left as the catalog has them. Whether a path
+    is inside is decided by the path the catalog holds (the real path when it was accepted),
+    not by where it leads now: a directory swapped for a link out of the root is refused."""
+    held = Path(os.path.normpath(os.path.abspath(path)))
     roots = [Path(os.path.realpath(r)) for r in data_roots]
-    if any(_inside(real, r) for r in roots):
-        confine_input(str(real), roots, field=field)
+    if any(_inside(held, r) for r in roots):
+        confine_input(str(held), roots, field=field)
 
 
 def output_dir(output_root: Path, name: str, field: str = "output.name") -> Path:

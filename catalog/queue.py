@@ -195,6 +195,11 @@ def pending_output(cat: Catalog, name: str) -> str | None:
     return str(rows[0][0]) if rows else None
 
 
+def pending_outputs(cat: Catalog) -> set[str]:
+    """The output names of queued and running merges (claimed until they end)."""
+    return {str(r[0]) for r in cat.query("merge_outputs_pending")}
+
+
 def recover(cat: Catalog) -> None:
     """Mark the jobs that were running when the process died as failed (one transaction)."""
     with cat.transaction() as conn:

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
+from mergepipe.catalog.fsconfine import current_roots, open_confined
 from mergepipe.catalog.locations import is_url
 from mergepipe.catalog.remote_reader import RemoteReader
 from mergepipe.catalog.store_types import FetchStats, Stamp
@@ -16,7 +17,8 @@ from mergepipe.core.errors import InvalidCheckpoint
 
 class RangeReader(Protocol):
     """What ingestion and the executor read checkpoints through: byte ranges of files, every
-    byte counted (in total and per file): local files and remote objects (s3://, https://)."""
+    byte counted (in total and per file): local files and remote objects (s3://, https://).
+    Local files are opened beneath their root when the reader was made in a confined job."""
 
     @property
     def bytes_read(self) -> int: ...
@@ -110,6 +112,7 @@ class LocalFileReader:
         # random_access: the caller reads scattered ranges (a budgeted access set) in large
         # preads of its own, so kernel read-ahead would only fetch bytes nobody asked for.
         self.random_access = random_access
+        self.roots = current_roots()  # the job's roots, captured for the reading threads
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
@@ -120,7 +123,7 @@ class LocalFileReader:
             fd = self._fds.get(path)
             if fd is None:
                 try:  # O_NONBLOCK: a FIFO planted as a checkpoint must not hang the open
-                    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                    fd = open_confined(path, os.O_RDONLY | os.O_NONBLOCK, self.roots)
                 except OSError as e:
                     raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
                 if not stat.S_ISREG(os.fstat(fd).st_mode):

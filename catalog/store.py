@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from mergepipe.catalog.fsconfine import current_roots
 from mergepipe.catalog.http_store import HttpStore
 from mergepipe.catalog.local_store import LocalStore
 from mergepipe.catalog.locations import is_url, parse_url
@@ -11,14 +12,18 @@ from mergepipe.catalog.remote_io import RemoteConfig
 from mergepipe.catalog.s3_store import S3Store
 from mergepipe.catalog.store_types import RemoteStore, Store
 
-_LOCAL = LocalStore()
+_LOCAL = LocalStore()  # not confined (the CLI); a confined job gets its own
 _remote: dict[tuple[str, RemoteConfig], RemoteStore] = {}
 _lock = threading.Lock()
 
 
 def store_for(path: str) -> Store:
-    """The store that holds `path`: the local disk, or the S3 / HTTP store of its URL."""
-    return remote_store(path) if is_url(path) else _LOCAL
+    """The store that holds `path`: the local disk (confined to the current job's roots, see
+    catalog.fsconfine), or the S3 / HTTP store of its URL."""
+    if is_url(path):
+        return remote_store(path)
+    roots = current_roots()
+    return _LOCAL if roots is None else LocalStore(roots)
 
 
 def remote_store(path: str) -> RemoteStore:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,12 +15,17 @@ import torch
 import xxhash
 
 from mergepipe.catalog.checkpoint import INDEX_FILE
+from mergepipe.catalog.fsconfine import current_roots, open_confined
+from mergepipe.catalog.local_store import read_fd
 from mergepipe.catalog.locations import basename, is_url
 from mergepipe.catalog.safetensors_format import TORCH_DTYPES, encode_header
 from mergepipe.catalog.store import store_for
 from mergepipe.catalog.store_types import FILE
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
+
+# Output files are new names in a fresh staging directory: never written through a planted link.
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ class CheckpointWriter:
         try:
             for fname, tensors in files:
                 header, spans = encode_header(tensors, (metadata or {}).get(fname))
-                fd = os.open(self.out_dir / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                fd = os.open(self.out_dir / fname, _NEW_FILE, 0o644)
                 self._fds.append(fd)
                 _pwrite_all(fd, header, 0)
                 data_len = spans[-1][1] if spans else 0
@@ -151,37 +157,45 @@ MAX_SIDE_FILE_BYTES = 256 << 20  # a config or tokenizer file larger than this i
 
 def copy_extra_files(paths: list[str], out_dir: Path, dtype: str | None) -> list[str]:
     """Copy the base's non-weight files (config, tokenizer; local or remote); config.json gets
-    the output dtype."""
+    the output dtype. A local file is opened once (beneath its root in a confined job) and
+    copied from that descriptor: what is checked is what is copied."""
     copied = []
     for p in paths:
         name = basename(p)
-        store = store_for(p)
-        if name.endswith(STALE_WEIGHT_SUFFIXES) or store.kind(p) != FILE:
+        if name.endswith(STALE_WEIGHT_SUFFIXES):
+            continue
+        try:
+            data = _side_file(p)
+        except OSError as e:
+            raise InvalidCheckpoint(f"{p}: cannot copy it ({e.strerror or e})") from None
+        if data is None:
             continue
         dst = out_dir / name
-        if name == CONFIG_FILE and dtype is not None and _write_config(p, dst, dtype):
-            copied.append(name)
-            continue
-        if is_url(p):
-            try:
-                _write_all(dst, store.read_bytes(p, MAX_SIDE_FILE_BYTES))
-            except OSError as e:
-                raise InvalidCheckpoint(f"{p}: cannot copy it ({e.strerror})") from None
-        else:
-            with open(p, "rb") as fin, open(dst, "wb") as fout:
-                while chunk := fin.read(1 << 20):
-                    fout.write(chunk)
-                fout.flush()
-                os.fsync(fout.fileno())
+        if not (name == CONFIG_FILE and dtype is not None and _write_config(data, dst, dtype)):
+            _write_all(dst, data)
         copied.append(name)
     return copied
 
 
-def _write_config(src: str, dst: Path, dtype: str) -> bool:
+def _side_file(p: str) -> bytes | None:
+    """The bytes of a side file; None if it is not a regular file (a directory, a FIFO)."""
+    store = store_for(p)
+    if is_url(p):
+        return store.read_bytes(p, MAX_SIDE_FILE_BYTES) if store.kind(p) == FILE else None
+    fd = open_confined(p, os.O_RDONLY | os.O_NONBLOCK, current_roots())
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return read_fd(fd, MAX_SIDE_FILE_BYTES)
+    finally:
+        os.close(fd)
+
+
+def _write_config(data: bytes, dst: Path, dtype: str) -> bool:
     """config.json with the output dtype; False if it is not a JSON object (copied as is)."""
     try:
-        cfg = json.loads(store_for(src).read_bytes(src, MAX_SIDE_FILE_BYTES))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        cfg = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return False
     if not isinstance(cfg, dict):
         return False
@@ -193,7 +207,9 @@ def _write_config(src: str, dst: Path, dtype: str) -> bool:
 
 
 def _write_all(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # O_EXCL | O_NOFOLLOW: a name planted in the staging directory is never written through
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
     try:
         _pwrite_all(fd, data, 0)
         os.fsync(fd)

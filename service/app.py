@@ -12,6 +12,7 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.core.settings import Settings
 from mergepipe.jobs.runner import JobRunner
 from mergepipe.service import errors
+from mergepipe.service.access import AccessGuard
 from mergepipe.service.limits import BodyLimit
 from mergepipe.service.routes import (
     console,
@@ -59,6 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="MergePipe", version="1", description=DESCRIPTION, lifespan=lifespan)
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AccessGuard, settings=settings)  # outermost: before the body is read
     for r in (health.router, models.router, plans.router, merges.router, lineage.router,
               sql.router, operators.router):
         app.include_router(r)

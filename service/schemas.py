@@ -26,20 +26,24 @@ class ModelIn(_In):
     kind: Literal["full", "delta", "lora"] = "full"
     base: str | None = Field(None, min_length=1, max_length=128,
                              description="the base model (omit to register a base)")
-    block_bytes: int | None = Field(None, gt=0, le=1 << 30,
+    block_bytes: int | None = Field(None, gt=0, le=64 << 20, strict=True,
                                     description="block size of the grid (bases only)")
     stats: bool = Field(True, description="compute delta statistics (false: header-only)")
 
 
 class ExpertIn(_In):
     model: str = Name
-    weight: float | None = None
-    density: float | None = None
+    weight: float | None = Field(None, strict=True)  # strict: no "1" or true for a number
+    density: float | None = Field(None, strict=True)
 
 
 class BudgetIn(_In):
-    fraction: float | None = Field(None, description="of the operator's full-read cost")
-    bytes: int | None = Field(None, description="expert bytes")
+    # strict: "0.5" and true are refused, not coerced (a budget is a number); the ranges are
+    # core.request's (field "budget")
+    fraction: float | None = Field(None, strict=True,
+                                   description="of the operator's full-read cost (above 1: "
+                                               "the full read)")
+    bytes: int | None = Field(None, strict=True, description="expert bytes, at most 2^63 - 1")
 
     @model_validator(mode="after")
     def _one(self) -> BudgetIn:
@@ -60,7 +64,7 @@ class PlanIn(_In):
     operator: str | None = Field(None, min_length=1, max_length=64)
     params: dict[str, Any] | None = None
     budget: BudgetIn | None = Field(None, description="default: the full read")
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    seed: int | None = Field(None, ge=0, lt=2**63, strict=True)
     config_yaml: str | None = Field(
         None, min_length=1, max_length=1_000_000,
         description="a mergekit YAML config instead of base/experts/operator/params; its models "

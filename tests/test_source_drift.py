@@ -105,6 +105,8 @@ def test_a_changed_checkpoint_fails_the_merge_and_publishes_nothing(
 
     if change == "deleted":
         shutil.copy(fam["base" if which == "base" else "e1"] / "model.safetensors", victim)
+    if change == "size":  # trailing bytes: no longer a safetensors file (ingestion refuses it)
+        os.truncate(victim, victim.stat().st_size - 8)
     # re-ingesting (under a new name: the old one keeps its lineage) makes it mergeable again
     if which == "expert":
         _register(c, f"x2-{tag}", expert_dir, base=f"b-{tag}")

@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         args.settings = Settings.from_env(catalog=args.catalog)
         rc = args.func(args)
     except MergePipeError as e:
-        print(f"mergepipe {args.command}: error: {e.message}", file=sys.stderr)
+        one_line = " ".join(e.message.split("\n"))  # a message never spans lines
+        print(f"mergepipe {args.command}: error: {one_line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"mergepipe {args.command}: interrupted", file=sys.stderr)

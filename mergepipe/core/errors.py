@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# A message quotes what it is about (a name, a path, a value): never more than this in all, so
+# that a hostile value cannot make the error itself large (a 351 MB body in 0.1).
+MAX_MESSAGE_CHARS = 1000
+
 
 class MergePipeError(Exception):
     """Base of every error we raise on purpose; `status` maps it to HTTP."""
@@ -10,6 +14,10 @@ class MergePipeError(Exception):
     code = "internal_error"
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS - 3] + "..."
+        if field is not None and len(field) > 200:
+            field = field[:197] + "..."
         super().__init__(message)
         self.message = message
         self.field = field

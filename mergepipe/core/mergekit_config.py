@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from mergepipe.core import safe_yaml
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_params import (
     MODEL_PARAMS,
@@ -26,6 +27,7 @@ from mergepipe.core.operators import OperatorSpec, get_operator
 from mergepipe.core.request import Budget
 
 SUM_TOLERANCE = 1e-6
+_HUB_REVISION = re.compile(r"[\w.-]+/[\w.-]+@[\w./-]+")  # org/model@revision
 BudgetSpec = str | float | dict[str, Any] | Budget | None  # what build_request takes
 
 
@@ -38,13 +40,12 @@ class ModelRef:
     lora: str | None = None  # mergekit's `model+adapter`: a PEFT adapter applied to `text`
 
     def same_model(self, other: ModelRef) -> bool:
-        """Whether two references name the same checkpoint (same text or the same path)."""
-        if self.text == other.text:
-            return True
-        try:
-            return os.path.samefile(self.text, other.text)
-        except OSError:
-            return False
+        """Whether two references name the same checkpoint: the same text, or the same path
+        written two ways ("./base/" and "base"). Decided on the text alone: a config is parsed
+        before its paths are confined, so the file system is not asked (no oracle of which
+        paths exist outside the data roots); the catalog matches paths once located."""
+        return self.text == other.text or os.path.normpath(self.text) == os.path.normpath(
+            other.text)
 
 
 @dataclass(frozen=True)
@@ -146,12 +147,12 @@ def _load_yaml(text: str | bytes) -> dict[Any, Any]:
         raise InvalidRequest(f"config is {len(text)} characters long, over the "
                              f"{MAX_CONFIG_BYTES} limit of a mergekit config", field="config")
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_yaml.load(text)
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        raise InvalidRequest(f"config is not valid YAML{at}: {getattr(e, 'problem', e)}",
-                             field="config") from None
+        why = str(getattr(e, "problem", None) or e)[:200]
+        raise InvalidRequest(f"config is not valid YAML{at}: {why}", field="config") from None
     except RecursionError:  # the YAML parser recurses once per nesting level
         raise InvalidRequest("config is nested too deeply to be a mergekit config",
                              field="config") from None
@@ -217,10 +218,11 @@ def _ref(value: object, key: str) -> ModelRef:
         raise InvalidRequest(f"{key}: must be a model name or a local path", field=key)
     text = value.strip()
     model, _, lora = text.partition("+")
-    for part in (model, lora):
-        if "@" in part and "://" not in part and not os.path.exists(part):
+    for part in (model, lora):  # decided on the text: no file-system oracle
+        if _HUB_REVISION.fullmatch(part):
             raise InvalidRequest(f"{key}: {part!r} pins a Hub revision; MergePipe reads only local "
-                                 "checkpoints - download that revision and give its directory",
+                                 "checkpoints - download that revision and give its directory "
+                                 "(a local directory of that name: write ./" + part + ")",
                                  field=key)
     if not model or (text.count("+") and not lora) or "+" in lora:
         raise InvalidRequest(f"{key}: {text!r} must be MODEL or MODEL+LORA_ADAPTER", field=key)

@@ -33,10 +33,11 @@ class Budget:
     bytes: int | None = None
 
     def resolve(self, full_read_bytes: int) -> int:
+        """Bytes of expert reads allowed; a fraction above 1 is the full read."""
         if self.bytes is not None:
             return self.bytes
         assert self.fraction is not None
-        return math.floor(self.fraction * full_read_bytes)
+        return math.floor(min(self.fraction, 1.0) * full_read_bytes)
 
     @staticmethod
     def parse(text: str | float | int | dict[str, Any] | Budget | None) -> Budget:
@@ -84,11 +85,16 @@ def _fraction(v: object) -> float:
     return f
 
 
+MAX_BUDGET_BYTES = 2**63 - 1  # what the catalog's BIGINT holds
+
+
 def _bytes(v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(_to_float(v)):
         raise InvalidRequest(f"budget bytes {_short(v)} is not a number", field="budget")
     if v <= 0 or int(v) <= 0:
-        raise InvalidRequest(f"budget bytes {v!r} must be > 0", field="budget")
+        raise InvalidRequest(f"budget bytes {_short(v)} must be > 0", field="budget")
+    if int(v) > MAX_BUDGET_BYTES:
+        raise InvalidRequest(f"budget bytes {_short(v)} is over 2^63 - 1", field="budget")
     return int(v)
 
 
@@ -155,6 +161,7 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
         e if isinstance(e, ExpertSpec) else _expert(e, i) for i, e in enumerate(experts)]
     _check_experts(specs, base)
     p = operator_params(spec, params or {})
+    _check_scale(specs, p["lambda"])
     if p["normalize"] and abs(sum(e.weight for e in specs)) < 1e-12:
         raise InvalidRequest("expert weights sum to zero with normalize=true", field="experts")
     if not spec.density and (p.get("density") is not None
@@ -198,6 +205,23 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
     for name, param in own.items():
         p[name] = param.parse(params.get(name, param.default))
     return p
+
+
+# Weights and lambda multiply deltas in float32: bounded so that their products stay finite
+# (a weight of 1e308 "merged" into the base in 0.1; lambda 1e308 published inf).
+MAX_COEFFICIENT = 1e6
+
+
+def _check_scale(specs: list[ExpertSpec], lam: float) -> None:
+    for i, e in enumerate(specs):
+        if abs(e.weight) > MAX_COEFFICIENT:
+            raise InvalidRequest(f"experts[{i}].weight {e.weight:g} is outside "
+                                 f"[-{MAX_COEFFICIENT:g}, {MAX_COEFFICIENT:g}]",
+                                 field=f"experts[{i}].weight")
+    total = abs(lam) * sum(abs(e.weight) for e in specs)
+    if abs(lam) > MAX_COEFFICIENT or total > MAX_COEFFICIENT:
+        raise InvalidRequest(f"params.lambda {lam:g} times the sum of |weights| is "
+                             f"{total:g}, over {MAX_COEFFICIENT:g}", field="params.lambda")
 
 
 def _check_experts(specs: list[ExpertSpec], base: str) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 from mergepipe.core.errors import InvalidRequest
 
 DEFAULT_CATALOG = "./mergepipe.duckdb"
+# "testserver": the Host of in-process test clients (never a resolvable name)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "testserver")
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,10 @@ class Settings:
     output_root: Path = Path("./outputs")
     workers: int = 2
     api_token: str | None = None
+    read_token: str | None = None        # when set, reads and SQL need it (or the api token)
+    # Host header names served (DNS rebinding); "*": any. `serve` on a non-loopback address
+    # without MERGEPIPE_ALLOWED_HOSTS serves any name (the token guards it then).
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
     sql_row_limit: int = 10_000
     sql_timeout_s: float = 10.0
     sql_result_bytes: int = 16 << 20     # larger SQL results (as JSON) are refused
@@ -43,6 +49,9 @@ class Settings:
             output_root=Path(e.get("MERGEPIPE_OUTPUT_ROOT") or "./outputs"),
             workers=env_number(e, "MERGEPIPE_WORKERS", int, 2, minimum=1),
             api_token=e.get("MERGEPIPE_API_TOKEN") or None,
+            read_token=e.get("MERGEPIPE_READ_TOKEN") or None,
+            allowed_hosts=tuple(h.lower() for h in (e.get("MERGEPIPE_ALLOWED_HOSTS") or "")
+                                .replace(",", " ").split()) or LOOPBACK_HOSTS,
             sql_row_limit=env_number(e, "MERGEPIPE_SQL_ROW_LIMIT", int, 10_000, minimum=1),
             sql_timeout_s=env_number(e, "MERGEPIPE_SQL_TIMEOUT_S", float, 10.0, minimum=0.001),
             sql_result_bytes=env_number(e, "MERGEPIPE_SQL_RESULT_BYTES", int, 16 << 20, minimum=1),

@@ -72,7 +72,9 @@ def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
                                      j.with_stats) for j in queue.unfinished_ingest_models(cat)
                if j.status != "failed"}
     models = list_models(cat)
-    known = _Known(models, pending, {m.name for m in models} | set(pending) | set(reserved))
+    # a queued merge's output name is claimed too: an ingestion named after it would be refused
+    taken = {m.name for m in models} | set(pending) | set(reserved) | queue.pending_outputs(cat)
+    known = _Known(models, pending, taken)
     to_ingest: list[NewIngestJob] = []
 
     def find(ref: ModelRef, base: str | None, kind: str) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.fsconfine import confined
 from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.catalog.locations import is_url
@@ -26,15 +28,17 @@ def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path]
                   remote_roots: Sequence[str] | None = None,
                   progress: ProgressFn | None = None) -> ModelRow:
     """Register `job.path` (a local path or a URL) as model `job.model`. The service passes
-    its roots: the path must still lie inside them when the job starts."""
+    its roots: the path must still lie inside them when the job starts, and every file is
+    opened beneath its root (catalog.fsconfine): a link swapped in later is refused too."""
     if is_url(job.path):
         if remote_roots is not None:
             confine_url(job.path, remote_roots, field=job.field)
     elif data_roots:
         recheck_input(job.path, data_roots, field=job.field)
-    return ingest_model(cat, job.path, job.model, base=job.base, kind=job.kind,
-                        block_bytes=job.block_bytes or DEFAULT_BLOCK_BYTES,
-                        with_stats=job.with_stats, progress=progress)
+    with confined(data_roots) if data_roots else contextlib.nullcontext():
+        return ingest_model(cat, job.path, job.model, base=job.base, kind=job.kind,
+                            block_bytes=job.block_bytes or DEFAULT_BLOCK_BYTES,
+                            with_stats=job.with_stats, progress=progress)
 
 
 def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],

@@ -9,12 +9,14 @@ re-executes exactly that record.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from mergepipe.catalog import records
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.fsconfine import confined
 from mergepipe.catalog.ingest import scan_model, write_model
 from mergepipe.catalog.locations import basename
 from mergepipe.catalog.models import find_model
@@ -55,10 +57,20 @@ def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
 
 def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None,
               threads: int | None = None, overwrite: bool = False,
-              data_roots: Sequence[Path] = ()) -> MergeSummary:
+              data_roots: Sequence[Path] = (), output_root: Path | None = None) -> MergeSummary:
     """Plan, record the plan, execute, publish (output + manifest.json atomically), register the
     output as a model and record success; any failure is recorded once and raised. With data
-    roots (the service), the inputs must still lie inside them."""
+    roots (the service), the inputs must still lie inside them, and every input file is opened
+    beneath its root (the data roots, and the output root for earlier outputs)."""
+    roots = [*data_roots, *([output_root] if output_root is not None else [])]
+    with confined(roots) if data_roots else contextlib.nullcontext():
+        return _run_merge(cat, merge_id, progress=progress, threads=threads,
+                          overwrite=overwrite, data_roots=data_roots)
+
+
+def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
+               threads: int | None, overwrite: bool,
+               data_roots: Sequence[Path]) -> MergeSummary:
     wall0 = time.perf_counter()
     row = records.mark_running(cat, merge_id)
     out, name = output_for(str(row.output_path)), str(row.output_name)

@@ -124,7 +124,8 @@ class JobRunner:
         if not self._inputs_ready(job, names):
             return
         try:
-            run_merge(self.cat, job.id, progress=track, data_roots=self.settings.data_roots)
+            run_merge(self.cat, job.id, progress=track, data_roots=self.settings.data_roots,
+                      output_root=self.settings.output_root)
         except Exception as e:  # noqa: BLE001 - recorded on the merge by run_merge
             if not isinstance(e, MergePipeError):
                 log.exception("merge %s failed", job.id)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 from pathlib import Path
 
 from mergepipe.core.errors import InvalidRequest, MergePipeError
+from mergepipe.core.settings import LOOPBACK_HOSTS
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -49,6 +51,16 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidRequest(f"data root {root} is not a directory", field="data_root")
     s = dataclasses.replace(s, output_root=s.output_root.resolve(),
                             catalog=s.catalog.resolve())
+    exposed = args.host not in LOOPBACK_HOSTS
+    if exposed and not s.api_token and os.environ.get("MERGEPIPE_LOOPBACK_ONLY") != "1":
+        raise InvalidRequest(
+            f"refusing to serve on {args.host} without MERGEPIPE_API_TOKEN: set a token, or "
+            "MERGEPIPE_LOOPBACK_ONLY=1 if only this machine can reach the port (a container "
+            "published on 127.0.0.1)", field="MERGEPIPE_API_TOKEN")
+    if exposed and not os.environ.get("MERGEPIPE_ALLOWED_HOSTS"):
+        # Reached by names we cannot know (a container's, a load balancer's): the Host
+        # allow-list guards loopback servers against DNS rebinding; the token guards this one.
+        s = dataclasses.replace(s, allowed_hosts=("*",))
     s.output_root.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.readonly_sql import run_readonly
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import print_table
+from mergepipe.core.errors import NotFound
 from mergepipe.core.sql_limits import SqlLimits
 
 
@@ -19,6 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    path = str(args.settings.catalog)
+    if "://" not in path and not os.path.isfile(path):  # a query never creates a catalog
+        raise NotFound(f"catalog {path!r} does not exist (--catalog / $MERGEPIPE_CATALOG)",
+                       field="catalog")
     with Catalog(args.settings.catalog) as cat:
         result = run_readonly(cat, args.query, SqlLimits.from_settings(args.settings))
     if args.json:

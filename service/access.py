@@ -1,0 +1,88 @@
+"""ASGI middleware run before any body is read: the Host allow-list, then the bearer tokens.
+
+* Host: only the names in `Settings.allowed_hosts` (loopback names by default; `*`: any), so
+  that a page on another site cannot reach a loopback server through DNS rebinding.
+* Write token (`MERGEPIPE_API_TOKEN`): every mutating request except the read-only SQL and
+  plan endpoints (a plan with a config is checked by its route, which needs the body).
+* Read token (`MERGEPIPE_READ_TOKEN`, optional): every other request (reads, SQL, plans)
+  except `/healthz` and the console's static page; the write token is accepted too.
+Checked before the body is parsed: invalid JSON without a token is 401, not 400.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from mergepipe.core.errors import InvalidRequest, Unauthorized
+from mergepipe.core.settings import Settings
+from mergepipe.service.errors import to_response
+
+MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
+READ_ONLY_POSTS = {"/v1/sql", "/v1/plans"}
+OPEN_PATHS = ("/healthz",)  # never need the read token (liveness probes)
+
+
+class BadHost(InvalidRequest):
+    status = 400
+    code = "bad_request"
+
+
+def host_name(header: str) -> str:
+    """'Example.com:8000' -> 'example.com'; '[::1]:8000' -> '::1'."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+def bearer_matches(header: str, *tokens: str | None) -> bool:
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return False
+    ok = False
+    for t in tokens:
+        if t:
+            ok |= hmac.compare_digest(given.strip().encode(), t.encode())
+    return ok
+
+
+def _is_static(path: str) -> bool:
+    return path in ("/", "/favicon.ico") or path.startswith("/console/")
+
+
+class AccessGuard:
+    """Refuses, before the route runs, requests for an unknown Host or without their token."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    def check(self, scope: Scope) -> None:
+        s = self.settings
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers") or []}
+        host = headers.get("host")
+        if host is not None and "*" not in s.allowed_hosts \
+                and host_name(host) not in s.allowed_hosts:
+            raise BadHost(f"host {host[:100]!r} is not served here (MERGEPIPE_ALLOWED_HOSTS)",
+                          field="host")
+        method, path = scope.get("method", "GET"), scope.get("path", "")
+        auth = headers.get("authorization", "")
+        if method in MUTATING and path not in READ_ONLY_POSTS:
+            if s.api_token and not bearer_matches(auth, s.api_token):
+                raise Unauthorized("missing or invalid bearer token (Authorization: Bearer "
+                                   "<token>)")
+        elif s.read_token and path not in OPEN_PATHS and not _is_static(path) \
+                and not bearer_matches(auth, s.read_token, s.api_token):
+            raise Unauthorized("this server needs a read token (Authorization: Bearer <token>)")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                self.check(scope)
+            except (Unauthorized, BadHost) as e:
+                await to_response(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
