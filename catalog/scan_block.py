@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 import xxhash
 
+from mergepipe.catalog.grid import is_element_grid
 from mergepipe.catalog.lora import lora_delta
 from mergepipe.catalog.safetensors_format import TensorEntry, decode_into, to_float32
 from mergepipe.catalog.stats import (
@@ -57,15 +58,18 @@ class TensorPlan:
     lora_scale: float | None = None
 
     def span(self, i: int) -> Span:
-        start, end = self.rows[i]
-        rb = self.entry.row_bytes
-        return Span(self.entry.file, self.entry.data_offset + start * rb, (end - start) * rb)
+        return self._span(self.entry, i)
 
     def base_span(self, i: int) -> Span:
         assert self.base is not None
+        return self._span(self.base, i)
+
+    def _span(self, entry: TensorEntry, i: int) -> Span:
+        """Block i of `entry`: its grid units (rows, or elements) times the bytes of a unit."""
         start, end = self.rows[i]
-        rb = self.base.row_bytes
-        return Span(self.base.file, self.base.data_offset + start * rb, (end - start) * rb)
+        units = self.rows[-1][1]
+        ub = entry.nbytes // units if units else 0
+        return Span(entry.file, entry.data_offset + start * ub, (end - start) * ub)
 
 
 @dataclass
@@ -256,7 +260,8 @@ def has_nonfinite(raw: bytearray | memoryview, dtype: str) -> bool:
 
 def _where(plan: TensorPlan, i: int) -> str:
     start, end = plan.rows[i]
-    return f"{plan.entry.file}: tensor {plan.name!r} block {i} (rows {start}..{end})"
+    unit = "elements" if is_element_grid(plan.entry.shape, plan.rows[-1][1]) else "rows"
+    return f"{plan.entry.file}: tensor {plan.name!r} block {i} ({unit} {start}..{end})"
 
 
 def _nonfinite_cause(plan: TensorPlan, raw: memoryview, what: str) -> str:

@@ -20,7 +20,7 @@ from mergepipe.executor.schedule import Step
 from mergepipe.executor.sources import ModelSource
 from mergepipe.executor.writer import encode
 
-# One merged block: (tensor, row_start, output bytes, the first scan pass over it or None).
+# One merged block: (tensor, flat index of its first element, output bytes, the first scan pass over it or None).
 MergedBlock = tuple[str, int, memoryview, BlockScan | None]
 
 
@@ -87,10 +87,10 @@ class ChunkMerger:
         out_dtype = self.prep.out_dtype or t.dtype
         base_raw = data[("b", st.tensor, st.block_index)]
         if not st.experts and out_dtype == t.dtype:
-            return st.tensor, st.row_start, base_raw  # nothing to add: the base's bytes
-        b32 = _decode(base_raw, t.dtype, _block_shape(t.shape, st.row_start, st.row_end))
+            return st.tensor, st.flat_start, base_raw  # nothing to add: the base's bytes
+        b32 = _decode(base_raw, t.dtype, st.shape)
         if not st.experts:
-            return st.tensor, st.row_start, encode(b32, out_dtype)
+            return st.tensor, st.flat_start, encode(b32, out_dtype)
         blocks = []
         for i, spec in enumerate(self.req.experts):
             delta = None
@@ -105,9 +105,9 @@ class ChunkMerger:
                 density=self.densities[i],
                 trim=self.prep.plan.trims.get((spec.model, st.tensor)), key=key))
         ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
-                           flat_offset=st.row_start * t.row_numel, params=self.req.params,
+                           flat_offset=st.flat_start, params=self.req.params,
                            all_weights=self.weights)
-        return st.tensor, st.row_start, encode(self.op(b32, blocks, ctx), out_dtype)
+        return st.tensor, st.flat_start, encode(self.op(b32, blocks, ctx), out_dtype)
 
 
 def output_plans(prep: Prepared) -> dict[str, TensorPlan]:
@@ -127,10 +127,6 @@ def output_plans(prep: Prepared) -> dict[str, TensorPlan]:
                              t.data_offset, t.nbytes),
             base_hashes=[b.content_hash for b in blocks])
     return plans
-
-
-def _block_shape(shape: tuple[int, ...], row_start: int, row_end: int) -> tuple[int, ...]:
-    return (row_end - row_start, *shape[1:]) if shape else ()
 
 
 def _decode(raw: memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:

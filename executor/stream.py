@@ -142,8 +142,8 @@ class _Output:
 
     def take(self, chunk_steps: list[Step], fut: Future[list[MergedBlock]]) -> None:
         plans = self.merger.output_plans
-        for st, (tensor, row_start, buf, scan) in zip(chunk_steps, fut.result(), strict=True):
-            self.writes.write(tensor, row_start, buf)
+        for st, (tensor, start, buf, scan) in zip(chunk_steps, fut.result(), strict=True):
+            self.writes.write(tensor, start, buf)
             if plans is not None:
                 fp = self.passes.get(tensor)
                 if fp is None:

@@ -40,9 +40,8 @@ class _Slot:
     offset: int  # absolute offset of the tensor's data in the file
     dtype: str
     shape: tuple[int, ...]
-    row_bytes: int
-    n_rows: int
-    next_row: int
+    numel: int
+    next_elem: int  # flat index of the next element to write
     hasher: xxhash.xxh3_128
 
 
@@ -76,42 +75,39 @@ class CheckpointWriter:
                 os.ftruncate(fd, len(header) + data_len)
                 self.total_bytes += data_len
                 for (name, dtype, shape), (begin, _end) in zip(tensors, spans, strict=True):
-                    n_rows = shape[0] if shape else 1
                     numel = 1
                     for d in shape:
                         numel *= d
-                    row_bytes = numel * DTYPE_SIZES[dtype] // n_rows if n_rows else 0
                     self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
-                                              row_bytes,
-                                              n_rows, 0, xxhash.xxh3_128())
+                                              numel, 0, xxhash.xxh3_128())
                     self._order.append(name)
         except BaseException:
             self.abort()
             raise
 
-    def write(self, tensor: str, row_start: int, data: bytes | bytearray | memoryview) -> None:
-        """Write rows starting at `row_start` (rows of a tensor must come in order)."""
+    def write(self, tensor: str, start: int, data: bytes | bytearray | memoryview) -> None:
+        """Write elements from flat index `start` on (a tensor's pieces must come in order)."""
         s = self._slots[tensor]
-        if row_start != s.next_row:
-            raise RuntimeError(f"output tensor {tensor!r}: rows written out of order "
-                               f"(expected row {s.next_row}, got {row_start})")
+        if start != s.next_elem:
+            raise RuntimeError(f"output tensor {tensor!r}: written out of order "
+                               f"(expected element {s.next_elem}, got {start})")
         n = len(data) if not isinstance(data, memoryview) else data.nbytes
-        rows = n // s.row_bytes if s.row_bytes else s.n_rows
-        if s.row_bytes and (n % s.row_bytes or row_start + rows > s.n_rows):
-            raise RuntimeError(f"output tensor {tensor!r}: {n} bytes at row {row_start} do not "
+        size = DTYPE_SIZES[s.dtype]
+        if n % size or start + n // size > s.numel:
+            raise RuntimeError(f"output tensor {tensor!r}: {n} bytes at element {start} do not "
                                f"fit its shape {list(s.shape)}")
-        _pwrite_all(s.fd, data, s.offset + row_start * s.row_bytes)
+        _pwrite_all(s.fd, data, s.offset + start * size)
         s.hasher.update(data)
-        s.next_row = row_start + rows
+        s.next_elem = start + n // size
 
     def finish(self) -> list[OutputTensor]:
-        """Check every row was written, fsync and close the files; the tensors with hashes."""
+        """Check every element was written, fsync and close the files; the tensors with hashes."""
         out = []
         for name in self._order:
             s = self._slots[name]
-            if s.next_row != s.n_rows:
-                raise RuntimeError(f"output tensor {name!r}: only {s.next_row} of {s.n_rows} "
-                                   "rows were written")
+            if s.next_elem != s.numel:
+                raise RuntimeError(f"output tensor {name!r}: only {s.next_elem} of {s.numel} "
+                                   "elements were written")
             out.append(OutputTensor(name, s.dtype, s.shape, s.file, s.hasher.hexdigest()))
         for fd in self._fds:
             os.fsync(fd)
@@ -210,9 +206,9 @@ class BackgroundWrites:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mergepipe-write")
         self._pending: deque[Future[None]] = deque()
 
-    def write(self, tensor: str, row_start: int, data: bytes | bytearray | memoryview) -> None:
+    def write(self, tensor: str, start: int, data: bytes | bytearray | memoryview) -> None:
         """Queue a write (`data` must stay unchanged); re-raises an earlier write's error."""
-        self._pending.append(self._pool.submit(self._writer.write, tensor, row_start, data))
+        self._pending.append(self._pool.submit(self._writer.write, tensor, start, data))
         while len(self._pending) > self._depth:
             self._pending.popleft().result()
 
