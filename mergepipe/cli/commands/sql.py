@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.readonly_sql import run_readonly
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import print_table
 
@@ -18,6 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.catalog.readonly_sql import run_readonly
+
     with Catalog(args.settings.catalog) as cat:
         result = run_readonly(cat, args.query, row_limit=args.settings.sql_row_limit,
                               timeout_s=args.settings.sql_timeout_s)
