@@ -176,10 +176,7 @@ def _scan_delta_block(st: TensorState, i: int, raw: memoryview, digest: str,
                       collect_mixed: bool) -> BlockScan:
     plan = st.plan
     if _same_as_base(plan, i, digest):  # an untouched block: its delta is exactly zero
-        n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
-        return (digest, BlockStats(0.0, 0.0, 0.0, 0),
-                ((torch.tensor([0]), torch.tensor([n])), None),
-                torch.zeros(n) if len(plan.rows) == 1 else None)
+        return untouched_scan(plan, i, digest)
     a = _abs_delta(st, i, raw, reader, base_raw)
     try:
         stats, counts, mixed = scan_block(a, _buffers.scratch, collect_mixed=collect_mixed)
@@ -189,6 +186,14 @@ def _scan_delta_block(st: TensorState, i: int, raw: memoryview, digest: str,
         raise InvalidCheckpoint(f"{_where(plan, i)}: {_nonfinite_cause(plan, raw, str(e))}"
                                 ) from None
     return digest, stats, (counts, mixed), a.clone() if len(plan.rows) == 1 else None
+
+
+def untouched_scan(plan: TensorPlan, i: int, digest: str) -> BlockScan:
+    """The first pass over block i of a "full" plan holding the base's very bytes (content
+    hash `digest`): a zero delta, known without reading the block."""
+    n = plan.span(i).nbytes // DTYPE_SIZES[plan.entry.dtype]
+    return (digest, BlockStats(0.0, 0.0, 0.0, 0), ((torch.tensor([0]), torch.tensor([n])), None),
+            torch.zeros(n) if len(plan.rows) == 1 else None)
 
 
 def _same_as_base(plan: TensorPlan, i: int, digest: str) -> bool:

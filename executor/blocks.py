@@ -9,7 +9,7 @@ import torch
 
 from mergepipe.catalog.lora import lora_delta
 from mergepipe.catalog.safetensors_format import TensorEntry, decode_into, to_float32
-from mergepipe.catalog.scan import BlockScan, TensorPlan, scan_full_block
+from mergepipe.catalog.scan import BlockScan, TensorPlan, scan_full_block, untouched_scan
 from mergepipe.catalog.stats import NonFiniteDelta
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
@@ -20,8 +20,9 @@ from mergepipe.executor.schedule import Step
 from mergepipe.executor.sources import ModelSource
 from mergepipe.executor.writer import encode
 
-# One merged block: (tensor, flat index of its first element, output bytes, the first scan pass over it or None).
-MergedBlock = tuple[str, int, memoryview, BlockScan | None]
+# One merged block: (tensor, flat index of its first element, output bytes (None: a base block
+# never read, see Step.read_base), the first scan pass over it or None).
+MergedBlock = tuple[str, int, memoryview | None, BlockScan | None]
 
 
 class ChunkMerger:
@@ -65,11 +66,15 @@ class ChunkMerger:
         return [self.scan_step(st, data, self.merge_step(st, data)) for st in chunk_steps]
 
     def scan_step(self, st: Step, data: Mapping[Hashable, memoryview],
-                  out: tuple[str, int, memoryview]) -> MergedBlock:
+                  out: tuple[str, int, memoryview | None]) -> MergedBlock:
         """The output block with its first scan pass (None: not wanted, or a non-finite delta
         that the scan of the file reports)."""
         if self.output_plans is None:
             return (*out, None)
+        if out[2] is None:  # the base's bytes, not read: their statistics are the base's
+            blk = self.prep.base.blocks[(st.tensor, st.block_index)]
+            return (*out, untouched_scan(self.output_plans[st.tensor], st.block_index,
+                                         blk.content_hash))
         base_raw = data[("b", st.tensor, st.block_index)]
         # the base's own bytes: their content hash is the catalog's (checked when read)
         digest = (self.prep.base.blocks[(st.tensor, st.block_index)].content_hash
@@ -82,7 +87,9 @@ class ChunkMerger:
         return (*out, scan)
 
     def merge_step(self, st: Step, data: Mapping[Hashable, memoryview]
-                   ) -> tuple[str, int, memoryview]:
+                   ) -> tuple[str, int, memoryview | None]:
+        if not st.read_base:
+            return st.tensor, st.flat_start, None
         t = self.prep.base.tensors[st.tensor]
         out_dtype = self.prep.out_dtype or t.dtype
         base_raw = data[("b", st.tensor, st.block_index)]

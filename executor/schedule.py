@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from mergepipe.catalog.grid import is_element_grid, unit_numel
+from mergepipe.catalog.locations import is_url
 from mergepipe.catalog.models import BlockRow
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.reads import Range
@@ -23,6 +24,9 @@ class Step:
     last_of_tensor: list[int]  # LoRA experts whose lora_A can be dropped after this block
     flat_start: int = 0  # flat index of the block's first element
     shape: tuple[int, ...] = ()  # the block's shape: (rows, *row shape), or (elements,)
+    copy_from: BlockRow | None = None  # the output is this base block's bytes: kernel-copied
+    read_base: bool = True  # False: a whole untouched one-block tensor, never read (its hash
+    # is the catalog's)
 
 
 def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[list[Range]]]:
@@ -43,14 +47,17 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
         last = {i: max(sel_index[(i, t.name)]) for i in positions}
         first = {i: min(sel_index[(i, t.name)]) for i in positions}
         blocks = base.tensor_blocks(t.name)
+        same_dtype = (prep.out_dtype or t.dtype) == t.dtype
         units = blocks[-1].row_end
         per_unit = unit_numel(t.shape, units)
         flat = is_element_grid(t.shape, units) or len(t.shape) <= 1
         for bblk in blocks:
             bi = bblk.block_index
-            ranges = [Range(("b", t.name, bi), base.file_path(bblk.file_index),
-                            bblk.byte_offset, bblk.nbytes, False,
-                            partial(base.verify_block, bblk))]
+            path = base.file_path(bblk.file_index)
+            untouched = same_dtype and not positions and len(blocks) == 1 and not is_url(path)
+            ranges = [] if untouched else [Range(("b", t.name, bi), path, bblk.byte_offset,
+                                                 bblk.nbytes, False,
+                                                 partial(base.verify_block, bblk))]
             readers = set()
             for i in positions:
                 eblk = sel_index[(i, t.name)].get(bi)
@@ -69,7 +76,9 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
             n = bblk.row_end - bblk.row_start
             step = Step(t.name, bi, bblk.row_start, bblk.row_end, readers,
                         [i for i in positions if last[i] == bi], bblk.row_start * per_unit,
-                        ((n,) if flat else (n, *t.shape[1:])) if t.shape else ())
+                        ((n,) if flat else (n, *t.shape[1:])) if t.shape else (),
+                        bblk if same_dtype and not readers and not is_url(path) else None,
+                        not untouched)
             cur_steps.append(step)
             cur_ranges.extend(ranges)
             cur_bytes += sum(r.nbytes for r in ranges)

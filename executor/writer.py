@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections import deque
@@ -43,6 +44,7 @@ class _Slot:
     numel: int
     next_elem: int  # flat index of the next element to write
     hasher: xxhash.xxh3_128
+    known_hash: str | None = None  # the whole tensor was copied from bytes of this hash
 
 
 def encode(t: torch.Tensor, dtype: str) -> memoryview:
@@ -64,7 +66,9 @@ class CheckpointWriter:
         self._slots: dict[str, _Slot] = {}
         self._order: list[str] = []
         self._fds: list[int] = []
+        self._sources: dict[str, int] = {}  # read-only fds of the files ranges are copied from
         self.total_bytes = 0
+        self.kernel_copied = 0  # bytes copied file to file by the kernel (copy_file_range)
         try:
             for fname, tensors in files:
                 header, spans = encode_header(tensors, (metadata or {}).get(fname))
@@ -100,6 +104,42 @@ class CheckpointWriter:
         s.hasher.update(data)
         s.next_elem = start + n // size
 
+    def copy(self, tensor: str, start: int, src: str, src_offset: int, nbytes: int,
+             data: memoryview | None, whole_hash: str | None = None) -> None:
+        """Write `nbytes` of file `src` at `src_offset` from flat index `start` on, copied by
+        the kernel (os.copy_file_range: no pass through user space; shared extents where the
+        file system has reflinks), else by a read and a write. `data`: the same bytes, already
+        in memory, for the tensor's hash; None when they are the whole tensor and `whole_hash`
+        is their known xxh3-128."""
+        s = self._slots[tensor]
+        size = DTYPE_SIZES[s.dtype]
+        if start != s.next_elem or nbytes % size or start + nbytes // size > s.numel:
+            raise RuntimeError(f"output tensor {tensor!r}: {nbytes} bytes at element {start} "
+                               f"do not fit its shape {list(s.shape)} in order")
+        if data is None and (start != 0 or nbytes // size != s.numel or whole_hash is None):
+            raise RuntimeError(f"output tensor {tensor!r}: a copy without its bytes must be "
+                               "the whole tensor, with its hash")
+        dst = s.offset + start * size
+        copied = _kernel_copy(self._source(src), src_offset, s.fd, dst, nbytes)
+        self.kernel_copied += copied
+        if copied < nbytes:  # not supported here: the rest through user space
+            rest = data[copied:] if data is not None else os.pread(
+                self._source(src), nbytes - copied, src_offset + copied)
+            if len(rest) != nbytes - copied:
+                raise InvalidCheckpoint(f"{src}: shorter than the catalog says; re-ingest it")
+            _pwrite_all(s.fd, rest, dst + copied)
+        if data is not None:
+            s.hasher.update(data)
+        else:
+            s.known_hash = whole_hash
+        s.next_elem = start + nbytes // size
+
+    def _source(self, path: str) -> int:
+        fd = self._sources.get(path)
+        if fd is None:
+            fd = self._sources[path] = os.open(path, os.O_RDONLY)
+        return fd
+
     def finish(self) -> list[OutputTensor]:
         """Check every element was written, fsync and close the files; the tensors with hashes."""
         out = []
@@ -108,7 +148,8 @@ class CheckpointWriter:
             if s.next_elem != s.numel:
                 raise RuntimeError(f"output tensor {name!r}: only {s.next_elem} of {s.numel} "
                                    "elements were written")
-            out.append(OutputTensor(name, s.dtype, s.shape, s.file, s.hasher.hexdigest()))
+            out.append(OutputTensor(name, s.dtype, s.shape, s.file,
+                                    s.known_hash or s.hasher.hexdigest()))
         for fd in self._fds:
             os.fsync(fd)
         self.abort()
@@ -120,15 +161,38 @@ class CheckpointWriter:
 
     def abort(self) -> None:
         """Close the files without checks (the caller discards the directory)."""
-        for fd in self._fds:
+        for fd in [*self._fds, *self._sources.values()]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds.clear()
+        self._sources.clear()
 
 
 def write_json(path: Path, obj: object) -> None:
     """Write JSON and fsync it."""
     _write_all(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def _kernel_copy(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int) -> int:
+    """Copy with os.copy_file_range; the bytes copied (fewer when the kernel, the file
+    systems or the platform do not support it: the caller copies the rest)."""
+    copy = getattr(os, "copy_file_range", None)
+    done = 0
+    while copy is not None and done < nbytes:
+        try:
+            n = copy(src, dst, nbytes - done, src_offset + done, dst_offset + done)
+        except OSError as e:
+            if e.errno in _NO_KERNEL_COPY:
+                break
+            raise
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+_NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM,
+                   errno.EBADF, errno.ETXTBSY}
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
@@ -208,7 +272,16 @@ class BackgroundWrites:
 
     def write(self, tensor: str, start: int, data: bytes | bytearray | memoryview) -> None:
         """Queue a write (`data` must stay unchanged); re-raises an earlier write's error."""
-        self._pending.append(self._pool.submit(self._writer.write, tensor, start, data))
+        self._queue(self._pool.submit(self._writer.write, tensor, start, data))
+
+    def copy(self, tensor: str, start: int, src: str, src_offset: int, nbytes: int,
+             data: memoryview | None, whole_hash: str | None = None) -> None:
+        """Queue a kernel copy (CheckpointWriter.copy)."""
+        self._queue(self._pool.submit(self._writer.copy, tensor, start, src, src_offset, nbytes,
+                                      data, whole_hash))
+
+    def _queue(self, fut: Future[None]) -> None:
+        self._pending.append(fut)
         while len(self._pending) > self._depth:
             self._pending.popleft().result()
 
