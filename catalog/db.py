@@ -97,7 +97,8 @@ class Catalog:
         self._write_lock = threading.RLock()
         if migrate:
             try:
-                self.migrate()
+                if not self.up_to_date():
+                    self.migrate()
             except sa.exc.OperationalError as e:
                 self.engine.dispose()
                 if "lock" not in str(e.orig).lower():
@@ -118,6 +119,18 @@ class Catalog:
         self.close()
 
     # -- migrations ---------------------------------------------------------------------------
+    def up_to_date(self) -> bool:
+        """Whether every shipped migration is applied: one read-only query, no transaction
+        (what opening a current catalog costs)."""
+        try:
+            with self.engine.connect() as conn:
+                done = {r[0] for r in conn.execute(sa.text(SELECT_APPLIED))}
+        except sa.exc.OperationalError:
+            raise  # the file is locked or unreadable: reported by the caller
+        except sa.exc.DBAPIError:
+            return False  # a new catalog: no schema_migrations table yet
+        return all(version in done for version, _, _ in migrations())
+
     def migrate(self) -> list[int]:
         """Apply the pending numbered migrations in order; returns the versions applied."""
         applied_now = []

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from mergepipe.catalog.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.catalog.db import Catalog, load_sql
-from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES, block_rows
+from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES, block_rows, is_element_grid
 from mergepipe.catalog.lora import lora_targets
 from mergepipe.catalog.models import (
     KINDS,
@@ -304,6 +304,13 @@ def _lora_plans(ckpt: Checkpoint, base: _BaseLayout,
     targets = lora_targets(ckpt.adapter_config, ckpt.tensors,
                            {n: t.shape for n, t in base.tensors.items()}, ckpt.path)
     targets.sort(key=lambda tg: base.ordinals[tg.tensor])
+    for tg in targets:
+        grid = base.rows[tg.tensor]
+        if grid and is_element_grid(base.tensors[tg.tensor].shape, grid[-1][1]):
+            raise InvalidCheckpoint(
+                f"{ckpt.path}: LoRA on tensor {tg.tensor!r} is not supported: a row of it is "
+                f"larger than the base {base.name!r}'s block size ({base.block_bytes} bytes), "
+                "so its blocks are element ranges, not rows of lora_B")
     plans = [TensorPlan(tg.tensor, "lora" if with_stats else "hash", tg.b, base.rows[tg.tensor],
                         lora_a=Span(tg.a.file, tg.a.data_offset, tg.a.nbytes),
                         lora_a_dtype=tg.a.dtype, lora_a_shape=tg.a.shape, lora_scale=tg.scale)

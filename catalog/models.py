@@ -10,10 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.kinds import KINDS as KINDS  # re-exported
 from mergepipe.catalog.store_types import Stamp
 from mergepipe.core.errors import NotFound
-
-KINDS = ("full", "delta", "lora")  # how a model stores its weights
 
 Connectable = Catalog | sa.Connection
 

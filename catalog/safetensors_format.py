@@ -45,14 +45,6 @@ class TensorEntry:
     def itemsize(self) -> int:
         return DTYPE_SIZES[self.dtype]
 
-    @property
-    def n_rows(self) -> int:
-        return self.shape[0] if self.shape else 1
-
-    @property
-    def row_bytes(self) -> int:
-        return self.nbytes // self.n_rows if self.n_rows else 0
-
 
 @dataclass(frozen=True)
 class SafetensorsHeader:

@@ -21,6 +21,7 @@ from mergepipe.catalog.scan_block import (
     refine_block,
     scan_full_block,
     scan_own_block,
+    untouched_scan,
 )
 from mergepipe.catalog.stats import BlockStats, TrimThresholds
 from mergepipe.catalog.storage import RangeReader
@@ -28,7 +29,7 @@ from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.torch_threads import pin_torch_threads
 
 __all__ = ["BlockScan", "FirstPass", "Span", "TensorPlan", "TensorResult", "scan_full_block",
-           "scan_tensors"]
+           "scan_tensors", "untouched_scan"]
 
 INLINE_BELOW = 8 << 20  # scans of fewer bytes run in the calling thread
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 import xxhash
 
+from mergepipe.catalog.grid import is_element_grid
 from mergepipe.catalog.lora import lora_delta
 from mergepipe.catalog.safetensors_format import TensorEntry, decode_into, to_float32
 from mergepipe.catalog.stats import (
@@ -57,15 +58,18 @@ class TensorPlan:
     lora_scale: float | None = None
 
     def span(self, i: int) -> Span:
-        start, end = self.rows[i]
-        rb = self.entry.row_bytes
-        return Span(self.entry.file, self.entry.data_offset + start * rb, (end - start) * rb)
+        return self._span(self.entry, i)
 
     def base_span(self, i: int) -> Span:
         assert self.base is not None
+        return self._span(self.base, i)
+
+    def _span(self, entry: TensorEntry, i: int) -> Span:
+        """Block i of `entry`: its grid units (rows, or elements) times the bytes of a unit."""
         start, end = self.rows[i]
-        rb = self.base.row_bytes
-        return Span(self.base.file, self.base.data_offset + start * rb, (end - start) * rb)
+        units = self.rows[-1][1]
+        ub = entry.nbytes // units if units else 0
+        return Span(entry.file, entry.data_offset + start * ub, (end - start) * ub)
 
 
 @dataclass
@@ -172,10 +176,7 @@ def _scan_delta_block(st: TensorState, i: int, raw: memoryview, digest: str,
                       collect_mixed: bool) -> BlockScan:
     plan = st.plan
     if _same_as_base(plan, i, digest):  # an untouched block: its delta is exactly zero
-        n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
-        return (digest, BlockStats(0.0, 0.0, 0.0, 0),
-                ((torch.tensor([0]), torch.tensor([n])), None),
-                torch.zeros(n) if len(plan.rows) == 1 else None)
+        return untouched_scan(plan, i, digest)
     a = _abs_delta(st, i, raw, reader, base_raw)
     try:
         stats, counts, mixed = scan_block(a, _buffers.scratch, collect_mixed=collect_mixed)
@@ -185,6 +186,14 @@ def _scan_delta_block(st: TensorState, i: int, raw: memoryview, digest: str,
         raise InvalidCheckpoint(f"{_where(plan, i)}: {_nonfinite_cause(plan, raw, str(e))}"
                                 ) from None
     return digest, stats, (counts, mixed), a.clone() if len(plan.rows) == 1 else None
+
+
+def untouched_scan(plan: TensorPlan, i: int, digest: str) -> BlockScan:
+    """The first pass over block i of a "full" plan holding the base's very bytes (content
+    hash `digest`): a zero delta, known without reading the block."""
+    n = plan.span(i).nbytes // DTYPE_SIZES[plan.entry.dtype]
+    return (digest, BlockStats(0.0, 0.0, 0.0, 0), ((torch.tensor([0]), torch.tensor([n])), None),
+            torch.zeros(n) if len(plan.rows) == 1 else None)
 
 
 def _same_as_base(plan: TensorPlan, i: int, digest: str) -> bool:
@@ -256,7 +265,8 @@ def has_nonfinite(raw: bytearray | memoryview, dtype: str) -> bool:
 
 def _where(plan: TensorPlan, i: int) -> str:
     start, end = plan.rows[i]
-    return f"{plan.entry.file}: tensor {plan.name!r} block {i} (rows {start}..{end})"
+    unit = "elements" if is_element_grid(plan.entry.shape, plan.rows[-1][1]) else "rows"
+    return f"{plan.entry.file}: tensor {plan.name!r} block {i} ({unit} {start}..{end})"
 
 
 def _nonfinite_cause(plan: TensorPlan, raw: memoryview, what: str) -> str:

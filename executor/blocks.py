@@ -9,7 +9,7 @@ import torch
 
 from mergepipe.catalog.lora import lora_delta
 from mergepipe.catalog.safetensors_format import TensorEntry, decode_into, to_float32
-from mergepipe.catalog.scan import BlockScan, TensorPlan, scan_full_block
+from mergepipe.catalog.scan import BlockScan, TensorPlan, scan_full_block, untouched_scan
 from mergepipe.catalog.stats import NonFiniteDelta
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
@@ -20,8 +20,9 @@ from mergepipe.executor.schedule import Step
 from mergepipe.executor.sources import ModelSource
 from mergepipe.executor.writer import encode
 
-# One merged block: (tensor, row_start, output bytes, the first scan pass over it or None).
-MergedBlock = tuple[str, int, memoryview, BlockScan | None]
+# One merged block: (tensor, flat index of its first element, output bytes (None: a base block
+# never read, see Step.read_base), the first scan pass over it or None).
+MergedBlock = tuple[str, int, memoryview | None, BlockScan | None]
 
 
 class ChunkMerger:
@@ -65,11 +66,15 @@ class ChunkMerger:
         return [self.scan_step(st, data, self.merge_step(st, data)) for st in chunk_steps]
 
     def scan_step(self, st: Step, data: Mapping[Hashable, memoryview],
-                  out: tuple[str, int, memoryview]) -> MergedBlock:
+                  out: tuple[str, int, memoryview | None]) -> MergedBlock:
         """The output block with its first scan pass (None: not wanted, or a non-finite delta
         that the scan of the file reports)."""
         if self.output_plans is None:
             return (*out, None)
+        if out[2] is None:  # the base's bytes, not read: their statistics are the base's
+            blk = self.prep.base.blocks[(st.tensor, st.block_index)]
+            return (*out, untouched_scan(self.output_plans[st.tensor], st.block_index,
+                                         blk.content_hash))
         base_raw = data[("b", st.tensor, st.block_index)]
         # the base's own bytes: their content hash is the catalog's (checked when read)
         digest = (self.prep.base.blocks[(st.tensor, st.block_index)].content_hash
@@ -82,15 +87,17 @@ class ChunkMerger:
         return (*out, scan)
 
     def merge_step(self, st: Step, data: Mapping[Hashable, memoryview]
-                   ) -> tuple[str, int, memoryview]:
+                   ) -> tuple[str, int, memoryview | None]:
+        if not st.read_base:
+            return st.tensor, st.flat_start, None
         t = self.prep.base.tensors[st.tensor]
         out_dtype = self.prep.out_dtype or t.dtype
         base_raw = data[("b", st.tensor, st.block_index)]
         if not st.experts and out_dtype == t.dtype:
-            return st.tensor, st.row_start, base_raw  # nothing to add: the base's bytes
-        b32 = _decode(base_raw, t.dtype, _block_shape(t.shape, st.row_start, st.row_end))
+            return st.tensor, st.flat_start, base_raw  # nothing to add: the base's bytes
+        b32 = _decode(base_raw, t.dtype, st.shape)
         if not st.experts:
-            return st.tensor, st.row_start, encode(b32, out_dtype)
+            return st.tensor, st.flat_start, encode(b32, out_dtype)
         blocks = []
         for i, spec in enumerate(self.req.experts):
             delta = None
@@ -105,9 +112,9 @@ class ChunkMerger:
                 density=self.densities[i],
                 trim=self.prep.plan.trims.get((spec.model, st.tensor)), key=key))
         ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
-                           flat_offset=st.row_start * t.row_numel, params=self.req.params,
+                           flat_offset=st.flat_start, params=self.req.params,
                            all_weights=self.weights)
-        return st.tensor, st.row_start, encode(self.op(b32, blocks, ctx), out_dtype)
+        return st.tensor, st.flat_start, encode(self.op(b32, blocks, ctx), out_dtype)
 
 
 def output_plans(prep: Prepared) -> dict[str, TensorPlan]:
@@ -127,10 +134,6 @@ def output_plans(prep: Prepared) -> dict[str, TensorPlan]:
                              t.data_offset, t.nbytes),
             base_hashes=[b.content_hash for b in blocks])
     return plans
-
-
-def _block_shape(shape: tuple[int, ...], row_start: int, row_end: int) -> tuple[int, ...]:
-    return (row_end - row_start, *shape[1:]) if shape else ()
 
 
 def _decode(raw: memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+from mergepipe.catalog.grid import is_element_grid, unit_numel
+from mergepipe.catalog.locations import is_url
 from mergepipe.catalog.models import BlockRow
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.reads import Range
@@ -16,10 +18,15 @@ class Step:
 
     tensor: str
     block_index: int
-    row_start: int
+    row_start: int  # grid units (rows, or elements of a tensor cut into element ranges)
     row_end: int
     experts: set[int]
     last_of_tensor: list[int]  # LoRA experts whose lora_A can be dropped after this block
+    flat_start: int = 0  # flat index of the block's first element
+    shape: tuple[int, ...] = ()  # the block's shape: (rows, *row shape), or (elements,)
+    copy_from: BlockRow | None = None  # the output is this base block's bytes: kernel-copied
+    read_base: bool = True  # False: a whole untouched one-block tensor, never read (its hash
+    # is the catalog's)
 
 
 def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[list[Range]]]:
@@ -39,11 +46,18 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
         positions = sorted(by_tensor.get(t.name, []))
         last = {i: max(sel_index[(i, t.name)]) for i in positions}
         first = {i: min(sel_index[(i, t.name)]) for i in positions}
-        for bblk in base.tensor_blocks(t.name):
+        blocks = base.tensor_blocks(t.name)
+        same_dtype = (prep.out_dtype or t.dtype) == t.dtype
+        units = blocks[-1].row_end
+        per_unit = unit_numel(t.shape, units)
+        flat = is_element_grid(t.shape, units) or len(t.shape) <= 1
+        for bblk in blocks:
             bi = bblk.block_index
-            ranges = [Range(("b", t.name, bi), base.file_path(bblk.file_index),
-                            bblk.byte_offset, bblk.nbytes, False,
-                            partial(base.verify_block, bblk))]
+            path = base.file_path(bblk.file_index)
+            untouched = same_dtype and not positions and len(blocks) == 1 and not is_url(path)
+            ranges = [] if untouched else [Range(("b", t.name, bi), path, bblk.byte_offset,
+                                                 bblk.nbytes, False,
+                                                 partial(base.verify_block, bblk))]
             readers = set()
             for i in positions:
                 eblk = sel_index[(i, t.name)].get(bi)
@@ -59,8 +73,12 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
                     ranges.append(Range(("a", i, t.name), e.file_path(lora_a.file_index),
                                         lora_a.offset, lora_a.nbytes, True,
                                         partial(e.verify_lora_a, t.name, lora_a)))
+            n = bblk.row_end - bblk.row_start
             step = Step(t.name, bi, bblk.row_start, bblk.row_end, readers,
-                         [i for i in positions if last[i] == bi])
+                        [i for i in positions if last[i] == bi], bblk.row_start * per_unit,
+                        ((n,) if flat else (n, *t.shape[1:])) if t.shape else (),
+                        bblk if same_dtype and not readers and not is_url(path) else None,
+                        not untouched)
             cur_steps.append(step)
             cur_ranges.extend(ranges)
             cur_bytes += sum(r.nbytes for r in ranges)

@@ -59,6 +59,7 @@ class ExecutionResult:
     extra_files: list[str] = field(default_factory=list)
     # first scan pass of each output tensor (execute(first_pass=True)), for its registration
     first_passes: dict[str, FirstPass] = field(default_factory=dict)
+    kernel_copied_bytes: int = 0  # output bytes copied from the base by copy_file_range
 
 
 def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
@@ -125,7 +126,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
                            {m: f["bytes"] for m, f in fetched.items()}, fetched,
                            base_reader.bytes_read,
                            out.done, merger.expert_blocks, time.perf_counter() - t0, extra,
-                           out.passes)
+                           out.passes, writer.kernel_copied)
 
 
 class _Output:
@@ -142,8 +143,15 @@ class _Output:
 
     def take(self, chunk_steps: list[Step], fut: Future[list[MergedBlock]]) -> None:
         plans = self.merger.output_plans
-        for st, (tensor, row_start, buf, scan) in zip(chunk_steps, fut.result(), strict=True):
-            self.writes.write(tensor, row_start, buf)
+        for st, (tensor, start, buf, scan) in zip(chunk_steps, fut.result(), strict=True):
+            if st.copy_from is not None:  # the base's bytes: copied file to file
+                b = st.copy_from
+                self.writes.copy(tensor, start, self.merger.prep.base.file_path(b.file_index),
+                                 b.byte_offset, b.nbytes, buf,
+                                 None if buf is not None else b.content_hash)
+            else:
+                assert buf is not None
+                self.writes.write(tensor, start, buf)
             if plans is not None:
                 fp = self.passes.get(tensor)
                 if fp is None:

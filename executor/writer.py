@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -46,10 +47,10 @@ class _Slot:
     offset: int  # absolute offset of the tensor's data in the file
     dtype: str
     shape: tuple[int, ...]
-    row_bytes: int
-    n_rows: int
-    next_row: int
+    numel: int
+    next_elem: int  # flat index of the next element to write
     hasher: xxhash.xxh3_128
+    known_hash: str | None = None  # the whole tensor was copied from bytes of this hash
 
 
 def encode(t: torch.Tensor, dtype: str) -> memoryview:
@@ -71,7 +72,9 @@ class CheckpointWriter:
         self._slots: dict[str, _Slot] = {}
         self._order: list[str] = []
         self._fds: list[int] = []
+        self._sources: dict[str, int] = {}  # read-only fds of the files ranges are copied from
         self.total_bytes = 0
+        self.kernel_copied = 0  # bytes copied file to file by the kernel (copy_file_range)
         try:
             for fname, tensors in files:
                 header, spans = encode_header(tensors, (metadata or {}).get(fname))
@@ -82,43 +85,77 @@ class CheckpointWriter:
                 os.ftruncate(fd, len(header) + data_len)
                 self.total_bytes += data_len
                 for (name, dtype, shape), (begin, _end) in zip(tensors, spans, strict=True):
-                    n_rows = shape[0] if shape else 1
                     numel = 1
                     for d in shape:
                         numel *= d
-                    row_bytes = numel * DTYPE_SIZES[dtype] // n_rows if n_rows else 0
                     self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
-                                              row_bytes,
-                                              n_rows, 0, xxhash.xxh3_128())
+                                              numel, 0, xxhash.xxh3_128())
                     self._order.append(name)
         except BaseException:
             self.abort()
             raise
 
-    def write(self, tensor: str, row_start: int, data: bytes | bytearray | memoryview) -> None:
-        """Write rows starting at `row_start` (rows of a tensor must come in order)."""
+    def write(self, tensor: str, start: int, data: bytes | bytearray | memoryview) -> None:
+        """Write elements from flat index `start` on (a tensor's pieces must come in order)."""
         s = self._slots[tensor]
-        if row_start != s.next_row:
-            raise RuntimeError(f"output tensor {tensor!r}: rows written out of order "
-                               f"(expected row {s.next_row}, got {row_start})")
+        if start != s.next_elem:
+            raise RuntimeError(f"output tensor {tensor!r}: written out of order "
+                               f"(expected element {s.next_elem}, got {start})")
         n = len(data) if not isinstance(data, memoryview) else data.nbytes
-        rows = n // s.row_bytes if s.row_bytes else s.n_rows
-        if s.row_bytes and (n % s.row_bytes or row_start + rows > s.n_rows):
-            raise RuntimeError(f"output tensor {tensor!r}: {n} bytes at row {row_start} do not "
+        size = DTYPE_SIZES[s.dtype]
+        if n % size or start + n // size > s.numel:
+            raise RuntimeError(f"output tensor {tensor!r}: {n} bytes at element {start} do not "
                                f"fit its shape {list(s.shape)}")
-        _pwrite_all(s.fd, data, s.offset + row_start * s.row_bytes)
+        _pwrite_all(s.fd, data, s.offset + start * size)
         s.hasher.update(data)
-        s.next_row = row_start + rows
+        s.next_elem = start + n // size
+
+    def copy(self, tensor: str, start: int, src: str, src_offset: int, nbytes: int,
+             data: memoryview | None, whole_hash: str | None = None) -> None:
+        """Write `nbytes` of file `src` at `src_offset` from flat index `start` on, copied by
+        the kernel (os.copy_file_range: no pass through user space; shared extents where the
+        file system has reflinks), else by a read and a write. `data`: the same bytes, already
+        in memory, for the tensor's hash; None when they are the whole tensor and `whole_hash`
+        is their known xxh3-128."""
+        s = self._slots[tensor]
+        size = DTYPE_SIZES[s.dtype]
+        if start != s.next_elem or nbytes % size or start + nbytes // size > s.numel:
+            raise RuntimeError(f"output tensor {tensor!r}: {nbytes} bytes at element {start} "
+                               f"do not fit its shape {list(s.shape)} in order")
+        if data is None and (start != 0 or nbytes // size != s.numel or whole_hash is None):
+            raise RuntimeError(f"output tensor {tensor!r}: a copy without its bytes must be "
+                               "the whole tensor, with its hash")
+        dst = s.offset + start * size
+        copied = _kernel_copy(self._source(src), src_offset, s.fd, dst, nbytes)
+        self.kernel_copied += copied
+        if copied < nbytes:  # not supported here: the rest through user space
+            rest = data[copied:] if data is not None else os.pread(
+                self._source(src), nbytes - copied, src_offset + copied)
+            if len(rest) != nbytes - copied:
+                raise InvalidCheckpoint(f"{src}: shorter than the catalog says; re-ingest it")
+            _pwrite_all(s.fd, rest, dst + copied)
+        if data is not None:
+            s.hasher.update(data)
+        else:
+            s.known_hash = whole_hash
+        s.next_elem = start + nbytes // size
+
+    def _source(self, path: str) -> int:
+        fd = self._sources.get(path)
+        if fd is None:
+            fd = self._sources[path] = os.open(path, os.O_RDONLY)
+        return fd
 
     def finish(self) -> list[OutputTensor]:
-        """Check every row was written, fsync and close the files; the tensors with hashes."""
+        """Check every element was written, fsync and close the files; the tensors with hashes."""
         out = []
         for name in self._order:
             s = self._slots[name]
-            if s.next_row != s.n_rows:
-                raise RuntimeError(f"output tensor {name!r}: only {s.next_row} of {s.n_rows} "
-                                   "rows were written")
-            out.append(OutputTensor(name, s.dtype, s.shape, s.file, s.hasher.hexdigest()))
+            if s.next_elem != s.numel:
+                raise RuntimeError(f"output tensor {name!r}: only {s.next_elem} of {s.numel} "
+                                   "elements were written")
+            out.append(OutputTensor(name, s.dtype, s.shape, s.file,
+                                    s.known_hash or s.hasher.hexdigest()))
         for fd in self._fds:
             os.fsync(fd)
         self.abort()
@@ -130,15 +167,38 @@ class CheckpointWriter:
 
     def abort(self) -> None:
         """Close the files without checks (the caller discards the directory)."""
-        for fd in self._fds:
+        for fd in [*self._fds, *self._sources.values()]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds.clear()
+        self._sources.clear()
 
 
 def write_json(path: Path, obj: object) -> None:
     """Write JSON and fsync it."""
     _write_all(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def _kernel_copy(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int) -> int:
+    """Copy with os.copy_file_range; the bytes copied (fewer when the kernel, the file
+    systems or the platform do not support it: the caller copies the rest)."""
+    copy = getattr(os, "copy_file_range", None)
+    done = 0
+    while copy is not None and done < nbytes:
+        try:
+            n = copy(src, dst, nbytes - done, src_offset + done, dst_offset + done)
+        except OSError as e:
+            if e.errno in _NO_KERNEL_COPY:
+                break
+            raise
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+_NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM,
+                   errno.EBADF, errno.ETXTBSY}
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
@@ -226,9 +286,18 @@ class BackgroundWrites:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mergepipe-write")
         self._pending: deque[Future[None]] = deque()
 
-    def write(self, tensor: str, row_start: int, data: bytes | bytearray | memoryview) -> None:
+    def write(self, tensor: str, start: int, data: bytes | bytearray | memoryview) -> None:
         """Queue a write (`data` must stay unchanged); re-raises an earlier write's error."""
-        self._pending.append(self._pool.submit(self._writer.write, tensor, row_start, data))
+        self._queue(self._pool.submit(self._writer.write, tensor, start, data))
+
+    def copy(self, tensor: str, start: int, src: str, src_offset: int, nbytes: int,
+             data: memoryview | None, whole_hash: str | None = None) -> None:
+        """Queue a kernel copy (CheckpointWriter.copy)."""
+        self._queue(self._pool.submit(self._writer.copy, tensor, start, src, src_offset, nbytes,
+                                      data, whole_hash))
+
+    def _queue(self, fut: Future[None]) -> None:
+        self._pending.append(fut)
         while len(self._pending) > self._depth:
             self._pending.popleft().result()
 

@@ -28,8 +28,9 @@ def _write(out: Path, tensors: dict[str, torch.Tensor], dtype: str, *, shards: i
                          write_index=shards > 1)
     for n, t in tensors.items():
         rows = t.shape[0] if t.ndim else 1
+        row_numel = t.numel() // rows if rows else 0
         for r in range(0, rows, rows_per_write):
-            w.write(n, r, encode(t[r:r + rows_per_write] if t.ndim else t, dtype))
+            w.write(n, r * row_numel, encode(t[r:r + rows_per_write] if t.ndim else t, dtype))
     return w.finish()
 
 
@@ -75,9 +76,9 @@ def test_sharded_output_has_an_index(tmp_path: Path) -> None:
 def test_writer_refuses_out_of_order_and_missing_rows(tmp_path: Path) -> None:
     w = CheckpointWriter(tmp_path, [("m.safetensors", [("t", "F32", (4, 2))])])
     with pytest.raises(RuntimeError, match="out of order"):
-        w.write("t", 2, encode(torch.zeros(2, 2), "F32"))
+        w.write("t", 4, encode(torch.zeros(2, 2), "F32"))
     w.write("t", 0, encode(torch.zeros(2, 2), "F32"))
-    with pytest.raises(RuntimeError, match="only 2 of 4 rows"):
+    with pytest.raises(RuntimeError, match="only 4 of 8 elements"):
         w.finish()
     w.abort()
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import TYPE_CHECKING
 
-from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.models import KINDS, ModelRow
-from mergepipe.catalog.queue import NewIngestJob
+from mergepipe.catalog.kinds import KINDS
 from mergepipe.cli.main import print_json
 from mergepipe.cli.progress import IngestBar
 from mergepipe.cli.table import human_bytes
+
+if TYPE_CHECKING:
+    from mergepipe.catalog.models import ModelRow
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1 << 20, "mb": 10**6,
@@ -40,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.jobs.ingest import run_ingestion  # torch: imported only when it runs
+    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.catalog.queue import NewIngestJob
+    from mergepipe.jobs.ingest import run_ingestion
 
     job = NewIngestJob(args.name, args.kind, str(args.path), args.base, args.block_bytes,
                        not args.no_stats)

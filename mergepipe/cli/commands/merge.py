@@ -6,9 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import print_json
-from mergepipe.cli.mergekit_cli import config_request
 from mergepipe.cli.progress import MergeBar
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.errors import InvalidRequest
@@ -86,7 +84,9 @@ def request_from_args(args: argparse.Namespace) -> MergeRequest:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.jobs.merge import merge  # torch: imported only when it runs
+    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.cli.mergekit_cli import config_request
+    from mergepipe.jobs.merge import merge
     from mergepipe.jobs.recovery import recover_interrupted
 
     request = None if args.config else request_from_args(args)

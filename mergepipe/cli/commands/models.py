@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.models import ModelRow, list_models
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import human_bytes, print_table
+
+if TYPE_CHECKING:
+    from mergepipe.catalog.models import ModelRow
 
 COLUMNS = ["name", "kind", "base", "status", "stats", "tensors", "size", "block", "ingest_s",
            "path"]
@@ -21,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.catalog.models import list_models
+
     with Catalog(args.settings.catalog) as cat:
         models = list_models(cat)
     if args.json:

@@ -6,12 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mergepipe.catalog.db import Catalog
 from mergepipe.cli.commands.merge import add_request_arguments, request_from_args
 from mergepipe.cli.main import print_json
-from mergepipe.cli.mergekit_cli import config_request
 from mergepipe.cli.table import human_bytes, print_table
-from mergepipe.jobs.planning import plan_merge
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,9 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.jobs.planning import plan_merge
+
     request = None if args.config else request_from_args(args)
     with Catalog(args.settings.catalog) as cat:
         if request is None:
+            from mergepipe.cli.mergekit_cli import config_request  # torch: only for a config
             request = config_request(cat, args)
         plan = plan_merge(cat, request)
     shown = plan.blocks if args.blocks < 0 else plan.blocks[:args.blocks]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import human_bytes
 
@@ -27,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.jobs.replay import replay  # torch: imported only when it runs
+    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.jobs.replay import replay
 
     with Catalog(args.settings.catalog) as cat:
         result = replay(cat, args.merge_id, args.out, threads=args.threads)

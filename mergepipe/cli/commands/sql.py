@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.readonly_sql import run_readonly
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import print_table
 from mergepipe.core.errors import NotFound
@@ -21,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.catalog.readonly_sql import run_readonly
+
     path = str(args.settings.catalog)
     if "://" not in path and not os.path.isfile(path):  # a query never creates a catalog
         raise NotFound(f"catalog {path!r} does not exist (--catalog / $MERGEPIPE_CATALOG)",
