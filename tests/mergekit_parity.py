@@ -51,11 +51,11 @@ def make_family(root: Path, dtype: str = "BF16") -> dict[str, Path]:
 
 
 def config(method: str, fam: dict[str, Path], dtype: str | None, *,
-           params: dict[str, Any] | None = None, base_entry: dict[str, Any] | None = None
-           ) -> dict[str, Any]:
+           params: dict[str, Any] | None = None, base_entry: dict[str, Any] | None = None,
+           densities: tuple[float, ...] = DENSITIES) -> dict[str, Any]:
     """A config shaped like mergekit's tests: the experts with weights (and densities)."""
     models = [] if base_entry is None else [{"model": str(fam["base"]), **base_entry}]
-    for name, w, d in zip(EXPERTS, WEIGHTS, DENSITIES, strict=True):
+    for name, w, d in zip(EXPERTS, WEIGHTS, densities, strict=True):
         p: dict[str, float] = {"weight": w}
         if method in ("ties", "dare_ties", "dare_linear"):
             p["density"] = d
@@ -121,12 +121,13 @@ def differences(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor],
     return differ, compared, (num / den) ** 0.5 if den else 0.0
 
 
-def untied(fam: dict[str, Path], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def untied(fam: dict[str, Path], dtype: torch.dtype, densities: tuple[float, ...] = DENSITIES
+           ) -> dict[str, torch.Tensor]:
     """Entries no expert has at its trim threshold in the compute dtype (where mergekit's
     argsort keeps an arbitrary subset of the tied entries)."""
     base = {k: v.to(dtype) for k, v in factory.load(fam["base"]).items()}
     keep = {k: torch.ones(v.shape, dtype=torch.bool) for k, v in base.items()}
-    for name, dens in zip(EXPERTS, DENSITIES, strict=True):
+    for name, dens in zip(EXPERTS, densities, strict=True):
         for k, v in factory.load(fam[name]).items():
             d = (v.to(dtype) - base[k]).abs().float().reshape(-1)
             n = max(1, int(dens * d.numel()))

@@ -23,12 +23,16 @@ from mergepipe.catalog.db import Catalog  # noqa: E402
 COMPUTE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
            None: torch.bfloat16}  # None: the files' dtype (bf16 checkpoints)
 # one mergekit subprocess for the fast cases (its start-up is most of their cost)
-FAST = {"ta-bfloat16": ("task_arithmetic", "bfloat16"), "ties-none": ("ties", None)}
+FAST = {"ta-bfloat16": ("task_arithmetic", "bfloat16"), "ties-none": ("ties", None),
+        "ties-floor": ("ties", "bfloat16")}
+FLOOR = (0.01, 0.01, 0.02)  # 64-entry norms: int(d * n) = 0 or 1, mergekit keeps max(1, .)
 SLOW = {f"{m}-{d or 'none'}": (m, d) for m in ("task_arithmetic", "ties", "linear")
         for d in ("bfloat16", "float16", None, "float32")}
 
 
-def _config(method: str, fam: dict[str, Path], dtype: str | None) -> dict:
+def _config(method: str, fam: dict[str, Path], dtype: str | None, name: str = "") -> dict:
+    if name == "ties-floor":
+        return mp.config(method, fam, dtype, densities=FLOOR)
     if method == "linear":  # the base listed with weight 0: mergekit's average of the experts
         return mp.config(method, fam, dtype, base_entry={"parameters": {"weight": 0.0}})
     params = {"lambda": 0.6} if method == "task_arithmetic" else None
@@ -48,9 +52,10 @@ def cat(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _check(name: str, method: str, dtype: str | None, fam, cat, theirs, out: Path) -> None:
-    summary, ours = mp.run_ours(cat, _config(method, fam, dtype), out)
+    summary, ours = mp.run_ours(cat, _config(method, fam, dtype, name), out)
     assert summary["expert_bytes_read"] <= summary["full_read_bytes"]
-    keep = mp.untied(fam, COMPUTE[dtype]) if method == "ties" else None
+    densities = FLOOR if name == "ties-floor" else mp.DENSITIES
+    keep = mp.untied(fam, COMPUTE[dtype], densities) if method == "ties" else None
     differ, compared, rel = mp.differences(ours, theirs, keep)
     assert differ == 0, f"{name}: {differ} of {compared} entries differ (rel L2 {rel:.2e})"
     total = sum(t.numel() for t in theirs.values())
@@ -60,7 +65,7 @@ def _check(name: str, method: str, dtype: str | None, fam, cat, theirs, out: Pat
 @pytest.fixture(scope="module")
 def fast_reference(fam, tmp_path_factory):
     root = tmp_path_factory.mktemp("mk")
-    return mp.run_mergekit({n: _config(m, fam, d) for n, (m, d) in FAST.items()}, root)
+    return mp.run_mergekit({n: _config(m, fam, d, n) for n, (m, d) in FAST.items()}, root)
 
 
 @pytest.mark.parametrize("name", list(FAST))
