@@ -129,7 +129,7 @@ def test_dare_is_within_mergekits_seed_to_seed_spread(method, fam, cat, tmp_path
     cfg = mp.config(method, fam, "bfloat16")
     theirs = [mp.run_mergekit({"r": cfg}, _mkdir(tmp_path / f"mk{s}"), seed=s)["r"]
               for s in (1, 2)]
-    _, ours = mp.run_ours(cat, cfg, tmp_path / "ours")
+    _, ours = mp.run_ours(cat, cfg, tmp_path / f"ours-{method}")
     _, _, spread = mp.differences(theirs[0], theirs[1])
     _, _, ours_vs = mp.differences(ours, theirs[0])
     assert 0 < ours_vs < 1.5 * spread, (ours_vs, spread)
