@@ -49,8 +49,10 @@ class Scratch:
 
 
 def trim_ks(numel: int) -> list[int]:
-    """k for each density of the grid: int(density * numel), density = (j + 1) / 100."""
-    return [int((j + 1) / DENSITY_STEPS * numel) for j in range(DENSITY_STEPS)]
+    """k for each density of the grid: max(1, int(density * numel)), density = (j + 1) / 100
+    (mergekit's floor: a positive density keeps at least one entry of a nonempty tensor)."""
+    return [max(1 if numel else 0, int((j + 1) / DENSITY_STEPS * numel))
+            for j in range(DENSITY_STEPS)]
 
 
 def scan_block(a: torch.Tensor, scratch: Scratch | None = None, *, collect_mixed: bool = False

@@ -18,7 +18,7 @@ from mergepipe.core.operators.keyed_hash import expert_key
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.schedule import Step
 from mergepipe.executor.sources import ModelSource
-from mergepipe.executor.writer import encode
+from mergepipe.executor.writer import TORCH_DTYPES, encode
 
 # One merged block: (tensor, flat index of its first element, output bytes (None: a base block
 # never read, see Step.read_base), the first scan pass over it or None).
@@ -43,6 +43,18 @@ class ChunkMerger:
         self.lora_a: dict[tuple[int, str], torch.Tensor] = {}
         self.keys: dict[tuple[int, str], int] = {}
         self.expert_blocks = 0
+        # mergekit arithmetic: the kernels see the experts' own values and every block runs
+        self.mk_arith = (self.req.params.get("semantics") == "mergekit"
+                         or self.req.params.get("compute_dtype", "float32") != "float32")
+
+    def input_dtype(self, tensor: str) -> str:
+        """The promoted dtype of the base's and the full experts' tensor (mergekit's compute
+        dtype when a config gives none), as a torch name."""
+        dt = TORCH_DTYPES[self.prep.base.tensors[tensor].dtype]
+        for e in self.prep.experts:
+            if e.kind == "full":
+                dt = torch.promote_types(dt, TORCH_DTYPES[e.tensors[tensor].dtype])
+        return str(dt).removeprefix("torch.")
 
     def load_lora_a(self, data: Mapping[Hashable, memoryview]) -> None:
         """Decode the lora_A matrices read with this chunk (in the reading order)."""
@@ -93,16 +105,19 @@ class ChunkMerger:
         t = self.prep.base.tensors[st.tensor]
         out_dtype = self.prep.out_dtype or t.dtype
         base_raw = data[("b", st.tensor, st.block_index)]
-        if not st.experts and out_dtype == t.dtype:
+        if not st.experts and out_dtype == t.dtype and not self.mk_arith:
             return st.tensor, st.flat_start, base_raw  # nothing to add: the base's bytes
         b32 = _decode(base_raw, t.dtype, st.shape)
-        if not st.experts:
+        if not st.experts and not self.mk_arith:
             return st.tensor, st.flat_start, encode(b32, out_dtype)
         blocks = []
         for i, spec in enumerate(self.req.experts):
-            delta = None
+            delta = value = None
             if i in st.experts:
-                delta = _delta(self.prep.experts[i], i, st, b32, data, self.lora_a)
+                if self.mk_arith and self.prep.experts[i].kind == "full":
+                    value, delta = _value_and_delta(self.prep.experts[i], i, st, b32, data)
+                else:
+                    delta = _delta(self.prep.experts[i], i, st, b32, data, self.lora_a)
             key = self.keys.get((i, st.tensor))
             if key is None:
                 key = self.keys[(i, st.tensor)] = expert_key(self.req.seed, spec.model,
@@ -110,10 +125,10 @@ class ChunkMerger:
             blocks.append(ExpertBlock(
                 index=i, model=spec.model, delta=delta, weight=spec.weight,
                 density=self.densities[i],
-                trim=self.prep.plan.trims.get((spec.model, st.tensor)), key=key))
+                trim=self.prep.plan.trims.get((spec.model, st.tensor)), key=key, value=value))
         ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
                            flat_offset=st.flat_start, params=self.req.params,
-                           all_weights=self.weights)
+                           all_weights=self.weights, input_dtype=self.input_dtype(st.tensor))
         return st.tensor, st.flat_start, encode(self.op(b32, blocks, ctx), out_dtype)
 
 
@@ -158,6 +173,18 @@ class _Deltas(threading.local):
 
 
 _deltas = _Deltas()
+
+
+def _value_and_delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,
+                     data: Mapping[Hashable, memoryview]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A full expert's block widened exactly to float32, and its float32 delta (new tensors:
+    mergekit arithmetic needs both)."""
+    raw = data[("e", i, st.tensor, st.block_index)]
+    if raw.nbytes == 0:
+        return b32.clone(), torch.zeros_like(b32)
+    value = decode_into(raw, e.tensors[st.tensor].dtype,
+                        torch.empty(b32.numel(), dtype=torch.float32)).view(b32.shape)
+    return value, value - b32
 
 
 def _delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,

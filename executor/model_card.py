@@ -105,6 +105,9 @@ def mergekit_config(request: MergeRequest) -> str | None:
         return None
     p = dict(request.params)
     p.pop("utility", None)  # the planner's ranking under a budget: no mergekit equivalent needed
+    mk_semantics = p.pop("semantics", "native") == "mergekit"
+    compute = p.pop("compute_dtype", "float32")
+    base_weight, base_at = p.pop("base_weight", None), p.pop("base_position", None)
     if p.pop("renormalize", "fixed") != "fixed":
         return None  # per-block renormalization over the experts read: a budget-only notion
     rescale = p.pop("rescale", None)
@@ -115,12 +118,20 @@ def mergekit_config(request: MergeRequest) -> str | None:
     ours = {v: k for k, v in method.params.items() if v is not None}  # our name -> mergekit's
     defaults = {"normalize": request.spec.normalize_default, "lambda": 1.0,
                 **{q.name: q.default for q in request.spec.params}}
-    if any(k not in ours and k != "density" and v != defaults.get(k) for k, v in p.items()):
+    if not method.base_in_average and any(k not in ours and k != "density"
+                                          and v != defaults.get(k) for k, v in p.items()):
         return None  # a parameter mergekit's method cannot express
     p = {ours.get(k, k): v for k, v in p.items() if k in ours or k == "density"}
     base = request.base
     models: list[dict[str, Any]] = []
-    if method.base_in_average:
+    if method.base_in_average and mk_semantics:  # the config's own inputs, base included
+        models = [{"model": e.model, "parameters": {"weight": float(e.weight)}}
+                  for e in request.experts]
+        if base_weight is not None:
+            models.insert(int(base_at if base_at is not None else len(models)),
+                          {"model": base, "parameters": {"weight": float(base_weight)}})
+        p = {"normalize": bool(p.get("normalize", True))}
+    elif method.base_in_average:
         # mergekit's linear averages every listed model, the base too: give it the weight that
         # makes M = B + sum c_i (E_i - B).
         c = request.coefficients()
@@ -135,7 +146,11 @@ def mergekit_config(request: MergeRequest) -> str | None:
                 mp["density"] = float(e.density)
             models.append({"model": e.model, "parameters": mp})
     doc: dict[str, Any] = {"merge_method": method.name, "base_model": base, "models": models,
-                           "parameters": p, "dtype": "float32"}
+                           "parameters": p, "dtype": compute}
+    if compute == "files":  # mergekit computes in the inputs' dtype when dtype is absent
+        del doc["dtype"]
+    if method.base_in_average and mk_semantics and base_weight is None:
+        del doc["base_model"]  # mergekit's linear would average a base_model in
     if request.output_dtype:
         doc["out_dtype"] = HF_DTYPE_NAMES[request.output_dtype]
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)

@@ -24,8 +24,9 @@ def trim_index(density: float, model: str) -> int:
 
 
 def trim_k(j: int, numel: int) -> int:
-    """Entries kept by the trim at grid index j: k = int(density * numel), density = j / 100."""
-    return int(j / TRIM_GRID * numel)
+    """Entries kept by the trim at grid index j: k = max(1, int(density * numel)), density =
+    j / 100 (mergekit's floor)."""
+    return max(1 if numel else 0, int(j / TRIM_GRID * numel))
 
 
 def trim_indexes(request: MergeRequest) -> list[int | None]:

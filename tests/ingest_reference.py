@@ -93,12 +93,13 @@ def check_tensor_stats(cat: Catalog, model: str, deltas: dict[str, torch.Tensor]
 
 
 def reference_trims(a: torch.Tensor) -> tuple[list[float], list[int], list[int]]:
-    """tau_j = k-th largest |d| (k = int((j+1)/100 * numel)), count above, count tied; by sorting."""
+    """tau_j = k-th largest |d| (k = max(1, int((j+1)/100 * numel))), count above, count tied; by
+    sorting."""
     s = torch.sort(a.reshape(-1), descending=True).values
     n = s.numel()
     taus, above, tied = [], [], []
     for j in range(100):
-        k = int((j + 1) / 100 * n)
+        k = max(1 if n else 0, int((j + 1) / 100 * n))
         if k == 0:
             taus.append(float("inf"))
             above.append(0)

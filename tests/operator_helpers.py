@@ -24,7 +24,7 @@ class TrimThreshold:
 
 def exact_trim(delta: torch.Tensor, density: float) -> TrimThreshold:
     """Reference TIES threshold of a whole tensor: the k-th largest |delta|, k = int(density*n)."""
-    k = int(density * delta.numel())
+    k = max(1 if delta.numel() else 0, int(density * delta.numel()))
     if k == 0:
         return TrimThreshold(math.inf, 0, 0, 0)
     mag = delta.abs().flatten().float()

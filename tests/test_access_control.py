@@ -96,7 +96,7 @@ def test_a_config_file_linked_out_of_the_root_is_forbidden(env: dict[str, Any]) 
     assert "tokenizer.json" in err["message"]
     # the same through a mergekit config (paths in it are ingested on the fly)
     cfg = {"config_yaml": "merge_method: task_arithmetic\nbase_model: linked-config\nmodels:\n"
-                          "  - model: e1\n", "budget": {"fraction": 1.0}}
+                          "  - {model: e1, parameters: {weight: 1}}\n", "budget": {"fraction": 1.0}}
     r = c.post("/v1/plans", json=cfg)
     assert r.status_code == 403, r.text
     _nothing_named(c, "lc")

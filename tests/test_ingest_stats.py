@@ -103,16 +103,19 @@ def test_small_tensors_by_sorting() -> None:
     assert_exact(tt, d)
 
 
-def test_k_zero_gives_infinite_tau() -> None:
-    tt, _ = thresholds(torch.randn(50), 2)
-    assert trim_ks(50)[0] == 0 and tt.tau[0] == math.inf and tt.above[0] == tt.tied[0] == 0
-    empty, _ = thresholds(torch.zeros(0), 1)
+def test_k_has_mergekits_floor_of_one() -> None:
+    a = torch.randn(50)
+    tt, _ = thresholds(a, 2)  # int(0.01 * 50) = 0: mergekit keeps max(1, 0) = 1 entry
+    assert trim_ks(50)[0] == 1 and tt.tau[0] == float(a.abs().max()) and tt.above[0] == 0
+    assert tt.tied[0] == 1
+    empty, _ = thresholds(torch.zeros(0), 1)  # an empty tensor keeps nothing
     assert empty.tau == [math.inf] * 100
 
 
 def test_trim_ks_follow_the_contract() -> None:
     n = 12345
     assert trim_ks(n) == [int((j + 1) / 100 * n) for j in range(100)]
+    assert trim_ks(30)[:4] == [1, 1, 1, 1]  # mergekit's floor
     assert trim_ks(100)[28] == int(0.29 * 100) == 28  # float rounding, as the planner computes
 
 

@@ -41,18 +41,21 @@ def test_ties_config_maps_to_request_args() -> None:
         "base": "B", "operator": "ties", "output_dtype": "F16",
         "experts": [{"model": "E1", "weight": 1.0, "density": 0.5},
                     {"model": "E2", "weight": 0.5, "density": 0.3}],
-        "params": {"normalize": True, "lambda": 0.9},
+        "params": {"normalize": True, "lambda": 0.9, "semantics": "mergekit",
+                   "compute_dtype": "bfloat16"},
     }
     assert cfg.base is not None and cfg.base.text == "base"
     assert [e.ref.key for e in cfg.experts] == ["models[1].model", "models[2].model"]
 
 
-def test_dtype_is_the_output_dtype_without_out_dtype() -> None:
-    cfg = parse_config("merge_method: task_arithmetic\nbase_model: b\nmodels: [{model: e}]\n"
-                       "dtype: float32\n")
-    assert cfg.output_dtype == "F32"
-    assert parse_config("merge_method: task_arithmetic\nbase_model: b\nmodels: [e]\n"
-                        ).output_dtype is None
+def test_dtype_is_the_compute_dtype_and_the_output_dtype_without_out_dtype() -> None:
+    cfg = parse_config("merge_method: task_arithmetic\nbase_model: b\n"
+                       "models: [{model: e, parameters: {weight: 1}}]\ndtype: float32\n")
+    assert (cfg.output_dtype, cfg.compute_dtype) == ("F32", "float32")
+    cfg = parse_config("merge_method: task_arithmetic\nbase_model: b\n"
+                       "models: [{model: e, parameters: {weight: 1}}]\n")
+    assert (cfg.output_dtype, cfg.compute_dtype) == (None, "files")  # the inputs' own dtype
+    assert cfg.request_args("b", ["e"])["params"]["compute_dtype"] == "files"
 
 
 def test_global_weight_and_density_are_defaults() -> None:
@@ -61,33 +64,34 @@ def test_global_weight_and_density_are_defaults() -> None:
                        "parameters: {weight: 0.5, density: 0.7, rescale: false}\n")
     args = cfg.request_args("b", ["e1", "e2"])
     assert [e["weight"] for e in args["experts"]] == [0.5, 2.0]
-    assert args["params"] == {"density": 0.7, "rescale": "none"}
+    assert args["params"] == {"density": 0.7, "rescale": "none", "semantics": "mergekit",
+                              "compute_dtype": "files"}
 
 
 def test_dare_rescale_defaults_to_mergekit_l1() -> None:
-    cfg = parse_config("merge_method: dare_linear\nbase_model: b\nmodels: [e]\n")
+    cfg = parse_config("merge_method: dare_linear\nbase_model: b\n"
+                       "models: [{model: e, parameters: {weight: 1}}]\n")
     assert cfg.params["rescale"] == "l1"
     assert any("rescale" in n for n in cfg.notes)
 
 
-def test_linear_base_weight_is_folded_into_coefficients() -> None:
-    # mergekit: M = (2 B + 1 E1 + 1 E2) / 4 = B + 1/4 D1 + 1/4 D2
+def test_linear_base_is_an_input_with_its_weight_and_place() -> None:
+    # mergekit: M = (1 E1 + 2 B + 1 E2) / 4, summed in that order
     cfg = parse_config("merge_method: linear\nbase_model: b\nmodels:\n"
-                       "  - {model: b, parameters: {weight: 2}}\n"
                        "  - {model: e1, parameters: {weight: 1}}\n"
+                       "  - {model: b, parameters: {weight: 2}}\n"
                        "  - {model: e2, parameters: {weight: 1}}\n")
     args = cfg.request_args("b", ["e1", "e2"])
-    assert [e["weight"] for e in args["experts"]] == [0.25, 0.25]
-    assert args["params"]["normalize"] is False
+    assert [e["weight"] for e in args["experts"]] == [1.0, 1.0]
+    assert (args["params"]["base_weight"], args["params"]["base_position"]) == (2.0, 1)
 
 
-def test_linear_base_weight_zero_is_the_experts_average() -> None:
-    cfg = parse_config("merge_method: linear\nbase_model: b\nmodels:\n"
-                       "  - {model: b, parameters: {weight: 0}}\n"
-                       "  - {model: e1, parameters: {weight: 1}}\n"
-                       "  - {model: e2, parameters: {weight: 3}}\n")
+def test_linear_base_not_listed_comes_last_with_the_global_weight() -> None:
+    cfg = parse_config("merge_method: linear\nbase_model: b\nmodels: [e1, e2]\n"
+                       "parameters: {weight: 0.5, normalize: false}\n")
     args = cfg.request_args("b", ["e1", "e2"])
-    assert [e["weight"] for e in args["experts"]] == [0.25, 0.75]
+    assert (args["params"]["base_weight"], args["params"]["base_position"]) == (0.5, 2)
+    assert args["params"]["normalize"] is False  # any weights: mergekit's sum, computed as is
 
 
 def test_linear_without_base_keeps_mergekit_normalize() -> None:
@@ -96,26 +100,45 @@ def test_linear_without_base_keeps_mergekit_normalize() -> None:
     assert cfg.base is None
     args = cfg.request_args("b", ["e1", "e2"])
     assert [e["weight"] for e in args["experts"]] == [1.0, 3.0]
-    assert args["params"]["normalize"] is True
+    assert "base_weight" not in args["params"]
 
 
-def test_linear_unnormalized_must_sum_to_one() -> None:
-    ok = parse_config("merge_method: linear\nmodels:\n  - {model: e1, parameters: {weight: 0.25}}\n"
-                      "  - {model: e2, parameters: {weight: 0.75}}\nparameters: {normalize: false}")
-    assert ok.request_args("b", ["e1", "e2"])["params"]["normalize"] is False
-    e = refused("merge_method: linear\nmodels:\n  - {model: e1, parameters: {weight: 1}}\n"
-                "  - {model: e2, parameters: {weight: 1}}\nparameters: {normalize: false}")
-    assert e.field == "parameters.normalize" and "sum to 1" in e.message
+def test_parameters_the_method_does_not_take_are_ignored_with_a_note() -> None:
+    cfg = parse_config("merge_method: linear\nmodels:\n"
+                       "  - {model: e1, parameters: {weight: 1, density: 0.5, gamma: 0.1}}\n"
+                       "  - {model: e2, parameters: {weight: 3}}\nparameters: {lambda: 0.5}\n")
+    assert "lambda" not in cfg.params and cfg.experts[0].density is None
+    for key in ("parameters.lambda", "models[0].parameters.density",
+                "models[0].parameters.gamma"):
+        assert any(n.startswith(key + ": ignored") for n in cfg.notes), (key, cfg.notes)
+
+
+def test_weight_is_required_as_in_mergekit() -> None:
+    e = refused("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e1, parameters: "
+                "{density: 0.5}}\n")
+    assert e.field == "models[0].parameters.weight"
+    assert "Missing required parameter weight" in e.message
+    cfg = parse_config("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e1, parameters: "
+                       "{density: 0.5}}\nparameters: {weight: 0.3}\n")
+    assert cfg.experts[0].weight == 0.3  # a global weight is every model's
+
+
+def test_base_model_is_required_where_mergekit_requires_it() -> None:
+    for method in ("task_arithmetic", "ties", "dare_linear", "dare_ties"):
+        e = refused(f"merge_method: {method}\nmodels:\n  - {{model: e1, parameters: "
+                    "{weight: 1}}\n")
+        assert e.field == "base_model" and "requires a base input" in e.message
 
 
 def test_linear_base_needs_a_weight_like_mergekit() -> None:
-    e = refused("merge_method: linear\nbase_model: b\nmodels: [e1, e2]\n")
+    e = refused("merge_method: linear\nbase_model: b\nmodels:\n"
+                "  - {model: e1, parameters: {weight: 1}}\n  - {model: e2, parameters: {weight: 1}}\n")
     assert e.field == "base_model" and "weight: 0" in e.message
 
 
 def test_lora_reference() -> None:
     cfg = parse_config("merge_method: task_arithmetic\nbase_model: /m/base\nmodels:\n"
-                       "  - model: /m/base+/m/adapter\n")
+                       "  - model: /m/base+/m/adapter\nparameters: {weight: 1}\n")
     assert cfg.experts[0].ref.text == "/m/base" and cfg.experts[0].ref.lora == "/m/adapter"
 
 
@@ -143,12 +166,8 @@ def test_lora_reference() -> None:
      "models[0].parameters.density", "outside (0, 1]"),
     ("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e, parameters: {weight: abc}}",
      "models[0].parameters.weight", "finite number"),
-    ("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e, parameters: {gamma: 0.1}}",
-     "models[0].parameters.gamma", "not a parameter"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nparameters: {rescale: true}",
-     "parameters.rescale", "dare"),
-    ("merge_method: task_arithmetic\nbase_model: b\nmodels:\n  - {model: e, parameters: "
-     "{density: 0.5}}", "models[0].parameters.density", "no effect"),
+     "parameters.rescale", "not supported yet"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\ndtype: int8", "dtype", "not supported"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nout_dtype: float64", "out_dtype",
      "not supported"),
@@ -172,13 +191,15 @@ def test_refusals_name_the_key_and_why(text: str, key: str, words: str) -> None:
 
 
 def test_tokenizer_source_base_is_what_we_do_anyway() -> None:
-    cfg = parse_config("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer_source: base")
+    cfg = parse_config("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer_source: base\n"
+                       "parameters: {weight: 1}")
     assert any("tokenizer" in n for n in cfg.notes)
 
 
 def test_parameters_of_the_base_entry_are_ignored_for_task_methods() -> None:
     cfg = parse_config("merge_method: ties\nbase_model: b\nmodels:\n"
-                       "  - {model: b, parameters: {weight: 3}}\n  - model: e\n")
+                       "  - {model: b, parameters: {weight: 3}}\n  - model: e\n"
+                       "parameters: {weight: 1}\n")
     assert [e.ref.text for e in cfg.experts] == ["e"]
     assert any("models[0]" in n for n in cfg.notes)
 
@@ -198,7 +219,7 @@ def test_paths_are_ingested_base_first_then_matched(catalog: Catalog,
     from mergepipe.jobs.config import load_config
     from mergepipe.jobs.ingest import run_ingestion
     text = (f"merge_method: ties\nbase_model: {family['base']}\nmodels:\n"
-            f"  - {{model: {family['e0']}, parameters: {{density: 0.5}}}}\n"
+            f"  - {{model: {family['e0']}, parameters: {{density: 0.5, weight: 1}}}}\n"
             f"  - {{model: {family['e1']}, parameters: {{density: 0.3, weight: 2}}}}\n")
     req, resolved = load_config(catalog, text, budget=0.5, seed=3)
     assert [j.model for j in resolved.to_ingest] == ["base", "e0", "e1"]
@@ -230,17 +251,20 @@ def test_resolution_errors_name_the_key(catalog: Catalog, family: dict[str, Path
     from mergepipe.jobs.config import load_config
     _ingest_all(catalog, family)
     cases = [
-        ("merge_method: ties\nbase_model: e0\nmodels: [e1]", "base_model", "registered as an "
+        ("merge_method: ties\nbase_model: e0\nmodels: [e1]\nparameters: {weight: 1}", "base_model", "registered as an "
          "expert of 'base'"),
-        ("merge_method: ties\nbase_model: base\nmodels: [e0, e0]", "models[1].model",
+        ("merge_method: ties\nbase_model: base\nmodels: [e0, e0]\nparameters: {weight: 1}",
+         "models[1].model",
          "listed twice"),
-        (f"merge_method: ties\nbase_model: base\nmodels: [{tmp_path / 'nope'}]",
+        (f"merge_method: ties\nbase_model: base\nmodels: [{tmp_path / 'nope'}]\n"
+         "parameters: {weight: 1}",
          "models[0].model", "neither a registered model nor a local path"),
-        ("merge_method: linear\nmodels: [e0, nowhere]", "base_model", "weight: 0"),
-        (f"merge_method: ties\nbase_model: base\nmodels: [{family['e2']}+{family['e0']}]",
+        ("merge_method: linear\nmodels: [e0, nowhere]\nparameters: {weight: 1}", "base_model", "weight: 0"),
+        (f"merge_method: ties\nbase_model: base\nmodels: [{family['e2']}+{family['e0']}]\n"
+         "parameters: {weight: 1}",
          "models[0].model", "not base_model"),
         ("merge_method: ties\nbase_model: base\nmodels:\n  - {model: e0, parameters: "
-         "{density: 0.555}}", "models[0].parameters.density", "1% grid"),
+         "{density: 0.555}}\nparameters: {weight: 1}", "models[0].parameters.density", "1% grid"),
     ]
     for text, key, words in cases:
         with pytest.raises(InvalidRequest) as e:

@@ -137,7 +137,8 @@ def test_cli_refusals_are_one_line_naming_file_and_key(family: dict[str, Path], 
     assert err.count("\n") == 1
     assert err.startswith(f"mergepipe merge: error: {bad}: merge_method: slerp is not supported")
     missing = tmp_path / "hub.yml"
-    missing.write_text("merge_method: ties\nbase_model: meta-llama/Llama-3.2-1B\nmodels: [x]\n")
+    missing.write_text("merge_method: ties\nbase_model: meta-llama/Llama-3.2-1B\nmodels: [x]\n"
+                       "parameters: {weight: 1}\n")
     rc, _, err = cli(capsys, "--catalog", str(tmp_path / "c.duckdb"), "merge", str(missing),
                      "--out", str(tmp_path / "o"))
     assert rc == 2 and "base_model: 'meta-llama/Llama-3.2-1B' is neither" in err

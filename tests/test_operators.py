@@ -149,8 +149,9 @@ def test_trim_density_one_and_none_keep_everything():
     full = trim_mask(d, exact_trim(d, 1.0), 0, 0)
     assert full is not None and bool(full.all())
     assert trim_mask(d, None, 0, 0) is None
-    empty = trim_mask(d, exact_trim(d, 0.1), 0, 0)  # k = 0: tau = inf
-    assert empty is not None and not bool(empty.any())
+    # int(0.1 * 4) = 0: mergekit's floor keeps k = 1, among the three entries tied at |d| = 1
+    one = trim_mask(d, exact_trim(d, 0.1), 0, 0)
+    assert exact_trim(d, 0.1).k == 1 and one is not None and not bool(one[0])
 
 
 # -- invariants --------------------------------------------------------------------------------

@@ -150,13 +150,14 @@ def test_ties_threshold_excludes_blocks_below_tau(catalog: Catalog) -> None:
 
 
 def test_ties_density_zero_keep_count_excludes_the_tensor(catalog: Catalog) -> None:
-    # k = int(0.01 * numel) = 0 -> tau = +inf: nothing of the tensor can survive the trim.
+    # A catalog ingested before mergekit's k floor stored tau = +inf where int(0.01 * numel) = 0:
+    # nothing of the tensor can survive the trim (ingestion now stores the k = 1 threshold).
     e = [Ten("t0", [Blk(100, 5)], tau=[math.inf] + [0.0] * 99), Ten("t1", [Blk(100, 1)])]
     add_model(catalog, base_like("B", e))
     add_model(catalog, Model("x", e, base="B"))
     p = make_plan(catalog, build_request(base="B", experts="x:1:0.01", operator="ties"))
     assert keys(p) == [("x", "t1", 0)]
-    assert p.trims[("x", "t0")].tau == math.inf and p.trims[("x", "t0")].k == 0
+    assert p.trims[("x", "t0")].tau == math.inf and p.trims[("x", "t0")].k == 1
 
 
 def test_lora_a_is_charged_once_per_touched_tensor(catalog: Catalog) -> None:

@@ -12,21 +12,19 @@ import yaml
 from mergepipe.core import safe_yaml
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_params import (
-    MODEL_PARAMS,
     REFUSED_KEYS,
     TOP_LEVEL_KEYS,
     as_mapping,
     check_params,
     check_tokenizer_source,
+    dtypes,
     global_params,
     method_spec,
-    output_dtype,
     request_params,
 )
-from mergepipe.core.operators import OperatorSpec, get_operator
+from mergepipe.core.operators import OperatorSpec
 from mergepipe.core.request import Budget
 
-SUM_TOLERANCE = 1e-6
 _HUB_REVISION = re.compile(r"[\w.-]+/[\w.-]+@[\w./-]+")  # org/model@revision
 BudgetSpec = str | float | dict[str, Any] | Budget | None  # what build_request takes
 
@@ -68,14 +66,16 @@ class MergekitConfig:
     output_dtype: str | None
     base_weight: float | None = None  # the base's own weight, for methods that average it in
     notes: tuple[str, ...] = ()  # how the config was read, for the user
+    compute_dtype: str = "files"  # mergekit's `dtype` (files: the inputs' own, per tensor)
+    base_position: int | None = None  # the base's place among linear's inputs
 
     def request_args(self, base: str, experts: list[str]) -> dict[str, Any]:
         """build_request keyword arguments, given the catalog names of the base and experts."""
         weights = [e.weight for e in self.experts]
-        params = dict(self.params)
-        method = get_operator(self.operator).mergekit
-        if method is not None and method.base_in_average:
-            weights, params["normalize"] = _linear_coefficients(self, weights)
+        params = {**self.params, "semantics": "mergekit", "compute_dtype": self.compute_dtype}
+        if self.base_weight is not None:
+            params["base_weight"] = self.base_weight
+            params["base_position"] = self.base_position
         return {
             "base": base,
             "experts": [{"model": n, "weight": w, **({"density": e.density}
@@ -111,9 +111,15 @@ def parse_config(text: str | bytes) -> MergekitConfig:
     check_tokenizer_source(doc.get("tokenizer_source"), notes)
     spec = method_spec(doc.get("merge_method"))
     op = spec.name
-    gparams = as_mapping(doc.get("parameters"), "parameters")
-    check_params(gparams, global_params(spec), "parameters", spec)
+    compute, out_dtype = dtypes(doc, notes)
+    gparams = check_params(as_mapping(doc.get("parameters"), "parameters"), global_params(spec),
+                           "parameters", spec, notes)
     base = _ref(doc["base_model"], "base_model") if doc.get("base_model") is not None else None
+    in_average = spec.mergekit is not None and spec.mergekit.base_in_average
+    if base is None and not in_average:
+        raise InvalidRequest(f"base_model: required: mergekit's {spec.name} refuses a config "
+                             "without one (\"Merge method requires a base input\"); add "
+                             "base_model: PATH", field="base_model")
     if base is not None and base.lora:
         raise InvalidRequest(f"base_model: {base.text}+{base.lora} applies a LoRA adapter to the "
                              "base; the base must be a full checkpoint (list the adapter under "
@@ -123,22 +129,19 @@ def parse_config(text: str | bytes) -> MergekitConfig:
         raise InvalidRequest("models: required, a non-empty list of {model: PATH, parameters: "
                              "{weight, density}}", field="models")
     default_weight = gparams.get("weight")
-    in_average = spec.mergekit is not None and spec.mergekit.base_in_average
-    experts, base_weight, base_listed = _read_models(models, spec, base, default_weight, notes)
+    experts, base_weight, base_at = _read_models(models, spec, base, default_weight, notes)
     if not experts:
         raise InvalidRequest("models: lists only the base model; add the experts to merge",
                              field="models")
-    if in_average and base is not None and not base_listed:
-        base_weight = _base_weight(default_weight, "base_model")
+    if in_average and base is not None and base_at is None:
+        base_weight = _base_weight(default_weight, "base_model")  # mergekit appends the base
+        base_at = len(experts)
     if base_weight:
         notes.append(f"base_model takes part in the {op} average with weight {base_weight:g}, "
                      "as in mergekit")
     params = request_params(spec, gparams, notes)
-    out_dtype = output_dtype(doc, notes)
-    cfg = MergekitConfig(op, base, tuple(experts), params, out_dtype, base_weight, tuple(notes))
-    if in_average:
-        _linear_coefficients(cfg, [e.weight for e in experts])  # refuse early what can't map
-    return cfg
+    return MergekitConfig(op, base, tuple(experts), params, out_dtype, base_weight, tuple(notes),
+                          compute, base_at if in_average else None)
 
 
 def _load_yaml(text: str | bytes) -> dict[Any, Any]:
@@ -164,13 +167,13 @@ def _load_yaml(text: str | bytes) -> dict[Any, Any]:
 
 def _read_models(models: list[Any], spec: OperatorSpec, base: ModelRef | None,
                  default_weight: object, notes: list[str]
-                 ) -> tuple[list[ConfigExpert], float | None, bool]:
+                 ) -> tuple[list[ConfigExpert], float | None, int | None]:
     """The experts of `models:`, the base's weight where the method averages it in, and
-    whether the base is listed."""
+    the base's place among the inputs (None: not listed)."""
     in_average = spec.mergekit is not None and spec.mergekit.base_in_average
     experts: list[ConfigExpert] = []
     base_weight: float | None = None
-    base_listed = False
+    base_at: int | None = None
     for i, entry in enumerate(models):
         key = f"models[{i}]"
         if isinstance(entry, str):
@@ -183,21 +186,26 @@ def _read_models(models: list[Any], spec: OperatorSpec, base: ModelRef | None,
             raise InvalidRequest(f"{bad}: unknown key; an entry of models: has model and "
                                  "parameters", field=bad)
         ref = _ref(entry["model"], f"{key}.model")
-        mparams = as_mapping(entry.get("parameters"), f"{key}.parameters")
-        check_params(mparams, MODEL_PARAMS, f"{key}.parameters", spec)
+        mparams = check_params(as_mapping(entry.get("parameters"), f"{key}.parameters"),
+                               global_params(spec), f"{key}.parameters", spec, notes)
         weight = mparams.get("weight", default_weight)
         if base is not None and ref.lora is None and ref.same_model(base):
-            base_listed = True
+            base_at = len(experts)
             if in_average:
                 base_weight = _base_weight(weight, f"{key}.parameters.weight")
             elif mparams:
                 notes.append(f"{key}: parameters of the base model are ignored by {spec.name} "
                              "(as in mergekit)")
             continue
+        if weight is None:
+            raise InvalidRequest(f"{key}.parameters.weight: missing; mergekit's {spec.name} "
+                                 "requires a weight for every model (\"Missing required "
+                                 "parameter weight\"): give it here or under parameters:",
+                                 field=f"{key}.parameters.weight")
         density = mparams.get("density")
-        experts.append(ConfigExpert(ref, 1.0 if weight is None else float(weight),
+        experts.append(ConfigExpert(ref, float(weight),
                                     None if density is None else float(density)))
-    return experts, base_weight, base_listed
+    return experts, base_weight, base_at
 
 
 def _base_weight(weight: object, key: str) -> float:
@@ -227,32 +235,6 @@ def _ref(value: object, key: str) -> ModelRef:
     if not model or (text.count("+") and not lora) or "+" in lora:
         raise InvalidRequest(f"{key}: {text!r} must be MODEL or MODEL+LORA_ADAPTER", field=key)
     return ModelRef(key, model, lora or None)
-
-
-def _linear_coefficients(cfg: MergekitConfig, weights: list[float]) -> tuple[list[float], bool]:
-    """mergekit linear averages the base too when base_model is set: fold that into weights.
-
-    mergekit: M = (w_b B + sum w_i E_i) / (w_b + sum w_i)  (normalize)  or  w_b B + sum w_i E_i.
-    MergePipe: M = B + sum c_i D_i with D_i = E_i - B. Normalized: c_i = w_i / total, the base's
-    share is implied. Not normalized: exact only when the weights (base included) sum to 1.
-    """
-    normalize = cfg.params.get("normalize", True)
-    bw = cfg.base_weight or 0.0
-    total = bw + sum(weights)
-    if abs(total) < SUM_TOLERANCE:
-        raise InvalidRequest("models: the linear weights (base included) sum to zero",
-                             field="models")
-    if normalize:
-        if cfg.base_weight is None:
-            return weights, True
-        return [w / total for w in weights], False
-    if abs(total - 1) > SUM_TOLERANCE:
-        raise InvalidRequest(
-            f"parameters.normalize: false with linear weights summing to {total:g} scales the "
-            "whole model (mergekit computes sum w_i * model_i); MergePipe adds deltas to the base, "
-            "which is exact only when the weights, base included, sum to 1. Use normalize: true, "
-            "adjust the weights, or use task_arithmetic", field="parameters.normalize")
-    return weights, False
 
 
 def _yaml_key(request_field: str | None, cfg: MergekitConfig) -> str | None:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from mergepipe.core.dtypes import DTYPE_NAMES
+from mergepipe.core.dtypes import DTYPE_NAMES, HF_DTYPE_NAMES
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import OperatorSpec, mergekit_methods
 
@@ -39,8 +39,6 @@ REFUSED_KEYS = {
 }
 TOP_LEVEL_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype",
                   "tokenizer_source", *REFUSED_KEYS}
-MODEL_PARAMS = {"weight", "density"}
-COMMON_PARAMS = {"weight": None, "density": None, "int8_mask": None}  # every method's parameters
 _NUMBER_PARAMS = {"weight", "density", "lambda"}
 
 
@@ -61,9 +59,9 @@ def method_spec(value: object) -> OperatorSpec:
 
 
 def global_params(spec: OperatorSpec) -> set[str]:
-    """The keys a method's `parameters:` may hold."""
+    """The parameter names a method takes (mergekit ignores the others)."""
     assert spec.mergekit is not None
-    return {*COMMON_PARAMS, *spec.mergekit.params}
+    return {"weight", "int8_mask", *(("density",) if spec.density else ()), *spec.mergekit.params}
 
 
 def check_tokenizer_source(value: object, notes: list[str]) -> None:
@@ -87,15 +85,16 @@ def as_mapping(value: object, key: str) -> dict[str, Any]:
 
 
 def check_params(params: Mapping[str, Any], allowed: set[str], where: str,
-                  spec: OperatorSpec) -> None:
+                 spec: OperatorSpec, notes: list[str]) -> dict[str, Any]:
+    """The parameters the method takes, checked; the others are ignored with a note, as
+    mergekit ignores them."""
+    kept: dict[str, Any] = {}
     for name, value in params.items():
         key = f"{where}.{name}"
         if name not in allowed:
-            takers = [m for m, s in mergekit_methods().items()
-                      if s.mergekit is not None and name in s.mergekit.params]
-            elsewhere = f"; {name} applies to {', '.join(takers)}" if takers else ""
-            raise InvalidRequest(f"{key}: not a parameter MergePipe supports here (supported: "
-                                 f"{', '.join(sorted(allowed))}){elsewhere}", field=key)
+            notes.append(f"{key}: ignored: mergekit's {spec.name} does not take {name} (it "
+                         "ignores it too)")
+            continue
         if isinstance(value, list):
             if value and all(isinstance(v, dict) for v in value):
                 raise InvalidRequest(f"{key}: filtered values (filter: ...) set the parameter per "
@@ -119,12 +118,13 @@ def check_params(params: Mapping[str, Any], allowed: set[str], where: str,
                 raise InvalidRequest(f"{key}: {value} is not on the 1% grid for which the catalog "
                                      "keeps exact TIES trim thresholds; use e.g. "
                                      f"{round(value, 2):g}", field=key)
-            if not spec.density and value != 1:
-                raise InvalidRequest(f"{key}: {spec.name} does not sparsify, so density has no "
-                                     "effect (mergekit ignores it too); remove it or use a "
-                                     "sparsifying method such as ties", field=key)
         if name in ("normalize", "int8_mask") and not isinstance(value, bool):
             raise InvalidRequest(f"{key}: must be true or false, got {value!r}", field=key)
+        if name == "rescale" and spec.trim and value not in (False, None):
+            raise InvalidRequest(f"{key}: ties with rescale: true (the trimmed delta rescaled to "
+                                 "its L1 norm) is not supported yet; remove it", field=key)
+        kept[name] = value
+    return kept
 
 
 def request_params(spec: OperatorSpec, g: Mapping[str, Any], notes: list[str]
@@ -147,20 +147,21 @@ def request_params(spec: OperatorSpec, g: Mapping[str, Any], notes: list[str]
     return p
 
 
-def output_dtype(doc: Mapping[str, Any], notes: list[str]) -> str | None:
-    out = None
+def dtypes(doc: Mapping[str, Any], notes: list[str]) -> tuple[str, str | None]:
+    """mergekit's `dtype` (the compute dtype: inputs are cast to it; absent, the files' dtype)
+    and the written dtype (`out_dtype`, else `dtype`, else None: the base's)."""
+    names: dict[str, str | None] = {}
     for key in ("dtype", "out_dtype"):
         value = doc.get(key)
+        names[key] = None
         if value is None:
             continue
         name = str(value).removeprefix("torch.")
         if name not in DTYPE_NAMES:
             raise InvalidRequest(f"{key}: {value!r} is not supported (float32, float16 or "
                                  "bfloat16)", field=key)
-        out = DTYPE_NAMES[name]
-    if doc.get("dtype") is not None:
-        notes.append("dtype: MergePipe always computes in float32; dtype only sets the output "
-                     "dtype when out_dtype is absent (as in mergekit)")
-    return out
-
-
+        names[key] = DTYPE_NAMES[name]
+    compute = HF_DTYPE_NAMES[names["dtype"]] if names["dtype"] else "files"
+    notes.append(f"the arithmetic runs in {compute if names['dtype'] else 'the files dtype'}, "
+                 "operation by operation as in mergekit")
+    return compute, names["out_dtype"] or names["dtype"]

@@ -19,6 +19,19 @@ from mergepipe.core.operators import REGISTRY, OperatorSpec, Param, get_operator
 NORMALIZE = Param("normalize", bool, False, help="divide by the sum of the weights")
 LAMBDA = Param("lambda", float, 1.0, help="scale of the merged delta")
 UTILITY = Param("utility", str, "l2", ("l2", "per_tensor"), help="the planner's block ranking")
+# The dtype the arithmetic runs in, and whose arithmetic: native (float32 fused kernels) or
+# mergekit's operation by operation (a mergekit config). Kept only when not the default.
+COMPUTE_DTYPE = Param("compute_dtype", str, "float32",
+                      ("float32", "bfloat16", "float16", "files"),
+                      help="the dtype the merge arithmetic runs in (files: the inputs' dtype, "
+                           "promoted per tensor as mergekit does without a dtype)")
+SEMANTICS = Param("semantics", str, "native", ("native", "mergekit"),
+                  help="mergekit: mergekit 0.1.5's operations in compute_dtype")
+# mergekit's linear averages base_model in when it is one of its inputs: its weight and place
+BASE_WEIGHT = Param("base_weight", float, 0.0, help="mergekit linear: the base's own weight")
+BASE_POSITION = Param("base_position", float, 0.0, help="mergekit linear: the base's place")
+_OPTIONAL = (COMPUTE_DTYPE, SEMANTICS)
+_MERGEKIT_LINEAR = (BASE_WEIGHT, BASE_POSITION)
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
@@ -162,7 +175,7 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
     _check_experts(specs, base)
     p = operator_params(spec, params or {})
     _check_scale(specs, p["lambda"])
-    if p["normalize"] and abs(sum(e.weight for e in specs)) < 1e-12:
+    if p["normalize"] and abs(sum(e.weight for e in specs) + p.get("base_weight", 0.0)) < 1e-12:
         raise InvalidRequest("expert weights sum to zero with normalize=true", field="experts")
     if not spec.density and (p.get("density") is not None
                              or any(e.density is not None for e in specs)):
@@ -182,7 +195,10 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
     """The request's global parameters checked against the operator's spec, defaults filled in
     (the planner's `utility` is kept only when it is not the default, so plan hashes stay)."""
     own = {p.name: p for p in spec.params}
-    known = {"normalize", "lambda", "utility", *own, *(("density",) if spec.density else ())}
+    extra = _MERGEKIT_LINEAR if (spec.mergekit is not None and spec.mergekit.base_in_average
+                                 and params.get("semantics") == "mergekit") else ()
+    known = {"normalize", "lambda", "utility", *own, *(("density",) if spec.density else ()),
+             *(p.name for p in (*_OPTIONAL, *extra))}
     for name in sorted(set(params) - known):
         if name == "density":
             raise InvalidRequest(f"density applies to sparsifying operators, not {spec.name}",
@@ -204,6 +220,17 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
         p["utility"] = utility
     for name, param in own.items():
         p[name] = param.parse(params.get(name, param.default))
+    for param in _OPTIONAL:
+        value = param.parse(params.get(param.name, param.default))
+        if value != param.default:
+            p[param.name] = value
+    for param in extra:
+        if param.name in params:
+            p[param.name] = param.parse(params[param.name])
+    if "base_position" in p and (p["base_position"] != int(p["base_position"])
+                                 or not 0 <= p["base_position"] <= 1e6):
+        raise InvalidRequest("params.base_position must be a whole number >= 0",
+                             field="params.base_position")
     return p
 
 

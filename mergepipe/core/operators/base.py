@@ -34,6 +34,8 @@ class ExpertBlock:
     density: float
     trim: Trim | None  # TIES trim of this expert's tensor (ties only)
     key: int  # keyed_hash.expert_key(seed, model, tensor)
+    # the expert's own block as float32 (full experts under mergekit arithmetic), else None
+    value: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class BlockContext:
     flat_offset: int  # flat index (within the tensor) of the block's first element
     params: dict[str, Any] = field(default_factory=dict)  # normalize, lambda, rescale, renormalize
     all_weights: tuple[float, ...] = ()  # weights of all experts of the request
+    input_dtype: str = "float32"  # the inputs' promoted dtype (torch name) for compute "files"
 
     @property
     def lam(self) -> float:

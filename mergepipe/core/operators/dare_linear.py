@@ -17,6 +17,11 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
 def dare_linear(base: torch.Tensor, experts: list[ExpertBlock],
                 ctx: BlockContext) -> torch.Tensor:
     """M = B + lambda * sum_i w_i DARE(D_i) (normalize divides by sum_i w_i)."""
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.gta(base, experts, ctx, sparsify=mk.random_mask, consensus=False,
+                      normalize_default=False)
     import torch
 
     from mergepipe.core.operators.sparsify import (

@@ -16,6 +16,11 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
 
 def dare_ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
     """DARE drop and rescale per expert, then the TIES election (normalize default false)."""
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.gta(base, experts, ctx, sparsify=mk.random_mask, consensus=True,
+                      normalize_default=False)
     import torch
 
     from mergepipe.core.operators.sparsify import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.operators.base import read_experts
@@ -20,6 +20,10 @@ def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) ->
     The coefficients are fixed by all experts' weights; with renormalize='selected' the
     divisor is the sum of the weights of the experts read for this block instead.
     """
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.linear(base, experts, ctx)
     import torch
 
     from mergepipe.core.operators.sparsify import finish_into, weight_total, weighted_sum_into
@@ -36,6 +40,16 @@ def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) ->
     return finish_into(mixed, base, ctx.lam, divisor)
 
 
+def _coefficients(weights: Sequence[float], params: Mapping[str, Any]) -> list[float]:
+    """alpha_i: lambda * w_i, divided by the weights' sum (the base's own weight included when
+    mergekit's linear averages the base in) under normalize."""
+    lam = float(params.get("lambda", 1.0))
+    if params.get("normalize"):
+        total = sum(weights) + float(params.get("base_weight", 0.0))
+        return [lam * w / total for w in weights]
+    return [lam * w for w in weights]
+
+
 def _renormalized(params: Mapping[str, Any]) -> str | None:
     if params.get("renormalize") == "selected":
         return "no bound: renormalize=selected changes the coefficients with the access set"
@@ -49,7 +63,7 @@ SPEC = OperatorSpec(
     params=(Param("renormalize", str, "fixed", ("fixed", "selected"),
                   "selected: divide by the weights of the experts read for each block"),),
     aliases=("avg", "average"),
-    mergekit=MergekitMethod("linear", params={"normalize": "normalize", "lambda": "lambda"},
+    mergekit=MergekitMethod("linear", params={"normalize": "normalize"},
                             base_in_average=True),
-    bound_exception=_renormalized,
+    bound_exception=_renormalized, coefficients=_coefficients,
 )

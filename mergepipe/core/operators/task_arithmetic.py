@@ -16,6 +16,10 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
 def task_arithmetic(base: torch.Tensor, experts: list[ExpertBlock],
                     ctx: BlockContext) -> torch.Tensor:
     """Scaled sum of task vectors; omitted blocks add nothing, coefficients stay fixed."""
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.gta(base, experts, ctx, sparsify=None, consensus=False, normalize_default=False)
     import torch
 
     from mergepipe.core.operators.sparsify import finish_into, weight_total, weighted_sum_into
@@ -34,5 +38,5 @@ SPEC = OperatorSpec(
     formula="M = B + lambda * sum_i w_i D_i",
     kernel=task_arithmetic, normalize_default=False, additive=True,
     mergekit=MergekitMethod("task_arithmetic", params={"normalize": "normalize",
-                                                       "lambda": "lambda"}),
+                                                       "lambda": "lambda", "rescale": None}),
 )

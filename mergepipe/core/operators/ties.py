@@ -15,6 +15,11 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
 
 def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
     """TIES-merging; entries tied at the trim threshold are kept by the keyed rule."""
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.gta(base, experts, ctx, sparsify=mk.magnitude_mask, consensus=True,
+                      normalize_default=True)
     import torch
 
     from mergepipe.core.operators.sparsify import (
@@ -43,5 +48,6 @@ SPEC = OperatorSpec(
     name="ties", title="TIES",
     formula="M = B + lambda * disjoint_mean_i(w_i trim(D_i, density_i))",
     kernel=ties, normalize_default=True, additive=False, density=True, trim=True,
-    mergekit=MergekitMethod("ties", params={"normalize": "normalize", "lambda": "lambda"}),
+    mergekit=MergekitMethod("ties", params={"normalize": "normalize", "lambda": "lambda",
+                                            "rescale": None}),
 )

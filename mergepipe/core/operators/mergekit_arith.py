@@ -1,0 +1,136 @@
+"""Block kernels with mergekit 0.1.5's arithmetic: inputs cast to the compute dtype, then the same
+torch operations in the same dtypes and order as mergekit, on one block.
+
+Every operation mergekit does is elementwise or a sum over the stacked experts, so a block gives
+the bytes the whole tensor gives. The exceptions are the per-tensor choices (the TIES trim, which
+comes from the catalog's threshold, and DARE's draw and L1 rescale, keyed and per block here).
+An expert whose block was not read is an expert equal to the base there (a zero delta).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+
+# sparsify(expert, delta in the compute dtype, delta as float32) -> the sparsified delta
+Sparsify = Callable[["ExpertBlock", "torch.Tensor", "BlockContext"], "torch.Tensor"]
+
+
+def compute_dtype(ctx: BlockContext) -> torch.dtype:
+    """The torch dtype the arithmetic runs in (the request's `compute_dtype`)."""
+    import torch
+    name = str(ctx.params.get("compute_dtype", "float32"))
+    return getattr(torch, ctx.input_dtype if name == "files" else name)
+
+
+def uses_mergekit_arith(ctx: BlockContext) -> bool:
+    """mergekit semantics (a mergekit config) or a compute dtype other than float32."""
+    return (ctx.params.get("semantics") == "mergekit"
+            or ctx.params.get("compute_dtype", "float32") != "float32")
+
+
+def expert_value(base32: torch.Tensor, e: ExpertBlock, dt: torch.dtype) -> torch.Tensor:
+    """The expert's block cast to the compute dtype (unread: equal to the base)."""
+    if e.value is not None:
+        return e.value.to(dt)
+    if e.delta is None:
+        return base32.to(dt)
+    return (base32 + e.delta).to(dt)  # LoRA and delta experts: no stored expert values
+
+
+def gta(base32: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext, *,
+        sparsify: Sparsify | None, consensus: bool, normalize_default: bool) -> torch.Tensor:
+    """mergekit's generalized task arithmetic (task_arithmetic, ties, dare_*) on one block."""
+    import torch
+
+    dt = compute_dtype(ctx)
+    base = base32.to(dt)
+    deltas = base.new_empty((len(experts), *base.shape))
+    for i, e in enumerate(experts):
+        delta = (expert_value(base32, e, dt) - base) if e.delta is not None else (
+            torch.zeros_like(base))
+        if sparsify is not None and e.delta is not None:
+            delta = sparsify(e, delta, ctx)
+        deltas[i] = delta
+    weights = torch.tensor([e.weight for e in experts], dtype=dt)
+    while deltas.dim() > weights.dim():
+        weights.unsqueeze_(-1)
+    deltas.mul_(weights)
+    if consensus:
+        sign = deltas.sign()
+        majority = (deltas.sum(dim=0) >= 0).to(dt) * 2 - 1
+        mask = sign == majority
+        mixed = (deltas * mask).sum(dim=0)
+        divisor = (weights * mask).sum(dim=0)
+        divisor[divisor == 0] = 1
+    else:
+        mixed = deltas.sum(dim=0)
+        divisor = weights.sum(dim=0)
+        divisor[divisor.abs() < 1e-8] = 1
+    if ctx.normalize(normalize_default):
+        mixed /= divisor
+    if ctx.lam != 1:
+        mixed *= ctx.lam
+    return (base + mixed).to(dt).float()
+
+
+def linear(base32: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
+           ) -> torch.Tensor:
+    """mergekit's linear: sum_i w_i X_i / sum_i w_i over the inputs in config order (the base
+    among them when it is one), accumulated in float32 from the compute dtype."""
+    import torch
+
+    dt = compute_dtype(ctx)
+    inputs = [expert_value(base32, e, dt) for e in experts]
+    weights = [e.weight for e in experts]
+    if ctx.params.get("base_weight") is not None:
+        pos = int(ctx.params.get("base_position", len(experts)))
+        inputs.insert(pos, base32.to(dt))
+        weights.insert(pos, float(ctx.params["base_weight"]))
+    acc = torch.float64 if dt == torch.float64 else torch.float32
+    w = torch.tensor([weights], dtype=acc)  # one group: [1, inputs]
+    shape = (1,) + (1,) * base32.dim()
+    result = torch.zeros((1, *base32.shape), dtype=acc)
+    for x, c in zip(inputs, w.unbind(1), strict=True):
+        result.addcmul_(x.unsqueeze(0), c.reshape(shape))
+    if ctx.normalize(True):
+        result.div_(w.sum(dim=1).reshape(shape))
+    return result[0].to(dt).float()
+
+
+def magnitude_mask(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+    """TIES trim: the catalog threshold's mask (float32 deltas) applied in the compute dtype."""
+    from mergepipe.core.operators.sparsify import scratch, trimmed_into
+
+    assert e.delta is not None
+    kept = trimmed_into(e.delta, e.trim, e.key, ctx.flat_offset, scratch.like("mk-trim", e.delta))
+    return delta * (kept != 0)
+
+
+def random_mask(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+    """DARE: keyed Bernoulli(density) mask, mergekit's work dtype and L1 rescale (per block)."""
+    import torch
+
+    from mergepipe.core.operators.keyed_hash import below_into
+    from mergepipe.core.operators.sparsify import L1_EPS, flat
+
+    if e.density >= 1:
+        return delta
+    work = delta.dtype if delta.dtype == torch.bfloat16 else torch.float32
+    keep = torch.empty(delta.shape, dtype=torch.float32)
+    below_into(e.key, ctx.flat_offset, flat(keep), e.density)
+    x = delta.to(work)
+    masked = x * keep.to(work)
+    rescale = str(ctx.params.get("rescale", "density"))
+    if rescale == "density":
+        masked = masked / e.density
+    elif rescale == "l1":
+        before, after = x.abs().sum(), masked.abs().sum()
+        if not (before < L1_EPS or after < L1_EPS):
+            masked = masked * (before / after)
+    return masked.to(delta.dtype)
