@@ -43,5 +43,6 @@ SPEC = OperatorSpec(
     name="ties", title="TIES",
     formula="M = B + lambda * disjoint_mean_i(w_i trim(D_i, density_i))",
     kernel=ties, normalize_default=True, additive=False, density=True, trim=True,
+    planning_unit="group",
     mergekit=MergekitMethod("ties", params={"normalize": "normalize", "lambda": "lambda"}),
 )
