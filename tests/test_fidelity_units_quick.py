@@ -26,7 +26,7 @@ def test_every_unit_and_baseline_is_measured(quick: tuple[dict, Path]) -> None:
         json.dumps(res["config"]))
     assert len(res["family"]["experts"]) == 4
     (op,) = res["operators"]
-    assert op["operator"] == "ties" and op["default_unit"] == "group"
+    assert op["operator"] == "dare_ties" and op["default_unit"] == "group"
     assert op["base"]["kl"]["answer"] > 0
     for row in op["budgets"]:
         assert set(row["units"]) == set(cfg.units)
@@ -38,7 +38,7 @@ def test_every_unit_and_baseline_is_measured(quick: tuple[dict, Path]) -> None:
         for m in row["random_block"] + row["random_group"]:  # equal bytes, never more
             assert m["expert_bytes_read"] <= row["random_bytes"]
     md = render([("quick", res)], "mergepipe fidelity --units --quick")
-    assert "| quick | ties | 0.5 |" in md and "random whole-tensor groups" in md
+    assert "| quick | dare_ties | 0.5 |" in md and "random whole-tensor groups" in md
 
 
 def test_full_budget_equals_the_full_merge_for_every_unit(quick: tuple[dict, Path]) -> None:

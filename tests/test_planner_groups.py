@@ -48,8 +48,8 @@ def keys(p: Plan) -> list[tuple[str, str, int]]:
 
 
 def test_operator_specs_declare_their_unit() -> None:
-    assert REGISTRY["ties"].planning_unit == REGISTRY["dare_ties"].planning_unit == "group"
-    for name in ("linear", "task_arithmetic", "dare_linear"):
+    assert REGISTRY["dare_ties"].planning_unit == "group"
+    for name in ("linear", "task_arithmetic", "dare_linear", "ties"):
         assert REGISTRY[name].planning_unit == "expert_block"
 
 
@@ -84,18 +84,19 @@ def test_block_groups_hand_computed(cat: Catalog, budget: str, groups: list[str]
     assert p.summary()["unit"] == "group_block" and p.summary()["unit_region"] == "block"
 
 
-def test_ties_defaults_to_groups_and_is_coherent(cat: Catalog) -> None:
-    full = plan(cat, op="ties", density=0.5)
-    old = plan(cat, op="ties", density=0.5, unit="expert_block")
+def test_dare_ties_defaults_to_groups_and_is_coherent(cat: Catalog) -> None:
+    full = plan(cat, op="dare_ties", density=0.5)
+    old = plan(cat, op="dare_ties", density=0.5, unit="expert_block")
     assert full.unit == "group" and old.unit == "expert_block"
     assert sorted(keys(full)) == sorted(keys(old)) == sorted(RANKED)  # same reads at 1.0
     assert "unit" not in full.request.params and old.request.params["unit"] == "expert_block"
-    for budget in range(1, 1121, 37):
-        p = plan(cat, f"{budget}B", op="ties", density=0.5)
-        assert p.planned_expert_bytes <= p.budget_bytes == budget
-        assert sum(b.nbytes for b in p.blocks) == p.planned_expert_bytes
-        touched = {b.tensor for b in p.blocks}  # whole tensors: every candidate of each
-        assert sorted(keys(p)) == sorted(k for k in RANKED if k[1] in touched)
+    for op, params in (("dare_ties", {}), ("ties", {"unit": "group"})):
+        for budget in range(1, 1121, 97):
+            p = plan(cat, f"{budget}B", op=op, density=0.5, **params)
+            assert p.planned_expert_bytes <= p.budget_bytes == budget
+            assert sum(b.nbytes for b in p.blocks) == p.planned_expert_bytes
+            touched = {b.tensor for b in p.blocks}  # whole tensors: every candidate of each
+            assert sorted(keys(p)) == sorted(k for k in RANKED if k[1] in touched)
 
 
 def test_lora_a_is_charged_once_per_group_tensor(catalog: Catalog) -> None:
@@ -107,11 +108,12 @@ def test_lora_a_is_charged_once_per_group_tensor(catalog: Catalog) -> None:
                                    Ten("t1", [Blk(100, 3)])], base="B"))
     # groups: t1 (a: 3 + 50 of lora_A, f: 3) = 250 bytes first; t0 = 450 bytes
     full = make_plan(catalog, build_request(base="B", experts="a,f", operator="ties",
-                                            params={"density": 0.5}))
+                                            params={"density": 0.5, "unit": "group"}))
     assert full.full_read_bytes == 700
     for budget, planned in ((249, 0), (250, 250), (699, 250), (700, 700)):
         p = make_plan(catalog, build_request(base="B", experts="a,f", operator="ties",
-                                             params={"density": 0.5}, budget=f"{budget}B"))
+                                             params={"density": 0.5, "unit": "group"},
+                                             budget=f"{budget}B"))
         assert p.planned_expert_bytes == planned
 
 

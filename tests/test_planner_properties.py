@@ -172,8 +172,8 @@ def plan_keys(fam: Family, plan_blocks: list[tuple[str, str, int]]) -> list[tupl
 
 
 OPS = st.sampled_from([("linear", {}), ("task_arithmetic", {"lambda": 0.7}),
-                       ("ties", {"density": 0.3, "unit": "expert_block"}),
-                       ("ties", {"density": 0.3}),  # whole-tensor groups, the default
+                       ("ties", {"density": 0.3}), ("ties", {"density": 0.3, "unit": "group"}),
+                       ("dare_ties", {"density": 0.5}),  # whole-tensor groups, its default
                        ("dare_linear", {"density": 0.5}), ("linear", {"normalize": False}),
                        ("task_arithmetic", {"unit": "group_block"})])
 

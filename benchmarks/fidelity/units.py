@@ -74,7 +74,7 @@ def quick_units_config() -> UnitsConfig:
                           tasks=("shift", "modadd"), experts_per_task=2, dtype="f32"),
         block_bytes=4 << 10, budgets=(0.5, 1.0), random_plans=1, random_group_plans=1,
         eval_per_task=8,
-        operators=(OperatorSpec("ties", {"density": 0.5}),))
+        operators=(OperatorSpec("dare_ties", {"density": 0.5}),))
 
 
 class UnitRun:

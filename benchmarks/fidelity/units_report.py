@@ -48,9 +48,11 @@ def summary_table(results: list[tuple[str, dict[str, Any]]]) -> list[str]:
         for op in res["operators"]:
             for row in op["budgets"]:
                 u = row["units"]
-                med = {k: statistics.median(m["kl_ratio"] for m in row[k]) for k, _ in RANDOM}
+                med = {k: statistics.median(m["kl_ratio"] for m in row[k]) if row[k] else None
+                       for k, _ in RANDOM}
                 d = u[op["default_unit"]]["kl_ratio"]
-                win = "yes" if d < min(med.values()) else "no"
+                known = [v for v in med.values() if v is not None]
+                win = ("yes" if d < min(known) else "no") if known else "-"
                 cells = [_fmt(u[k]["kl_ratio"]) if k in u else "-"
                          for k in ("expert_block", "group", "group_block")]
                 lines.append(f"| {fam} | {op['operator']} | {row['fraction']:.1f} | "

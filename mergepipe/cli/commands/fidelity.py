@@ -39,11 +39,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--family", choices=("toy", "realistic"), default="toy",
                    help="with --units: toy (4 experts, large deltas) or realistic (12 experts, "
                    "deltas of about 1e-3 of the weights, float32)")
+    p.add_argument("--utility", choices=("l2", "per_tensor"), default="l2",
+                   help="with --units: the planner's block ranking for every operator; "
+                   "per_tensor writes DIR/units-FAMILY-per_tensor.*, without random plans")
     p.set_defaults(func=run)
 
 
 def run_units_study(args: argparse.Namespace, root: Path, command: str) -> int:
     """`--units`: the planning-unit study of one family; tables in DIR/units-FAMILY.md."""
+    from dataclasses import replace
+
     from mergepipe.benchmarks.fidelity.units import (
         UnitsConfig,
         quick_units_config,
@@ -51,14 +56,18 @@ def run_units_study(args: argparse.Namespace, root: Path, command: str) -> int:
         run_units,
     )
     from mergepipe.benchmarks.fidelity.units_report import render
-
     cfg = quick_units_config() if args.quick else UnitsConfig()
     if args.family == "realistic" and not args.quick:
         cfg = UnitsConfig(family=realistic_family())
     if args.random_plans is not None:
-        from dataclasses import replace
         cfg = replace(cfg, random_plans=args.random_plans)
     name = f"units-{args.family}"  # both families can share one folder (and base)
+    if args.utility != "l2":  # the ranking variant: its plans only (the random plans are equal)
+        name += f"-{args.utility}"
+        ops = tuple(replace(o, params={**o.params, "utility": args.utility})
+                    for o in cfg.operators)
+        cfg = replace(cfg, random_plans=0, random_group_plans=0, units=cfg.units[:2],
+                      operators=ops)
     res = (json.loads((root / f"{name}.json").read_text()) if args.render_only
            else run_units(cfg, root, retrain=args.retrain, name=name))
     (root / f"{name}.md").write_text(render([(args.family, res)], command) + "\n")
