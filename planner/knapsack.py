@@ -35,8 +35,10 @@ def load_request(conn: sa.Connection, experts: list[ModelInfo], rank_weights: li
         for i, (m, w, j) in enumerate(zip(experts, rank_weights, trim_js, strict=True))])
 
 
-def build_candidates(conn: sa.Connection) -> int:
+def build_candidates(conn: sa.Connection, region: str | None = None) -> int:
     """Create the ranked candidate units; returns C_full, the operator's full-read bytes.
+    region ("tensor" | "block"): rank coherent groups, all experts' units of one output region
+    together (PLANNING_UNITS); None: (expert, block) units one by one.
     Refuses (InvalidRequest) an expert whose statistics miss a candidate's rows."""
     conn.execute(load_sql("planner_candidates_create"))
     gap = conn.execute(load_sql("planner_missing_stats")).first()
@@ -45,12 +47,16 @@ def build_candidates(conn: sa.Connection) -> int:
         raise InvalidRequest(f"expert {model!r} is registered with statistics but has no "
                              f"{missing} rows for tensor {tensor!r}; re-ingest it",
                              field="experts")
+    if region is not None:
+        conn.execute(load_sql("planner_candidates_group"), {"region": region})
     return int(conn.execute(load_sql("planner_full_read")).scalar_one())
 
 
-def select(conn: sa.Connection, budget: int) -> int:
+def select(conn: sa.Connection, budget: int, grouped: bool = False) -> int:
     """Greedy knapsack in rank order under `budget`: the prefix whose running cost fits, then
-    fill passes over the leftover until one adds nothing. Returns the bytes planned."""
+    fill passes over the leftover until one adds nothing (grouped: whole groups only, as
+    `build_candidates(region=...)` ranked them). Returns the bytes planned."""
+    fill = load_sql("planner_fill_pass_group" if grouped else "planner_fill_pass")
     n, added, spent = 0, 0, 0
     while True:
         added, spent = conn.execute(load_sql("planner_spent"),
@@ -61,8 +67,7 @@ def select(conn: sa.Connection, budget: int) -> int:
         if n > 0 and added == 0:
             return spent
         n += 1
-        conn.execute(load_sql("planner_fill_pass"),
-                     {"pass": n, "budget": budget, "remaining": budget - spent})
+        conn.execute(fill, {"pass": n, "budget": budget, "remaining": budget - spent})
 
 
 def totals(conn: sa.Connection, budget: int) -> dict[int, ExpertTotals]:

@@ -14,6 +14,7 @@ from typing import Any
 from mergepipe.catalog.db import Catalog, register_sql_package
 from mergepipe.catalog.records import TouchedBlock
 from mergepipe.core.jsonable import jsonable
+from mergepipe.core.operators.spec import PLANNING_UNITS
 from mergepipe.core.request import MergeRequest
 from mergepipe.planner import knapsack
 from mergepipe.planner.hashing import plan_hash
@@ -86,6 +87,7 @@ class Plan:
     # operators (blocks have disjoint coordinates) and <= omission_bound; None when that is None
     omission_bound_l2: float | None = None
     planning_seconds: float = 0.0
+    unit: str = "expert_block"  # the planning unit (core.operators.spec.PLANNING_UNITS)
 
     def selected(self) -> dict[tuple[str, str], set[int]]:
         """(model, tensor) -> indexes of the blocks to read."""
@@ -125,7 +127,8 @@ class Plan:
             experts=experts, candidate_blocks=int(doc.get("candidate_blocks") or 0),
             omission_bound_note=doc.get("omission_bound_note"),
             omission_bound_l2=doc.get("omission_bound_l2"),
-            planning_seconds=float(doc.get("planning_seconds") or 0.0))
+            planning_seconds=float(doc.get("planning_seconds") or 0.0),
+            unit=str(doc.get("unit") or "expert_block"))
 
     def summary(self) -> dict[str, Any]:
         """The plan report (CLI --json, POST /v1/plans, the merge manifest)."""
@@ -150,6 +153,8 @@ class Plan:
             "fallback_experts": list(self.fallback_experts),
             "fallback_order": FALLBACK_ORDER if self.fallback_experts else None,
             "planning_seconds": self.planning_seconds,
+            "unit": self.unit,
+            "unit_region": PLANNING_UNITS.get(self.unit),
         }
 
 
@@ -198,9 +203,10 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         base, models = load_models(conn, request)
         knapsack.load_request(conn, models, rank_weights(request), trim_js,
                               str(request.params.get("utility", "l2")))
-        full_read = knapsack.build_candidates(conn)
+        unit = request.planning_unit
+        full_read = knapsack.build_candidates(conn, PLANNING_UNITS[unit])
         budget = request.budget.resolve(full_read)
-        planned = knapsack.select(conn, budget)
+        planned = knapsack.select(conn, budget, grouped=PLANNING_UNITS[unit] is not None)
         per_expert = knapsack.totals(conn, budget)
         bound_l2 = (knapsack.omission_l2(conn, budget)
                     if request.spec.additive else None)
@@ -232,10 +238,11 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         trims=sorted([m, t, tr.tau if math.isfinite(tr.tau) else repr(tr.tau), tr.above,
                       tr.tied, tr.k] for (m, t), tr in trims.items() if (m, t) in touched),
         access=access_digest,
+        unit=unit,
     )
     return Plan(
         request=request, plan_hash=digest, budget_bytes=budget, full_read_bytes=full_read,
         planned_expert_bytes=planned, omission_bound=bound, fallback_experts=fallback,
         blocks=blocks, trims=trims, experts=experts,
         candidate_blocks=sum(e.candidate_blocks for e in experts), omission_bound_note=note,
-        omission_bound_l2=bound_l2, planning_seconds=time.perf_counter() - t0)
+        omission_bound_l2=bound_l2, planning_seconds=time.perf_counter() - t0, unit=unit)

@@ -161,6 +161,11 @@ def test_plan_is_a_dry_run_with_a_stable_hash(client: TestClient) -> None:
     s = a.json()
     assert s["operator"] == "ties" and s["plan_hash"]
     assert s["planned_expert_bytes"] <= s["budget_bytes"] <= s["full_read_bytes"]
+    assert (s["unit"], s["unit_region"]) == ("expert_block", None)  # the operator's default
+    grouped = client.post("/v1/plans", json={**body, "params": {**body.get("params", {}),
+                                                                "unit": "group"}}).json()
+    assert (grouped["unit"], grouped["unit_region"]) == ("group", "tensor")
+    assert grouped["plan_hash"] != s["plan_hash"]
     assert client.post("/v1/plans", json=body).json()["plan_hash"] == s["plan_hash"]
     assert len(client.get("/v1/merges").json()["merges"]) == before
     body["budget"] = {"fraction": 1.0}
@@ -187,6 +192,8 @@ def test_plan_errors(client: TestClient) -> None:
                  422, "invalid_request", "experts")
     assert_error(client.post("/v1/plans", json={**body, "params": {"colour": 1}}),
                  422, "invalid_request", "params")
+    assert_error(client.post("/v1/plans", json={**body, "params": {"unit": "rows"}}),
+                 422, "invalid_request", "params.unit")
 
 
 # -- merges -------------------------------------------------------------------------------------

@@ -142,7 +142,8 @@ def test_operators_come_from_the_registry() -> None:
         assert (o["additive"], o["density"]) == (spec.additive, spec.density)
         params = {p["name"]: p for p in o["params"]}
         assert params["normalize"]["default"] is spec.normalize_default
-        assert {"lambda", "utility"} <= params.keys()
+        assert {"lambda", "utility", "unit"} <= params.keys()
+        assert params["unit"]["default"] == spec.planning_unit
         assert {p.name for p in spec.params} <= params.keys()
 
 

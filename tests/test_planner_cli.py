@@ -50,9 +50,18 @@ def test_json_blocks(db: str, capsys: pytest.CaptureFixture[str]) -> None:
                "--budget", "0.5", "--blocks", "-1", "--json") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["omission_bound"] is None and out["experts"][0]["density"] == 0.5
+    assert (out["unit"], out["unit_region"]) == ("expert_block", None)
     assert out["blocks"][0] == {"model": "e0", "tensor": "t0", "block_index": 0, "nbytes": 100,
                                 "utility": 4.0, "rank": 0}
     assert sum(b["nbytes"] for b in out["blocks"]) == out["planned_expert_bytes"] <= 170
+    # whole-tensor groups: t0 (5 / 200 bytes) does not fit in 170, t1 (3 / 140) does
+    assert run(db, "--experts", "e0", "--op", "ties", "--param", "density=0.5",
+               "--param", "unit=group", "--budget", "0.5", "--blocks", "-1", "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["unit"], out["unit_region"]) == ("group", "tensor")
+    assert out["blocks"][0] == {"model": "e0", "tensor": "t1", "block_index": 0, "nbytes": 100,
+                                "utility": 2.0, "rank": 0}
+    assert sum(b["nbytes"] for b in out["blocks"]) == out["planned_expert_bytes"] == 140
 
 
 def test_readable_output(db: str, capsys: pytest.CaptureFixture[str]) -> None:

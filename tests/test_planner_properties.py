@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from mergepipe.catalog.db import Catalog
+from mergepipe.core.operators.spec import PLANNING_UNITS
 from mergepipe.core.request import Budget, MergeRequest, build_request
 from mergepipe.planner.plan import make_plan
 from mergepipe.planner.weights import rank_weights
@@ -129,6 +130,36 @@ def reference_greedy(units: list[Unit], budget: int) -> tuple[list[Unit], int]:
     return chosen, spent
 
 
+def reference_groups(units: list[Unit], region: str) -> list[list[Unit]]:
+    """The units of the coherent-group planner, group by group: all experts' blocks of one
+    tensor (or block) by summed utility per byte, then tensor name and block; inside a group by
+    expert position and block; fallback units last, each its own group, in their order."""
+    groups: dict[tuple[str, int], list[Unit]] = {}
+    for u in units:
+        if u.key[2] != -1:
+            groups.setdefault((f"t{u.key[1]}", u.key[2] if region == "block" else -1),
+                              []).append(u)
+    order = sorted(groups, key=lambda g: (-(math.fsum(u.utility for u in groups[g])
+                                            / sum(u.cost for u in groups[g])), g))
+    return ([sorted(groups[g], key=lambda u: (u.key[0], u.key[2])) for g in order]
+            + [[u] for u in units if u.key[2] == -1])
+
+
+def reference_group_greedy(groups: list[list[Unit]], budget: int) -> tuple[list[Unit], int]:
+    """Sequential greedy over whole groups; lora_A once per touched (expert, tensor)."""
+    touched: set[tuple[int, int]] = set()
+    chosen: list[Unit] = []
+    spent = 0
+    for g in groups:
+        new = {u.key[:2]: u.lora for u in g if u.key[:2] not in touched}
+        cost = sum(u.cost for u in g) + sum(new.values())
+        if spent + cost <= budget:
+            chosen += g
+            spent += cost
+            touched |= set(new)
+    return chosen, spent
+
+
 def plan_keys(fam: Family, plan_blocks: list[tuple[str, str, int]]) -> list[tuple[int, int, int]]:
     pos = {m.name: i for i, m in enumerate(fam.experts)}
     out: list[tuple[int, int, int]] = []
@@ -141,8 +172,10 @@ def plan_keys(fam: Family, plan_blocks: list[tuple[str, str, int]]) -> list[tupl
 
 
 OPS = st.sampled_from([("linear", {}), ("task_arithmetic", {"lambda": 0.7}),
-                       ("ties", {"density": 0.3}), ("dare_linear", {"density": 0.5}),
-                       ("linear", {"normalize": False})])
+                       ("ties", {"density": 0.3}), ("ties", {"density": 0.3, "unit": "group"}),
+                       ("dare_ties", {"density": 0.5}),  # whole-tensor groups, its default
+                       ("dare_linear", {"density": 0.5}), ("linear", {"normalize": False}),
+                       ("task_arithmetic", {"unit": "group_block"})])
 
 
 @settings(max_examples=20, deadline=None,
@@ -162,8 +195,17 @@ def test_plan_is_the_sound_monotone_greedy(shared_catalog: Catalog,
         return build_request(base=fam.base, experts=experts, operator=op[0], params=op[1],
                              budget=budget)
     units = reference_units(fam, request(Budget(fraction=1.0)))
+    region = PLANNING_UNITS[request(Budget(fraction=1.0)).planning_unit]
+    if region is not None:  # coherent groups: the same candidates, selected group by group
+        groups = reference_groups(units, region)
+        units = [u for g in groups for u in g]
+
+        def greedy(_: list[Unit], budget: int) -> tuple[list[Unit], int]:
+            return reference_group_greedy(groups, budget)
+    else:
+        greedy = reference_greedy
     full = make_plan(shared_catalog, request(Budget(fraction=1.0)))
-    _, c_full = reference_greedy(units, 10**12)
+    _, c_full = greedy(units, 10**12)
     # Full budget: every candidate, C_full bytes, nothing omitted.
     assert full.full_read_bytes == full.planned_expert_bytes == c_full
     assert plan_keys(fam, [(b.model, b.tensor, b.block_index) for b in full.blocks]) == \
@@ -174,7 +216,7 @@ def test_plan_is_the_sound_monotone_greedy(shared_catalog: Catalog,
     planned = []
     for b in budgets:
         p = make_plan(shared_catalog, request(Budget(bytes=b) if b > 0 else Budget(fraction=1e-12)))
-        chosen, spent = reference_greedy(units, b)
+        chosen, spent = greedy(units, b)
         assert p.budget_bytes == b
         assert p.planned_expert_bytes == spent <= b  # sound, and exactly the greedy
         assert plan_keys(fam, [(x.model, x.tensor, x.block_index) for x in p.blocks]) == \

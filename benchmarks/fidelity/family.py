@@ -38,6 +38,14 @@ class FamilySpec:
     pretrain: TrainSpec = field(default_factory=lambda: TrainSpec(steps=200, batch=32, lr=3e-3))
     finetune: TrainSpec = field(default_factory=lambda: TrainSpec(steps=200, batch=32, lr=5e-4))
     seed: int = 0
+    experts_per_task: int = 1  # >1: copies fine-tuned on other samples and seeds ("task-k")
+    dtype: str = "bf16"  # checkpoints' dtype; "f32": the base's bf16 values stored in float32
+
+    def expert_tasks(self) -> list[tuple[str, str, int]]:
+        """(expert name, task, training seed) of every expert, in training order."""
+        n = len(self.tasks)
+        return [(t if self.experts_per_task == 1 else f"{t}-{k}", t, self.seed + 1 + i + n * k)
+                for k in range(self.experts_per_task) for i, t in enumerate(self.tasks)]
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
@@ -100,14 +108,19 @@ def build_family(spec: FamilySpec, root: Path, *, rebuild: bool = False) -> dict
     held_out = {e.text for e in eval_set(list(spec.tasks), HELD_OUT_PER_TASK, spec.seed)}
     info: dict[str, Any] = {"spec": asdict(spec), "key": spec.key(), "path": str(out),
                             "base": base, "experts": {}}
-    for i, task in enumerate(spec.tasks):
-        print(f"  fine-tuning expert {task!r} ({spec.finetune.steps} steps)", flush=True)
-        model = load_model(Path(base["path"]))  # the stored (bf16-rounded) base: exact deltas
-        log = train(model, _task_sampler(task, spec.seed, held_out), spec.finetune,
-                    spec.seed + 1 + i)
-        save_bf16(model, out / task)
-        info["experts"][task] = {"path": str(out / task), "train": log,
-                                 "accuracy": task_accuracy(load_model(out / task), evals)}
+    base_path = Path(base["path"])
+    if spec.dtype != "bf16":  # the same (bf16-rounded) base values in the experts' dtype
+        save_bf16(load_model(base_path), out / "base", spec.dtype)
+        base_path = out / "base"
+        info["base"] = {**base, "path": str(base_path)}
+    for name, task, seed in spec.expert_tasks():
+        print(f"  fine-tuning expert {name!r} ({spec.finetune.steps} steps)", flush=True)
+        model = load_model(base_path)  # the stored (bf16-rounded) base: exact deltas
+        pool_seed = spec.seed if name == task else seed  # copies sample other lines
+        log = train(model, _task_sampler(task, pool_seed, held_out), spec.finetune, seed)
+        save_bf16(model, out / name, spec.dtype)
+        info["experts"][name] = {"path": str(out / name), "train": log, "task": task,
+                                 "accuracy": task_accuracy(load_model(out / name), evals)}
     info["train_seconds"] = time.perf_counter() - t0 + base["train"]["seconds"]
     info["torch"] = torch.__version__
     info_path.write_text(json.dumps(info, indent=2) + "\n")

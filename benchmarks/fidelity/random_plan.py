@@ -53,6 +53,24 @@ def random_plan(plan: Plan, cands: list[Candidate], seed: int) -> Plan:
     return _first_fit(plan, cands, order, {"random_seed": seed})
 
 
+def random_group_plan(plan: Plan, cands: list[Candidate], seed: int) -> Plan:
+    """Like `random_plan`, but whole tensors at a time: all candidates of a tensor (every
+    expert's) are taken together when they fit, in a seeded random order of the tensors."""
+    groups: dict[str, list[Candidate]] = {}
+    for c in cands:
+        groups.setdefault(c.tensor, []).append(c)
+    names = sorted(groups)
+    random.Random(seed).shuffle(names)
+    target, spent, order = plan.planned_expert_bytes, 0, []
+    for n in names:
+        cost = sum(c.nbytes for c in groups[n]) + sum(
+            {(c.model, c.tensor): c.lora_a_nbytes for c in groups[n]}.values())
+        if spent + cost <= target:
+            order += groups[n]
+            spent += cost
+    return _first_fit(plan, cands, order, {"random_group_seed": seed})
+
+
 def expert_normalized_plan(plan: Plan, cands: list[Candidate]) -> Plan:
     """A plan of the same bytes ranked by utility / (the expert's total utility) per byte: every
     expert keeps about the same share of its own delta (a diagnostic, not the product's rule)."""

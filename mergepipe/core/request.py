@@ -11,6 +11,7 @@ from typing import Any
 from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import REGISTRY, OperatorSpec, Param, get_operator
+from mergepipe.core.operators.spec import PLANNING_UNITS
 
 # Parameters every operator takes, and the planner's ranking score of a block (per byte). l2
 # (default, DESIGN section 2): |alpha_i| * ||D_itb||_2. per_tensor: |alpha_i| * ||D_itb|| / ||D_it||,
@@ -32,6 +33,11 @@ BASE_WEIGHT = Param("base_weight", float, 0.0, help="mergekit linear: the base's
 BASE_POSITION = Param("base_position", float, 0.0, help="mergekit linear: the base's place")
 _OPTIONAL = (COMPUTE_DTYPE, SEMANTICS)
 _MERGEKIT_LINEAR = (BASE_WEIGHT, BASE_POSITION)
+# The access plan's unit (default: the operator spec's planning_unit; kept in params only when
+# it differs from that default, so plan hashes of default requests stay).
+UNIT = Param("unit", str, "", tuple(PLANNING_UNITS),
+             help="planning unit: expert_block, or coherent groups of all experts' blocks of one "
+                  "output tensor (group) or one block (group_block)")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
@@ -161,6 +167,11 @@ class MergeRequest:
         the others)."""
         return self.spec.coefficients(self.weights(), self.params)
 
+    @property
+    def planning_unit(self) -> str:
+        """The access plan's unit: params.unit, else the operator's default."""
+        return str(self.params.get("unit", self.spec.planning_unit))
+
 
 def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] | str,
                   operator: str, params: dict[str, Any] | None = None,
@@ -197,7 +208,8 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
     own = {p.name: p for p in spec.params}
     extra = _MERGEKIT_LINEAR if (spec.mergekit is not None and spec.mergekit.base_in_average
                                  and params.get("semantics") == "mergekit") else ()
-    known = {"normalize", "lambda", "utility", *own, *(("density",) if spec.density else ()),
+    known = {"normalize", "lambda", "utility", "unit", *own,
+             *(("density",) if spec.density else ()),
              *(p.name for p in (*_OPTIONAL, *extra))}
     for name in sorted(set(params) - known):
         if name == "density":
@@ -218,6 +230,9 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
     utility = UTILITY.parse(params.get("utility", "l2"))
     if utility != UTILITY.default:
         p["utility"] = utility
+    unit = UNIT.parse(params.get("unit", spec.planning_unit))
+    if unit != spec.planning_unit:
+        p["unit"] = unit
     for name, param in own.items():
         p[name] = param.parse(params.get(name, param.default))
     for param in _OPTIONAL:

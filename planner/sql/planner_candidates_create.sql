@@ -53,7 +53,7 @@ tensor_units AS (
 units AS MATERIALIZED (
     SELECT position, ordinal, block_index, CAST(n_blocks AS BIGINT) AS n_blocks,
            CAST(nbytes AS BIGINT) AS nbytes, CAST(lora_a_nbytes AS BIGINT) AS lora_a_nbytes,
-           utility, fallback, missing,
+           utility, score, fallback, missing,
            -(score / nbytes) AS neg_density,  -- NULL exactly for fallback: ranked last
            CASE WHEN fallback THEN ordinal ELSE position END AS order_a,
            CASE WHEN fallback THEN position ELSE ordinal END AS order_b
@@ -70,7 +70,7 @@ costed AS (
     FROM units WHERE lora_a_nbytes > 0
 )
 SELECT position, ordinal, block_index, n_blocks, nbytes, lora_a_nbytes, utility, fallback,
-       missing, cost,
+       missing, cost, score,  -- score: the ranking score (coherent groups sum it)
        ROW_NUMBER() OVER w AS unit_rank,
        SUM(cost) OVER w AS cumulative,
        CAST(NULL AS INTEGER) AS pass,   -- fill pass that selected the unit (prefix: NULL)

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from mergepipe.core.operators import REGISTRY, OperatorSpec, Param
-from mergepipe.core.request import LAMBDA, NORMALIZE, UTILITY
+from mergepipe.core.request import LAMBDA, NORMALIZE, UNIT, UTILITY
 from mergepipe.service.schemas import OperatorList
 
 router = APIRouter(prefix="/v1", tags=["operators"])
@@ -25,7 +25,9 @@ def operator_out(spec: OperatorSpec) -> dict[str, Any]:
     return {"name": spec.name, "aliases": list(spec.aliases), "title": spec.title,
             "formula": spec.formula, "additive": spec.additive, "density": spec.density,
             "normalize_default": spec.normalize_default,
-            "params": [_param(p) for p in (normalize, LAMBDA, UTILITY, *spec.params)]}
+            "params": [_param(p) for p in (normalize, LAMBDA, UTILITY,
+                                           replace(UNIT, default=spec.planning_unit),
+                                           *spec.params)]}
 
 
 @router.get("/operators", response_model=OperatorList,

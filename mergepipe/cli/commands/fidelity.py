@@ -32,7 +32,47 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--render-only", action="store_true",
                    help="rewrite the report from DIR/results.json without measuring again")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--units", action="store_true",
+                   help="the planning-unit study instead: linear, ties and dare_ties planned "
+                   "by (expert, block), whole-tensor groups and block groups vs random plans of "
+                   "equal bytes at budgets 0.3 and 0.5; writes DIR/units-FAMILY.json and .md")
+    p.add_argument("--family", choices=("toy", "realistic"), default="toy",
+                   help="with --units: toy (4 experts, large deltas) or realistic (12 experts, "
+                   "deltas of about 1e-3 of the weights, float32)")
+    p.add_argument("--utility", choices=("l2", "per_tensor"), default="l2",
+                   help="with --units: the planner's block ranking for every operator; "
+                   "per_tensor writes DIR/units-FAMILY-per_tensor.*, without random plans")
     p.set_defaults(func=run)
+
+
+def run_units_study(args: argparse.Namespace, root: Path, command: str) -> int:
+    """`--units`: the planning-unit study of one family; tables in DIR/units-FAMILY.md."""
+    from dataclasses import replace
+
+    from mergepipe.benchmarks.fidelity.units import (
+        UnitsConfig,
+        quick_units_config,
+        realistic_family,
+        run_units,
+    )
+    from mergepipe.benchmarks.fidelity.units_report import render
+    cfg = quick_units_config() if args.quick else UnitsConfig()
+    if args.family == "realistic" and not args.quick:
+        cfg = UnitsConfig(family=realistic_family())
+    if args.random_plans is not None:
+        cfg = replace(cfg, random_plans=args.random_plans)
+    name = f"units-{args.family}"  # both families can share one folder (and base)
+    if args.utility != "l2":  # the ranking variant: its plans only (the random plans are equal)
+        name += f"-{args.utility}"
+        ops = tuple(replace(o, params={**o.params, "utility": args.utility})
+                    for o in cfg.operators)
+        cfg = replace(cfg, random_plans=0, random_group_plans=0, units=cfg.units[:2],
+                      operators=ops)
+    res = (json.loads((root / f"{name}.json").read_text()) if args.render_only
+           else run_units(cfg, root, retrain=args.retrain, name=name))
+    (root / f"{name}.md").write_text(render([(args.family, res)], command) + "\n")
+    print(f"report: {root / f'{name}.md'}  results: {root / f'{name}.json'}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, random_plans=args.random_plans)
     root = Path(args.dir or ("bench-output/fidelity-quick" if args.quick
                              else "bench-output/fidelity")).absolute()
+    if args.units:
+        return run_units_study(args, root, "mergepipe " + " ".join(
+            shlex.quote(a) for a in sys.argv[1:]))
     md = Path(args.report) if args.report else (root / "FIDELITY.md" if args.quick
                                                 else Path("docs/FIDELITY.md"))
     if args.render_only:

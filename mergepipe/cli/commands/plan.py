@@ -68,6 +68,10 @@ def print_plan(s: dict[str, Any]) -> None:
     print(f"  full read       {human_bytes(full)} ({s['candidate_blocks']} candidate blocks)")
     print(f"  planned         {human_bytes(s['planned_expert_bytes'])} = "
           f"{s['touched_ratio']:.1%} of the full read ({s['selected_blocks']} blocks)")
+    region = s.get("unit_region")
+    print(f"  unit            {s.get('unit', 'expert_block')}"
+          + (f" (all experts' blocks of one output {region} together)" if region else
+             " ((expert, block) pairs one by one)"))
     if s["omission_bound"] is not None:
         print(f"  omission bound  {s['omission_bound']:.6g} (L2 norm of the omitted update, "
               "at most)")

@@ -51,6 +51,7 @@ SPEC = OperatorSpec(
     name="dare_ties", title="DARE-TIES",
     formula="M = B + lambda * disjoint_sum_i(w_i drop(D_i, density_i) / rescale)",
     kernel=dare_ties, normalize_default=False, additive=False, density=True,
+    planning_unit="group",  # measured: closest to the full merge (docs/FIDELITY.md)
     params=(RESCALE,),
     mergekit=MergekitMethod("dare_ties", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
 )

@@ -84,6 +84,12 @@ def default_coefficients(weights: Sequence[float], params: Mapping[str, Any]) ->
     return [lam * w for w in weights]
 
 
+# Planning units: the unit name -> the output region a coherent group spans (None: no grouping).
+# "group_block" (one block region) is kept for measurement: it did worse than whole tensors.
+PLANNING_UNITS: dict[str, str | None] = {"expert_block": None, "group": "tensor",
+                                         "group_block": "block"}
+
+
 @dataclass(frozen=True)
 class OperatorSpec:
     """Name, kernel, typed parameters and semantics of one merge operator.
@@ -109,6 +115,16 @@ class OperatorSpec:
     # operators, the factor of the omission bound
     coefficients: Callable[[Sequence[float], Mapping[str, Any]], list[float]] = (
         default_coefficients)
+    # the access plan's default unit (PLANNING_UNITS): "expert_block" selects (expert, block)
+    # pairs one by one (additive operators: the omitted-update bound is a sum over them);
+    # "group" selects all candidate experts' blocks of one output tensor together or none
+    # (sign-electing / normalizing operators, whose output depends on which experts were read)
+    planning_unit: str = "expert_block"
+
+    def __post_init__(self) -> None:
+        if self.planning_unit not in PLANNING_UNITS:
+            raise ValueError(f"operator {self.name}: planning_unit {self.planning_unit!r} is "
+                             f"not one of {', '.join(PLANNING_UNITS)}")
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)

@@ -48,6 +48,8 @@ SPEC = OperatorSpec(
     name="ties", title="TIES",
     formula="M = B + lambda * disjoint_mean_i(w_i trim(D_i, density_i))",
     kernel=ties, normalize_default=True, additive=False, density=True, trim=True,
+    # (expert, block) units: on both fidelity families they kept TIES closer to the full merge
+    # than coherent groups (docs/FIDELITY.md, "Planning units"); unit=group opts in
     mergekit=MergekitMethod("ties", params={"normalize": "normalize", "lambda": "lambda",
                                             "rescale": None}),
 )
