@@ -86,6 +86,9 @@ class Plan:
     # operators (blocks have disjoint coordinates) and <= omission_bound; None when that is None
     omission_bound_l2: float | None = None
     planning_seconds: float = 0.0
+    # how the merge is computed (planner.incremental): strategy chosen, both strategies' bytes,
+    # the reused merge and the user's request; None for a plan made by make_plan alone
+    strategy: dict[str, Any] | None = None
 
     def selected(self) -> dict[tuple[str, str], set[int]]:
         """(model, tensor) -> indexes of the blocks to read."""
@@ -125,7 +128,8 @@ class Plan:
             experts=experts, candidate_blocks=int(doc.get("candidate_blocks") or 0),
             omission_bound_note=doc.get("omission_bound_note"),
             omission_bound_l2=doc.get("omission_bound_l2"),
-            planning_seconds=float(doc.get("planning_seconds") or 0.0))
+            planning_seconds=float(doc.get("planning_seconds") or 0.0),
+            strategy=doc.get("strategy"))
 
     def summary(self) -> dict[str, Any]:
         """The plan report (CLI --json, POST /v1/plans, the merge manifest)."""
@@ -150,6 +154,7 @@ class Plan:
             "fallback_experts": list(self.fallback_experts),
             "fallback_order": FALLBACK_ORDER if self.fallback_experts else None,
             "planning_seconds": self.planning_seconds,
+            **({"strategy": self.strategy} if self.strategy is not None else {}),
         }
 
 

@@ -32,7 +32,8 @@ from mergepipe.executor.stream import ExecutionResult, Prepared
 from mergepipe.jobs.failure import failure_message
 from mergepipe.jobs.planning import check_inputs
 from mergepipe.jobs.report import MergeSummary, outcome_record, plan_record, summary
-from mergepipe.planner.plan import Plan, make_plan
+from mergepipe.planner.incremental import choose_plan, previous_of, strategy_of, user_request
+from mergepipe.planner.plan import Plan
 
 __all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
 
@@ -68,9 +69,12 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
         if data_roots:
             _recheck_inputs(cat, request, data_roots)
         t0 = time.perf_counter()
-        prep = stream.prepare(cat, make_plan(cat, request))
+        prep = stream.prepare(cat, choose_plan(cat, request))
         plan_seconds = time.perf_counter() - t0
         records.record_plan(cat, merge_id, plan_record(prep, plan_seconds))
+        previous = previous_of(prep.plan)
+        records.record_strategy(cat, merge_id, strategy_of(prep.plan),
+                                previous[0] if previous else None)
         result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
                                       progress=progress, threads=threads, overwrite=overwrite)
     except BaseException as e:
@@ -98,7 +102,7 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
             output_path=out.location, plan_seconds=plan_seconds,
             wall_seconds=time.perf_counter() - wall0))
         (stage / CARD_FILE).write_text(render_model_card(
-            prep.plan.request, io_figures(prep, result), name=name, merge_id=merge_id,
+            user_request(prep.plan), io_figures(prep, result), name=name, merge_id=merge_id,
             plan_hash=prep.plan.plan_hash))
         out.publish(stage, overwrite=overwrite)
         stage, published = None, True

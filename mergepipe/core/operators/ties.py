@@ -43,5 +43,8 @@ SPEC = OperatorSpec(
     name="ties", title="TIES",
     formula="M = B + lambda * disjoint_mean_i(w_i trim(D_i, density_i))",
     kernel=ties, normalize_default=True, additive=False, density=True, trim=True,
+    not_incremental=("TIES trims each expert at its own magnitude threshold and elects each "
+                     "entry's sign over all experts together: one expert more can flip signs "
+                     "everywhere"),
     mergekit=MergekitMethod("ties", params={"normalize": "normalize", "lambda": "lambda"}),
 )
