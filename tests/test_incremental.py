@@ -14,7 +14,7 @@ import sqlalchemy as sa
 import torch
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.jobs.merge import merge
 from mergepipe.jobs.planning import plan_merge
@@ -232,3 +232,35 @@ def test_incremental_is_refused_where_it_is_not_exact(cat: Catalog, tmp_path: Pa
     # auto with nothing stored: scratch, and the plan says why not incremental
     st = plan_merge(cat, req(experts(3))).summary()["strategy"]
     assert st["chosen"] == "scratch" and not st["incremental"]["available"]
+
+
+def test_cli_plan_shows_both_strategies_and_refuses_with_one_line(
+        fam: tuple[Path, dict[str, Path]], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from mergepipe.cli.main import main
+    db = str(shutil.copy(fam[0] / "catalog.duckdb", tmp_path / "catalog.duckdb"))
+    common = ["--base", "base", "--op", "linear", "--dtype", "fp32"]
+    assert main(["--catalog", db, "merge", *common, "--experts", "e0,e1,e2",
+                 "--out", str(tmp_path / "m3"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["strategy"] == "scratch"
+    assert main(["--catalog", db, "plan", *common, "--experts", "e0,e1,e2,e3"]) == 0
+    out = capsys.readouterr().out
+    assert "strategy        incremental (asked: auto)" in out
+    assert "(m3, c=0.75) + added e3" in out and "    scratch       " in out
+    assert main(["--catalog", db, "plan", "--base", "base", "--op", "ties", "--experts",
+                 "e0,e1,e2,e3", "--param", "density=0.5", "--strategy", "incremental"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "elects each entry's sign" in err
+
+
+def test_auto_falls_back_to_scratch_when_the_stored_output_changed(
+        cat: Catalog, tmp_path: Path) -> None:
+    run(cat, tmp_path, "m3", req(experts(3)))
+    weights = next((tmp_path / "m3").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes())  # same bytes, new mtime: the catalog's stamp differs
+    r = run(cat, tmp_path, "m4", req(experts(4)))
+    assert r.strategy == "scratch" and r.previous_merge is None
+    doc = json.loads((tmp_path / "m4" / "manifest.json").read_text())["plan"]["strategy"]
+    assert doc["requested"] == "auto" and "cannot be read" in doc["incremental"]["reason"]
+    with pytest.raises(MergePipeError, match="m3"):
+        run(cat, tmp_path, "m4b", req(experts(4), strategy="incremental"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from mergepipe.catalog import records
@@ -20,7 +21,7 @@ from mergepipe.catalog.locations import basename
 from mergepipe.catalog.models import find_model
 from mergepipe.catalog.paths import recheck_input
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
-from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest
 from mergepipe.executor import publish, stream
@@ -69,7 +70,7 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
         if data_roots:
             _recheck_inputs(cat, request, data_roots)
         t0 = time.perf_counter()
-        prep = stream.prepare(cat, choose_plan(cat, request))
+        prep = _prepare(cat, request)
         plan_seconds = time.perf_counter() - t0
         records.record_plan(cat, merge_id, plan_record(prep, plan_seconds))
         previous = previous_of(prep.plan)
@@ -83,6 +84,25 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
         raise
     return summary(merge_id, prep, result, output=out.location, output_name=name,
                    plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
+
+
+def _prepare(cat: Catalog, request: MergeRequest) -> Prepared:
+    """Plan by the request's strategy and check the plan against the files; with auto, an
+    incremental plan whose stored merge cannot be read any more (moved, changed) falls back to
+    scratch, saying why in the plan."""
+    plan = choose_plan(cat, request)
+    try:
+        return stream.prepare(cat, plan)
+    except MergePipeError as e:
+        previous = previous_of(plan)
+        if request.strategy != "auto" or previous is None:
+            raise
+        why = f"merge {previous[0]}'s output {previous[1]!r} cannot be read: {e}"
+    plan = choose_plan(cat, replace(request, strategy="scratch"))
+    plan.request = request
+    assert plan.strategy is not None
+    plan.strategy.update(requested="auto", incremental={"available": False, "reason": why})
+    return stream.prepare(cat, plan)
 
 
 def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
