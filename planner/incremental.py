@@ -131,7 +131,11 @@ def choose_plan(cat: Catalog, request: MergeRequest) -> Plan:
     t0 = time.perf_counter()
     scratch = make_plan(cat, replace(request, strategy="auto"))  # the plan hash of before
     scratch.request = request
-    inc_plan, inc, why = _incremental_plan(cat, request, scratch.budget_bytes)
+    inc_plan: Plan | None = None
+    inc: Increment | None = None
+    why: str | None = "not priced: strategy scratch"
+    if request.strategy != "scratch":  # one knapsack more: only when it may be chosen
+        inc_plan, inc, why = _incremental_plan(cat, request, scratch.budget_bytes)
     if request.strategy == "incremental" and inc_plan is None:
         raise InvalidRequest(f"strategy incremental: {why}", field="strategy")
     chosen = request.strategy

@@ -141,7 +141,8 @@ def test_adding_one_expert_to_k8_reads_the_stored_merge_and_the_new_expert(
 
 
 @pytest.mark.parametrize(("change", "op"), [
-    ("drop", "linear"), pytest.param("reweight", "task_arithmetic", marks=SLOW)])
+    pytest.param("drop", "linear", marks=SLOW),
+    pytest.param("reweight", "task_arithmetic", marks=SLOW)])
 def test_drop_and_reweight_read_the_changed_expert_only(
         cat: Catalog, fam: tuple[Path, dict[str, Path]], tmp_path: Path, change: str,
         op: str) -> None:
