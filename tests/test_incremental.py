@@ -248,6 +248,12 @@ def test_cli_plan_shows_both_strategies_and_refuses_with_one_line(
     out = capsys.readouterr().out
     assert "strategy        incremental (asked: auto)" in out
     assert "(m3, c=0.75) + added e3" in out and "    scratch       " in out
+    config = tmp_path / "linear.yml"  # a mergekit config: the same request, the same increment
+    config.write_text("merge_method: linear\nbase_model: base\ndtype: float32\nmodels: "
+                      "[{model: base, parameters: {weight: 0}}, e0, e1, e2, e3]\n")
+    assert main(["--catalog", db, "plan", str(config), "--strategy", "incremental",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["strategy"]["incremental"]["previous_model"] == "m3"
     assert main(["--catalog", db, "plan", "--base", "base", "--op", "ties", "--experts",
                  "e0,e1,e2,e3", "--param", "density=0.5", "--strategy", "incremental"]) != 0
     err = capsys.readouterr().err.strip()
