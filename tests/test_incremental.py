@@ -18,6 +18,7 @@ from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.jobs.merge import merge
 from mergepipe.jobs.planning import plan_merge
+from mergepipe.jobs.replay import replay
 from mergepipe.jobs.report import MergeSummary
 from tests import factory
 from tests.executor_family import deltas, ingest_family
@@ -138,6 +139,9 @@ def test_adding_one_expert_to_k8_reads_the_stored_merge_and_the_new_expert(
     manifest = json.loads((tmp_path / "m9" / "manifest.json").read_text())
     assert manifest["plan"]["strategy"]["chosen"] == "incremental"
     assert "e8" in (tmp_path / "m9" / "README.md").read_text()
+    # replay re-executes what was read (M_old + the new expert) and matches the recorded hashes
+    again = replay(cat, inc.merge_id)
+    assert again.match and again.expert_bytes_read == inc.expert_bytes_read
 
 
 @pytest.mark.parametrize(("change", "op"), [
