@@ -80,10 +80,11 @@ def _common_ratio(pairs: list[tuple[float, float]]) -> float | None:
 
 def _same_terms(old: MergeRequest, new: MergeRequest) -> bool:
     """Each expert's term T_i is the same function in both merges: same operator and params
-    other than normalize and lambda (which the coefficients carry), same seed for keyed drops."""
+    other than normalize and lambda (which the coefficients carry) and the planner's utility,
+    same seed for keyed drops."""
     if old.operator != new.operator or old.base != new.base:
         return False
-    strip = ("normalize", "lambda", "density")
+    strip = ("normalize", "lambda", "density", "utility")  # utility ranks blocks, no more
     if ({k: v for k, v in old.params.items() if k not in strip}
             != {k: v for k, v in new.params.items() if k not in strip}):
         return False
