@@ -120,7 +120,9 @@ CREATE TABLE merges (
     exec_seconds         DOUBLE,
     error                VARCHAR,
     created_at           TIMESTAMP NOT NULL DEFAULT current_timestamp,
-    finished_at          TIMESTAMP
+    finished_at          TIMESTAMP,
+    strategy             VARCHAR,              -- scratch | incremental (NULL: not planned yet)
+    previous_merge       VARCHAR               -- incremental: the merge whose output it reused
 );
 
 CREATE TABLE merge_experts (
@@ -158,7 +160,7 @@ CREATE TABLE output_tensors (
 CREATE TABLE lineage (
     child     VARCHAR NOT NULL,
     parent    VARCHAR NOT NULL,
-    role      VARCHAR NOT NULL,                -- base | expert
+    role      VARCHAR NOT NULL,                -- base | expert | previous (reused merge)
     weight    DOUBLE,
     merge_id  VARCHAR NOT NULL,
     PRIMARY KEY (child, parent, merge_id)

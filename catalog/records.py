@@ -56,7 +56,7 @@ class OutputTensorRow:
 
 @dataclass(frozen=True)
 class LineageEdge:
-    """child was made from parent (role base | expert) by merge `merge_id`."""
+    """child was made from parent (role base | expert | previous) by merge `merge_id`."""
 
     child: str
     parent: str
@@ -95,6 +95,8 @@ class MergeRow:
     error: str | None
     created_at: str | None
     finished_at: str | None
+    strategy: str | None = None        # scratch | incremental (docs/incremental.md)
+    previous_merge: str | None = None  # incremental: the merge whose output it reused
 
     def to_dict(self) -> dict[str, Any]:
         return dict(jsonable(dataclasses.asdict(self)))
@@ -200,6 +202,13 @@ def record_success(conn: sa.Connection, merge_id: str, outcome: OutcomeRecord) -
         conn.execute(load_sql("lineage_insert"), {
             "child": edge.child, "parent": edge.parent, "role": edge.role,
             "weight": edge.weight, "merge_id": merge_id})
+
+
+def record_strategy(cat: Catalog, merge_id: str, strategy: str,
+                    previous_merge: str | None) -> None:
+    """How a planned merge is computed: scratch, or incremental from `previous_merge`."""
+    cat.execute("merge_strategy", {"merge_id": merge_id, "strategy": strategy,
+                                   "previous_merge": previous_merge})
 
 
 def record_failure(cat: Catalog, merge_id: str, error: str, exec_seconds: float | None) -> None:

@@ -88,6 +88,9 @@ class Plan:
     omission_bound_l2: float | None = None
     planning_seconds: float = 0.0
     unit: str = "expert_block"  # the planning unit (core.operators.spec.PLANNING_UNITS)
+    # how the merge is computed (planner.incremental): strategy chosen, both strategies' bytes,
+    # the reused merge and the user's request; None for a plan made by make_plan alone
+    strategy: dict[str, Any] | None = None
 
     def selected(self) -> dict[tuple[str, str], set[int]]:
         """(model, tensor) -> indexes of the blocks to read."""
@@ -128,7 +131,8 @@ class Plan:
             omission_bound_note=doc.get("omission_bound_note"),
             omission_bound_l2=doc.get("omission_bound_l2"),
             planning_seconds=float(doc.get("planning_seconds") or 0.0),
-            unit=str(doc.get("unit") or "expert_block"))
+            unit=str(doc.get("unit") or "expert_block"),
+            strategy=doc.get("strategy"))
 
     def summary(self) -> dict[str, Any]:
         """The plan report (CLI --json, POST /v1/plans, the merge manifest)."""
@@ -155,6 +159,7 @@ class Plan:
             "planning_seconds": self.planning_seconds,
             "unit": self.unit,
             "unit_region": PLANNING_UNITS.get(self.unit),
+            **({"strategy": self.strategy} if self.strategy is not None else {}),
         }
 
 

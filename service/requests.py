@@ -33,7 +33,7 @@ def body_request(st: AppState, body: PlanIn, output_dtype: str | None = None) ->
         return BodyRequest(build_request(
             base=body.base, experts=[e.model_dump(exclude_none=True) for e in body.experts],
             operator=body.operator, params=body.params, budget=budget, seed=body.seed,
-            output_dtype=output_dtype))
+            output_dtype=output_dtype, strategy=body.strategy))
 
     def locate(text: str, key: str) -> str:
         try:
@@ -54,5 +54,6 @@ def body_request(st: AppState, body: PlanIn, output_dtype: str | None = None) ->
         raise type(e)(f"config_yaml: {e.message}", field=key) from None
     if output_dtype:
         request = replace(request, output_dtype=normalize_dtype(output_dtype))
+    request = replace(request, strategy=body.strategy)
     jobs = [replace(j, field=f"config_yaml.{j.field}") for j in resolved.to_ingest]
     return BodyRequest(request, jobs, resolved.config.notes)

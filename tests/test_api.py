@@ -385,3 +385,24 @@ def test_lora_and_delta_checkpoints_register_and_merge(env: dict[str, Any], clie
                                 "operator": "task_arithmetic", "budget": {"fraction": 0.5},
                                 "output": {"name": f"{kind}-merged"}})
     assert merged["expert_bytes_read"] <= merged["budget_bytes"]
+
+
+def test_strategy_field_plans_and_merges_incrementally(client: TestClient) -> None:
+    """docs/incremental.md: `strategy` in plan and merge bodies, refusals as 422."""
+    body = {"base": "base", "operator": "linear", "params": {"normalize": True}}
+    first = run_merge(client, {**body, "experts": [{"model": "e0"}, {"model": "e1"}],
+                               "strategy": "scratch", "output": {"name": "lin-2"}})
+    assert first["strategy"] == "scratch"
+    three = {**body, "experts": [{"model": e} for e in EXPERTS]}
+    plan = client.post("/v1/plans", json={**three, "strategy": "incremental"}).json()
+    inc = plan["strategy"]["incremental"]
+    assert plan["strategy"]["chosen"] == "incremental" and inc["previous_model"] == "lin-2"
+    assert inc["planned_expert_bytes"] < plan["strategy"]["scratch"]["planned_expert_bytes"]
+    m = run_merge(client, {**three, "strategy": "incremental", "output": {"name": "lin-3"}})
+    assert (m["strategy"], m["previous_merge"]) == ("incremental", first["id"])
+    edges = {(e["parent"], e["role"]) for e in client.get("/v1/lineage/lin-3").json()["ancestors"]}
+    assert ("lin-2", "previous") in edges and ("e2", "expert") in edges
+    ties = {**three, "operator": "ties", "params": {"density": 0.5}, "strategy": "incremental"}
+    err = assert_error(client.post("/v1/plans", json=ties), 422, "invalid_request", "strategy")
+    assert "sign" in json.dumps(err)
+    assert client.post("/v1/plans", json={**three, "strategy": "fastest"}).status_code == 422

@@ -158,6 +158,7 @@ def run_demo(root: Path) -> int:
         print_table(q["columns"], q["rows"])
         q = api.call("POST", "/v1/sql", {"sql": LINEAGE_SQL})
         print_table(q["columns"], q["rows"])
+        show_incremental(api, experts)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -168,6 +169,31 @@ def run_demo(root: Path) -> int:
         f"the catalog is {root / 'catalog.duckdb'} (try: mergepipe --catalog "
         f"{root / 'catalog.duckdb'} sql \"SELECT * FROM merges\")")
     return 0
+
+
+def show_incremental(api: Api, experts: list[str]) -> None:
+    """A linear merge of all experts but the last, then of all of them, from scratch and
+    incrementally (docs/incremental.md): the expert bytes each way."""
+    k = len(experts)
+    say(f"and incrementally: a linear merge of {k - 1} experts, then of {k} two ways")
+
+    def linear(names: list[str], strategy: str, output: str) -> dict[str, Any]:
+        body = {"base": "base", "experts": [{"model": n} for n in names], "operator": "linear",
+                "strategy": strategy, "output": {"name": output}}
+        t0 = time.perf_counter()
+        m: dict[str, Any] = api.wait(f"/v1/merges/{api.call('POST', '/v1/merges', body)['id']}")
+        m["wall_s"] = time.perf_counter() - t0
+        return m
+
+    rows = []
+    for names, strategy, output in ((experts[:-1], "scratch", f"linear-{k - 1}"),
+                                    (experts, "scratch", f"linear-{k}-scratch"),
+                                    (experts, "auto", f"linear-{k}-auto")):
+        m = linear(names, strategy, output)
+        rows.append([output, strategy, m["strategy"], m["previous_merge"] or "",
+                     human_bytes(m["expert_bytes_read"]), f"{m['wall_s']:.2f}"])
+    print_table(["output", "asked", "strategy", "reused merge", "expert bytes read", "wall s"],
+                rows)
 
 
 def cli_path() -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from mergepipe.catalog import records
@@ -22,7 +23,7 @@ from mergepipe.catalog.locations import basename
 from mergepipe.catalog.models import find_model
 from mergepipe.catalog.paths import recheck_input
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
-from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest
 from mergepipe.executor import publish, stream
@@ -34,7 +35,8 @@ from mergepipe.executor.stream import ExecutionResult, Prepared
 from mergepipe.jobs.failure import failure_message
 from mergepipe.jobs.planning import check_inputs
 from mergepipe.jobs.report import MergeSummary, outcome_record, plan_record, summary
-from mergepipe.planner.plan import Plan, make_plan
+from mergepipe.planner.incremental import choose_plan, previous_of, strategy_of, user_request
+from mergepipe.planner.plan import Plan
 
 __all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
 
@@ -80,9 +82,12 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
         if data_roots:
             _recheck_inputs(cat, request, data_roots)
         t0 = time.perf_counter()
-        prep = stream.prepare(cat, make_plan(cat, request))
+        prep = _prepare(cat, request)
         plan_seconds = time.perf_counter() - t0
         records.record_plan(cat, merge_id, plan_record(prep, plan_seconds))
+        previous = previous_of(prep.plan)
+        records.record_strategy(cat, merge_id, strategy_of(prep.plan),
+                                previous[0] if previous else None)
         result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
                                       progress=progress, threads=threads, overwrite=overwrite)
     except BaseException as e:
@@ -91,6 +96,25 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
         raise
     return summary(merge_id, prep, result, output=out.location, output_name=name,
                    plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
+
+
+def _prepare(cat: Catalog, request: MergeRequest) -> Prepared:
+    """Plan by the request's strategy and check the plan against the files; with auto, an
+    incremental plan whose stored merge cannot be read any more (moved, changed) falls back to
+    scratch, saying why in the plan."""
+    plan = choose_plan(cat, request)
+    try:
+        return stream.prepare(cat, plan)
+    except MergePipeError as e:
+        previous = previous_of(plan)
+        if request.strategy != "auto" or previous is None:
+            raise
+        why = f"merge {previous[0]}'s output {previous[1]!r} cannot be read: {e}"
+    plan = choose_plan(cat, replace(request, strategy="scratch"))
+    plan.request = request
+    assert plan.strategy is not None
+    plan.strategy.update(requested="auto", incremental={"available": False, "reason": why})
+    return stream.prepare(cat, plan)
 
 
 def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
@@ -110,7 +134,7 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
             output_path=out.location, plan_seconds=plan_seconds,
             wall_seconds=time.perf_counter() - wall0))
         (stage / CARD_FILE).write_text(render_model_card(
-            prep.plan.request, io_figures(prep, result), name=name, merge_id=merge_id,
+            user_request(prep.plan), io_figures(prep, result), name=name, merge_id=merge_id,
             plan_hash=prep.plan.plan_hash))
         out.publish(stage, overwrite=overwrite)
         stage, published = None, True

@@ -9,7 +9,8 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import find_model
 from mergepipe.core.errors import Conflict, NotFound
 from mergepipe.core.request import MergeRequest
-from mergepipe.planner.plan import Plan, make_plan
+from mergepipe.planner.incremental import choose_plan
+from mergepipe.planner.plan import Plan
 from mergepipe.planner.validate import check_request
 
 
@@ -42,6 +43,7 @@ def require_ready(cat: Catalog, name: str, field: str) -> None:
 
 
 def plan_merge(cat: Catalog, request: MergeRequest) -> Plan:
-    """The plan a merge of `request` would execute now (a dry run: nothing is read or recorded)."""
+    """The plan a merge of `request` would execute now (a dry run: nothing is read or recorded),
+    by its strategy (`planner.incremental`)."""
     check_inputs(cat, request)
-    return make_plan(cat, request)
+    return choose_plan(cat, request)

@@ -17,6 +17,7 @@ from mergepipe.core.progress import ProgressFn
 from mergepipe.core.request import MergeRequest
 from mergepipe.executor import publish, stream
 from mergepipe.executor.manifest import build_manifest, write_manifest
+from mergepipe.planner.incremental import executed_request
 from mergepipe.planner.plan import Plan
 
 
@@ -56,7 +57,8 @@ def stored_plan(cat: Catalog, merge_id: str) -> Plan:
     if row.plan_hash is None or row.plan is None:
         raise Conflict(f"merge {merge_id} was never planned (status {row.status}); nothing "
                        "to replay", field="merge_id")
-    return Plan.from_document(MergeRequest.from_dict(row.request), row.plan,
+    return Plan.from_document(executed_request(row.plan, MergeRequest.from_dict(row.request)),
+                              row.plan,
                               records.touched_blocks(cat, merge_id))
 
 

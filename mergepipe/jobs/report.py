@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mergepipe.catalog.records import (
+    LineageEdge,
     MergeExpertRow,
     OutcomeRecord,
     OutputTensorRow,
@@ -16,6 +17,7 @@ from mergepipe.catalog.records import (
 from mergepipe.core.jsonable import jsonable
 from mergepipe.executor.manifest import io_figures
 from mergepipe.executor.stream import ExecutionResult, Prepared
+from mergepipe.planner.incremental import previous_of, strategy_of, user_request
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class MergeSummary:
     exec_seconds: float = 0.0
     wall_seconds: float = 0.0
     status: str = "succeeded"
+    strategy: str = "scratch"          # scratch | incremental (docs/incremental.md)
+    previous_merge: str | None = None  # incremental: the merge whose output it reused
 
     def to_dict(self) -> dict[str, Any]:
         return dict(jsonable(asdict(self)))
@@ -58,6 +62,7 @@ def summary(merge_id: str | None, prep: Prepared, result: ExecutionResult, *, ou
             output_name: str | None, plan_seconds: float | None,
             wall_seconds: float) -> MergeSummary:
     plan = prep.plan
+    previous = previous_of(plan)
     return MergeSummary(
         merge_id=merge_id, plan_hash=plan.plan_hash, operator=plan.request.operator,
         **io_figures(prep, result), output=str(output), output_name=output_name,
@@ -66,7 +71,8 @@ def summary(merge_id: str | None, prep: Prepared, result: ExecutionResult, *, ou
         experts=[ExpertIO(e.model, prep.planned_by_model[e.model],
                           result.expert_bytes_by_model.get(e.model, 0))
                  for e in plan.request.experts],
-        plan_seconds=plan_seconds, exec_seconds=result.exec_seconds, wall_seconds=wall_seconds)
+        plan_seconds=plan_seconds, exec_seconds=result.exec_seconds, wall_seconds=wall_seconds,
+        strategy=strategy_of(plan), previous_merge=previous[0] if previous else None)
 
 
 def plan_record(prep: Prepared, plan_seconds: float) -> PlanRecord:
@@ -95,4 +101,14 @@ def outcome_record(prep: Prepared, result: ExecutionResult, output_name: str,
         exec_seconds=result.exec_seconds, bytes_by_model=dict(result.expert_bytes_by_model),
         tensors=[OutputTensorRow(t.name, t.dtype, tuple(t.shape), t.content_hash)
                  for t in result.tensors],
-        lineage=lineage_edges(prep.plan.request, output_name))
+        lineage=lineage(prep, output_name))
+
+
+def lineage(prep: Prepared, output_name: str) -> list[LineageEdge]:
+    """The user's base and experts; an incremental merge also the merge it reused (role
+    previous, weight c)."""
+    edges = lineage_edges(user_request(prep.plan), output_name)
+    previous = previous_of(prep.plan)
+    if previous is not None:
+        edges.append(LineageEdge(output_name, previous[1], "previous", previous[2]))
+    return edges

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +11,7 @@ from mergepipe.cli.main import print_json
 from mergepipe.cli.progress import MergeBar
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.request import MergeRequest, build_request
+from mergepipe.core.request import STRATEGIES, MergeRequest, build_request
 
 if TYPE_CHECKING:
     from mergepipe.jobs.report import MergeSummary
@@ -51,6 +52,10 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
                                     "default 1 = the full merge")
     p.add_argument("--seed", type=int, default=0, help="seed of the keyed random generator")
     p.add_argument("--dtype", help="output dtype: bf16 | fp16 | fp32 (default: the base's)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="auto",
+                   help="scratch: read every expert; incremental: extend a stored merge of the "
+                        "same base and operator, reading it and the changed experts only; auto "
+                        "(default): the fewer expert bytes (docs/incremental.md)")
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -80,7 +85,12 @@ def request_from_args(args: argparse.Namespace) -> MergeRequest:
             raise InvalidRequest(f"--{opt} is required", field=opt)
     return build_request(base=args.base, experts=args.experts, operator=args.op,
                          params=parse_params(args.param), budget=args.budget, seed=args.seed,
-                         output_dtype=args.dtype)
+                         output_dtype=args.dtype, strategy=args.strategy)
+
+
+def with_strategy(request: MergeRequest, args: argparse.Namespace) -> MergeRequest:
+    """--strategy applied to a request from a config file."""
+    return dataclasses.replace(request, strategy=args.strategy)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     with Catalog(args.settings.catalog) as cat, MergeBar(enabled=not args.json) as bar:
         recover_interrupted(cat)  # merges of a killed `mergepipe merge`: we hold the catalog now
         if request is None:
-            request = config_request(cat, args)
+            request = with_strategy(config_request(cat, args), args)
         result = merge(cat, request, args.out, output_name=args.name, progress=bar.update,
                        threads=args.threads, overwrite=args.overwrite)
     if args.json:
@@ -112,6 +122,8 @@ def print_summary(r: MergeSummary) -> None:
     print(f"merge {r.merge_id} succeeded: {r.operator} of {len(r.experts)} expert(s) "
           f"-> {r.output} (model {r.output_name!r})")
     print(f"  plan hash       {r.plan_hash}")
+    if r.strategy == "incremental":
+        print(f"  strategy        incremental from merge {r.previous_merge}")
     print(f"  budget          {human_bytes(budget)}{share}")
     print(f"  expert bytes    {human_bytes(r.expert_bytes_read)} read "
           f"({human_bytes(r.planned_expert_bytes)} planned)")

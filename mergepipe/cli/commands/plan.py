@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mergepipe.cli.commands.merge import add_request_arguments, request_from_args
+from mergepipe.cli.commands.merge import add_request_arguments, request_from_args, with_strategy
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import human_bytes, print_table
 
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     with Catalog(args.settings.catalog) as cat:
         if request is None:
             from mergepipe.cli.mergekit_cli import config_request  # torch: only for a config
-            request = config_request(cat, args)
+            request = with_strategy(config_request(cat, args), args)
         plan = plan_merge(cat, request)
     shown = plan.blocks if args.blocks < 0 else plan.blocks[:args.blocks]
     if args.json:
@@ -84,6 +84,8 @@ def print_plan(s: dict[str, Any]) -> None:
         print(f"  fallback        {', '.join(s['fallback_experts'])}: no statistics, planned as "
               f"{s['fallback_order']}")
     print(f"  planning        {s['planning_seconds'] * 1000:.1f} ms")
+    if s.get("strategy"):
+        print_strategy(s["strategy"])
     print()
     rows = []
     for e in s["experts"]:
@@ -94,3 +96,17 @@ def print_plan(s: dict[str, Any]) -> None:
                      f"{ratio:.1%}", "yes" if e["fallback"] else ""])
     print_table(["expert", "kind", "weight", "density", "alpha", "blocks", "planned",
                  "full read", "ratio", "fallback"], rows)
+
+
+def print_strategy(st: dict[str, Any]) -> None:
+    """Both strategies' expert bytes and the chosen one (docs/incremental.md)."""
+    sc, inc = st["scratch"], st["incremental"]
+    print(f"  strategy        {st['chosen']} (asked: {st['requested']})")
+    print(f"    scratch       {human_bytes(sc['planned_expert_bytes'])} expert bytes planned")
+    if not inc["available"]:
+        print(f"    incremental   unavailable: {inc['reason']}")
+        return
+    changes = ", ".join(f"{c['change']} {c['model']}" for c in inc["changes"]) or "reweighted"
+    print(f"    incremental   {human_bytes(inc['planned_expert_bytes'])} expert bytes planned: "
+          f"merge {inc['previous_merge']} ({inc['previous_model']}, c={inc['c']:.6g}) + "
+          f"{changes}")

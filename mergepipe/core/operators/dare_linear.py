@@ -53,6 +53,7 @@ SPEC = OperatorSpec(
     name="dare_linear", title="DARE (linear)",
     formula="M = B + lambda * sum_i w_i drop(D_i, density_i) / rescale",
     kernel=dare_linear, normalize_default=False, additive=False, density=True,
+    not_incremental=None,
     params=(RESCALE,),
     mergekit=MergekitMethod("dare_linear", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
 )

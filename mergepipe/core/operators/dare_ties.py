@@ -52,6 +52,8 @@ SPEC = OperatorSpec(
     formula="M = B + lambda * disjoint_sum_i(w_i drop(D_i, density_i) / rescale)",
     kernel=dare_ties, normalize_default=False, additive=False, density=True,
     planning_unit="group",  # measured: closest to the full merge (docs/FIDELITY.md)
+    not_incremental="DARE-TIES elects each entry's sign over all experts together: one expert more "
+                    "can flip signs everywhere",
     params=(RESCALE,),
     mergekit=MergekitMethod("dare_ties", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
 )

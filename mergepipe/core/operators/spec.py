@@ -120,6 +120,10 @@ class OperatorSpec:
     # "group" selects all candidate experts' blocks of one output tensor together or none
     # (sign-electing / normalizing operators, whose output depends on which experts were read)
     planning_unit: str = "expert_block"
+    # None: M - B is a fixed-coefficient sum of per-expert terms (each term a function of one
+    # expert), so a stored merge can be extended by the changed experts alone
+    # (planner.incremental); else why it cannot
+    not_incremental: str | None = "M - B is not a fixed-coefficient sum of per-expert terms"
 
     def __post_init__(self) -> None:
         if self.planning_unit not in PLANNING_UNITS:
@@ -134,3 +138,13 @@ class OperatorSpec:
         if not self.additive:
             return f"no bound: {self.name} is not a fixed-coefficient additive operator"
         return self.bound_exception(params) if self.bound_exception else None
+
+    def incremental_note(self, params: Mapping[str, Any]) -> str | None:
+        """Why a merge with these params cannot reuse a stored merge (None: it can, exactly)."""
+        if self.not_incremental is not None:
+            return f"{self.name}: {self.not_incremental}"
+        if self.additive and self.bound_exception is not None:
+            why = self.bound_exception(params)
+            if why is not None:
+                return f"{self.name}: {why.removeprefix('no bound: ')}"
+        return None

@@ -50,6 +50,9 @@ SPEC = OperatorSpec(
     kernel=ties, normalize_default=True, additive=False, density=True, trim=True,
     # (expert, block) units: on both fidelity families they kept TIES closer to the full merge
     # than coherent groups (docs/FIDELITY.md, "Planning units"); unit=group opts in
+    not_incremental=("TIES trims each expert at its own magnitude threshold and elects each "
+                     "entry's sign over all experts together: one expert more can flip signs "
+                     "everywhere"),
     mergekit=MergekitMethod("ties", params={"normalize": "normalize", "lambda": "lambda",
                                             "rescale": None}),
 )
