@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from mergepipe.catalog.readonly_sql import run_readonly
+from mergepipe.catalog.user_sql import run_user_sql
 from mergepipe.service.schemas import SqlIn, SqlOut
 from mergepipe.service.state import State
 
@@ -16,6 +16,6 @@ router = APIRouter(prefix="/v1", tags=["sql"])
 @router.post("/sql", response_model=SqlOut,
              summary="Read-only SQL (one SELECT; no files, no network, row and time limits)")
 def sql(body: SqlIn, st: State) -> dict[str, Any]:
-    return run_readonly(st.cat, body.sql, row_limit=st.settings.sql_row_limit,
+    return run_user_sql(st.cat, body.sql, row_limit=st.settings.sql_row_limit,
                         timeout_s=st.settings.sql_timeout_s,
                         byte_limit=st.settings.sql_result_bytes)

@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         if not root.is_dir():
             raise InvalidRequest(f"data root {root} is not a directory", field="data_root")
     s = dataclasses.replace(s, output_root=s.output_root.resolve(),
-                            catalog=s.catalog.resolve())
+                            catalog=s.catalog if isinstance(s.catalog, str)
+                            else s.catalog.resolve())
     s.output_root.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

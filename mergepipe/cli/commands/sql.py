@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.readonly_sql import run_readonly
+from mergepipe.catalog.user_sql import run_user_sql
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import print_table
 
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with Catalog(args.settings.catalog) as cat:
-        result = run_readonly(cat, args.query, row_limit=args.settings.sql_row_limit,
+        result = run_user_sql(cat, args.query, row_limit=args.settings.sql_row_limit,
                               timeout_s=args.settings.sql_timeout_s)
     if args.json:
         print_json(result)
