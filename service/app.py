@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.settings import Settings
 from mergepipe.jobs.runner import JobRunner
+from mergepipe.jobs.shared_runner import SharedJobRunner
 from mergepipe.service import errors
 from mergepipe.service.limits import BodyLimit
 from mergepipe.service.routes import (
@@ -42,7 +43,8 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cat = Catalog(settings.catalog)
-        runner = JobRunner(cat, settings)
+        # a PostgreSQL catalog is shared with other servers and workers: claim jobs from it
+        runner = (SharedJobRunner if cat.postgres else JobRunner)(cat, settings)
         app.state.mergepipe = AppState(settings=settings, cat=cat, runner=runner)
         runner.start()
         log.info("catalog %s, output root %s, %d worker(s), data roots %s",
