@@ -24,7 +24,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 ARG TORCH_INDEX_URL=
-# optional extras of the wheel: `cluster` (psycopg, ray) for a PostgreSQL catalog and workers
+# optional extras of the wheel: `cluster` (psycopg) for a PostgreSQL catalog and workers
 ARG EXTRAS=
 
 # torch first and alone: the largest layer, rebuilt only when its pin changes.

@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.settings import CATALOG_URL_SCHEMES as POSTGRES_SCHEMES
 
 # Statement rewrites (compiled SQL, after parameters became %(name)s).
@@ -74,6 +75,11 @@ def create_engine(location: str | Path, **pool: Any) -> sa.Engine:
         return sa.create_engine(engine_url(location),
                                 connect_args={"config": {"enable_external_access": False}},
                                 **pool)
+    try:
+        import psycopg  # noqa: F401 - the optional `cluster` extra
+    except ImportError:
+        raise InvalidRequest("a PostgreSQL catalog needs psycopg 3: pip install "
+                             "'mergepipe[cluster]'", field="catalog") from None
     engine = sa.create_engine(engine_url(location), pool_pre_ping=True,
                               connect_args={"options": "-c timezone=UTC"}, **pool)
     sa.event.listen(engine, "connect", _register_loaders)

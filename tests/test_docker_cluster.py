@@ -61,4 +61,3 @@ def test_image_can_carry_the_cluster_extra() -> None:
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert any(d.startswith("psycopg[binary]") for d in extras["cluster"])
-    assert any(d.startswith("ray") for d in extras["cluster"])

@@ -81,6 +81,7 @@ def _worker(url: str, tmp_path: Path, log: Path) -> subprocess.Popen[bytes]:
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow  # two worker processes, a 24 MB family, a 3 s lease
 def test_kill_9_worker_mid_merge_is_taken_over(tmp_path: Path, postgres_url: str) -> None:
     """SIGKILL the worker running a merge: another worker takes it over after the lease, the
     output is byte-identical to an uninterrupted run and nothing half-made is left."""
@@ -129,3 +130,29 @@ def test_kill_9_worker_mid_merge_is_taken_over(tmp_path: Path, postgres_url: str
         leftovers = [p.name for p in out.parent.iterdir() if p.name != "merged"]
         assert leftovers == [], leftovers
         assert took < 3 + 60
+
+
+def test_two_api_replicas_on_one_catalog(tmp_path: Path, postgres_url: str) -> None:
+    """Models registered through one server and a merge submitted to another: either server's
+    workers run them, both report the same rows, and SQL runs on the shared catalog."""
+    from tests.api_helpers import (
+        client_for,
+        make_family,
+        register_family,
+        run_merge,
+        settings_for,
+        ties_body,
+    )
+
+    family = make_family(tmp_path / "data")
+    s = settings_for(tmp_path, catalog=postgres_url, workers=1, lease_s=5.0)
+    with client_for(s) as a, client_for(s) as b:
+        register_family(a, family)
+        m = run_merge(b, ties_body("shared-out"))
+        assert a.get(f"/v1/merges/{m['id']}").json()["output_hash"] == m["output_hash"]
+        names = {x["name"] for x in b.get("/v1/models").json()["models"]}
+        assert names >= {"base", "e0", "shared-out"}
+        r = a.post("/v1/sql", json={"sql": "SELECT count(*) FROM merges"})
+        assert r.status_code == 200 and r.json()["rows"] == [[1]], r.text
+        r = b.post("/v1/merges", json=ties_body("shared-out"))
+        assert r.status_code == 409, r.text
