@@ -156,3 +156,42 @@ def test_two_api_replicas_on_one_catalog(tmp_path: Path, postgres_url: str) -> N
         assert r.status_code == 200 and r.json()["rows"] == [[1]], r.text
         r = b.post("/v1/merges", json=ties_body("shared-out"))
         assert r.status_code == 409, r.text
+
+
+@pytest.mark.slow  # two worker processes, a 24 MB family, a 3 s lease
+def test_kill_9_worker_mid_ingestion_is_taken_over(tmp_path: Path, postgres_url: str) -> None:
+    """SIGKILL the worker running an ingestion: another worker ingests it again; the blocks
+    and their hashes are those of an uninterrupted ingestion."""
+    from mergepipe.benchmarks.family import generate_family
+    from mergepipe.catalog import queue
+
+    dirs = generate_family(tmp_path / "fam", experts=1, size_mb=24, seed=4)
+    blocks = _sql("SELECT tensor, block_index, content_hash FROM blocks WHERE model = 'base' "
+                  "ORDER BY tensor, block_index")
+    with Catalog(tmp_path / "ref.duckdb") as ref:
+        ingest_model(ref, dirs["base"], "base")
+        want = [tuple(r) for r in ref.query(blocks)]
+    with Catalog(postgres_url) as cat:
+        (job_id,) = queue.enqueue(cat, ingests=[queue.NewIngestJob(
+            "base", "full", str(dirs["base"]), None)]).ingest_ids
+        log = tmp_path / "workers.log"
+        a = _worker(postgres_url, tmp_path, log)
+        try:
+            _wait(lambda: queue.get_ingest_job(cat, job_id).status == "running", 120,
+                  "worker A to start the ingestion")
+            a.send_signal(signal.SIGKILL)
+            a.wait(10)
+        finally:
+            a.kill()
+        assert queue.get_ingest_job(cat, job_id).status == "running"
+        b = _worker(postgres_url, tmp_path, log)
+        try:
+            _wait(lambda: queue.get_ingest_job(cat, job_id).status in ("succeeded", "failed"),
+                  90, "worker B to finish the ingestion")
+        finally:
+            b.send_signal(signal.SIGTERM)
+            b.wait(30)
+        row = queue.get_ingest_job(cat, job_id)
+        assert row.status == "succeeded", (row.error, log.read_text()[-3000:])
+        assert [tuple(r) for r in cat.query(blocks)] == want
+        assert not cat.query(_sql("SELECT * FROM name_claims"))

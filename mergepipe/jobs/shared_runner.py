@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from mergepipe.catalog import leases, queue, records
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import find_model
 from mergepipe.catalog.queue import Job
 from mergepipe.core.settings import Settings
 from mergepipe.jobs.recovery import clean_merge_outputs
@@ -94,12 +95,18 @@ class SharedJobRunner(JobRunner):
                 self.changed.notify_all()
 
     def _clean(self, job: Job) -> None:
-        """What a dead run left: a merge's staging directory or unrecorded output (ingestion
-        writes its catalog rows in one transaction: nothing half-made to remove)."""
+        """What a dead run left: a merge's staging directory or unrecorded output. Ingestion
+        writes its catalog rows in one transaction: nothing half-made to remove; if the dead
+        run wrote them but died before recording the job's end, the job has succeeded."""
         if job.kind == "merge":
             row = records.find_merge(self.cat, job.id)
             if row is not None:
                 clean_merge_outputs(row)
+            return
+        ing = queue.get_ingest_job(self.cat, job.id)
+        if ing is not None and find_model(self.cat, ing.model) is not None:
+            queue.finish_ingest_job(self.cat, job.id, error=None, done_bytes=ing.total_bytes,
+                                    total_bytes=ing.total_bytes)
 
     def _still_queued(self, job: Job) -> bool:
         if job.kind == "ingest":
