@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.dialect import display
 from mergepipe.core.settings import Settings
 from mergepipe.jobs.runner import JobRunner
 from mergepipe.jobs.shared_runner import SharedJobRunner
@@ -48,7 +49,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.mergepipe = AppState(settings=settings, cat=cat, runner=runner)
         runner.start()
         log.info("catalog %s, output root %s, %d worker(s), data roots %s",
-                 settings.catalog, settings.output_root, settings.workers,
+                 display(settings.catalog), settings.output_root, settings.workers,
                  ":".join(map(str, settings.data_roots)) or "(none)")
         try:
             yield

@@ -152,3 +152,25 @@ def test_user_sql_is_read_only_limited_and_sandboxed(postgres_url: str) -> None:
                 run_user_sql(cat, sql, timeout_s=0.3, byte_limit=1000)
             assert why in str(e.value), (sql, str(e.value))
         assert cat.query(sa.text("SELECT count(*) FROM lineage"))[0][0] == 1
+
+
+def test_dialect_rewrites_are_the_documented_ones() -> None:
+    from mergepipe.catalog import dialect
+
+    before, sql = dialect.to_postgres(
+        "CREATE OR REPLACE TEMP TABLE planner_x AS SELECT CAST(0 AS DOUBLE) AS d, "
+        "CAST(NULL AS DOUBLE PRECISION) AS e")
+    assert before == "DROP TABLE IF EXISTS pg_temp.planner_x"
+    assert sql == ("CREATE TEMP TABLE planner_x AS SELECT CAST(0 AS DOUBLE PRECISION) AS d, "
+                   "CAST(NULL AS DOUBLE PRECISION) AS e")
+    assert dialect.to_postgres("SELECT 1") == (None, "SELECT 1")
+    bulk = dialect.unnest_rows(
+        "-- note\nINSERT INTO t (model, a, b)\nSELECT %(model)s, unnest(%(a)s), unnest(%(b)s)",
+        {"model": "m", "a": [1, 2], "b": [[3, 4], None]})
+    assert bulk == ("INSERT INTO t (model, a, b) VALUES (%s, %s, %s)",
+                    [("m", 1, [3, 4]), ("m", 2, None)])
+    assert dialect.unnest_rows("INSERT INTO t (a) VALUES (%(a)s)", {"a": 1}) is None
+    url = "postgresql://u:secret@h:5432/db"
+    assert dialect.is_postgres(url) and not dialect.is_postgres(Path("postgresql://x"))
+    assert "secret" not in dialect.display(url) and "h:5432/db" in dialect.display(url)
+    assert dialect.engine_url(url) == "postgresql+psycopg://u:secret@h:5432/db"
