@@ -24,12 +24,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 ARG TORCH_INDEX_URL=
+# optional extras of the wheel: `cluster` (psycopg) for a PostgreSQL catalog and workers
+ARG EXTRAS=
 
 # torch first and alone: the largest layer, rebuilt only when its pin changes.
 RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
 
 COPY --from=builder /dist/ /tmp/dist/
 RUN pip install /tmp/dist/mergepipe-*.whl \
+    && if [ -n "$EXTRAS" ]; then pip install "$(ls /tmp/dist/mergepipe-*.whl)[$EXTRAS]"; fi \
     && rm -rf /tmp/dist \
     && useradd --create-home --uid 1000 mergepipe \
     && mkdir -p /data/catalog /data/models /data/outputs \

@@ -122,7 +122,10 @@ CREATE TABLE merges (
     created_at           TIMESTAMP NOT NULL DEFAULT current_timestamp,
     finished_at          TIMESTAMP,
     strategy             VARCHAR,              -- scratch | incremental (NULL: not planned yet)
-    previous_merge       VARCHAR               -- incremental: the merge whose output it reused
+    previous_merge       VARCHAR,              -- incremental: the merge whose output it reused
+    worker               VARCHAR,              -- the worker holding a running merge's lease
+    lease_until          TIMESTAMP,            -- UTC; an expired lease lets another worker take over
+    attempts             INTEGER DEFAULT 0
 );
 
 CREATE TABLE merge_experts (
@@ -180,5 +183,14 @@ CREATE TABLE ingest_jobs (
     total_bytes  BIGINT NOT NULL DEFAULT 0,
     created_at   TIMESTAMP NOT NULL DEFAULT current_timestamp,
     started_at   TIMESTAMP,
-    finished_at  TIMESTAMP
+    finished_at  TIMESTAMP,
+    worker       VARCHAR,                      -- the worker holding a running job's lease
+    lease_until  TIMESTAMP,                    -- UTC; an expired lease lets another worker take over
+    attempts     INTEGER DEFAULT 0
+);
+
+CREATE TABLE name_claims (
+    name        VARCHAR PRIMARY KEY,           -- a model name a queued or running job will register
+    job_id      VARCHAR NOT NULL,              -- ingest_jobs.job_id or merges.merge_id
+    created_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
 );

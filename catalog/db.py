@@ -1,4 +1,4 @@
-"""The one seam to the catalog database (SQLAlchemy Core over DuckDB; PostgreSQL later)."""
+"""The one seam to the catalog database (SQLAlchemy Core over DuckDB or PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from mergepipe.core.errors import Conflict
+from mergepipe.catalog import dialect
+from mergepipe.core.errors import Conflict, MergePipeError
 
 MIGRATIONS_PACKAGE = "mergepipe.migrations"  # NNNN_name.sql files and catalog_schema.sql
 SCHEMA_FILE_NAME = "catalog_schema.sql"  # what the migrations, applied in order, produce
@@ -81,19 +82,29 @@ def _lock_holder(msg: str) -> str:
     return f"PID {m.group(1)}" if m else "lock held"
 
 
-class Catalog:
-    """A catalog database. Threads share it; each `transaction()` uses its own connection."""
+class CatalogUnavailable(MergePipeError):
+    """The PostgreSQL catalog cannot be reached (server down, wrong URL, refused login)."""
 
-    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
-        self.path = Path(path)
-        self.url = f"duckdb:///{self.path}"
-        # No file or network access from SQL: the catalog only ever reads its own tables.
-        self.engine = sa.create_engine(
-            self.url,
-            connect_args={"config": {"enable_external_access": False}},
-            pool_size=8,
-            max_overflow=16,
-        )
+    status = 503
+    code = "catalog_unavailable"
+
+
+# Migrations of several servers starting at once on one PostgreSQL catalog run one at a time.
+MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(7305218116)"
+
+
+class Catalog:
+    """A catalog database. Threads share it; each `transaction()` uses its own connection.
+
+    `location` is a DuckDB file path or a `postgresql://user@host:port/db` URL."""
+
+    def __init__(self, location: str | Path, *, migrate: bool = True) -> None:
+        self.location: str | Path = location if dialect.is_postgres(location) else Path(location)
+        self.postgres = dialect.is_postgres(location)
+        self.path = Path(location) if not self.postgres else None
+        self.url = dialect.engine_url(location)
+        self.engine = dialect.create_engine(location, pool_size=8, max_overflow=16)
+        # DuckDB: one writer at a time in this process; PostgreSQL takes row locks itself.
         self._write_lock = threading.RLock()
         if migrate:
             try:
@@ -101,6 +112,11 @@ class Catalog:
                     self.migrate()
             except sa.exc.OperationalError as e:
                 self.engine.dispose()
+                if self.postgres:
+                    first = str(e.orig).strip().splitlines()[0] if str(e.orig).strip() else ""
+                    raise CatalogUnavailable(
+                        f"cannot use the PostgreSQL catalog {dialect.display(location)}: "
+                        f"{first}") from None
                 if "lock" not in str(e.orig).lower():
                     raise
                 raise CatalogInUse(
@@ -135,6 +151,10 @@ class Catalog:
         """Apply the pending numbered migrations in order; returns the versions applied."""
         applied_now = []
         with self.transaction() as conn:
+            if self.postgres:
+                conn.execute(sa.text(MIGRATION_LOCK))
+                for stmt in dialect.POSTGRES_PRELUDE:
+                    conn.execute(sa.text(stmt))
             conn.execute(sa.text(CREATE_MIGRATIONS_TABLE))
             done = {r[0] for r in conn.execute(sa.text(SELECT_APPLIED))}
             for version, name, path in migrations():
@@ -150,6 +170,10 @@ class Catalog:
     @contextmanager
     def transaction(self) -> Iterator[sa.Connection]:
         """One atomic unit of work: commits on success, rolls back on any error."""
+        if self.postgres:
+            with self.engine.begin() as conn:
+                yield conn
+            return
         with self._write_lock, self.engine.begin() as conn:
             yield conn
 

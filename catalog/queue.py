@@ -111,7 +111,22 @@ def enqueue(cat: Catalog, *, ingests: Sequence[NewIngestJob] = (), merge: NewMer
             _claim(conn, merge.output_name, merge.field)
         job_ids = [_insert_ingest(conn, j) for j in ingests]
         merge_id = _insert_merge(conn, merge) if merge is not None else None
+        claims = list(zip(ingests, job_ids, strict=True))
+        for job, job_id in claims:
+            _reserve(conn, job.model, job_id, job.field)
+        if merge is not None and merge_id is not None:
+            _reserve(conn, merge.output_name, merge_id, merge.field)
     return Queued(job_ids, merge_id)
+
+
+def _reserve(conn: sa.Connection, name: str, job_id: str, field: str) -> None:
+    """The name's row in name_claims: its primary key refuses a name another server or worker
+    claimed at the same moment (the checks of `_claim` cannot see an uncommitted claim)."""
+    try:  # the whole enqueue rolls back
+        conn.execute(load_sql("name_claim_insert"), {"name": name, "job_id": job_id})
+    except sa.exc.IntegrityError:
+        raise Conflict(f"model name {name!r} is claimed by another queued job",
+                       field=field) from None
 
 
 def _claim(conn: sa.Connection, name: str, field: str) -> None:
@@ -167,9 +182,11 @@ def start_ingest_job(cat: Catalog, job_id: str) -> None:
 
 def finish_ingest_job(cat: Catalog, job_id: str, *, error: str | None, done_bytes: int,
                       total_bytes: int) -> None:
-    cat.execute("ingest_job_finish", {
-        "job_id": job_id, "status": "failed" if error else "succeeded", "error": error,
-        "done_bytes": done_bytes, "total_bytes": total_bytes})
+    with cat.transaction() as conn:
+        conn.execute(load_sql("ingest_job_finish"), {
+            "job_id": job_id, "status": "failed" if error else "succeeded", "error": error,
+            "done_bytes": done_bytes, "total_bytes": total_bytes})
+        conn.execute(load_sql("name_claim_release"), {"job_id": job_id})
 
 
 def queued_jobs(cat: Catalog) -> list[Job]:
@@ -205,6 +222,7 @@ def recover(cat: Catalog) -> None:
     with cat.transaction() as conn:
         conn.execute(load_sql("ingest_job_recover"))
         conn.execute(load_sql("merge_recover"))
+        conn.execute(load_sql("name_claims_release_finished"))
 
 
 def ping(cat: Catalog) -> None:

@@ -189,6 +189,7 @@ def record_success(conn: sa.Connection, merge_id: str, outcome: OutcomeRecord) -
         "merge_id": merge_id, "expert_bytes_read": outcome.expert_bytes_read,
         "base_bytes_read": outcome.base_bytes_read, "output_hash": outcome.output_hash,
         "output_path": outcome.output_path, "exec_seconds": outcome.exec_seconds})
+    conn.execute(load_sql("name_claim_release"), {"job_id": merge_id})
     for model, n in outcome.bytes_by_model.items():
         conn.execute(load_sql("merge_experts_read"),
                      {"merge_id": merge_id, "model": model, "bytes_read": n})
@@ -213,8 +214,11 @@ def record_strategy(cat: Catalog, merge_id: str, strategy: str,
 
 def record_failure(cat: Catalog, merge_id: str, error: str, exec_seconds: float | None) -> None:
     """Status 'failed' with the message users see (a succeeded merge is never failed after)."""
-    cat.execute("merge_failed", {"merge_id": merge_id, "error": error[:MAX_ERROR_CHARS],
-                                 "exec_seconds": exec_seconds})
+    with cat.transaction() as conn:
+        conn.execute(load_sql("merge_failed"), {"merge_id": merge_id,
+                                                "error": error[:MAX_ERROR_CHARS],
+                                                "exec_seconds": exec_seconds})
+        conn.execute(load_sql("name_claim_release"), {"job_id": merge_id})
 
 
 # -- reads ---------------------------------------------------------------------------------------

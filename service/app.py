@@ -9,8 +9,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.dialect import display
 from mergepipe.core.settings import Settings
 from mergepipe.jobs.runner import JobRunner
+from mergepipe.jobs.shared_runner import SharedJobRunner
 from mergepipe.service import errors
 from mergepipe.service.access import AccessGuard
 from mergepipe.service.limits import BodyLimit
@@ -43,11 +45,12 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cat = Catalog(settings.catalog)
-        runner = JobRunner(cat, settings)
+        # a PostgreSQL catalog is shared with other servers and workers: claim jobs from it
+        runner = (SharedJobRunner if cat.postgres else JobRunner)(cat, settings)
         app.state.mergepipe = AppState(settings=settings, cat=cat, runner=runner)
         runner.start()
         log.info("catalog %s, output root %s, %d worker(s), data roots %s",
-                 settings.catalog, settings.output_root, settings.workers,
+                 display(settings.catalog), settings.output_root, settings.workers,
                  ":".join(map(str, settings.data_roots)) or "(none)")
         try:
             yield

@@ -8,6 +8,7 @@ import pytest
 
 from mergepipe.catalog.db import Catalog
 from tests import factory
+from tests.pg_server import create_database, postgres_server
 from tests.remote_servers import moto_server
 
 
@@ -36,3 +37,16 @@ def s3_server():
     """moto's S3 server on loopback, started once for the session (its endpoint URL)."""
     with moto_server() as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url():
+    """A real PostgreSQL server from the machine's binaries, started once for the session."""
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url(postgres_admin_url: str, request: pytest.FixtureRequest) -> str:
+    """A fresh empty database on the session's PostgreSQL server (its postgresql:// URL)."""
+    return create_database(postgres_admin_url, f"t{abs(hash(request.node.nodeid)):x}")

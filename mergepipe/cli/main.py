@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "mergepipe.cli.commands.sql",
     "mergepipe.cli.commands.replay",
     "mergepipe.cli.commands.serve",
+    "mergepipe.cli.commands.worker",
     "mergepipe.cli.commands.demo",
     "mergepipe.cli.commands.bench",
     "mergepipe.cli.commands.gen_family",
@@ -52,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mergepipe", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--catalog", help="catalog file (default: $MERGEPIPE_CATALOG or "
+    parser.add_argument("--catalog", help="catalog file or postgresql:// URL (default: "
+                        "$MERGEPIPE_CATALOG or "
                         "./mergepipe.duckdb)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:

@@ -12,11 +12,17 @@ from mergepipe.core.errors import InvalidRequest
 DEFAULT_CATALOG = "./mergepipe.duckdb"
 # "testserver": the Host of in-process test clients (never a resolvable name)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "testserver")
+CATALOG_URL_SCHEMES = ("postgresql://", "postgresql+psycopg://", "postgres://")
+
+
+def catalog_location(raw: str | Path) -> str | Path:
+    """A DuckDB file path, or a PostgreSQL URL kept as text (a Path would fold its `//`)."""
+    return raw if isinstance(raw, str) and raw.startswith(CATALOG_URL_SCHEMES) else Path(raw)
 
 
 @dataclass(frozen=True)
 class Settings:
-    catalog: Path = Path(DEFAULT_CATALOG)
+    catalog: Path | str = Path(DEFAULT_CATALOG)  # a str: a postgresql:// URL
     data_roots: tuple[Path, ...] = field(default_factory=tuple)  # empty: any path (CLI)
     # s3://bucket[/prefix] and http(s):// URL prefixes the service may read (empty: none)
     remote_roots: tuple[str, ...] = field(default_factory=tuple)
@@ -37,12 +43,13 @@ class Settings:
     max_body_bytes: int = 1 << 20        # larger request bodies are refused with 413
     shutdown_grace_s: float = 30.0       # how long `serve` waits for running jobs on SIGTERM
     max_queued_jobs: int = 1000          # more queued ingestions + merges are refused with 429
+    lease_s: float = 30.0                # shared catalog: a dead worker's job is taken over after
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None, **overrides: object) -> Settings:
         e = dict(os.environ if env is None else env)
         s = Settings(
-            catalog=Path(e.get("MERGEPIPE_CATALOG") or DEFAULT_CATALOG),
+            catalog=catalog_location(e.get("MERGEPIPE_CATALOG") or DEFAULT_CATALOG),
             data_roots=tuple(Path(p).resolve() for p in
                              (e.get("MERGEPIPE_DATA_ROOTS") or "").split(":") if p),
             remote_roots=tuple((e.get("MERGEPIPE_REMOTE_ROOTS") or "").replace(",", " ").split()),
@@ -63,10 +70,11 @@ class Settings:
             max_body_bytes=env_number(e, "MERGEPIPE_MAX_BODY_BYTES", int, 1 << 20, minimum=1),
             shutdown_grace_s=env_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
             max_queued_jobs=env_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),
+            lease_s=env_number(e, "MERGEPIPE_LEASE_S", float, 30.0, minimum=1.0),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         if "catalog" in given:  # a command-line option: text
-            given["catalog"] = Path(str(given["catalog"]))
+            given["catalog"] = catalog_location(str(given["catalog"]))
         return replace(s, **given)  # type: ignore[arg-type]
 
 

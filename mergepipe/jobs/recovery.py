@@ -30,14 +30,19 @@ def recover_interrupted(cat: Catalog, error: str | None = INTERRUPTED) -> list[s
     the status to the caller). Returns the merge ids."""
     ids = []
     for row in records.running_merges(cat):
-        if row.output_path and is_url(row.output_path):
-            S3Output(row.output_path).clean_interrupted(row.merge_id)
-        elif row.output_path:
-            clean_outputs(Path(row.output_path), row.merge_id)
+        clean_merge_outputs(row)
         if error is not None:
             records.record_failure(cat, row.merge_id, error, None)
         ids.append(row.merge_id)
     return ids
+
+
+def clean_merge_outputs(row: records.MergeRow) -> None:
+    """What a dead run of the merge left in its output location (a folder or an S3 prefix)."""
+    if row.output_path and is_url(row.output_path):
+        S3Output(row.output_path).clean_interrupted(row.merge_id)
+    elif row.output_path:
+        clean_outputs(Path(row.output_path), row.merge_id)
 
 
 def clean_outputs(target: Path, merge_id: str) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from mergepipe.catalog.readonly_sql import run_readonly_async
+from mergepipe.catalog.user_sql import run_user_sql_async
 from mergepipe.core.sql_limits import SqlLimits
 from mergepipe.service.schemas import SqlIn, SqlOut
 from mergepipe.service.state import State
@@ -18,4 +18,4 @@ router = APIRouter(prefix="/v1", tags=["sql"])
              summary="Read-only SQL (one SELECT; no files, no network, row and time limits)")
 async def sql(body: SqlIn, st: State) -> dict[str, Any]:
     # async: the query runs in one of the sandbox's slot threads, never in a request thread
-    return await run_readonly_async(st.cat, body.sql, SqlLimits.from_settings(st.settings))
+    return await run_user_sql_async(st.cat, body.sql, SqlLimits.from_settings(st.settings))

@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         if not root.is_dir():
             raise InvalidRequest(f"data root {root} is not a directory", field="data_root")
     s = dataclasses.replace(s, output_root=s.output_root.resolve(),
-                            catalog=s.catalog.resolve())
+                            catalog=s.catalog if isinstance(s.catalog, str)
+                            else s.catalog.resolve())
     exposed = args.host not in LOOPBACK_HOSTS
     if exposed and not s.api_token and os.environ.get("MERGEPIPE_LOOPBACK_ONLY") != "1":
         raise InvalidRequest(

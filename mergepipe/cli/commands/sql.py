@@ -20,14 +20,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
-    from mergepipe.catalog.readonly_sql import run_readonly
+    from mergepipe.catalog.user_sql import run_user_sql
 
     path = str(args.settings.catalog)
     if "://" not in path and not os.path.isfile(path):  # a query never creates a catalog
         raise NotFound(f"catalog {path!r} does not exist (--catalog / $MERGEPIPE_CATALOG)",
                        field="catalog")
     with Catalog(args.settings.catalog) as cat:
-        result = run_readonly(cat, args.query, SqlLimits.from_settings(args.settings))
+        result = run_user_sql(cat, args.query, SqlLimits.from_settings(args.settings))
     if args.json:
         print_json(result)
     else:

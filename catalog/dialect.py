@@ -1,0 +1,129 @@
+"""Every difference between the DuckDB and PostgreSQL catalogs, in one place.
+
+The SQL files and migrations are written once, in the common subset plus a few DuckDB spellings;
+on PostgreSQL every statement passes through `to_postgres` just before it is sent, a handful of
+DuckDB functions the planner uses exist as SQL functions (`POSTGRES_PRELUDE`), and results are
+read back as DuckDB returns them (sums of integers as int)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.settings import CATALOG_URL_SCHEMES as POSTGRES_SCHEMES
+
+# Statement rewrites (compiled SQL, after parameters became %(name)s).
+_DOUBLE = re.compile(r"\bDOUBLE\b(?!\s+PRECISION)", re.IGNORECASE)
+# The bulk inserts `INSERT INTO t (cols) SELECT %(scalar)s, unnest(%(list)s), ...` (one
+# parameter list per column): PostgreSQL's unnest flattens lists of lists and cannot type a
+# list of NULLs, so there the rows are sent with executemany instead.
+_UNNEST_INSERT = re.compile(
+    r"^\s*(?:--[^\n]*\n\s*)*INSERT INTO (\w+) \(([^)]*)\)\s*SELECT\s+(.*?)\s*$", re.DOTALL)
+_SELECT_ITEM = re.compile(r"^(?:unnest\(%\((\w+)\)s\)|%\((\w+)\)s)$")
+_CREATE_OR_REPLACE_TEMP = re.compile(
+    r"\bCREATE\s+OR\s+REPLACE\s+TEMP(?:ORARY)?\s+TABLE\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
+
+# DuckDB functions the planner's SQL uses, defined for PostgreSQL (created with the schema).
+POSTGRES_PRELUDE = [
+    # DuckDB's len(list): the number of elements
+    """CREATE OR REPLACE FUNCTION len(anyarray) RETURNS integer LANGUAGE sql IMMUTABLE
+       AS 'SELECT cardinality($1)'""",
+    # DuckDB's sha256(varchar): lowercase hex of the UTF-8 bytes' digest
+    """CREATE OR REPLACE FUNCTION sha256(text) RETURNS text LANGUAGE sql IMMUTABLE
+       AS 'SELECT encode(sha256(convert_to($1, ''UTF8'')), ''hex'')'""",
+]
+
+
+def is_postgres(location: str | Path) -> bool:
+    """Whether a catalog location (MERGEPIPE_CATALOG, --catalog) names a PostgreSQL database."""
+    return isinstance(location, str) and location.startswith(POSTGRES_SCHEMES)
+
+
+def engine_url(location: str | Path) -> str:
+    """The SQLAlchemy URL of a catalog location: a file path is a DuckDB file."""
+    if not is_postgres(location):
+        return f"duckdb:///{Path(location)}"
+    rest = str(location).split("://", 1)[1]
+    return f"postgresql+psycopg://{rest}"
+
+
+def display(location: str | Path) -> str:
+    """The location without a password, for messages and logs."""
+    if not is_postgres(location):
+        return str(location)
+    return sa.engine.make_url(engine_url(location)).render_as_string(hide_password=True)
+
+
+def to_postgres(statement: str) -> tuple[str | None, str]:
+    """(statement to run first or None, the statement in PostgreSQL's spelling)."""
+    before = None
+    m = _CREATE_OR_REPLACE_TEMP.search(statement)
+    if m:
+        before = f"DROP TABLE IF EXISTS pg_temp.{m.group(1)}"
+        statement = _CREATE_OR_REPLACE_TEMP.sub(r"CREATE TEMP TABLE \1", statement)
+    return before, _DOUBLE.sub("DOUBLE PRECISION", statement)
+
+
+def create_engine(location: str | Path, **pool: Any) -> sa.Engine:
+    """The engine of a catalog: DuckDB without file or network access from SQL, or PostgreSQL
+    through psycopg 3 with the rewrites and loaders above, in UTC."""
+    if not is_postgres(location):
+        return sa.create_engine(engine_url(location),
+                                connect_args={"config": {"enable_external_access": False}},
+                                **pool)
+    try:
+        import psycopg  # noqa: F401 - the optional `cluster` extra
+    except ImportError:
+        raise InvalidRequest("a PostgreSQL catalog needs psycopg 3: pip install "
+                             "'mergepipe[cluster]'", field="catalog") from None
+    engine = sa.create_engine(engine_url(location), pool_pre_ping=True,
+                              connect_args={"options": "-c timezone=UTC"}, **pool)
+    sa.event.listen(engine, "connect", _register_loaders)
+    sa.event.listen(engine, "before_cursor_execute", _rewrite, retval=True)
+    return engine
+
+
+def unnest_rows(statement: str, parameters: Any) -> tuple[str, list[tuple[Any, ...]]] | None:
+    """(INSERT ... VALUES statement, rows) for a columnar unnest insert, else None."""
+    m = _UNNEST_INSERT.match(statement)
+    if m is None or "unnest(" not in m.group(3) or not isinstance(parameters, dict):
+        return None
+    items = [_SELECT_ITEM.match(x.strip()) for x in m.group(3).split(",")]
+    if not all(items):
+        return None
+    columns = [(i.group(1), i.group(2)) for i in items if i is not None]
+    n = len(parameters[next(c for c, _ in columns if c)])
+    rows = [tuple(parameters[c][k] if c else parameters[s] for c, s in columns)
+            for k in range(n)]
+    values = ", ".join(["%s"] * len(columns))
+    return f"INSERT INTO {m.group(1)} ({m.group(2)}) VALUES ({values})", rows
+
+
+def _rewrite(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+             executemany: bool) -> tuple[str, Any]:
+    bulk = None if executemany else unnest_rows(statement, parameters)
+    if bulk is not None:
+        cursor.executemany(*bulk)
+        return "SELECT 1 WHERE false", {}
+    before, statement = to_postgres(statement)
+    if before is not None:
+        cursor.execute(before)
+    return statement, parameters
+
+
+def _register_loaders(dbapi_conn: Any, _record: Any) -> None:
+    """Read results as DuckDB gives them: NUMERIC (sums of BIGINT) as int when whole (float
+    otherwise)."""
+    from psycopg.adapt import Loader
+
+    class WholeNumericLoader(Loader):
+        def load(self, data: Any) -> int | float:
+            text = bytes(data).decode()
+            return int(text) if text.lstrip("-").isdigit() else float(text)
+
+    adapters = dbapi_conn.adapters
+    adapters.register_loader("numeric", WholeNumericLoader)

@@ -1,0 +1,1 @@
+DELETE FROM merge_experts WHERE merge_id = :merge_id
