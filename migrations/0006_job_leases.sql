@@ -1,4 +1,4 @@
--- 0007: several servers and workers on one catalog. A job being run holds a lease (the worker
+-- 0006: several servers and workers on one catalog. A job being run holds a lease (the worker
 -- and when the lease ends, renewed by its heartbeat; an expired lease lets another worker take
 -- the job over); names claimed by queued and running jobs are reserved by a primary key.
 
