@@ -44,8 +44,7 @@ class ChunkMerger:
         self.keys: dict[tuple[int, str], int] = {}
         self.expert_blocks = 0
         # mergekit arithmetic: the kernels see the experts' own values and every block runs
-        self.mk_arith = (self.req.params.get("semantics") == "mergekit"
-                         or self.req.params.get("compute_dtype", "float32") != "float32")
+        self.mk_arith = prep.mergekit_arith
 
     def input_dtype(self, tensor: str) -> str:
         """The promoted dtype of the base's and the full experts' tensor (mergekit's compute

@@ -26,6 +26,14 @@ class Prepared:
     out_dtype: str | None  # None: each tensor keeps the base's dtype
 
     @property
+    def mergekit_arith(self) -> bool:
+        """mergekit's arithmetic (a config's compute dtype): every block runs through the
+        operator, untouched ones too (its casts can change the base's own values)."""
+        params = self.plan.request.params
+        return (params.get("semantics") == "mergekit"
+                or params.get("compute_dtype", "float32") != "float32")
+
+    @property
     def planned_bytes(self) -> int:
         return sum(self.planned_by_model.values())
 

@@ -47,7 +47,9 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
         last = {i: max(sel_index[(i, t.name)]) for i in positions}
         first = {i: min(sel_index[(i, t.name)]) for i in positions}
         blocks = base.tensor_blocks(t.name)
-        same_dtype = (prep.out_dtype or t.dtype) == t.dtype
+        # the output block is the base's bytes where no expert block is read (not so under
+        # mergekit's arithmetic, which runs every block through the operator)
+        same_dtype = (prep.out_dtype or t.dtype) == t.dtype and not prep.mergekit_arith
         units = blocks[-1].row_end
         per_unit = unit_numel(t.shape, units)
         flat = is_element_grid(t.shape, units) or len(t.shape) <= 1
