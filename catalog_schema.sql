@@ -121,11 +121,11 @@ CREATE TABLE merges (
     error                VARCHAR,
     created_at           TIMESTAMP NOT NULL DEFAULT current_timestamp,
     finished_at          TIMESTAMP,
-    strategy             VARCHAR,              -- scratch | incremental (NULL: not planned yet)
-    previous_merge       VARCHAR,              -- incremental: the merge whose output it reused
     worker               VARCHAR,              -- the worker holding a running merge's lease
     lease_until          TIMESTAMP,            -- UTC; an expired lease lets another worker take over
-    attempts             INTEGER DEFAULT 0
+    attempts             INTEGER DEFAULT 0,
+    strategy             VARCHAR,              -- scratch | incremental (NULL: not planned yet)
+    previous_merge       VARCHAR               -- incremental: the merge whose output it reused
 );
 
 CREATE TABLE merge_experts (

@@ -130,13 +130,16 @@ def test_unreachable_postgres_is_one_clear_error(tmp_path: Path) -> None:
 def test_user_sql_is_read_only_limited_and_sandboxed(postgres_url: str) -> None:
     from mergepipe.catalog.user_sql import run_user_sql
     from mergepipe.core.errors import InvalidRequest
+    from mergepipe.core.sql_limits import SqlLimits
 
     with Catalog(postgres_url) as cat:
         cat.execute(sa.text("INSERT INTO lineage VALUES ('c', 'p', 'base', 1.5, 'm-1')"))
-        got = run_user_sql(cat, "SELECT child, weight, 'a%' AS pct FROM lineage")
+        got = run_user_sql(cat, "SELECT child, weight, 'a%' AS pct FROM lineage",
+                           SqlLimits())
         assert got == {"columns": ["child", "weight", "pct"], "rows": [["c", 1.5, "a%"]],
                        "truncated": False}
-        many = run_user_sql(cat, "SELECT g FROM generate_series(1, 50) AS g", row_limit=7)
+        many = run_user_sql(cat, "SELECT g FROM generate_series(1, 50) AS g",
+                            SqlLimits(row_limit=7))
         assert len(many["rows"]) == 7 and many["truncated"]
         refused = {
             "SELECT 1; DELETE FROM lineage": "one SELECT",
@@ -149,7 +152,7 @@ def test_user_sql_is_read_only_limited_and_sandboxed(postgres_url: str) -> None:
         }
         for sql, why in refused.items():
             with pytest.raises(InvalidRequest) as e:
-                run_user_sql(cat, sql, timeout_s=0.3, byte_limit=1000)
+                run_user_sql(cat, sql, SqlLimits(timeout_s=0.3, result_bytes=1000))
             assert why in str(e.value), (sql, str(e.value))
         assert cat.query(sa.text("SELECT count(*) FROM lineage"))[0][0] == 1
 

@@ -210,7 +210,7 @@ def test_a_queued_merge_output_name_is_not_given_to_a_config_ingestion(tmp_path:
         req = build_request(base="x", experts=[{"model": "y"}], operator="linear")
         enqueue(cat, merge=NewMerge(req, "e9", str(tmp_path / "out" / "e9")))
         cfg = parse_config(f"merge_method: task_arithmetic\nbase_model: {base}\nmodels:\n"
-                           f"  - model: {tmp_path / 'e9'}\n")
+                           f"  - model: {tmp_path / 'e9'}\n    parameters: {{weight: 1}}\n")
         resolved = resolve(cat, cfg)
         names = {j.model for j in resolved.to_ingest}
         assert "e9" not in names and len(names) == 2
@@ -227,7 +227,7 @@ def test_no_existence_oracle_outside_the_roots(env: dict[str, Any], tmp_path: Pa
     answers = []
     for second in ("link", "other", "missing"):
         cfg = (f"merge_method: task_arithmetic\nbase_model: {outside / 'real'}\nmodels:\n"
-               f"  - model: {outside / second}\n")
+               f"  - model: {outside / second}\n    parameters: {{weight: 1}}\n")
         r = env["client"].post("/v1/plans", json={"config_yaml": cfg}, headers=AUTH)
         answers.append((r.status_code, json.dumps(r.json()).replace(second, "X")))
     assert answers[0] == answers[1] == answers[2], answers

@@ -330,6 +330,7 @@ def test_the_cli_runs_with_the_same_limits(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setenv("MERGEPIPE_SQL_ROW_LIMIT", "5")
     monkeypatch.setenv("MERGEPIPE_SQL_TIMEOUT_S", "0.5")
+    Catalog(tmp_path / "c.duckdb").close()  # `mergepipe sql` never creates a catalog
     capsys.readouterr()
     assert main(["--catalog", str(tmp_path / "c.duckdb"), "sql", "SELECT * FROM range(50)",
                  "--json"]) == 0
