@@ -254,10 +254,16 @@ def test_cli_plan_shows_both_strategies_and_refuses_with_one_line(
     assert "(m3, c=0.75) + added e3" in out and "    scratch       " in out
     config = tmp_path / "linear.yml"  # a mergekit config: the same request, the same increment
     config.write_text("merge_method: linear\nbase_model: base\ndtype: float32\nmodels: "
-                      "[{model: base, parameters: {weight: 0}}, e0, e1, e2, e3]\n")
+                      "[{model: base, parameters: {weight: 0}}, {model: e0, parameters: {weight: 1}}, "
+                      "{model: e1, parameters: {weight: 1}}, {model: e2, parameters: {weight: 1}}, "
+                      "{model: e3, parameters: {weight: 1}}]\n")
+    # a mergekit config runs mergekit's arithmetic on values: refused with the reason, one line
     assert main(["--catalog", db, "plan", str(config), "--strategy", "incremental",
-                 "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["strategy"]["incremental"]["previous_model"] == "m3"
+                 "--json"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "mergekit's own arithmetic" in err and len(err.splitlines()) == 1
+    assert main(["--catalog", db, "plan", str(config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["strategy"]["chosen"] == "scratch"
     assert main(["--catalog", db, "plan", "--base", "base", "--op", "ties", "--experts",
                  "e0,e1,e2,e3", "--param", "density=0.5", "--strategy", "incremental"]) != 0
     err = capsys.readouterr().err.strip()

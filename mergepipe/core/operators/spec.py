@@ -120,6 +120,9 @@ class OperatorSpec:
     # "group" selects all candidate experts' blocks of one output tensor together or none
     # (sign-electing / normalizing operators, whose output depends on which experts were read)
     planning_unit: str = "expert_block"
+    # the planner's default block ranking (request.UTILITY): "l2" = |alpha_i| ||D_itb|| per
+    # byte; "per_tensor" divides by ||D_it|| so every tensor's share counts, not its scale
+    default_utility: str = "l2"
     # None: M - B is a fixed-coefficient sum of per-expert terms (each term a function of one
     # expert), so a stored merge can be extended by the changed experts alone
     # (planner.incremental); else why it cannot
@@ -143,6 +146,12 @@ class OperatorSpec:
         """Why a merge with these params cannot reuse a stored merge (None: it can, exactly)."""
         if self.not_incremental is not None:
             return f"{self.name}: {self.not_incremental}"
+        if (params.get("semantics") == "mergekit"
+                or params.get("compute_dtype", "float32") != "float32"):
+            return (f"{self.name}: a mergekit config runs mergekit's own arithmetic on the "
+                    "models' values in its compute dtype, which a stored merge cannot be "
+                    "extended by exactly; run the request natively (mergepipe merge --base "
+                    "... --experts ...) to merge incrementally")
         if self.additive and self.bound_exception is not None:
             why = self.bound_exception(params)
             if why is not None:
