@@ -207,7 +207,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     with cat.reader() as conn:
         base, models = load_models(conn, request)
         knapsack.load_request(conn, models, rank_weights(request), trim_js,
-                              str(request.params.get("utility", "l2")))
+                              str(request.params.get("utility", request.spec.default_utility)))
         unit = request.planning_unit
         full_read = knapsack.build_candidates(conn, PLANNING_UNITS[unit])
         budget = request.budget.resolve(full_read)

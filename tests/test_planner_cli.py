@@ -45,9 +45,25 @@ def test_json_output(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert len(out["plan_hash"]) == 64 and "blocks" not in out
 
 
-def test_json_blocks(db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(db, "--experts", "e0", "--op", "ties", "--param", "density=0.5",
+def _ties_plan(db: str, capsys: pytest.CaptureFixture[str], *params: str) -> dict:
+    assert run(db, "--experts", "e0", "--op", "ties", "--param", "density=0.5", *params,
                "--budget", "0.5", "--blocks", "-1", "--json") == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_ties_ranks_per_tensor_by_default(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    default = _ties_plan(db, capsys)
+    per_tensor = _ties_plan(db, capsys, "--param", "utility=per_tensor")
+    l2 = _ties_plan(db, capsys, "--param", "utility=l2")
+    assert default["blocks"] == per_tensor["blocks"] != l2["blocks"]
+    assert default["plan_hash"] == per_tensor["plan_hash"] != l2["plan_hash"]
+    assert "utility" not in default["params"] and l2["params"]["utility"] == "l2"
+
+
+def test_json_blocks(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # the hand-computed ranking below is l2's (ties ranks per tensor by default)
+    assert run(db, "--experts", "e0", "--op", "ties", "--param", "density=0.5",
+               "--param", "utility=l2", "--budget", "0.5", "--blocks", "-1", "--json") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["omission_bound"] is None and out["experts"][0]["density"] == 0.5
     assert (out["unit"], out["unit_region"]) == ("expert_block", None)

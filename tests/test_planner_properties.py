@@ -172,7 +172,9 @@ def plan_keys(fam: Family, plan_blocks: list[tuple[str, str, int]]) -> list[tupl
 
 
 OPS = st.sampled_from([("linear", {}), ("task_arithmetic", {"lambda": 0.7}),
-                       ("ties", {"density": 0.3}), ("ties", {"density": 0.3, "unit": "group"}),
+                       # the reference ranks by l2 (ties' default ranking is per_tensor)
+                       ("ties", {"density": 0.3, "utility": "l2"}),
+                       ("ties", {"density": 0.3, "unit": "group", "utility": "l2"}),
                        ("dare_ties", {"density": 0.5}),  # whole-tensor groups, its default
                        ("dare_linear", {"density": 0.5}), ("linear", {"normalize": False}),
                        ("task_arithmetic", {"unit": "group_block"})])

@@ -215,7 +215,7 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
 
 def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any]:
     """The request's global parameters checked against the operator's spec, defaults filled in
-    (the planner's `utility` is kept only when it is not the default, so plan hashes stay)."""
+    (the planner's `utility` is kept only when it is not the operator's default, so plan hashes stay)."""
     own = {p.name: p for p in spec.params}
     extra = _MERGEKIT_LINEAR if (spec.mergekit is not None and spec.mergekit.base_in_average
                                  and params.get("semantics") == "mergekit") else ()
@@ -238,8 +238,8 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
     }
     if "density" in params:
         p["density"] = _density(params["density"], "params.density")
-    utility = UTILITY.parse(params.get("utility", "l2"))
-    if utility != UTILITY.default:
+    utility = UTILITY.parse(params.get("utility", spec.default_utility))
+    if utility != spec.default_utility:
         p["utility"] = utility
     unit = UNIT.parse(params.get("unit", spec.planning_unit))
     if unit != spec.planning_unit:

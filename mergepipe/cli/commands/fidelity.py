@@ -62,12 +62,12 @@ def run_units_study(args: argparse.Namespace, root: Path, command: str) -> int:
     if args.random_plans is not None:
         cfg = replace(cfg, random_plans=args.random_plans)
     name = f"units-{args.family}"  # both families can share one folder (and base)
+    # the ranking is always explicit: operators differ in their default (ties: per_tensor)
+    cfg = replace(cfg, operators=tuple(replace(o, params={**o.params, "utility": args.utility})
+                                       for o in cfg.operators))
     if args.utility != "l2":  # the ranking variant: its plans only (the random plans are equal)
         name += f"-{args.utility}"
-        ops = tuple(replace(o, params={**o.params, "utility": args.utility})
-                    for o in cfg.operators)
-        cfg = replace(cfg, random_plans=0, random_group_plans=0, units=cfg.units[:2],
-                      operators=ops)
+        cfg = replace(cfg, random_plans=0, random_group_plans=0, units=cfg.units[:2])
     res = (json.loads((root / f"{name}.json").read_text()) if args.render_only
            else run_units(cfg, root, retrain=args.retrain, name=name))
     (root / f"{name}.md").write_text(render([(args.family, res)], command) + "\n")

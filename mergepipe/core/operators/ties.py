@@ -49,7 +49,9 @@ SPEC = OperatorSpec(
     formula="M = B + lambda * disjoint_mean_i(w_i trim(D_i, density_i))",
     kernel=ties, normalize_default=True, additive=False, density=True, trim=True,
     # (expert, block) units: on both fidelity families they kept TIES closer to the full merge
-    # than coherent groups (docs/FIDELITY.md, "Planning units"); unit=group opts in
+    # than coherent groups (docs/FIDELITY.md, "Planning units"); unit=group opts in. Ranked
+    # per tensor: the only ranking that beat random plans of equal bytes on both families
+    default_utility="per_tensor",
     not_incremental=("TIES trims each expert at its own magnitude threshold and elects each "
                      "entry's sign over all experts together: one expert more can flip signs "
                      "everywhere"),
