@@ -66,8 +66,7 @@ class JobRunner:
 
         Jobs still queued stay queued in the catalog and resume at the next start-up."""
         self.stopping.set()
-        for _ in self.threads:
-            self.queue.put(_STOP)
+        self._wake_workers()
         deadline = time.monotonic() + (self.settings.shutdown_grace_s if grace_s is None
                                        else grace_s)
         for t in self.threads:
@@ -75,6 +74,11 @@ class JobRunner:
         with self.changed:
             self.changed.notify_all()
         return not any(t.is_alive() for t in self.threads)
+
+    def _wake_workers(self) -> None:
+        """Tell every worker thread to stop waiting for a job."""
+        for _ in self.threads:
+            self.queue.put(_STOP)
 
     # -- submitting and watching --------------------------------------------------------------
     def submit(self, job: Job) -> None:

@@ -44,16 +44,8 @@ class SharedJobRunner(JobRunner):
         threading.Thread(target=self._heartbeat, name="mergepipe-heartbeat", daemon=True).start()
         log.info("worker %s: lease %.0fs", self.worker, self.lease_s)
 
-    def stop(self, grace_s: float | None = None) -> bool:
-        self.stopping.set()
+    def _wake_workers(self) -> None:
         self.wake.set()
-        deadline = time.monotonic() + (self.settings.shutdown_grace_s if grace_s is None
-                                       else grace_s)
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        with self.changed:
-            self.changed.notify_all()
-        return not any(t.is_alive() for t in self.threads)
 
     def submit(self, job: Job) -> None:
         self.wake.set()  # the job is in the catalog: any worker of any process may take it

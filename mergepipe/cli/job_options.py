@@ -1,0 +1,43 @@
+"""The options of a process that runs jobs (`serve`, `worker`): threads, roots, log level."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from pathlib import Path
+
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.settings import Settings
+
+
+def add_job_arguments(p: argparse.ArgumentParser, *, data_root_help: str,
+                      output_root_help: str) -> None:
+    p.add_argument("--workers", type=int, help="job worker threads ($MERGEPIPE_WORKERS, 2)")
+    p.add_argument("--data-root", action="append", metavar="DIR", help=data_root_help)
+    p.add_argument("--output-root", metavar="DIR", help=output_root_help)
+    p.add_argument("--log-level", default="info",
+                   choices=("critical", "error", "warning", "info", "debug"))
+
+
+def job_settings(args: argparse.Namespace) -> Settings:
+    """The settings with the options applied: data roots checked, roots and catalog resolved;
+    logging configured at the chosen level."""
+    s: Settings = args.settings
+    if args.workers is not None:
+        if args.workers < 1:
+            raise InvalidRequest("--workers must be >= 1", field="workers")
+        s = dataclasses.replace(s, workers=args.workers)
+    if args.data_root:
+        s = dataclasses.replace(s, data_roots=tuple(Path(d).resolve() for d in args.data_root))
+    elif not s.data_roots:
+        s = dataclasses.replace(s, data_roots=(Path.cwd().resolve(),))
+    for root in s.data_roots:
+        if not root.is_dir():
+            raise InvalidRequest(f"data root {root} is not a directory", field="data_root")
+    s = dataclasses.replace(s, output_root=Path(args.output_root or s.output_root).resolve(),
+                            catalog=s.catalog if isinstance(s.catalog, str)
+                            else s.catalog.resolve())
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return s
