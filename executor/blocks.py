@@ -40,6 +40,13 @@ class ChunkMerger:
         self.op = self.req.spec.kernel
         self.weights = tuple(self.req.weights())
         self.densities = self.req.densities()
+        # per-tensor parameters: tensor -> (weights, densities) where some expert's differ
+        self.per_tensor: dict[str, tuple[tuple[float, ...], list[float]]] = {}
+        for (model, tensor), v in prep.plan.tensor_params.items():
+            w, d = self.per_tensor.setdefault(tensor, (self.weights, list(self.densities)))
+            i = next(i for i, e in enumerate(self.req.experts) if e.model == model)
+            self.per_tensor[tensor] = (w[:i] + (v.get("weight", w[i]),) + w[i + 1:], d)
+            d[i] = v.get("density", d[i])
         self.lora_a: dict[tuple[int, str], torch.Tensor] = {}
         self.keys: dict[tuple[int, str], int] = {}
         self.expert_blocks = 0
@@ -110,6 +117,7 @@ class ChunkMerger:
         if not st.experts and not self.mk_arith:
             return st.tensor, st.flat_start, encode(b32, out_dtype)
         blocks = []
+        weights, densities = self.per_tensor.get(st.tensor, (self.weights, self.densities))
         for i, spec in enumerate(self.req.experts):
             delta = value = None
             if i in st.experts:
@@ -122,12 +130,12 @@ class ChunkMerger:
                 key = self.keys[(i, st.tensor)] = expert_key(self.req.seed, spec.model,
                                                              st.tensor)
             blocks.append(ExpertBlock(
-                index=i, model=spec.model, delta=delta, weight=spec.weight,
-                density=self.densities[i],
+                index=i, model=spec.model, delta=delta, weight=weights[i],
+                density=densities[i],
                 trim=self.prep.plan.trims.get((spec.model, st.tensor)), key=key, value=value))
         ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
                            flat_offset=st.flat_start, params=self.req.params,
-                           all_weights=self.weights, input_dtype=self.input_dtype(st.tensor))
+                           all_weights=weights, input_dtype=self.input_dtype(st.tensor))
         return st.tensor, st.flat_start, encode(self.op(b32, blocks, ctx), out_dtype)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,14 +26,20 @@ class ExpertTotals:
 
 
 def load_request(conn: sa.Connection, experts: list[ModelInfo], rank_weights: list[float],
-                 trim_js: list[int | None], utility: str = "l2") -> None:
+                 trim_js: list[int | None], utility: str = "l2",
+                 tensor_rows: Sequence[dict[str, Any]] = ()) -> None:
     """Put the request's experts in this connection's temp table (bound parameters only).
-    utility: the ranking score (mergepipe.request.UTILITIES)."""
+    utility: the ranking score (mergepipe.request.UTILITIES). tensor_rows: per-(expert, tensor)
+    rank weights and trim indexes (position, tensor, rank_weight, trim_j) that override the
+    expert's (per-tensor parameters)."""
     conn.execute(load_sql("planner_request_create"))
     conn.execute(load_sql("planner_request_insert"), [
         {"position": i, "model": m.name, "rank_weight": w, "trim_j": j, "has_stats": m.has_stats,
          "per_tensor": utility == "per_tensor"}
         for i, (m, w, j) in enumerate(zip(experts, rank_weights, trim_js, strict=True))])
+    conn.execute(load_sql("planner_tensor_params_create"))
+    if tensor_rows:
+        conn.execute(load_sql("planner_tensor_params_insert"), list(tensor_rows))
 
 
 def build_candidates(conn: sa.Connection, region: str | None = None) -> int:
@@ -99,6 +106,12 @@ def access_set(conn: sa.Connection, budget: int) -> tuple[Sequence[tuple[Any, ..
 def trim_rows(conn: sa.Connection) -> list[tuple[Any, ...]]:
     """(model, tensor, numel, trim_j, tau, above, tied) of every ties expert tensor."""
     return [tuple(r) for r in conn.execute(load_sql("planner_trims"))]
+
+
+def base_tensors(conn: sa.Connection, model: str) -> list[tuple[str, int]]:
+    """(name, numel) of the base's tensors in checkpoint order."""
+    return [(str(r[0]), math.prod(int(d) for d in r[1]))
+            for r in conn.execute(load_sql("planner_base_tensors"), {"model": model})]
 
 
 def content_digest(conn: sa.Connection, model: str) -> str:

@@ -18,6 +18,7 @@ from mergepipe.core.operators.spec import PLANNING_UNITS
 from mergepipe.core.request import MergeRequest
 from mergepipe.planner import knapsack
 from mergepipe.planner.hashing import plan_hash
+from mergepipe.planner.tensor_values import TensorValues, resolve_request
 from mergepipe.planner.validate import ModelInfo, load_models
 from mergepipe.planner.weights import rank_weights, trim_indexes, trim_k
 
@@ -91,6 +92,9 @@ class Plan:
     # how the merge is computed (planner.incremental): strategy chosen, both strategies' bytes,
     # the reused merge and the user's request; None for a plan made by make_plan alone
     strategy: dict[str, Any] | None = None
+    # per-tensor parameters (mergekit gradients, filter: values): (model, tensor) -> the weight
+    # and density there, where they differ from the expert's own (planner.tensor_values)
+    tensor_params: TensorValues = field(default_factory=dict)
 
     def selected(self) -> dict[tuple[str, str], set[int]]:
         """(model, tensor) -> indexes of the blocks to read."""
@@ -132,7 +136,10 @@ class Plan:
             omission_bound_l2=doc.get("omission_bound_l2"),
             planning_seconds=float(doc.get("planning_seconds") or 0.0),
             unit=str(doc.get("unit") or "expert_block"),
-            strategy=doc.get("strategy"))
+            strategy=doc.get("strategy"),
+            tensor_params={(v["model"], v["tensor"]): {k: float(v[k]) for k in ("weight", "density")
+                                                       if k in v}
+                           for v in doc.get("tensor_params") or []})
 
     def summary(self) -> dict[str, Any]:
         """The plan report (CLI --json, POST /v1/plans, the merge manifest)."""
@@ -160,7 +167,14 @@ class Plan:
             "unit": self.unit,
             "unit_region": PLANNING_UNITS.get(self.unit),
             **({"strategy": self.strategy} if self.strategy is not None else {}),
+            **({"tensor_params": tensor_value_rows(self.tensor_params)}
+               if self.tensor_params else {}),
         }
+
+
+def tensor_value_rows(values: TensorValues) -> list[dict[str, Any]]:
+    """The per-tensor values as the plan document and the manifest show them, sorted."""
+    return [{"model": m, "tensor": t, **v} for (m, t), v in sorted(values.items())]
 
 
 def bound_note(request: MergeRequest, fallback: list[str]) -> str | None:
@@ -206,8 +220,11 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     trim_js = trim_indexes(request)
     with cat.reader() as conn:
         base, models = load_models(conn, request)
+        resolved = resolve_request(request, knapsack.base_tensors(conn, base.name)
+                                   if request.params.get("tensor_params") else [])
         knapsack.load_request(conn, models, rank_weights(request), trim_js,
-                              str(request.params.get("utility", request.spec.default_utility)))
+                              str(request.params.get("utility", request.spec.default_utility)),
+                              resolved.rows)
         unit = request.planning_unit
         full_read = knapsack.build_candidates(conn, PLANNING_UNITS[unit])
         budget = request.budget.resolve(full_read)
@@ -244,10 +261,12 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
                       tr.tied, tr.k] for (m, t), tr in trims.items() if (m, t) in touched),
         access=access_digest,
         unit=unit,
+        tensor_params=tensor_value_rows(resolved.values) or None,
     )
     return Plan(
         request=request, plan_hash=digest, budget_bytes=budget, full_read_bytes=full_read,
         planned_expert_bytes=planned, omission_bound=bound, fallback_experts=fallback,
         blocks=blocks, trims=trims, experts=experts,
         candidate_blocks=sum(e.candidate_blocks for e in experts), omission_bound_note=note,
-        omission_bound_l2=bound_l2, planning_seconds=time.perf_counter() - t0, unit=unit)
+        omission_bound_l2=bound_l2, planning_seconds=time.perf_counter() - t0, unit=unit,
+        tensor_params=resolved.values)

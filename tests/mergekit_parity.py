@@ -37,16 +37,28 @@ for cfg, out in zip(sys.argv[1::2], sys.argv[2::2]):
 """
 
 
-def make_family(root: Path, dtype: str = "BF16") -> dict[str, Path]:
+def llama_shapes(layers: int) -> dict[str, tuple[int, ...]]:
+    """factory.LLAMA_SHAPES with `layers` decoder layers (gradients need more than two)."""
+    per_layer = {k.split(".", 3)[3]: v for k, v in factory.LLAMA_SHAPES.items()
+                 if k.startswith("model.layers.0.")}
+    outer = {k: v for k, v in factory.LLAMA_SHAPES.items() if not k.startswith("model.layers.")}
+    head = {k: outer.pop(k) for k in ("model.embed_tokens.weight",)}
+    return {**head, **{f"model.layers.{i}.{k}": v for i in range(layers)
+                       for k, v in per_layer.items()}, **outer}
+
+
+def make_family(root: Path, dtype: str = "BF16", layers: int = 2) -> dict[str, Path]:
     """A Llama base and 3 full experts (one with an untouched tensor, one sparse)."""
-    base = factory.save_checkpoint(root / "base", factory.random_weights(factory.LLAMA_SHAPES, 0),
-                                   dtype=dtype, config=factory.LLAMA_CONFIG)
+    cfg = {**factory.LLAMA_CONFIG, "num_hidden_layers": layers}
+    shapes = factory.LLAMA_SHAPES if layers == 2 else llama_shapes(layers)
+    base = factory.save_checkpoint(root / "base", factory.random_weights(shapes, 0),
+                                   dtype=dtype, config=cfg)
     out = {"base": base}
     for i, name in enumerate(EXPERTS):
         out[name] = factory.make_expert(
             base, root / name, seed=100 + i, zero_tensors=("model.norm.weight",) if i == 0 else (),
             sparsity=0.3 if i == 2 else 0.0)
-        (out[name] / "config.json").write_text(json.dumps(factory.LLAMA_CONFIG))
+        (out[name] / "config.json").write_text(json.dumps(cfg))
     return out
 
 
@@ -121,16 +133,17 @@ def differences(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor],
     return differ, compared, (num / den) ** 0.5 if den else 0.0
 
 
-def untied(fam: dict[str, Path], dtype: torch.dtype, densities: tuple[float, ...] = DENSITIES
+def untied(fam: dict[str, Path], dtype: torch.dtype, densities: tuple[Any, ...] = DENSITIES
            ) -> dict[str, torch.Tensor]:
     """Entries no expert has at its trim threshold in the compute dtype (where mergekit's
-    argsort keeps an arbitrary subset of the tied entries)."""
+    argsort keeps an arbitrary subset of the tied entries). A density may be a function of the
+    tensor name (per-tensor parameters)."""
     base = {k: v.to(dtype) for k, v in factory.load(fam["base"]).items()}
     keep = {k: torch.ones(v.shape, dtype=torch.bool) for k, v in base.items()}
     for name, dens in zip(EXPERTS, densities, strict=True):
         for k, v in factory.load(fam[name]).items():
             d = (v.to(dtype) - base[k]).abs().float().reshape(-1)
-            n = max(1, int(dens * d.numel()))
+            n = max(1, int((dens(k) if callable(dens) else dens) * d.numel()))
             tau = torch.sort(d, descending=True).values[n - 1]
             if tau > 0 and int((d >= tau).sum()) > n:
                 keep[k] &= ~(d == tau).reshape(keep[k].shape)

@@ -156,10 +156,10 @@ def test_lora_reference() -> None:
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nchat_template: chatml", "chat_template",
      "chat template"),
     ("merge_method: ties\nbase_model: b\nmodels:\n  - model: e\n    parameters:\n"
-     "      weight: [0, 0.5, 1]", "models[0].parameters.weight", "gradient"),
+     "      weight: []", "models[0].parameters.weight", "empty list"),
     ("merge_method: ties\nbase_model: b\nmodels:\n  - model: e\n    parameters:\n      density:\n"
-     "        - {filter: mlp, value: 0.5}\n        - {value: 0.3}",
-     "models[0].parameters.density", "filter"),
+     "        - {filter: mlp, value: 0.505}\n        - {value: 0.3}",
+     "models[0].parameters.density", "1% grid"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nparameters: {lambda: [1, 2]}",
      "parameters.lambda", "gradient"),
     ("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e, parameters: {density: 1.5}}",
@@ -167,7 +167,7 @@ def test_lora_reference() -> None:
     ("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e, parameters: {weight: abc}}",
      "models[0].parameters.weight", "finite number"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nparameters: {rescale: true}",
-     "parameters.rescale", "not supported yet"),
+     "parameters.rescale", "L1 norm of its whole untrimmed delta"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\ndtype: int8", "dtype", "not supported"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nout_dtype: float64", "out_dtype",
      "not supported"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -24,6 +24,7 @@ from mergepipe.core.mergekit_params import (
 )
 from mergepipe.core.operators import OperatorSpec
 from mergepipe.core.request import Budget
+from mergepipe.core.tensor_params import TENSOR_PARAMS, is_scalar, representative
 
 _HUB_REVISION = re.compile(r"[\w.-]+/[\w.-]+@[\w./-]+")  # org/model@revision
 BudgetSpec = str | float | dict[str, Any] | Budget | None  # what build_request takes
@@ -53,6 +54,8 @@ class ConfigExpert:
     ref: ModelRef
     weight: float
     density: float | None
+    # per-tensor settings (gradients, filter: values): name -> [the model's, the global one]
+    chains: dict[str, list[Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ class MergekitConfig:
         if self.base_weight is not None:
             params["base_weight"] = self.base_weight
             params["base_position"] = self.base_position
+        per_tensor = {name: [e.chains.get(name) for e in self.experts] for name in TENSOR_PARAMS
+                      if any(name in e.chains for e in self.experts)}
+        if per_tensor:
+            params["tensor_params"] = per_tensor
         return {
             "base": base,
             "experts": [{"model": n, "weight": w, **({"density": e.density}
@@ -129,7 +136,7 @@ def parse_config(text: str | bytes) -> MergekitConfig:
         raise InvalidRequest("models: required, a non-empty list of {model: PATH, parameters: "
                              "{weight, density}}", field="models")
     default_weight = gparams.get("weight")
-    experts, base_weight, base_at = _read_models(models, spec, base, default_weight, notes)
+    experts, base_weight, base_at = _read_models(models, spec, base, gparams, notes)
     if not experts:
         raise InvalidRequest("models: lists only the base model; add the experts to merge",
                              field="models")
@@ -166,7 +173,7 @@ def _load_yaml(text: str | bytes) -> dict[Any, Any]:
 
 
 def _read_models(models: list[Any], spec: OperatorSpec, base: ModelRef | None,
-                 default_weight: object, notes: list[str]
+                 gparams: dict[str, Any], notes: list[str]
                  ) -> tuple[list[ConfigExpert], float | None, int | None]:
     """The experts of `models:`, the base's weight where the method averages it in, and
     the base's place among the inputs (None: not listed)."""
@@ -188,7 +195,7 @@ def _read_models(models: list[Any], spec: OperatorSpec, base: ModelRef | None,
         ref = _ref(entry["model"], f"{key}.model")
         mparams = check_params(as_mapping(entry.get("parameters"), f"{key}.parameters"),
                                global_params(spec), f"{key}.parameters", spec, notes)
-        weight = mparams.get("weight", default_weight)
+        weight = mparams.get("weight", gparams.get("weight"))
         if base is not None and ref.lora is None and ref.same_model(base):
             base_at = len(experts)
             if in_average:
@@ -202,14 +209,35 @@ def _read_models(models: list[Any], spec: OperatorSpec, base: ModelRef | None,
                                  "requires a weight for every model (\"Missing required "
                                  "parameter weight\"): give it here or under parameters:",
                                  field=f"{key}.parameters.weight")
+        chains = _chains(mparams, gparams)
+        if "weight" in chains:
+            weight = representative(chains["weight"])
         density = mparams.get("density")
-        experts.append(ConfigExpert(ref, float(weight),
-                                    None if density is None else float(density)))
+        if "density" in chains:
+            density = representative(chains["density"])
+        experts.append(ConfigExpert(ref, float(weight),  # type: ignore[arg-type]
+                                    None if density is None else float(density), chains))
     return experts, base_weight, base_at
+
+
+def _chains(mparams: dict[str, Any], gparams: dict[str, Any]) -> dict[str, list[Any]]:
+    """The per-tensor parameters of one model: the model's setting, then the global one (as
+    mergekit's resolver tries them), where the first that applies is not one number."""
+    out = {}
+    for name in TENSOR_PARAMS:
+        m, g = mparams.get(name), gparams.get(name)
+        first = m if m is not None else g
+        if first is not None and not is_scalar(first):
+            out[name] = [s for s in (m, g) if s is not None]
+    return out
 
 
 def _base_weight(weight: object, key: str) -> float:
     """mergekit's linear averages base_model in too, and insists on its weight; so do we."""
+    if weight is not None and not is_scalar(weight):
+        raise InvalidRequest(f"{key}: the base's own weight in linear's average takes one value "
+                             "in MergePipe, not per-tensor values (a gradient or filter: values); "
+                             "give the base a single weight under models:", field=key)
     if weight is None:
         raise InvalidRequest(
             f"{key}: linear with a base_model averages the base in too (as mergekit does) and "

@@ -9,6 +9,7 @@ from typing import Any
 from mergepipe.core.dtypes import DTYPE_NAMES, HF_DTYPE_NAMES
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import OperatorSpec, mergekit_methods
+from mergepipe.core.tensor_params import TENSOR_PARAMS, canonical, is_scalar, numbers
 
 # mergekit methods no registered operator implements, and why each is refused.
 _SPHERICAL = ("interpolates along the sphere between whole tensors, which is not a sum of "
@@ -95,36 +96,41 @@ def check_params(params: Mapping[str, Any], allowed: set[str], where: str,
             notes.append(f"{key}: ignored: mergekit's {spec.name} does not take {name} (it "
                          "ignores it too)")
             continue
-        if isinstance(value, list):
-            if value and all(isinstance(v, dict) for v in value):
-                raise InvalidRequest(f"{key}: filtered values (filter: ...) set the parameter per "
-                                     "tensor name; MergePipe applies one value per model - give a "
-                                     "single number", field=key)
-            raise InvalidRequest(f"{key}: a list is a gradient (the value interpolated across "
-                                 "layers); MergePipe applies one value per model - give a single "
-                                 "number", field=key)
-        if isinstance(value, dict):
-            raise InvalidRequest(f"{key}: filtered values ({sorted(value)}) set the parameter per "
-                                 "tensor name; MergePipe applies one value per model - give a "
-                                 "single number", field=key)
-        if name in _NUMBER_PARAMS and (isinstance(value, bool) or not isinstance(
-                value, int | float) or not math.isfinite(value)):
-            raise InvalidRequest(f"{key}: must be a finite number, got {value!r}", field=key)
-        if name == "density":
-            if not 0 < value <= 1:
-                raise InvalidRequest(f"{key}: {value} is outside (0, 1] (the fraction of each "
-                                     "delta kept)", field=key)
-            if spec.trim and abs(value * 100 - round(value * 100)) > 1e-6:
-                raise InvalidRequest(f"{key}: {value} is not on the 1% grid for which the catalog "
-                                     "keeps exact TIES trim thresholds; use e.g. "
-                                     f"{round(value, 2):g}", field=key)
+        if isinstance(value, list | dict):
+            if name not in TENSOR_PARAMS:
+                raise InvalidRequest(f"{key}: per-tensor values (a gradient list or filter: "
+                                     f"values) are supported for {' and '.join(TENSOR_PARAMS)}, "
+                                     f"not {name}; give a single value", field=key)
+            kept[name] = setting = canonical(value, key)
+            for v in numbers(setting):
+                _check_number(name, v, key, spec)
+            continue
+        if name in _NUMBER_PARAMS:
+            _check_number(name, value, key, spec)
         if name in ("normalize", "int8_mask") and not isinstance(value, bool):
             raise InvalidRequest(f"{key}: must be true or false, got {value!r}", field=key)
         if name == "rescale" and spec.trim and value not in (False, None):
-            raise InvalidRequest(f"{key}: ties with rescale: true (the trimmed delta rescaled to "
-                                 "its L1 norm) is not supported yet; remove it", field=key)
+            raise InvalidRequest(f"{key}: ties with rescale: true is not supported: mergekit "
+                                 "0.1.5 rescales each trimmed expert tensor to the L1 norm of "
+                                 "its whole untrimmed delta in the compute dtype, which needs "
+                                 "every block of every expert tensor, including the ones the "
+                                 "trim skips; remove it (rescale: false is mergekit's default)",
+                                 field=key)
         kept[name] = value
     return kept
+
+
+def _check_number(name: str, value: object, key: str, spec: OperatorSpec) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequest(f"{key}: must be a finite number, got {value!r}", field=key)
+    if name == "density":
+        if not 0 < value <= 1:
+            raise InvalidRequest(f"{key}: {value} is outside (0, 1] (the fraction of each "
+                                 "delta kept)", field=key)
+        if spec.trim and abs(value * 100 - round(value * 100)) > 1e-6:
+            raise InvalidRequest(f"{key}: {value} is not on the 1% grid for which the catalog "
+                                 "keeps exact TIES trim thresholds; use e.g. "
+                                 f"{round(value, 2):g}", field=key)
 
 
 def request_params(spec: OperatorSpec, g: Mapping[str, Any], notes: list[str]
@@ -138,8 +144,8 @@ def request_params(spec: OperatorSpec, g: Mapping[str, Any], notes: list[str]
             p[ours] = value
     if "int8_mask" in g:
         notes.append("parameters.int8_mask only saves memory in mergekit; ignored")
-    if spec.density and "density" in g:
-        p["density"] = float(g["density"])
+    if spec.density and "density" in g and is_scalar(g["density"]):
+        p["density"] = float(g["density"])  # per-tensor densities: in each expert's chain
     if "lambda" in p:
         p["lambda"] = float(p["lambda"])
     if spec.mergekit.translate is not None:

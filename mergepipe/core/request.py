@@ -12,6 +12,7 @@ from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import REGISTRY, OperatorSpec, Param, get_operator
 from mergepipe.core.operators.spec import PLANNING_UNITS
+from mergepipe.core.tensor_params import check_request_settings, numbers
 
 # Parameters every operator takes, and the planner's ranking score of a block (per byte). l2
 # (default, DESIGN section 2): |alpha_i| * ||D_itb||_2. per_tensor: |alpha_i| * ||D_itb|| / ||D_it||,
@@ -190,6 +191,9 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
         e if isinstance(e, ExpertSpec) else _expert(e, i) for i, e in enumerate(experts)]
     _check_experts(specs, base)
     p = operator_params(spec, params or {})
+    if "tensor_params" in p:
+        p["tensor_params"] = check_request_settings(p["tensor_params"], len(specs), spec.density)
+        _check_tensor_scale(p["tensor_params"])
     _check_scale(specs, p["lambda"])
     if p["normalize"] and abs(sum(e.weight for e in specs) + p.get("base_weight", 0.0)) < 1e-12:
         raise InvalidRequest("expert weights sum to zero with normalize=true", field="experts")
@@ -221,6 +225,7 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
                                  and params.get("semantics") == "mergekit") else ()
     known = {"normalize", "lambda", "utility", "unit", *own,
              *(("density",) if spec.density else ()),
+             *(("tensor_params",) if params.get("semantics") == "mergekit" else ()),
              *(p.name for p in (*_OPTIONAL, *extra))}
     for name in sorted(set(params) - known):
         if name == "density":
@@ -253,6 +258,8 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
     for param in extra:
         if param.name in params:
             p[param.name] = param.parse(params[param.name])
+    if "tensor_params" in params:  # checked against the experts by build_request
+        p["tensor_params"] = params["tensor_params"]
     if "base_position" in p and (p["base_position"] != int(p["base_position"])
                                  or not 0 <= p["base_position"] <= 1e6):
         raise InvalidRequest("params.base_position must be a whole number >= 0",
@@ -275,6 +282,15 @@ def _check_scale(specs: list[ExpertSpec], lam: float) -> None:
     if abs(lam) > MAX_COEFFICIENT or total > MAX_COEFFICIENT:
         raise InvalidRequest(f"params.lambda {lam:g} times the sum of |weights| is "
                              f"{total:g}, over {MAX_COEFFICIENT:g}", field="params.lambda")
+
+
+def _check_tensor_scale(settings: dict[str, Any]) -> None:
+    for i, chain in enumerate(settings.get("weight", [])):
+        for v in (x for s in chain or () for x in numbers(s)):
+            if abs(v) > MAX_COEFFICIENT:
+                raise InvalidRequest(f"params.tensor_params.weight[{i}]: {v:g} is outside "
+                                     f"[-{MAX_COEFFICIENT:g}, {MAX_COEFFICIENT:g}]",
+                                     field=f"experts[{i}].weight")
 
 
 def _check_experts(specs: list[ExpertSpec], base: str) -> None:

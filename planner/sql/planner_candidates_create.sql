@@ -1,6 +1,6 @@
 -- Candidate units of the access set, ranked, with the knapsack prefix sums.
 --   * experts with statistics: one unit per block that can contribute: utility > 0 (nonzero
---     delta, nonzero coefficient) and, for ties, max |delta| >= the tensor's trim threshold tau;
+--     delta, nonzero coefficient at the tensor: planner_tensor_params, else the expert's) and, for ties, max |delta| >= the tensor's trim threshold tau;
 --   * experts without statistics (fallback): one unit per whole tensor, ranked after every block
 --     unit, in checkpoint order (tensor ordinal, then expert position).
 -- Rank: score per byte, descending (score = utility; with utility=per_tensor, utility divided
@@ -16,27 +16,30 @@ CREATE OR REPLACE TEMP TABLE planner_candidates AS
 WITH block_units AS (
     SELECT r.position, t.ordinal, b.block_index, 1 AS n_blocks, b.nbytes,
            COALESCE(t.lora_a_nbytes, 0) AS lora_a_nbytes,
-           r.rank_weight * s.l2 AS utility,
-           CASE WHEN r.per_tensor THEN r.rank_weight * s.l2 / NULLIF(ts.l2, 0)
-                ELSE r.rank_weight * s.l2 END AS score,
+           COALESCE(tp.rank_weight, r.rank_weight) * s.l2 AS utility,
+           CASE WHEN r.per_tensor
+                THEN COALESCE(tp.rank_weight, r.rank_weight) * s.l2 / NULLIF(ts.l2, 0)
+                ELSE COALESCE(tp.rank_weight, r.rank_weight) * s.l2 END AS score,
            FALSE AS fallback,
            CASE WHEN s.model IS NULL THEN 'block_stats'
-                WHEN r.trim_j IS NOT NULL AND (ts.model IS NULL OR len(ts.trim_tau) < r.trim_j)
+                WHEN r.trim_j IS NOT NULL
+                     AND (ts.model IS NULL OR len(ts.trim_tau) < COALESCE(tp.trim_j, r.trim_j))
                 THEN 'tensor_stats'
                 WHEN r.per_tensor AND ts.model IS NULL THEN 'tensor_stats' END AS missing
     FROM planner_request r
     JOIN blocks b ON b.model = r.model
     JOIN tensors t ON t.model = b.model AND t.tensor = b.tensor
+    LEFT JOIN planner_tensor_params tp ON tp.position = r.position AND tp.tensor = b.tensor
     LEFT JOIN block_stats s
         ON s.model = b.model AND s.tensor = b.tensor AND s.block_index = b.block_index
     LEFT JOIN tensor_stats ts
         ON (r.trim_j IS NOT NULL OR r.per_tensor) AND ts.model = b.model
            AND ts.tensor = b.tensor
-    WHERE r.has_stats AND r.rank_weight > 0
+    WHERE r.has_stats AND COALESCE(tp.rank_weight, r.rank_weight) > 0
       AND (s.model IS NULL
            OR (s.l2 > 0 AND (r.trim_j IS NULL OR ts.model IS NULL
-                             OR len(ts.trim_tau) < r.trim_j
-                             OR s.max_abs >= ts.trim_tau[r.trim_j])))
+                             OR len(ts.trim_tau) < COALESCE(tp.trim_j, r.trim_j)
+                             OR s.max_abs >= ts.trim_tau[COALESCE(tp.trim_j, r.trim_j)])))
 ),
 tensor_units AS (
     SELECT r.position, t.ordinal, CAST(NULL AS INTEGER) AS block_index,
@@ -47,7 +50,8 @@ tensor_units AS (
     FROM planner_request r
     JOIN tensors t ON t.model = r.model
     JOIN blocks b ON b.model = t.model AND b.tensor = t.tensor
-    WHERE NOT r.has_stats AND r.rank_weight > 0
+    LEFT JOIN planner_tensor_params tp ON tp.position = r.position AND tp.tensor = t.tensor
+    WHERE NOT r.has_stats AND COALESCE(tp.rank_weight, r.rank_weight) > 0
     GROUP BY r.position, t.ordinal, t.lora_a_nbytes
 ),
 units AS MATERIALIZED (
