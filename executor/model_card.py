@@ -108,6 +108,7 @@ def mergekit_config(request: MergeRequest) -> str | None:
     mk_semantics = p.pop("semantics", "native") == "mergekit"
     compute = p.pop("compute_dtype", "float32")
     base_weight, base_at = p.pop("base_weight", None), p.pop("base_position", None)
+    per_model, shared = _tensor_settings(p.pop("tensor_params", None), len(request.experts))
     if p.pop("renormalize", "fixed") != "fixed":
         return None  # per-block renormalization over the experts read: a budget-only notion
     rescale = p.pop("rescale", None)
@@ -125,12 +126,12 @@ def mergekit_config(request: MergeRequest) -> str | None:
     base = request.base
     models: list[dict[str, Any]] = []
     if method.base_in_average and mk_semantics:  # the config's own inputs, base included
-        models = [{"model": e.model, "parameters": {"weight": float(e.weight)}}
-                  for e in request.experts]
+        models = [{"model": e.model, "parameters": _given({"weight": float(e.weight), **own})}
+                  for e, own in zip(request.experts, per_model, strict=True)]
         if base_weight is not None:
             models.insert(int(base_at if base_at is not None else len(models)),
                           {"model": base, "parameters": {"weight": float(base_weight)}})
-        p = {"normalize": bool(p.get("normalize", True))}
+        p = {"normalize": bool(p.get("normalize", True)), **shared}
     elif method.base_in_average:
         # mergekit's linear averages every listed model, the base too: give it the weight that
         # makes M = B + sum c_i (E_i - B).
@@ -140,11 +141,12 @@ def mergekit_config(request: MergeRequest) -> str | None:
                    for e, ci in zip(request.experts, c, strict=True)]
         p = {"normalize": False}
     else:
-        for e in request.experts:
-            mp = {"weight": float(e.weight)}
+        for e, own in zip(request.experts, per_model, strict=True):
+            mp: dict[str, Any] = {"weight": float(e.weight)}
             if e.density is not None:
                 mp["density"] = float(e.density)
-            models.append({"model": e.model, "parameters": mp})
+            models.append({"model": e.model, "parameters": _given({**mp, **own})})
+        p.update(shared)
     doc: dict[str, Any] = {"merge_method": method.name, "base_model": base, "models": models,
                            "parameters": p, "dtype": compute}
     if compute == "files":  # mergekit computes in the inputs' dtype when dtype is absent
@@ -154,6 +156,26 @@ def mergekit_config(request: MergeRequest) -> str | None:
     if request.output_dtype:
         doc["out_dtype"] = HF_DTYPE_NAMES[request.output_dtype]
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+
+
+def _tensor_settings(settings: Mapping[str, Any] | None, n: int
+                     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per-tensor parameters back as mergekit settings: each model's own (the first of its
+    chain; None: the global one applies) and the global ones (the second of a chain)."""
+    per_model: list[dict[str, Any]] = [{} for _ in range(n)]
+    shared: dict[str, Any] = {}
+    for name, chains in (settings or {}).items():
+        for chain in chains:
+            if chain and len(chain) > 1:
+                shared[name] = chain[1]
+        for own, chain in zip(per_model, chains, strict=True):
+            if chain:
+                own[name] = None if chain == [shared.get(name)] else chain[0]
+    return per_model, shared
+
+
+def _given(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if v is not None}
 
 
 def _budget(budget: Mapping[str, Any]) -> str:

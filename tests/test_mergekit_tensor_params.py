@@ -226,3 +226,19 @@ def test_every_dtype_gives_mergekits_bytes(fam, cat, tmp_path_factory):
     theirs = mp.run_mergekit({n: CONFIGS[c](fam, d) for n, (c, d) in SLOW.items()}, root)
     for name in SLOW:
         _check(name, fam, cat, theirs[name], root / "ours" / name)
+
+
+@pytest.mark.parametrize("make", list(CONFIGS.values()))
+def test_the_model_cards_mergekit_config_gives_the_same_request(make, fam):
+    """The output's model card writes the settings back (each model's own, the global ones):
+    parsed again, the same request."""
+    from mergepipe.core.request import build_request
+    from mergepipe.executor.model_card import mergekit_config
+
+    def request(text: str):
+        return build_request(**parse_config(text).request_args("base", list(mp.EXPERTS)))
+
+    req = request(json.dumps(make(fam, "bfloat16")))
+    card = mergekit_config(req)
+    assert card is not None and "filter" in card
+    assert request(card) == req
