@@ -140,6 +140,11 @@ def parse_config(text: str | bytes) -> MergekitConfig:
     if not experts:
         raise InvalidRequest("models: lists only the base model; add the experts to merge",
                              field="models")
+    named = sorted({n for e in experts for n in e.chains})
+    if named:
+        notes.append(f"per-tensor {' and '.join(named)} (gradients across the layers, filter: "
+                     "values) are resolved at each tensor as mergekit does; the plan and the "
+                     "manifest list them (tensor_params)")
     if in_average and base is not None and base_at is None:
         base_weight = _base_weight(default_weight, "base_model")  # mergekit appends the base
         base_at = len(experts)
