@@ -133,7 +133,7 @@ def _density_of(cfg: dict[str, Any], i: int):
     return lambda tensor: mergekit_value(cfg, i, "density", tensor, _t(tensor)) or 1.0
 
 
-def _check(name: str, fam, cat, theirs, out: Path, dtype_key: str | None = None) -> dict:
+def _check(name: str, fam, cat, theirs, out: Path) -> dict:
     kind, dtype = (FAST | SLOW)[name]
     cfg = CONFIGS[kind](fam, dtype)
     summary, ours = mp.run_ours(cat, cfg, out)
@@ -151,14 +151,21 @@ def reference(fam, tmp_path_factory):
     return mp.run_mergekit({n: CONFIGS[c](fam, d) for n, (c, d) in FAST.items()}, root)
 
 
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ours")
+
+
 @pytest.mark.parametrize("name", list(FAST))
-def test_gradients_and_filters_give_mergekits_bytes(name, fam, cat, reference, tmp_path):
-    _check(name, fam, cat, reference[name], tmp_path / name)
+def test_gradients_and_filters_give_mergekits_bytes(name, fam, cat, reference, outputs):
+    _check(name, fam, cat, reference[name], outputs / name)
 
 
-def test_the_manifest_shows_the_per_tensor_values_where_they_differ(fam, cat, tmp_path):
-    summary, _ = mp.run_ours(cat, ta_gradient(fam, "bfloat16"), tmp_path / "m")
-    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+def test_the_manifest_shows_the_per_tensor_values_where_they_differ(fam, cat, outputs):
+    out = outputs / "ta-bfloat16"  # the parity run's output
+    if not out.exists():
+        mp.run_ours(cat, ta_gradient(fam, "bfloat16"), out)
+    manifest = json.loads((out / "manifest.json").read_text())
     rows = {(r["model"], r["tensor"]): r for r in manifest["plan"]["tensor_params"]}
     experts = {e["model"]: e for e in manifest["experts"]}
     e0, e1 = (manifest["request"]["experts"][i]["model"] for i in (0, 1))
@@ -177,17 +184,33 @@ def test_the_manifest_shows_the_per_tensor_values_where_they_differ(fam, cat, tm
     assert not any(m == manifest["request"]["experts"][2]["model"] for m, _ in rows)  # scalar
     # the request keeps the settings; the plan hash covers the resolved values
     assert manifest["request"]["params"]["tensor_params"]["weight"][2] is None
-    flat = mp.run_ours(cat, {**ta_gradient(fam, "bfloat16"), "models": _models(
-        fam, [{"weight": 1.0}, {"weight": 1.0}, {"weight": 2.0}])}, tmp_path / "flat")[0]
-    assert flat["plan_hash"] != summary["plan_hash"]
+    assert manifest["plan_hash"] == _plan(cat, ta_gradient(fam, "bfloat16")).plan_hash
+    flat = {**ta_gradient(fam, "bfloat16"),
+            "models": _models(fam, [{"weight": 1.0}, {"weight": 1.0}, {"weight": 2.0}])}
+    assert _plan(cat, flat).plan_hash != manifest["plan_hash"]
+
+
+def _plan(cat, cfg: dict[str, Any], **kw: Any):
+    from mergepipe.jobs.config import load_config
+    from mergepipe.planner.plan import make_plan
+    request, resolved = load_config(cat, json.dumps(cfg), **kw)
+    assert not resolved.to_ingest
+    return make_plan(cat, request)
 
 
 def test_ties_gradient_under_a_budget_is_sound_and_deterministic(fam, cat, tmp_path):
     cfg = ties_gradient(fam, "bfloat16")
-    runs = [mp.run_ours(cat, cfg, tmp_path / f"b{i}", budget=0.4) for i in range(2)]
-    (s0, a), (s1, b) = runs
-    assert 0 < s0["expert_bytes_read"] <= s0["budget_bytes"]
-    assert s0["plan_hash"] == s1["plan_hash"] and all(torch.equal(a[k], b[k]) for k in a)
+    summary, _ = mp.run_ours(cat, cfg, tmp_path / "b", budget=0.4)
+    assert 0 < summary["expert_bytes_read"] <= summary["budget_bytes"]
+    again = _plan(cat, cfg, budget=0.4)
+    assert again.plan_hash == summary["plan_hash"] and again.tensor_params
+    full = _plan(cat, cfg)
+    assert full.planned_expert_bytes > again.planned_expert_bytes
+    # the trims are those of each tensor's density: 0.3 at layer 0, 0.7 at layer 4 (e0)
+    e0 = again.request.experts[0].model
+    k = {t: tr.k for (m, t), tr in full.trims.items() if m == e0}
+    assert k["model.layers.0.mlp.up_proj.weight"] == int(0.3 * 48 * 32)
+    assert k["model.layers.4.mlp.up_proj.weight"] == int(0.7 * 48 * 32)
 
 
 @pytest.mark.parametrize("edit, match", [
