@@ -265,3 +265,32 @@ def test_the_model_cards_mergekit_config_gives_the_same_request(make, fam):
     card = mergekit_config(req)
     assert card is not None and "filter" in card
     assert request(card) == req
+
+
+def test_layer_positions_and_filters_follow_mergekit():
+    names = ["model.embed_tokens.weight", "model.layers.0.mlp.w", "vision.blocks.0.attn.w",
+             "vision.blocks.1.attn.w", "vision.blocks.2.attn.w", "lm_head.weight"]
+    counts = layer_counts(names)
+    assert counts == {"model.layers": 1, "vision.blocks": 3}
+    assert [layer_t(n, counts) for n in names] == [0.0, 1.0, 0.0, 0.5, 1.0, 0.0]
+    star = [{"filter": "*", "value": [0.0, 1.0]}]
+    for tensor, t in (("model.layers.0.mlp.w", 0.25), ("", 0.5)):
+        cond = MergeConfiguration.model_validate(
+            {"merge_method": "linear", "models": [{"model": "m"}],
+             "parameters": {"w": star}}).parameters["w"]
+        assert resolve([star], tensor, t) == evaluate_setting(tensor, cond, t, validate=float)
+
+
+def test_native_requests_take_per_tensor_settings_only_with_mergekit_semantics():
+    from mergepipe.core.request import build_request
+    settings = {"weight": [[[1.0, 2.0]], None]}
+    experts = [{"model": "a"}, {"model": "b"}]
+    with pytest.raises(InvalidRequest, match="tensor_params"):
+        build_request(base="base", experts=experts, operator="task_arithmetic",
+                      params={"tensor_params": settings})
+    req = build_request(base="base", experts=experts, operator="task_arithmetic",
+                        params={"tensor_params": settings, "semantics": "mergekit"})
+    assert req.params["tensor_params"] == settings
+    with pytest.raises(InvalidRequest, match="one entry per expert"):
+        build_request(base="base", experts=experts[:1], operator="task_arithmetic",
+                      params={"tensor_params": settings, "semantics": "mergekit"})
