@@ -19,10 +19,6 @@ REFUSED_METHODS = {
     "model_stock": "weights each tensor by the angle between the full expert tensors, so every "
                    "expert byte must be read; it cannot run under a budget",
     "passthrough": "stacks or copies layers (frankenmerges); there are no deltas to plan",
-    "breadcrumbs": "outlier trimming (gamma) is not implemented yet",
-    "breadcrumbs_ties": "outlier trimming (gamma) is not implemented yet",
-    "della": "magnitude-ranked drop probabilities (epsilon) are not implemented yet",
-    "della_linear": "magnitude-ranked drop probabilities (epsilon) are not implemented yet",
     "sce": "variance-based selection needs every expert tensor at once; not implemented yet",
     "nearswap": "needs the full expert tensor to compare with the base; not implemented yet",
     "arcee_fusion": "needs the full expert tensors to score importance; not implemented yet",

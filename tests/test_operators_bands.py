@@ -1,0 +1,146 @@
+"""breadcrumbs' band thresholds from the catalog's trim grid (planner.bands), the native
+breadcrumbs kernel against a hand computation, and request checks of the new sparsifiers."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.stats import trim_ks
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators.breadcrumbs import cuts
+from mergepipe.core.request import build_request
+from mergepipe.jobs.merge import merge
+from mergepipe.planner.bands import cut_at
+from mergepipe.planner.plan import TrimThreshold
+from tests import factory
+from tests import mergekit_parity as mp
+
+
+def _grid(d: torch.Tensor) -> tuple[list[float], list[int], list[int]]:
+    s = torch.sort(d, descending=True).values
+    taus, aboves, tieds = [], [], []
+    for k in trim_ks(d.numel()):
+        tau = s[k - 1]
+        taus.append(float(tau))
+        aboves.append(int((d > tau).sum()))
+        tieds.append(int((d == tau).sum()))
+    return taus, aboves, tieds
+
+
+@pytest.mark.parametrize("levels", [7, 40, 100000])  # many ties .. almost none
+def test_cut_at_is_exact_where_the_grid_determines_it(levels):
+    g = torch.Generator().manual_seed(levels)
+    n = 1237
+    d = torch.randint(0, levels, (n,), generator=g).float() / levels
+    s = torch.sort(d, descending=True).values
+    grid = _grid(d)
+    exact = 0
+    for k in range(n + 1):
+        (tau, above, tied, kk), ok = cut_at(k, n, *grid)
+        if ok:
+            exact += 1
+            assert kk == k
+            if 0 < k < n and above == k:  # |d| > tau: exactly the k largest
+                assert int((d > tau).sum()) == k
+            elif 0 < k < n:  # tau is the k-th largest; the keyed rule picks among the tied
+                assert tau == float(s[k - 1]) and above == int((d > tau).sum())
+                assert tied == int((d == tau).sum()) and above < k <= above + tied
+        else:  # the nearer grid point: kept count within 1% of the entries
+            assert abs(kk - k) <= n // 100 + 1
+    for gamma in (0.0, 0.01, 0.05, 0.1):  # mergekit's cuts with gamma, density on the grid
+        for dens in (0.1, 0.3, 0.5, 0.7, 0.9):
+            if gamma + dens <= 1:
+                for c in cuts(n, dens, {"gamma": gamma}) or ():
+                    assert cut_at(c, n, *grid)[1], (gamma, dens, c)
+    assert exact > (0.02 if levels > 1000 else 0.5) * n
+
+
+def test_band_threshold_round_trips_through_the_plan_document():
+    t = TrimThreshold(0.5, 3, 2, 4, upper=TrimThreshold(float("inf"), 0, 0, 0))
+    assert TrimThreshold.from_doc(t.doc()) == t
+    assert TrimThreshold(0.5, 3, 2, 4).hashed() == [0.5, 3, 2, 4]  # ties' plan hashes unchanged
+
+
+def test_cuts_follow_mergekits_magnitude_outliers():
+    assert cuts(100, 0.9, {"gamma": 0.01}) == (1, 91)
+    assert cuts(64, 0.5, {"gamma": 0.01}) == (0, 32)  # int(0.64) = 0 outliers
+    assert cuts(100, 0.9, {"gamma": 0.2}) == (10, 100)  # mergekit trims the outliers to fit
+    assert cuts(100, 1.0, {"gamma": 0.2}) is None
+
+
+def test_bad_parameters_are_refused_naming_the_field():
+    ex = [{"model": "a", "weight": 1.0, "density": 0.1}]
+    with pytest.raises(InvalidRequest) as e:
+        build_request(base="b", experts=ex, operator="della", params={"epsilon": 0.15})
+    assert e.value.field == "params.epsilon"
+    with pytest.raises(InvalidRequest) as e:
+        build_request(base="b", experts=ex, operator="breadcrumbs", params={"gamma": 1.5})
+    assert e.value.field == "params.gamma"
+    with pytest.raises(InvalidRequest):
+        build_request(base="b", experts=ex, operator="ties", params={"gamma": 0.1})
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fam")
+    fam = mp.make_family(root, dtype="F32")
+    cat = Catalog(root / "catalog.duckdb")
+    mp.run_ours(cat, mp.config("task_arithmetic", fam, None), root / "register")
+    yield fam, cat
+    cat.close()
+
+
+def _native(operator: str, **kw) -> object:
+    return build_request(base="base", operator=operator, params=kw.pop("params", {}),
+                         experts=[{"model": n, "weight": w, "density": d} for n, w, d in
+                                  zip(mp.EXPERTS, mp.WEIGHTS, mp.DENSITIES, strict=True)], **kw)
+
+
+def test_native_breadcrumbs_is_the_hand_computed_band_sum(registered, tmp_path):
+    fam, cat = registered
+    merge(cat, _native("breadcrumbs", params={"gamma": 0.05}), tmp_path / "o", output_name="bc")
+    ours = mp.load_raw(tmp_path / "o")
+    base = factory.load(fam["base"])
+    checked = 0
+    for name, b in base.items():
+        acc = None
+        tied = torch.zeros(b.numel(), dtype=torch.bool)
+        for e, w, dens in zip(mp.EXPERTS, mp.WEIGHTS, mp.DENSITIES, strict=True):
+            d = (factory.load(fam[e])[name] - b).reshape(-1)
+            a = d.abs()
+            s = torch.sort(a, descending=True).values
+            band = torch.ones_like(d, dtype=torch.bool)
+            hi, lo = cuts(d.numel(), dens, {"gamma": 0.05}) or (0, d.numel())
+            band &= (a >= s[lo - 1]) if lo else torch.zeros_like(band)
+            if hi:
+                band &= a < s[hi - 1]
+            for c in (hi, lo):
+                if 0 < c < d.numel() and s[c - 1] > 0 and int((a >= s[c - 1]).sum()) > c:
+                    tied |= a == s[c - 1]
+            term = (d * band) * torch.tensor(w, dtype=torch.float32)
+            acc = term if acc is None else acc + term
+        assert acc is not None
+        want = (b.reshape(-1) + acc)[~tied]
+        assert torch.equal(ours[name].reshape(-1)[~tied], want), name
+        checked += int((~tied).sum())
+    assert checked > 0.9 * sum(b.numel() for b in base.values())
+
+
+@pytest.mark.parametrize("operator", ["breadcrumbs", "breadcrumbs_ties", "della",
+                                      "della_linear"])
+def test_native_requests_below_full_budget_are_sound_and_deterministic(operator, registered,
+                                                                        tmp_path):
+    _, cat = registered
+    outs = []
+    for i in range(2):
+        s = merge(cat, _native(operator, budget=0.5), tmp_path / f"r{i}",
+                  output_name=f"{operator}-{i}").to_dict()
+        assert 0 < s["expert_bytes_read"] <= s["budget_bytes"] < s["full_read_bytes"]
+        outs.append((s["plan_hash"], mp.load_raw(tmp_path / f"r{i}")))
+    (h0, a), (h1, b) = outs
+    assert h0 == h1 and all(torch.equal(a[k], b[k]) for k in a)
+
+
