@@ -129,8 +129,9 @@ def test_native_breadcrumbs_is_the_hand_computed_band_sum(registered, tmp_path):
     assert checked > 0.9 * sum(b.numel() for b in base.values())
 
 
-@pytest.mark.parametrize("operator", ["breadcrumbs", "breadcrumbs_ties", "della",
-                                      "della_linear"])
+@pytest.mark.parametrize("operator", [
+    "breadcrumbs_ties", "della_linear", pytest.param("breadcrumbs", marks=pytest.mark.slow),
+    pytest.param("della", marks=pytest.mark.slow)])
 def test_native_requests_below_full_budget_are_sound_and_deterministic(operator, registered,
                                                                         tmp_path):
     _, cat = registered
