@@ -3,7 +3,6 @@ breadcrumbs kernel against a hand computation, and request checks of the new spa
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
