@@ -144,3 +144,18 @@ def test_native_requests_below_full_budget_are_sound_and_deterministic(operator,
     assert h0 == h1 and all(torch.equal(a[k], b[k]) for k in a)
 
 
+
+
+def test_per_model_gamma_and_epsilon_of_a_mergekit_config():
+    from mergepipe.core.mergekit_config import parse_config
+
+    def cfg(method: str, key: str, values: list[float]) -> str:
+        models = "".join(f"  - model: e{i}\n    parameters: {{weight: 1, density: 0.5, {key}: {v}}}\n"
+                         for i, v in enumerate(values))
+        return f"merge_method: {method}\nbase_model: base\nmodels:\n{models}"
+
+    assert parse_config(cfg("breadcrumbs", "gamma", [0.02, 0.02])).params["gamma"] == 0.02
+    assert parse_config(cfg("della", "epsilon", [0.1, 0.1])).params["epsilon"] == 0.1
+    with pytest.raises(InvalidRequest) as e:
+        parse_config(cfg("breadcrumbs_ties", "gamma", [0.02, 0.03]))
+    assert e.value.field == "models[1].parameters.gamma"

@@ -35,7 +35,7 @@ REFUSED_KEYS = {
 }
 TOP_LEVEL_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype",
                   "tokenizer_source", *REFUSED_KEYS}
-_NUMBER_PARAMS = {"weight", "density", "lambda"}
+_NUMBER_PARAMS = {"weight", "density", "lambda", "gamma", "epsilon"}
 
 
 def method_spec(value: object) -> OperatorSpec:
@@ -121,6 +121,35 @@ def check_params(params: Mapping[str, Any], allowed: set[str], where: str,
                                  "its L1 norm) is not supported yet; remove it", field=key)
         kept[name] = value
     return kept
+
+
+# per-model in mergekit (NON_BASE scope), one value per merge here
+PER_MERGE = ("gamma", "epsilon")
+
+
+def lift_model_params(spec: OperatorSpec, models: object, base: object,
+                      gparams: dict[str, Any]) -> dict[str, Any]:
+    """gamma / epsilon given per model: one value for every expert (its own, else the global
+    one) becomes the global value; differing values are refused, naming the key."""
+    assert spec.mergekit is not None
+    out = dict(gparams)
+    if not isinstance(models, list):
+        return out
+    for name in (n for n in PER_MERGE if n in spec.mergekit.params):
+        values: list[tuple[str, object]] = []
+        for i, entry in enumerate(models):
+            if isinstance(entry, dict) and entry.get("model") != base:
+                p = entry.get("parameters")
+                own = p.get(name, gparams.get(name)) if isinstance(p, dict) else gparams.get(name)
+                values.append((f"models[{i}].parameters.{name}", own))
+        for key, v in values[1:]:
+            if v != values[0][1]:
+                raise InvalidRequest(f"{key}: {name} {v!r} differs from {values[0][1]!r} of "
+                                     f"another model; MergePipe applies one {name} to every "
+                                     "expert - give one value under parameters:", field=key)
+        if values and values[0][1] is not None and name not in gparams:
+            out[name] = check_params({name: values[0][1]}, {name}, "parameters", spec, [])[name]
+    return out
 
 
 def request_params(spec: OperatorSpec, g: Mapping[str, Any], notes: list[str]
