@@ -19,8 +19,8 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-from mergepipe.catalog.stats import trim_ks
 from mergepipe.core.request import MergeRequest
+from mergepipe.planner.weights import trim_k
 
 Cut = tuple[float, int, int, int]  # tau, above, tied, k (planner.plan.TrimThreshold's fields)
 
@@ -32,7 +32,7 @@ def cut_at(k: int, numel: int, taus: Sequence[float], aboves: Sequence[int],
         return (float("inf"), 0, 0, 0), True
     if k >= numel:  # keep everything: |d| > 0, and zeros are zeros
         return (0.0, numel, 0, numel), True
-    ks = trim_ks(numel)[:len(taus)]
+    ks = [trim_k(j + 1, numel) for j in range(len(taus))]  # the grid's k (catalog.stats)
     j = bisect.bisect_left(ks, k)  # the first grid point with k_j >= k
     if j < len(ks) and aboves[j] <= k:  # above_j == k: |d| > tau_j is the top k
         return (float(taus[j]), int(aboves[j]), int(tieds[j]), k), True

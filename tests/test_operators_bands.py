@@ -3,6 +3,8 @@ breadcrumbs kernel against a hand computation, and request checks of the new spa
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -159,3 +161,72 @@ def test_per_model_gamma_and_epsilon_of_a_mergekit_config():
     with pytest.raises(InvalidRequest) as e:
         parse_config(cfg("breadcrumbs_ties", "gamma", [0.02, 0.03]))
     assert e.value.field == "models[1].parameters.gamma"
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+def _cut(a: torch.Tensor, k: int) -> TrimThreshold:
+    s = torch.sort(a.reshape(-1), descending=True).values
+    tau = float(s[k - 1])
+    return TrimThreshold(tau, int((a > tau).sum()), int((a == tau).sum()), k)
+
+
+def _band(d: torch.Tensor, dens: float, gamma: float) -> TrimThreshold:
+    hi, lo = cuts(d.numel(), dens, {"gamma": gamma}) or (0, d.numel())
+    upper = _cut(d.abs(), hi) if hi else None
+    return dataclasses.replace(_cut(d.abs(), lo), upper=upper)
+
+
+def _family(k: int = 3, shape: tuple[int, int] = (24, 16)):
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(shape, generator=g)
+    deltas = [((torch.randn(shape, generator=g) * 0.01) * 2**9).round() * 2.0**-9
+              for _ in range(k)]  # bf16-like: ties at the cuts
+    return base, deltas
+
+
+@pytest.mark.parametrize("op", ["breadcrumbs", "breadcrumbs_ties", "della", "della_linear"])
+def test_kernels_are_block_split_invariant_and_keep_their_inputs(op):
+    from tests.operator_helpers import merge_tensor, row_blocks
+
+    base, deltas = _family()
+    dens, w = [0.5, 0.3, 0.7], [1.0, 0.5, 2.0]
+    params = {"gamma": 0.05, "lambda": 0.9}
+    if op.startswith("della"):
+        params = {"epsilon": 0.1, "rescale": "none"}  # the L1 rescale is per block
+    trims = [_band(d, p, 0.05) for d, p in zip(deltas, dens, strict=True)]
+    kept = [d.clone() for d in deltas]
+    whole = merge_tensor(op, base, deltas, w, densities=dens, params=params, trims=trims)
+    split = merge_tensor(op, base, deltas, w, densities=dens, params=params, trims=trims,
+                         blocks=row_blocks(24, [5, 7, 3]))
+    assert torch.equal(whole, split)
+    assert all(torch.equal(a, b) for a, b in zip(deltas, kept, strict=True))
+    other = merge_tensor(op, base, deltas, w, densities=dens, params=params, trims=trims,
+                         omit={1: {0}}, blocks=row_blocks(24, [5, 19]))
+    zero = merge_tensor(op, base, [deltas[0], torch.cat([torch.zeros(5, 16), deltas[1][5:]]),
+                                   deltas[2]], w, densities=dens, params=params, trims=trims,
+                        blocks=row_blocks(24, [5, 19]))
+    assert torch.equal(other, zero)  # an unread block is a zero delta
+
+
+def test_band_keeps_the_gamma_density_band():
+    from mergepipe.core.operators import BlockContext, ExpertBlock
+    from mergepipe.core.operators.breadcrumbs import band_native
+
+    d = torch.arange(1.0, 101.0)  # no ties: the band is exact
+    e = ExpertBlock(0, "e", d, 1.0, 0.5, _band(d, 0.5, 0.1), 7)
+    out = band_native(e, d, BlockContext("t", 0, 0), 0)
+    assert torch.equal(out != 0, (d > 40) & (d <= 90))  # drop the 10 largest, keep the next 50
+
+
+def test_della_keep_probability_follows_the_rank():
+    from mergepipe.core.operators import BlockContext, ExpertBlock
+    from mergepipe.core.operators.della import magprune
+
+    d = torch.arange(1.0, 20001.0)  # one row: rank = value
+    e = ExpertBlock(0, "e", d, 1.0, 0.5, None, 3)
+    out = magprune(e, d, BlockContext("t", 0, 0, {"epsilon": 0.2, "rescale": "none"}))
+    kept = (out != 0).double()
+    low, high = float(kept[:2000].mean()), float(kept[-2000:].mean())
+    assert abs(low - 0.32) < 0.04 and abs(high - 0.68) < 0.04  # 0.3 + 0.4 * rank_norm
+    assert abs(float(kept.mean()) - 0.5) < 0.02
