@@ -148,7 +148,8 @@ def _check_della(name, method, dtype, fam, cat, theirs1, theirs2, tmp_path) -> t
     return ours_vs, spread
 
 
-@pytest.mark.parametrize("method", ["breadcrumbs_ties", "della"])
+@pytest.mark.parametrize("method", [pytest.param("breadcrumbs_ties", marks=pytest.mark.slow),
+                                    "della"])  # native budgets: test_operators_bands.py
 def test_below_full_budget_sound_and_deterministic(method, fam, cat, tmp_path):
     cfg = _config(method, fam, "bfloat16", GAMMA if method.startswith("b") else None)
     runs = [mp.run_ours(cat, cfg, tmp_path / f"{method}-b{i}", budget=0.4) for i in range(2)]
