@@ -114,6 +114,12 @@ def base_tensors(conn: sa.Connection, model: str) -> list[tuple[str, int]]:
             for r in conn.execute(load_sql("planner_base_tensors"), {"model": model})]
 
 
+def trim_grid_rows(conn: sa.Connection) -> list[tuple[Any, ...]]:
+    """(position, model, tensor, numel, trim_tau[], trim_above[], trim_tied[]) of every expert
+    tensor with statistics: the whole 1% threshold grid (band operators, planner.bands)."""
+    return [tuple(r) for r in conn.execute(load_sql("planner_trim_grid"))]
+
+
 def content_digest(conn: sa.Connection, model: str) -> str:
     """sha256 of a model's block content hashes in checkpoint order."""
     return str(conn.execute(load_sql("planner_content_digest"), {"model": model}).scalar_one())

@@ -16,7 +16,7 @@ from mergepipe.catalog.records import TouchedBlock
 from mergepipe.core.jsonable import jsonable
 from mergepipe.core.operators.spec import PLANNING_UNITS
 from mergepipe.core.request import MergeRequest
-from mergepipe.planner import knapsack
+from mergepipe.planner import bands, knapsack
 from mergepipe.planner.hashing import plan_hash
 from mergepipe.planner.tensor_values import TensorValues, resolve_request
 from mergepipe.planner.validate import ModelInfo, load_models
@@ -36,6 +36,27 @@ class TrimThreshold:
     above: int   # count of |delta| > tau
     tied: int    # count of |delta| == tau
     k: int       # int(density * numel)
+    # breadcrumbs: the upper cut (entries it keeps are the outliers dropped); None: no upper cut
+    upper: TrimThreshold | None = None
+
+    def doc(self) -> dict[str, Any]:
+        """The JSON form a merge's record keeps (tau None: infinite)."""
+        d = {"tau": None if math.isinf(self.tau) else float(self.tau), "above": int(self.above),
+             "tied": int(self.tied), "k": int(self.k)}
+        return d if self.upper is None else {**d, "upper": self.upper.doc()}
+
+    @staticmethod
+    def from_doc(t: dict[str, Any]) -> TrimThreshold:
+        up = t.get("upper")
+        return TrimThreshold(math.inf if t["tau"] is None else float(t["tau"]), int(t["above"]),
+                             int(t["tied"]), int(t["k"]),
+                             None if up is None else TrimThreshold.from_doc(up))
+
+    def hashed(self) -> list[Any]:
+        """The plan hash's form (ties: as before bands existed)."""
+        own = [self.tau if math.isfinite(self.tau) else repr(self.tau), self.above, self.tied,
+               self.k]
+        return own if self.upper is None else [*own, self.upper.hashed()]
 
 
 PlannedBlock = TouchedBlock  # one expert block of the access set, as touched_blocks stores it
@@ -111,19 +132,16 @@ class Plan:
     def document(self) -> dict[str, Any]:
         """The summary plus the TIES trims: what a merge's record keeps to re-execute the plan."""
         doc = dict(jsonable(self.summary()))
-        doc["trims"] = [
-            {"model": m, "tensor": t, "tau": None if math.isinf(tr.tau) else float(tr.tau),
-             "above": int(tr.above), "tied": int(tr.tied), "k": int(tr.k)}
-            for (m, t), tr in sorted(self.trims.items())]
+        doc["trims"] = [{"model": m, "tensor": t, **tr.doc()}
+                        for (m, t), tr in sorted(self.trims.items())]
         return doc
 
     @staticmethod
     def from_document(request: MergeRequest, doc: dict[str, Any],
                       blocks: list[PlannedBlock]) -> Plan:
         """The plan a merge recorded (`document()` and its touched_blocks), to execute again."""
-        trims = {(t["model"], t["tensor"]): TrimThreshold(
-            math.inf if t["tau"] is None else float(t["tau"]), int(t["above"]), int(t["tied"]),
-            int(t["k"])) for t in doc.get("trims", [])}
+        trims = {(t["model"], t["tensor"]): TrimThreshold.from_doc(t)
+                 for t in doc.get("trims", [])}
         experts = [ExpertPlan(position=i, **e) for i, e in enumerate(doc.get("experts", []))]
         return Plan(
             request=request, plan_hash=str(doc["plan_hash"]), budget_bytes=int(doc["budget_bytes"]),
@@ -237,11 +255,15 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
             # C-level construction (row + rank): a full-budget plan has 10^5+ blocks.
             blocks = list(map(PlannedBlock._make, map(tuple.__add__, rows, zip(count()))))
         trim_rows = knapsack.trim_rows(conn)
+        band_rows = knapsack.trim_grid_rows(conn) if request.spec.cuts else []
         base_digest = knapsack.content_digest(conn, base.name)
         lora = knapsack.lora_identity(conn)
 
     trims = {(m, t): TrimThreshold(float(tau), int(above), int(tied), trim_k(j, numel))
              for m, t, numel, j, tau, above, tied in trim_rows}
+    cuts = bands.band_cuts(request, band_rows, resolved.values)
+    trims.update({key: TrimThreshold(*lo, upper=None if hi is None else TrimThreshold(*hi))
+                  for key, (lo, hi) in cuts.items()})
     fallback = [m.name for m in models if not m.has_stats]
     experts = _expert_plans(request, models, per_expert)
     note = bound_note(request, fallback)
@@ -257,8 +279,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         experts=[{"model": m.name, "kind": m.kind, "has_stats": m.has_stats,
                   "lora_scale": m.lora_scale, "lora": lora.get(i, [])}
                  for i, m in enumerate(models)],
-        trims=sorted([m, t, tr.tau if math.isfinite(tr.tau) else repr(tr.tau), tr.above,
-                      tr.tied, tr.k] for (m, t), tr in trims.items() if (m, t) in touched),
+        trims=sorted([m, t, *tr.hashed()] for (m, t), tr in trims.items() if (m, t) in touched),
         access=access_digest,
         unit=unit,
         tensor_params=tensor_value_rows(resolved.values) or None,

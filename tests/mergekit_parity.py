@@ -24,6 +24,8 @@ from tests import factory
 EXPERTS = ("e0", "e1", "e2")
 WEIGHTS = (1.0, 0.5, 2.0)
 DENSITIES = (0.5, 0.3, 0.7)
+DENSITY_METHODS = ("ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della",
+                   "della_linear")
 BLOCK_BYTES = 512  # several blocks per matrix: the per-block path is what is compared
 
 # mergekit-yaml's own entry point, for every config in one subprocess (one import of torch,
@@ -69,7 +71,7 @@ def config(method: str, fam: dict[str, Path], dtype: str | None, *,
     models = [] if base_entry is None else [{"model": str(fam["base"]), **base_entry}]
     for name, w, d in zip(EXPERTS, WEIGHTS, densities, strict=True):
         p: dict[str, float] = {"weight": w}
-        if method in ("ties", "dare_ties", "dare_linear"):
+        if method in DENSITY_METHODS:
             p["density"] = d
         models.append({"model": str(fam[name]), "parameters": p})
     cfg: dict[str, Any] = {"merge_method": method, "base_model": str(fam["base"]),

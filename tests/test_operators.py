@@ -19,7 +19,7 @@ OPS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties")
 
 
 def test_registry_names_the_five_operators():
-    assert tuple(REGISTRY) == OPS
+    assert tuple(REGISTRY)[:len(OPS)] == OPS  # then the newer operators (own tests)
     assert all(callable(s.kernel) for s in REGISTRY.values())
 
 

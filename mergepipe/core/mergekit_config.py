@@ -19,6 +19,7 @@ from mergepipe.core.mergekit_params import (
     check_tokenizer_source,
     dtypes,
     global_params,
+    lift_model_params,
     method_spec,
     request_params,
 )
@@ -121,6 +122,7 @@ def parse_config(text: str | bytes) -> MergekitConfig:
     compute, out_dtype = dtypes(doc, notes)
     gparams = check_params(as_mapping(doc.get("parameters"), "parameters"), global_params(spec),
                            "parameters", spec, notes)
+    gparams = lift_model_params(spec, doc.get("models"), doc.get("base_model"), gparams)
     base = _ref(doc["base_model"], "base_model") if doc.get("base_model") is not None else None
     in_average = spec.mergekit is not None and spec.mergekit.base_in_average
     if base is None and not in_average:

@@ -20,10 +20,6 @@ REFUSED_METHODS = {
     "model_stock": "weights each tensor by the angle between the full expert tensors, so every "
                    "expert byte must be read; it cannot run under a budget",
     "passthrough": "stacks or copies layers (frankenmerges); there are no deltas to plan",
-    "breadcrumbs": "outlier trimming (gamma) is not implemented yet",
-    "breadcrumbs_ties": "outlier trimming (gamma) is not implemented yet",
-    "della": "magnitude-ranked drop probabilities (epsilon) are not implemented yet",
-    "della_linear": "magnitude-ranked drop probabilities (epsilon) are not implemented yet",
     "sce": "variance-based selection needs every expert tensor at once; not implemented yet",
     "nearswap": "needs the full expert tensor to compare with the base; not implemented yet",
     "arcee_fusion": "needs the full expert tensors to score importance; not implemented yet",
@@ -40,7 +36,7 @@ REFUSED_KEYS = {
 }
 TOP_LEVEL_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype",
                   "tokenizer_source", *REFUSED_KEYS}
-_NUMBER_PARAMS = {"weight", "density", "lambda"}
+_NUMBER_PARAMS = {"weight", "density", "lambda", "gamma", "epsilon"}
 
 
 def method_spec(value: object) -> OperatorSpec:
@@ -131,6 +127,35 @@ def _check_number(name: str, value: object, key: str, spec: OperatorSpec) -> Non
             raise InvalidRequest(f"{key}: {value} is not on the 1% grid for which the catalog "
                                  "keeps exact TIES trim thresholds; use e.g. "
                                  f"{round(value, 2):g}", field=key)
+
+
+# per-model in mergekit (NON_BASE scope), one value per merge here
+PER_MERGE = ("gamma", "epsilon")
+
+
+def lift_model_params(spec: OperatorSpec, models: object, base: object,
+                      gparams: dict[str, Any]) -> dict[str, Any]:
+    """gamma / epsilon given per model: one value for every expert (its own, else the global
+    one) becomes the global value; differing values are refused, naming the key."""
+    assert spec.mergekit is not None
+    out = dict(gparams)
+    if not isinstance(models, list):
+        return out
+    for name in (n for n in PER_MERGE if n in spec.mergekit.params):
+        values: list[tuple[str, object]] = []
+        for i, entry in enumerate(models):
+            if isinstance(entry, dict) and entry.get("model") != base:
+                p = entry.get("parameters")
+                own = p.get(name, gparams.get(name)) if isinstance(p, dict) else gparams.get(name)
+                values.append((f"models[{i}].parameters.{name}", own))
+        for key, v in values[1:]:
+            if v != values[0][1]:
+                raise InvalidRequest(f"{key}: {name} {v!r} differs from {values[0][1]!r} of "
+                                     f"another model; MergePipe applies one {name} to every "
+                                     "expert - give one value under parameters:", field=key)
+        if values and values[0][1] is not None and name not in gparams:
+            out[name] = check_params({name: values[0][1]}, {name}, "parameters", spec, [])[name]
+    return out
 
 
 def request_params(spec: OperatorSpec, g: Mapping[str, Any], notes: list[str]

@@ -203,6 +203,9 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
                              field="density")
     if spec.trim:
         _check_trim_grid(specs, p.get("density", 1.0))
+    if spec.check is not None:
+        spec.check(p, [e.density if e.density is not None else p.get("density", 1.0)
+                       for e in specs])
     if seed is None:
         seed = 0
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from mergepipe.core.operators import dare_linear, dare_ties, linear, task_arithmetic, ties
+from mergepipe.core.operators import (
+    breadcrumbs,
+    breadcrumbs_ties,
+    dare_linear,
+    dare_ties,
+    della,
+    della_linear,
+    linear,
+    task_arithmetic,
+    ties,
+)
 from mergepipe.core.operators.base import BlockContext, ExpertBlock, Operator
 from mergepipe.core.operators.registry import (
     REGISTRY,
@@ -18,6 +28,10 @@ register(task_arithmetic.SPEC)
 register(ties.SPEC)
 register(dare_linear.SPEC)
 register(dare_ties.SPEC)
+register(breadcrumbs.SPEC)
+register(breadcrumbs_ties.SPEC)
+register(della.SPEC)
+register(della_linear.SPEC)
 
 __all__ = ["REGISTRY", "BlockContext", "ExpertBlock", "MergekitMethod", "Operator",
            "OperatorSpec", "Param", "get_operator", "mergekit_methods", "register", "unregister"]

@@ -127,6 +127,12 @@ class OperatorSpec:
     # expert), so a stored merge can be extended by the changed experts alone
     # (planner.incremental); else why it cannot
     not_incremental: str | None = "M - B is not a fixed-coefficient sum of per-expert terms"
+    # band sparsifiers (breadcrumbs): (numel, density, params) -> (k_upper, k_lower), the
+    # magnitude ranks that bound the kept band (top k_lower minus top k_upper); the planner
+    # turns them into catalog thresholds (planner.bands)
+    cuts: Callable[[int, float, Mapping[str, Any]], tuple[int, int] | None] | None = None
+    # request checks beyond the parameter types: (params, densities) -> None or InvalidRequest
+    check: Callable[[Mapping[str, Any], Sequence[float]], None] | None = None
 
     def __post_init__(self) -> None:
         if self.planning_unit not in PLANNING_UNITS:

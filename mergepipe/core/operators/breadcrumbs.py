@@ -1,0 +1,106 @@
+"""breadcrumbs: drop each expert delta's largest gamma fraction (outliers) and its smallest
+entries, keeping the density fraction in between (the catalog's band thresholds); then a sum."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
+
+if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+
+GAMMA = Param("gamma", float, 0.01, help="fraction of each delta's largest |entries| dropped "
+              "as outliers (mergekit's default 0.01)")
+MERGEKIT_PARAMS = {"normalize": "normalize", "lambda": "lambda", "rescale": "rescale",
+                   "gamma": "gamma"}
+
+
+def cuts(numel: int, density: float, params: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(k_upper, k_lower): keep the magnitude ranks [k_upper, k_lower) (0 = the largest), as
+    mergekit's magnitude_outliers keeps sorted positions [n_bot, n_bot + int(density * n)) in
+    ascending order; None at density 1 (mergekit then keeps the delta whole, outliers too)."""
+    if density >= 1:
+        return None
+    target = int(density * numel)
+    top = int(float(params.get("gamma", GAMMA.default)) * numel)
+    bottom = max(0, numel - target - top)
+    return numel - bottom - target, numel - bottom
+
+
+def check(params: Mapping[str, Any], densities: Sequence[float]) -> None:
+    gamma = float(params.get("gamma", GAMMA.default))
+    if not 0 <= gamma <= 1:
+        raise InvalidRequest(f"params.gamma {gamma:g} must be in [0, 1] (the fraction of largest "
+                             "entries dropped)", field="params.gamma")
+
+
+def band_mask(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+    """mergekit arithmetic: the band's mask (from the float32 delta) applied in the compute dtype."""
+    from mergepipe.core.operators.sparsify import scratch
+
+    assert e.delta is not None
+    kept = band_into(e, scratch.like("mk-band", e.delta), ctx.flat_offset)
+    return delta * (kept != 0)
+
+
+def band_native(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext, j: int
+                ) -> torch.Tensor:
+    from mergepipe.core.operators.sparsify import scratch
+    return band_into(e, scratch.like(("w", j), delta), ctx.flat_offset)
+
+
+def band_into(e: ExpertBlock, out: torch.Tensor, flat_offset: int) -> torch.Tensor:
+    """out = the entries of e.delta between the two cuts (others zero). Both cuts use the
+    expert's keyed rule at a tied threshold, so the upper cut's kept set is inside the lower's."""
+    import numpy as np
+
+    from mergepipe.core.operators.sparsify import flat, scratch, trimmed_into
+
+    assert e.delta is not None
+    trimmed_into(e.delta, e.trim, e.key, flat_offset, out)
+    upper = getattr(e.trim, "upper", None)
+    if upper is not None:
+        top = trimmed_into(e.delta, upper, e.key, flat_offset, scratch.like("band-top", out))
+        keep = scratch.like("band-keep", out)
+        np.equal(flat(top), np.float32(0), out=flat(keep), casting="unsafe")
+        out.mul_(keep)
+    return out
+
+
+def no_rescale(params: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """mergekit's `rescale` (default false for breadcrumbs): true is refused."""
+    params = dict(params)
+    if params.pop("rescale", None) not in (None, False):
+        raise InvalidRequest("parameters.rescale: breadcrumbs with rescale: true (the band "
+                             "rescaled to the whole tensor's L1 norm) is not supported; remove "
+                             "it", field="parameters.rescale")
+    return params
+
+
+def breadcrumbs(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
+                ) -> torch.Tensor:
+    """M = B + lambda * sum_i w_i band(D_i) (normalize divides by sum_i w_i)."""
+    from mergepipe.core.operators import gta_native
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.gta(base, experts, ctx, sparsify=band_mask, consensus=False,
+                      normalize_default=False)
+    return gta_native.gta(base, experts, ctx, sparsify=band_native, consensus=False,
+                          normalize_default=False)
+
+
+SPEC = OperatorSpec(
+    name="breadcrumbs", title="Model Breadcrumbs",
+    formula="M = B + lambda * sum_i w_i band(D_i; gamma, density_i)",
+    kernel=breadcrumbs, normalize_default=False, additive=True, density=True,
+    params=(GAMMA,), cuts=cuts, check=check,
+    not_incremental=("the band thresholds are planned with each merge; extending a stored merge "
+                     "is not implemented for band operators"),
+    mergekit=MergekitMethod("breadcrumbs", params=MERGEKIT_PARAMS, translate=no_rescale),
+)

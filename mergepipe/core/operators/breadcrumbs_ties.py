@@ -1,0 +1,46 @@
+"""breadcrumbs_ties: the breadcrumbs band of each expert delta, then the TIES sign election."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mergepipe.core.operators.breadcrumbs import (
+    GAMMA,
+    MERGEKIT_PARAMS,
+    band_mask,
+    band_native,
+    check,
+    cuts,
+    no_rescale,
+)
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+
+
+def breadcrumbs_ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
+                     ) -> torch.Tensor:
+    """M = B + lambda * disjoint_sum_i(w_i band(D_i)) (normalize: disjoint mean)."""
+    from mergepipe.core.operators import gta_native
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.gta(base, experts, ctx, sparsify=band_mask, consensus=True,
+                      normalize_default=False)
+    return gta_native.gta(base, experts, ctx, sparsify=band_native, consensus=True,
+                          normalize_default=False)
+
+
+SPEC = OperatorSpec(
+    name="breadcrumbs_ties", title="Model Breadcrumbs with TIES",
+    formula="M = B + lambda * disjoint_sum_i(w_i band(D_i; gamma, density_i))",
+    kernel=breadcrumbs_ties, normalize_default=False, additive=False, density=True,
+    params=(GAMMA,), cuts=cuts, check=check,
+    default_utility="per_tensor",  # as ties
+    not_incremental=("breadcrumbs_ties elects each entry's sign over all experts together: one "
+                     "expert more can flip signs everywhere"),
+    mergekit=MergekitMethod("breadcrumbs_ties", params=MERGEKIT_PARAMS, translate=no_rescale),
+)

@@ -1,0 +1,103 @@
+"""della: magnitude-ranked keyed drop (probabilities density +- epsilon by rank within each row),
+L1 rescale, then the TIES election and a disjoint mean (mergekit's della_magprune)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
+
+if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+
+EPSILON = Param("epsilon", float, 0.15, help="spread of the keep probabilities: density - "
+                "epsilon for the smallest |entry| of a row to density + epsilon for the largest")
+RESCALE = Param("rescale", str, "l1", ("l1", "none"),
+                "l1: rescale each pruned block to the L1 norm it had (mergekit's default); none")
+MERGEKIT_PARAMS = {"normalize": "normalize", "lambda": "lambda", "rescale": "rescale",
+                   "epsilon": "epsilon"}
+
+
+def check(params: Mapping[str, Any], densities: Sequence[float]) -> None:
+    """mergekit's own refusal: density +- epsilon must stay inside (0, 1) (below density 1)."""
+    eps = float(params.get("epsilon", EPSILON.default))
+    for d in densities:
+        if d < 1 and (d + eps >= 1 or d - eps <= 0):
+            raise InvalidRequest(f"params.epsilon {eps:g} with density {d:g}: density +- "
+                                 "epsilon must be inside (0, 1) (mergekit refuses it too)",
+                                 field="params.epsilon")
+
+
+def rescale_from_mergekit(params: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """mergekit's boolean `rescale` (default true for della) -> l1 or none."""
+    value = params.get("rescale")
+    if value is None or value is True or value == "l1":
+        return {**params, "rescale": "l1"}
+    if value is False or value == "none":
+        return {**params, "rescale": "none"}
+    raise InvalidRequest(f"parameters.rescale: must be true or false; got {value!r}",
+                         field="parameters.rescale")
+
+
+def magprune(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+    """mergekit's della_magprune on one block, its dtypes and order, with keyed draws: rank
+    |delta| within each row (stable order at ties), keep with probability
+    (density - eps) + 2 eps (rank - 1) / (cols - 1), rescale to the block's L1 norm."""
+    import torch
+
+    from mergepipe.core.operators.keyed_hash import uniform
+    from mergepipe.core.operators.sparsify import L1_EPS
+
+    d = e.density
+    if d >= 1:
+        return delta
+    eps = float(ctx.params.get("epsilon", EPSILON.default))
+    work = delta.dtype if delta.dtype == torch.bfloat16 else torch.float32
+    t = delta if delta.dim() >= 2 else delta.unsqueeze(0)
+    order = torch.argsort(t.abs(), dim=1, stable=True)
+    ranks = order.argsort(dim=1).to(work) + 1
+    lo, hi = ranks.min(dim=1, keepdim=True).values, ranks.max(dim=1, keepdim=True).values
+    rank_norm = ((ranks - lo) / (hi - lo)).clamp(0, 1)
+    probs = (d - eps) + rank_norm * 2 * eps
+    draw = uniform(e.key, ctx.flat_offset, t.shape)
+    mask = (draw < probs.double()).to(work)
+    x = t.to(work)
+    masked = x * mask
+    if str(ctx.params.get("rescale", "l1")) == "l1":
+        before, after = x.abs().sum(), masked.abs().sum()
+        if not (before < L1_EPS or after < L1_EPS):
+            masked = masked * (before / after)
+    return masked.to(delta.dtype).reshape(delta.shape)
+
+
+def magprune_native(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext, j: int
+                    ) -> torch.Tensor:
+    return magprune(e, delta, ctx).clone() if e.density >= 1 else magprune(e, delta, ctx)
+
+
+def della(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
+    """M = B + lambda * disjoint_mean_i(w_i magprune(D_i))."""
+    from mergepipe.core.operators import gta_native
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.gta(base, experts, ctx, sparsify=magprune, consensus=True,
+                      normalize_default=True)
+    return gta_native.gta(base, experts, ctx, sparsify=magprune_native, consensus=True,
+                          normalize_default=True)
+
+
+SPEC = OperatorSpec(
+    name="della", title="DELLA",
+    formula="M = B + lambda * disjoint_mean_i(w_i magprune(D_i; density_i, epsilon))",
+    kernel=della, normalize_default=True, additive=False, density=True,
+    params=(EPSILON, RESCALE), check=check,
+    planning_unit="group",  # sign election, as dare_ties
+    not_incremental=("della elects each entry's sign over all experts together: one expert more "
+                     "can flip signs everywhere"),
+    mergekit=MergekitMethod("della", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
+)

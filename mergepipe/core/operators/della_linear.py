@@ -1,0 +1,46 @@
+"""della_linear: della's magnitude-ranked keyed drop and L1 rescale, then a weighted sum."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mergepipe.core.operators.della import (
+    EPSILON,
+    MERGEKIT_PARAMS,
+    RESCALE,
+    check,
+    magprune,
+    magprune_native,
+    rescale_from_mergekit,
+)
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+
+
+def della_linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
+                 ) -> torch.Tensor:
+    """M = B + lambda * sum_i w_i magprune(D_i) (normalize divides by sum_i w_i)."""
+    from mergepipe.core.operators import gta_native
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.gta(base, experts, ctx, sparsify=magprune, consensus=False,
+                      normalize_default=False)
+    return gta_native.gta(base, experts, ctx, sparsify=magprune_native, consensus=False,
+                          normalize_default=False)
+
+
+SPEC = OperatorSpec(
+    name="della_linear", title="DELLA (linear)",
+    formula="M = B + lambda * sum_i w_i magprune(D_i; density_i, epsilon)",
+    kernel=della_linear, normalize_default=False, additive=False, density=True,
+    params=(EPSILON, RESCALE), check=check,
+    not_incremental=("the per-block L1 rescale and row ranks are computed with each merge; "
+                     "extending a stored merge is not implemented for della"),
+    mergekit=MergekitMethod("della_linear", params=MERGEKIT_PARAMS,
+                            translate=rescale_from_mergekit),
+)

@@ -1,0 +1,52 @@
+"""The float32 (native) form of mergekit's generalized task arithmetic for the newer sparsifiers
+(breadcrumbs, della): sparsify each read delta, weight it, then a TIES election or a plain sum.
+
+Sums run left to right in request order (sparsify.py's fused pieces); an expert whose block was
+not read adds nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mergepipe.core.operators.base import read_experts
+
+if TYPE_CHECKING:
+    import torch
+
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+
+# sparsify(expert, its float32 delta, ctx, j) -> a new float32 tensor (never e.delta itself)
+NativeSparsify = Callable[["ExpertBlock", "torch.Tensor", "BlockContext", int], "torch.Tensor"]
+
+
+def gta(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext, *,
+        sparsify: NativeSparsify, consensus: bool, normalize_default: bool) -> torch.Tensor:
+    """M = B + lambda * (elect or sum)_i w_i sparsify(D_i) (normalize: / the weights' sum)."""
+    import torch
+
+    from mergepipe.core.operators.sparsify import (
+        elect_into,
+        finish_into,
+        ordered_sum_into,
+        scale_,
+        scratch,
+        weight_total,
+    )
+
+    read = [e for e in read_experts(experts) if e.delta is not None]
+    if not read:
+        return base.clone()
+    weighted = []
+    for j, e in enumerate(read):
+        assert e.delta is not None
+        weighted.append(scale_(sparsify(e, e.delta, ctx, j), e.weight))
+    out = torch.empty_like(base)
+    if consensus:
+        divisor = scratch.like("divisor", base) if ctx.normalize(normalize_default) else None
+        elect_into(weighted, [e.weight for e in read], out, divisor)
+        return finish_into(out, base, ctx.lam, divisor)
+    ordered_sum_into(weighted, out)
+    total = weight_total(ctx.all_weights) if ctx.normalize(normalize_default) else None
+    return finish_into(out, base, ctx.lam, total)
