@@ -3,6 +3,7 @@ budget, sharded and single-file; the catalog record of a merge; a Ray worker kil
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -15,10 +16,21 @@ import sqlalchemy as sa
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import model_blocks
+from mergepipe.cli.main import main
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.request import build_request
+from mergepipe.core.settings import Settings
 from mergepipe.executor.engine import Engine
 from mergepipe.jobs.merge import execute_plan, merge
 from mergepipe.planner.plan import make_plan
+from tests.api_helpers import (
+    client_for,
+    make_family,
+    register_family,
+    run_merge,
+    settings_for,
+    ties_body,
+)
 from tests.executor_family import ingest_family
 
 RAY = Engine("ray")
@@ -162,3 +174,44 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_cli_merge_engine_ray_prints_the_local_hash(ray_runtime: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """`mergepipe merge --engine ray` (the session's runtime is used, not a new one) and the
+    same merge on the local engine: same output hash and weights."""
+    db = str(tmp_path / "catalog.duckdb")
+    with Catalog(db) as cat:
+        ingest_family(cat, tmp_path / "fam", prefix="s")
+    hashes = []
+    for engine, out in (("ray", "cli-ray"), ("local", "cli-local")):
+        rc = main(["--catalog", db, "merge", "--base", "sbase", "--experts", "se0,se1",
+                   "--op", "dare_ties", "--param", "density=0.4", "--budget", "0.5",
+                   "--out", str(tmp_path / out), "--engine", engine, "--json"])
+        assert rc == 0
+        hashes.append(json.loads(capsys.readouterr().out)["output_hash"])
+    assert hashes[0] == hashes[1]
+    assert ((tmp_path / "cli-ray" / "model.safetensors").read_bytes()
+            == (tmp_path / "cli-local" / "model.safetensors").read_bytes())
+
+
+def test_an_unknown_engine_is_refused_naming_the_variable() -> None:
+    with pytest.raises(InvalidRequest, match="engine 'spark' is not one of local, ray"):
+        Settings.from_env({"MERGEPIPE_ENGINE": "spark"})
+    s = Settings.from_env({"MERGEPIPE_ENGINE": "ray", "MERGEPIPE_RAY_ADDRESS": "head:6379"})
+    assert Engine.of(s) == Engine("ray", "head:6379")
+
+
+def test_service_workers_run_merges_on_ray(ray_runtime: Path, tmp_path: Path) -> None:
+    """MERGEPIPE_ENGINE=ray in a server's job workers (inputs confined to the data roots in
+    the tasks too): the output of the same request on the local engine."""
+    family = make_family(tmp_path / "data" / "family")
+    outs = {}
+    for engine in ("ray", "local"):
+        with client_for(settings_for(tmp_path, engine=engine)) as c:
+            if engine == "ray":
+                register_family(c, family)
+            m = run_merge(c, ties_body(f"via-{engine}", 0.5))
+            outs[engine] = Path(m["output"]["path"])
+    assert (outs["ray"] / "model.safetensors").read_bytes() == (
+        outs["local"] / "model.safetensors").read_bytes()
