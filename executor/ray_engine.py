@@ -20,7 +20,12 @@ from typing import Any
 from mergepipe.catalog.checkpoint import INDEX_FILE
 from mergepipe.catalog.fsconfine import current_roots
 from mergepipe.catalog.locations import basename
-from mergepipe.core.errors import BudgetViolation, MergePipeError
+from mergepipe.core.errors import (
+    BudgetViolation,
+    InvalidRequest,
+    MergePipeError,
+    RemoteUnavailable,
+)
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.executor.prepare import Prepared, output_layout
 from mergepipe.executor.regions import combine, create_files, run_region, split_regions
@@ -43,15 +48,23 @@ class _Runtime:
         self._owned = False
 
     def acquire(self, address: str | None) -> Any:
-        import ray  # only the Ray engine loads it (start-up: ~1 s)
-
+        try:
+            import ray  # only the Ray engine loads it (start-up: ~1 s)
+        except ImportError:
+            raise InvalidRequest("--engine ray needs Ray: pip install 'mergepipe[cluster]'",
+                                 field="engine") from None
         with self._lock:
             if self._users == 0 and not ray.is_initialized():
-                if address:
-                    ray.init(address=address, log_to_driver=False)
-                else:
-                    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False,
-                             object_store_memory=LOCAL_OBJECT_STORE_BYTES, log_to_driver=False)
+                try:
+                    if address:
+                        ray.init(address=address, log_to_driver=False)
+                    else:
+                        ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False,
+                                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                                 log_to_driver=False)
+                except (ConnectionError, RuntimeError, ValueError) as e:
+                    where = f"the Ray cluster at {address}" if address else "a local Ray runtime"
+                    raise RemoteUnavailable(f"cannot start or reach {where}: {e}") from None
                 self._owned = True
             self._users += 1
         return ray
