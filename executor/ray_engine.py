@@ -11,6 +11,7 @@ and the side files; the job layer then publishes and records exactly as with the
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -57,11 +58,12 @@ class _Runtime:
             if self._users == 0 and not ray.is_initialized():
                 try:
                     if address:
-                        ray.init(address=address, log_to_driver=False)
+                        ray.init(address=address, log_to_driver=False,
+                                 logging_level=logging.ERROR)
                     else:
                         ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False,
                                  object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                                 log_to_driver=False)
+                                 log_to_driver=False, logging_level=logging.ERROR)
                 except (ConnectionError, RuntimeError, ValueError) as e:
                     where = f"the Ray cluster at {address}" if address else "a local Ray runtime"
                     raise RemoteUnavailable(f"cannot start or reach {where}: {e}") from None

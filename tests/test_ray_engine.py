@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -215,3 +217,24 @@ def test_service_workers_run_merges_on_ray(ray_runtime: Path, tmp_path: Path) ->
             outs[engine] = Path(m["output"]["path"])
     assert (outs["ray"] / "model.safetensors").read_bytes() == (
         outs["local"] / "model.safetensors").read_bytes()
+
+
+@pytest.mark.slow
+def test_cli_starts_and_stops_a_local_ray_runtime_for_the_merge(tmp_path: Path) -> None:
+    """`mergepipe merge --engine ray` in a fresh process (no Ray yet): it starts a local
+    runtime for the merge, writes the local engine's bytes, stops it and exits."""
+    db = str(tmp_path / "catalog.duckdb")
+    with Catalog(db) as cat:
+        ingest_family(cat, tmp_path / "fam", shards=2)
+    cli = [sys.executable, "-m", "mergepipe", "--catalog", db, "merge", "--base", "base",
+           "--experts", "e0,e1", "--op", "ties", "--param", "density=0.5", "--budget", "0.5",
+           "--json"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    for engine in ("ray", "local"):
+        r = subprocess.run([*cli, "--out", str(tmp_path / engine), "--engine", engine],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads(r.stdout)["status"] == "succeeded"
+    assert files_of(tmp_path / "ray").keys() == files_of(tmp_path / "local").keys()
+    for n in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        assert (tmp_path / "ray" / n).read_bytes() == (tmp_path / "local" / n).read_bytes()
