@@ -65,7 +65,8 @@ class ExecutionResult:
 def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
             progress: ProgressFn | None = None,
             chunk_bytes: int | None = None, compute_threads: int | None = None,
-            first_pass: bool = False) -> ExecutionResult:
+            first_pass: bool = False,
+            writer: CheckpointWriter | None = None) -> ExecutionResult:
     """Write the merged checkpoint into `out_dir` (an existing empty directory).
 
     Reads run `PREFETCH_DEPTH` chunks ahead in `threads` threads, chunks are merged in
@@ -76,7 +77,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     """
     t0 = time.perf_counter()
     steps, chunks = schedule(prep, chunk_bytes or CHUNK_BYTES)
-    writer = CheckpointWriter(
+    writer = writer or CheckpointWriter(
         Path(out_dir), output_layout(prep),
         metadata={basename(h.path): h.metadata for h in prep.checkpoint.files},
         write_index=prep.checkpoint.has_index)

@@ -50,3 +50,13 @@ def postgres_admin_url():
 def postgres_url(postgres_admin_url: str, request: pytest.FixtureRequest) -> str:
     """A fresh empty database on the session's PostgreSQL server (its postgresql:// URL)."""
     return create_database(postgres_admin_url, f"t{abs(hash(request.node.nodeid)):x}")
+
+
+@pytest.fixture(scope="session")
+def ray_runtime(tmp_path_factory: pytest.TempPathFactory):
+    """A real local Ray runtime (2 worker CPUs), started once for the session; yields the
+    directory of its fault hook (tests.ray_runtime)."""
+    from tests.ray_runtime import local_ray
+
+    with local_ray(tmp_path_factory.mktemp("ray-hold")) as hold:
+        yield hold

@@ -13,6 +13,7 @@ DEFAULT_CATALOG = "./mergepipe.duckdb"
 # "testserver": the Host of in-process test clients (never a resolvable name)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "testserver")
 CATALOG_URL_SCHEMES = ("postgresql://", "postgresql+psycopg://", "postgres://")
+ENGINES = ("local", "ray")  # how merges execute: this process's threads, or Ray tasks
 
 
 def catalog_location(raw: str | Path) -> str | Path:
@@ -44,6 +45,8 @@ class Settings:
     shutdown_grace_s: float = 30.0       # how long `serve` waits for running jobs on SIGTERM
     max_queued_jobs: int = 1000          # more queued ingestions + merges are refused with 429
     lease_s: float = 30.0                # shared catalog: a dead worker's job is taken over after
+    engine: str = "local"                # merges run on "local" threads or as "ray" tasks
+    ray_address: str | None = None       # an existing Ray cluster (None: a local Ray runtime)
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None, **overrides: object) -> Settings:
@@ -71,11 +74,17 @@ class Settings:
             shutdown_grace_s=env_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
             max_queued_jobs=env_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),
             lease_s=env_number(e, "MERGEPIPE_LEASE_S", float, 30.0, minimum=1.0),
+            engine=e.get("MERGEPIPE_ENGINE") or "local",
+            ray_address=e.get("MERGEPIPE_RAY_ADDRESS") or None,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         if "catalog" in given:  # a command-line option: text
             given["catalog"] = catalog_location(str(given["catalog"]))
-        return replace(s, **given)  # type: ignore[arg-type]
+        s = replace(s, **given)  # type: ignore[arg-type]
+        if s.engine not in ENGINES:
+            raise InvalidRequest(f"engine {s.engine!r} is not one of {', '.join(ENGINES)} "
+                                 "(MERGEPIPE_ENGINE, --engine)", field="engine")
+        return s
 
 
 def env_number(env: dict[str, str], key: str, cast: type[int] | type[float], default: float,

@@ -27,6 +27,7 @@ from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest
 from mergepipe.executor import publish, stream
+from mergepipe.executor.engine import LOCAL, Engine
 from mergepipe.executor.manifest import build_manifest, io_figures, write_manifest
 from mergepipe.executor.model_card import CARD_FILE, render_model_card
 from mergepipe.executor.outputs import LocalOutput, output_for
@@ -59,20 +60,22 @@ def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
 
 def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None,
               threads: int | None = None, overwrite: bool = False,
-              data_roots: Sequence[Path] = (), output_root: Path | None = None) -> MergeSummary:
+              data_roots: Sequence[Path] = (), output_root: Path | None = None,
+              engine: Engine = LOCAL) -> MergeSummary:
     """Plan, record the plan, execute, publish (output + manifest.json atomically), register the
     output as a model and record success; any failure is recorded once and raised. With data
     roots (the service), the inputs must still lie inside them, and every input file is opened
-    beneath its root (the data roots, and the output root for earlier outputs)."""
+    beneath its root (the data roots, and the output root for earlier outputs). `engine`
+    executes the plan (local threads or Ray tasks: the same bytes)."""
     roots = [*data_roots, *([output_root] if output_root is not None else [])]
     with confined(roots) if data_roots else contextlib.nullcontext():
         return _run_merge(cat, merge_id, progress=progress, threads=threads,
-                          overwrite=overwrite, data_roots=data_roots)
+                          overwrite=overwrite, data_roots=data_roots, engine=engine)
 
 
 def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
                threads: int | None, overwrite: bool,
-               data_roots: Sequence[Path]) -> MergeSummary:
+               data_roots: Sequence[Path], engine: Engine) -> MergeSummary:
     wall0 = time.perf_counter()
     row = records.mark_running(cat, merge_id)
     out, name = output_for(str(row.output_path)), str(row.output_name)
@@ -89,7 +92,8 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
         records.record_strategy(cat, merge_id, strategy_of(prep.plan),
                                 previous[0] if previous else None)
         result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
-                                      progress=progress, threads=threads, overwrite=overwrite)
+                                      progress=progress, threads=threads, overwrite=overwrite,
+                                      engine=engine)
     except BaseException as e:
         records.record_failure(cat, merge_id, failure_message(e, "merge"),
                                result.exec_seconds if result is not None else None)
@@ -120,14 +124,15 @@ def _prepare(cat: Catalog, request: MergeRequest) -> Prepared:
 def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
                          out: LocalOutput | S3Output, name: str,
                          plan_seconds: float, wall0: float, *, progress: ProgressFn | None,
-                         threads: int | None, overwrite: bool) -> ExecutionResult:
+                         threads: int | None, overwrite: bool, engine: Engine
+                         ) -> ExecutionResult:
     """Execute into a staging directory, publish it, then register the output and record the
     outcome in one transaction; an output is never left published without its record."""
     stage: Path | None = out.stage(merge_id[2:], overwrite=overwrite)
     published = False
     try:
         assert stage is not None
-        result = stream.execute(prep, stage, threads=threads, first_pass=True,
+        result = engine.execute(prep, stage, threads=threads, first_pass=True,
                                 progress=_recorder(cat, merge_id, progress))
         write_manifest(stage, build_manifest(
             merge_id=merge_id, prep=prep, result=result, output_name=name,
@@ -157,18 +162,21 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
 
 def merge(cat: Catalog, request: MergeRequest, output_dir: Path | str, *,
           output_name: str | None = None, progress: ProgressFn | None = None,
-          threads: int | None = None, overwrite: bool = False) -> MergeSummary:
+          threads: int | None = None, overwrite: bool = False,
+          engine: Engine = LOCAL) -> MergeSummary:
     """submit_merge + run_merge: the CLI's merge into a directory or an s3:// prefix. The
     output name defaults to the directory's name."""
     out = output_for(output_dir)
     merge_id = submit_merge(cat, request, output_name or basename(out.location), out.location,
                             overwrite=overwrite).merge_id
     assert merge_id is not None
-    return run_merge(cat, merge_id, progress=progress, threads=threads, overwrite=overwrite)
+    return run_merge(cat, merge_id, progress=progress, threads=threads, overwrite=overwrite,
+                     engine=engine)
 
 
 def execute_plan(cat: Catalog, plan: Plan, output_dir: Path, *, threads: int | None = None,
-                 progress: ProgressFn | None = None, overwrite: bool = False) -> MergeSummary:
+                 progress: ProgressFn | None = None, overwrite: bool = False,
+                 engine: Engine = LOCAL) -> MergeSummary:
     """Execute any plan (e.g. a benchmark's random plan of equal bytes) into `output_dir`,
     atomically with its manifest.json; no catalog rows are written."""
     wall0 = time.perf_counter()
@@ -176,7 +184,7 @@ def execute_plan(cat: Catalog, plan: Plan, output_dir: Path, *, threads: int | N
     prep = stream.prepare(cat, plan)
     tag = "x-" + records.new_merge_id()[2:]
     with publish.staged(target, tag, overwrite=overwrite) as stage:
-        result = stream.execute(prep, stage, threads=threads, progress=progress)
+        result = engine.execute(prep, stage, threads=threads, progress=progress)
         write_manifest(stage, build_manifest(
             merge_id=None, prep=prep, result=result, output_name=None, output_path=target,
             plan_seconds=None, wall_seconds=time.perf_counter() - wall0))

@@ -17,6 +17,7 @@ from mergepipe.catalog.queue import Job
 from mergepipe.core.errors import MergePipeError
 from mergepipe.core.progress import Progress
 from mergepipe.core.settings import Settings
+from mergepipe.executor.engine import Engine
 from mergepipe.jobs.ingest import run_ingest_job
 from mergepipe.jobs.merge import run_merge
 from mergepipe.jobs.recovery import recover_interrupted
@@ -129,7 +130,7 @@ class JobRunner:
             return
         try:
             run_merge(self.cat, job.id, progress=track, data_roots=self.settings.data_roots,
-                      output_root=self.settings.output_root)
+                      output_root=self.settings.output_root, engine=Engine.of(self.settings))
         except Exception as e:  # noqa: BLE001 - recorded on the merge by run_merge
             if not isinstance(e, MergePipeError):
                 log.exception("merge %s failed", job.id)

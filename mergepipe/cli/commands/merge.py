@@ -35,6 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="read threads (default: 2 x cores, 2..8)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a non-empty --out directory")
+    p.add_argument("--engine", choices=("local", "ray"),
+                   help="local: this process's threads; ray: Ray tasks, one per output region "
+                        "(pip install mergepipe[cluster]); same bytes ($MERGEPIPE_ENGINE, local)")
+    p.add_argument("--ray-address", metavar="HOST:PORT",
+                   help="an existing Ray cluster for --engine ray ($MERGEPIPE_RAY_ADDRESS; "
+                        "default: a local Ray runtime started for the merge)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -96,18 +102,21 @@ def with_strategy(request: MergeRequest, args: argparse.Namespace) -> MergeReque
 def run(args: argparse.Namespace) -> int:
     from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
     from mergepipe.cli.mergekit_cli import config_request
+    from mergepipe.executor.engine import Engine
     from mergepipe.jobs.merge import merge
     from mergepipe.jobs.recovery import recover_interrupted
 
     request = None if args.config else request_from_args(args)
     if args.out is None:
         raise InvalidRequest("--out is required", field="output")
-    with Catalog(args.settings.catalog) as cat, MergeBar(enabled=not args.json) as bar:
+    s = args.settings
+    engine = Engine(args.engine or s.engine, args.ray_address or s.ray_address)
+    with Catalog(s.catalog) as cat, MergeBar(enabled=not args.json) as bar:
         recover_interrupted(cat)  # merges of a killed `mergepipe merge`: we hold the catalog now
         if request is None:
             request = with_strategy(config_request(cat, args), args)
         result = merge(cat, request, args.out, output_name=args.name, progress=bar.update,
-                       threads=args.threads, overwrite=args.overwrite)
+                       threads=args.threads, overwrite=args.overwrite, engine=engine)
     if args.json:
         print_json(result)
     else:

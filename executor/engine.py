@@ -1,0 +1,38 @@
+"""Which engine executes a prepared merge: the local thread pool (default) or Ray tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mergepipe.core.progress import ProgressFn
+from mergepipe.core.settings import Settings
+from mergepipe.executor import stream
+from mergepipe.executor.prepare import Prepared
+from mergepipe.executor.ray_engine import execute_ray
+from mergepipe.executor.stream import ExecutionResult
+
+
+@dataclass(frozen=True)
+class Engine:
+    """`local`: this process's threads; `ray`: Ray tasks, on the cluster at `ray_address` or a
+    local Ray runtime started for the merge. Both write the same bytes for the same plan."""
+
+    name: str = "local"
+    ray_address: str | None = None
+
+    @staticmethod
+    def of(settings: Settings) -> Engine:
+        return Engine(settings.engine, settings.ray_address)
+
+    def execute(self, prep: Prepared, out_dir: Path, *, threads: int | None = None,
+                progress: ProgressFn | None = None, first_pass: bool = False
+                ) -> ExecutionResult:
+        if self.name == "ray":
+            return execute_ray(prep, out_dir, address=self.ray_address, threads=threads,
+                               progress=progress, first_pass=first_pass)
+        return stream.execute(prep, out_dir, threads=threads, progress=progress,
+                              first_pass=first_pass)
+
+
+LOCAL = Engine()
