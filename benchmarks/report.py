@@ -12,6 +12,8 @@ from typing import Any
 from mergepipe.benchmarks import extras
 
 ANALYSIS_FILE = Path(__file__).parent / "analysis.md"  # hand-written profiling notes, if any
+# sections measured by their own commands (remote, incremental), kept across regenerations
+APPENDIX_FILE = Path(__file__).parent / "appendix.md"
 
 
 def mb(n: float | None) -> str:
@@ -131,7 +133,10 @@ def render(res: dict[str, Any], images: dict[str, str]) -> str:
     if ANALYSIS_FILE.exists():
         parts += ["## Analysis\n", ANALYSIS_FILE.read_text().strip() + "\n"]
     parts += [_scaling(res, images), _sweep(res, images), _operators(res, images),
-              _overheads(res), _physical(res), extras.render(res, table)]
+              _overheads(res), _physical(res)]
+    if APPENDIX_FILE.exists():
+        parts.append(APPENDIX_FILE.read_text().strip() + "\n")
+    parts.append(extras.render(res, table))
     parts.append(f"Raw numbers: `results.json` in the `--out` directory. Reproduce with `{cmd}` "
                  "(the family and catalog are reused from `--out` when present).\n")
     return "\n".join(parts)
