@@ -9,7 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mergepipe.benchmarks import extras
+
 ANALYSIS_FILE = Path(__file__).parent / "analysis.md"  # hand-written profiling notes, if any
+# sections measured by their own commands (remote, incremental), kept across regenerations
+APPENDIX_FILE = Path(__file__).parent / "appendix.md"
 
 
 def mb(n: float | None) -> str:
@@ -38,22 +42,23 @@ def targets(res: dict[str, Any]) -> list[list[str]]:
     """DESIGN section 6 targets with the measured value and met / missed."""
     rows = []
     ops = res["operators"]
-    low = min(o["speedup_low"] for o in ops)
-    best = max(ops, key=lambda o: o["speedup_low"])
     k = ops[0]["k"]
     budget = float(ops[0]["low_budget"][2:])
-    rows.append([f"budget {budget:g}, K = {k}: >= 5x faster than mergekit (cold)",
-                 ", ".join(f"{o['operator']} {ratio(o['speedup_low'])}" for o in ops),
-                 "met" if low >= 5 else ("met for " + best["operator"] if best["speedup_low"] >= 5
-                                          else "missed")])
+    want = {"linear": 3.0, "task_arithmetic": 3.0, "ties": 10.0, "dare_ties": 10.0}
+    for o in ops:
+        w = want.get(o["operator"], 3.0)
+        rows.append([f"{o['operator']}, budget {budget:g}, K = {k}: >= {w:g}x faster than "
+                     "mergekit (cold)", ratio(o["speedup_low"]),
+                     "met" if o["speedup_low"] >= w else "missed"])
     slow = min(o["speedup_full"] for o in ops)
     rows.append(["full read not slower than mergekit",
                  ", ".join(f"{o['operator']} {ratio(o['speedup_full'])}" for o in ops),
                  "met" if slow >= 1 else "missed"])
     for p in res["physical"]:
-        rows.append([f"full read ({p['operator']}) within 1.5x of cat/dd of the same bytes",
+        w = 1.6 if p["operator"] in ("ties", "dare_ties") else 1.3
+        rows.append([f"full read ({p['operator']}) within {w:g}x of cat/dd of the same bytes",
                      f"{ratio(p['ratio_merge'])} (block loop alone {ratio(p['ratio_exec'])})",
-                     "met" if p["ratio_merge"] <= 1.5 else "missed"])
+                     "met" if p["ratio_merge"] <= w else "missed"])
     rss = [r for r in res["overheads"]["rss"] if r["tool"] == "ours"]
     by_op: dict[str, list[dict[str, Any]]] = {}
     for r in rss:
@@ -74,7 +79,7 @@ def targets(res: dict[str, Any]) -> list[list[str]]:
     rows.append(["catalog < 1% of checkpoint bytes (main family)",
                  f"{cat['share']:.3%} ({cat['catalog_bytes'] / 1e6:.1f} MB for "
                  f"{mb(cat['checkpoint_bytes'])})", "met" if cat["share"] < 0.01 else "missed"])
-    return rows
+    return rows + extras.targets(res)
 
 
 def write_report(res: dict[str, Any], path: Path, plots: Path) -> None:
@@ -129,6 +134,9 @@ def render(res: dict[str, Any], images: dict[str, str]) -> str:
         parts += ["## Analysis\n", ANALYSIS_FILE.read_text().strip() + "\n"]
     parts += [_scaling(res, images), _sweep(res, images), _operators(res, images),
               _overheads(res), _physical(res)]
+    if APPENDIX_FILE.exists():
+        parts.append(APPENDIX_FILE.read_text().strip() + "\n")
+    parts.append(extras.render(res, table))
     parts.append(f"Raw numbers: `results.json` in the `--out` directory. Reproduce with `{cmd}` "
                  "(the family and catalog are reused from `--out` when present).\n")
     return "\n".join(parts)

@@ -18,7 +18,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mergepipe.benchmarks import figures
+from mergepipe.benchmarks import extras, figures
 from mergepipe.benchmarks.cli_args import add_arguments
 from mergepipe.benchmarks.physical import run_physical, run_ranges
 from mergepipe.benchmarks.report import write_report
@@ -36,7 +36,7 @@ def run_suite(cfg: SuiteConfig, out: Path, report: Path | None = None,
         suite.setup()
         fixed_bytes = figures.fixed_budget_bytes(suite)
         runs = plan_runs(cfg, fixed_bytes)
-        suite.measure_all(runs["scaling"] + runs["operators"] + runs["sweep"])
+        suite.measure_all(runs["scaling"] + runs["operators"] + runs["sweep"] + runs["big"])
         results: dict[str, Any] = {
             "config": asdict(cfg), "command": command, "setup": suite.setup_info,
             "machine": figures.machine(out),
@@ -44,10 +44,17 @@ def run_suite(cfg: SuiteConfig, out: Path, report: Path | None = None,
             "scaling": figures.scaling(suite, runs["scaling"]),
             "operators": figures.operators(suite, runs["operators"]),
             "sweep": figures.sweep(suite, runs["sweep"]),
+            "big_k": extras.big_k(suite, runs["big"]),
+            "phases": [extras.phases(suite, r) for r in runs["operators"]
+                       if r.tool == "ours" and r.budget != "full"],
         }
         suite.close()
         results["overheads"] = figures.overheads(suite, runs["operators"], runs["rss"])
         results["physical"] = figures.physical(suite, run_physical, run_ranges)
+        log("start-up, ingestion vs cat, 1-D tensor ingestion RSS")
+        results["startup"] = extras.startup_rows(cfg.reps)
+        results["ingestion"] = extras.ingestion(suite, cfg.reps)
+        results["one_d"] = extras.one_d_rss(suite.work / "one-d", cfg.one_d_mib)
         results["seconds"] = time.time() - started
         results["load_avg_end"] = os.getloadavg()
     finally:

@@ -35,6 +35,9 @@ class SuiteConfig:
     sweep_operators: tuple[str, ...] = ("ties", "linear")
     scaling_operator: str = "linear"
     low_budget: float = 0.1  # the budgeted point of the operator table
+    k_big: int = 16  # K of the second budgeted row against mergekit (DESIGN: 5x for linear)
+    big_operators: tuple[str, ...] = ("linear", "ties")
+    one_d_mib: int = 256  # the 1-D tensor of the ingestion RSS row
     fixed_budget_share: float = 0.1  # scaling figure: fixed bytes = share x full read at k_main
     rss_sizes_mb: tuple[float, ...] = (50.0, 200.0)  # peak RSS at these checkpoint sizes
     rss_k: int = 4
@@ -52,13 +55,13 @@ class SuiteConfig:
 
     @property
     def k_max(self) -> int:
-        return max((*self.ks, self.k_main, self.rss_k))
+        return max((*self.ks, self.k_main, self.rss_k, self.k_big))
 
 
 DEFAULT = SuiteConfig("default", 200.0, (2, 4, 8, 16), 8, 4, 3,
                       (0.1, 0.2, 0.3, 0.5, 0.75, 1.0))
 QUICK = SuiteConfig("quick", 1.0, (1, 2), 2, 1, 1, (0.5, 1.0), low_budget=0.5,
-                    rss_sizes_mb=(0.5, 1.0), rss_k=2)
+                    rss_sizes_mb=(0.5, 1.0), rss_k=2, k_big=2, one_d_mib=4)
 
 
 @dataclass
@@ -283,7 +286,10 @@ def plan_runs(cfg: SuiteConfig, full_read_k_main: int | None = None) -> dict[str
              for op in cfg.sweep_operators for b in cfg.budgets]
     rss = [Run(tool, op, cfg.rss_k, "full", family_name(cfg, mb)) for mb in cfg.rss_sizes_mb
            for tool, op in RSS_RUNS]
-    return {"scaling": scaling, "operators": operators, "sweep": sweep, "rss": rss}
+    big = [run for op in cfg.big_operators
+           for run in (Run("mergekit", op, cfg.k_big), Run("ours", op, cfg.k_big,
+                                                            f"f:{cfg.low_budget}"))]
+    return {"scaling": scaling, "operators": operators, "sweep": sweep, "rss": rss, "big": big}
 
 
 def family_name(cfg: SuiteConfig, size_mb: float) -> str:

@@ -24,6 +24,7 @@ from mergepipe.catalog.store import store_for
 from mergepipe.catalog.store_types import FILE
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.executor.writeback import Writeback
 
 # Output files are new names in a fresh staging directory: never written through a planted link.
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -75,6 +76,7 @@ class CheckpointWriter:
         self._sources: dict[str, int] = {}  # read-only fds of the files ranges are copied from
         self.total_bytes = 0
         self.kernel_copied = 0  # bytes copied file to file by the kernel (copy_file_range)
+        self.writeback = Writeback()  # the disk writes while the merge runs, not all at fsync
         try:
             for fname, tensors in files:
                 header, spans = encode_header(tensors, (metadata or {}).get(fname))
@@ -107,6 +109,7 @@ class CheckpointWriter:
             raise RuntimeError(f"output tensor {tensor!r}: {n} bytes at element {start} do not "
                                f"fit its shape {list(s.shape)}")
         _pwrite_all(s.fd, data, s.offset + start * size)
+        self.writeback.wrote(s.fd, n)
         s.hasher.update(data)
         s.next_elem = start + n // size
 
@@ -134,6 +137,7 @@ class CheckpointWriter:
             if len(rest) != nbytes - copied:
                 raise InvalidCheckpoint(f"{src}: shorter than the catalog says; re-ingest it")
             _pwrite_all(s.fd, rest, dst + copied)
+        self.writeback.wrote(s.fd, nbytes)
         if data is not None:
             s.hasher.update(data)
         else:

@@ -27,12 +27,21 @@ def test_bench_quick_produces_every_figure(tmp_path: Path) -> None:
     assert res["overheads"]["planning"] and res["overheads"]["catalogs"]
     assert len({r["checkpoint_bytes"] for r in res["overheads"]["rss"]}) == 2
     assert {p["operator"] for p in res["physical"]} == {"linear", "ties"}
+    assert [(b["operator"], b["k"]) for b in res["big_k"]] == [("linear", 2), ("ties", 2)]
+    assert all(b["speedup"] > 0 for b in res["big_k"])
+    assert {p["operator"] for p in res["phases"]} == {"linear", "task_arithmetic", "ties",
+                                                      "dare_ties"}
+    for p in res["phases"]:  # the parts add up to no more than the call
+        assert p["plan_s"] + p["exec_s"] + p["register_s"] <= p["merge_s"] + 1e-6
+    assert res["startup"]["--help"]["modules"] > 0
+    assert 0 < res["ingestion"]["ingest_s"] <= res["ingestion"]["process_s"]
+    assert res["one_d"]["tensor_mib"] == 4 and res["one_d"]["expert_peak_rss"] > 0
     assert res["cold_max"] < 0.05  # inputs really were evicted before each timed run
     for r in res["sweep"]:  # budget soundness, as measured by the executor
         assert r["expert_bytes"] <= r["budget_bytes"]
     report = (out / "BENCHMARKS.md").read_text()
     for heading in ("## Targets", "## 1. Scaling in K", "## 2. Budget sweep", "## 3. Operators",
-                    "## 4. Overheads", "## 5. The physical limit"):
+                    "## 4. Overheads", "## 5. The physical limit", "## 8. K = 16"):
         assert heading in report
     if _has_matplotlib():
         for png in ("scaling.png", "frontier.png", "operators.png"):
