@@ -14,10 +14,8 @@ from mergepipe.core.operators import OperatorSpec, mergekit_methods
 _SPHERICAL = ("interpolates along the sphere between whole tensors, which is not a sum of "
               "per-block deltas: a block budget could neither be honoured nor bounded")
 REFUSED_METHODS = {
-    "slerp": _SPHERICAL, "nuslerp": _SPHERICAL, "multislerp": _SPHERICAL,
+    "multislerp": _SPHERICAL,
     "karcher": "needs an iterative mean of every full expert tensor (" + _SPHERICAL + ")",
-    "model_stock": "weights each tensor by the angle between the full expert tensors, so every "
-                   "expert byte must be read; it cannot run under a budget",
     "passthrough": "stacks or copies layers (frankenmerges); there are no deltas to plan",
     "breadcrumbs": "outlier trimming (gamma) is not implemented yet",
     "breadcrumbs_ties": "outlier trimming (gamma) is not implemented yet",
@@ -61,7 +59,8 @@ def method_spec(value: object) -> OperatorSpec:
 def global_params(spec: OperatorSpec) -> set[str]:
     """The parameter names a method takes (mergekit ignores the others)."""
     assert spec.mergekit is not None
-    return {"weight", "int8_mask", *(("density",) if spec.density else ()), *spec.mergekit.params}
+    return {"int8_mask", *(("weight",) if spec.mergekit.weights else ()),
+            *(("density",) if spec.density else ()), *spec.mergekit.params}
 
 
 def check_tokenizer_source(value: object, notes: list[str]) -> None:

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from mergepipe.core.operators import dare_linear, dare_ties, linear, task_arithmetic, ties
+from mergepipe.core.operators import (
+    dare_linear,
+    dare_ties,
+    linear,
+    model_stock,
+    nuslerp,
+    slerp,
+    task_arithmetic,
+    ties,
+)
 from mergepipe.core.operators.base import BlockContext, ExpertBlock, Operator
 from mergepipe.core.operators.registry import (
     REGISTRY,
@@ -18,6 +27,9 @@ register(task_arithmetic.SPEC)
 register(ties.SPEC)
 register(dare_linear.SPEC)
 register(dare_ties.SPEC)
+register(slerp.SPEC)
+register(nuslerp.SPEC)
+register(model_stock.SPEC)
 
 __all__ = ["REGISTRY", "BlockContext", "ExpertBlock", "MergekitMethod", "Operator",
            "OperatorSpec", "Param", "get_operator", "mergekit_methods", "register", "unregister"]
