@@ -70,13 +70,13 @@ def test_every_dtype_and_option_gives_mergekits_bytes(fam, cat, tmp_path):
     pytest.param("nuslerp", marks=pytest.mark.slow)])
 def test_under_a_budget_sound_and_deterministic(method, fam, cat, tmp_path):
     cfg = gp.config(method, fam, "bfloat16", {"t": 0.3} if method == "slerp" else {})
-    runs = [mp.run_ours(cat, cfg, tmp_path / f"b{i}", budget=0.4) for i in range(2)]
+    runs = [mp.run_ours(cat, cfg, tmp_path / f"{method}-b{i}", budget=0.4) for i in range(2)]
     for summary, _ in runs:
         assert 0 < summary["expert_bytes_read"] <= summary["budget_bytes"]
     (s0, a), (s1, b) = runs
     assert s0["plan_hash"] == s1["plan_hash"]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    full, ref = mp.run_ours(cat, cfg, tmp_path / "full")
+    full, ref = mp.run_ours(cat, cfg, tmp_path / f"{method}-full")
     assert s0["expert_bytes_read"] < full["expert_bytes_read"]
     assert any(not torch.equal(a[k], ref[k]) for k in a)
 
@@ -108,3 +108,33 @@ def test_expert_counts_and_config_checks(fam):
             {"model": e0, "parameters": {"weight": 1}}, {"model": e1, "parameters": {"weight": 1}}
         ]}))
     assert e.value.field == "base_model"
+
+
+def test_whole_tensors_stay_in_one_chunk_and_the_output_does_not_depend_on_chunks(
+        fam, cat, tmp_path):
+    """A native slerp (float32 compute) with chunks far smaller than a tensor: every chunk
+    ends at a tensor's last block, and the output equals the one-chunk run's bytes."""
+    from mergepipe.core.request import build_request
+    from mergepipe.executor.schedule import schedule
+    from mergepipe.executor.stream import execute, prepare
+    from mergepipe.planner.plan import make_plan
+
+    mp.run_ours(cat, gp.config("model_stock", fam, None, {}), tmp_path / "register")
+    req = build_request(base="base", operator="slerp", params={"t": 0.7},
+                        experts=[{"model": "e1"}], budget=0.6)
+    prep = prepare(cat, make_plan(cat, req))
+    steps, _ = schedule(prep, 700)
+    blocks = {t: len(prep.base.tensor_blocks(t)) for t in prep.base.tensors}
+    assert max(blocks.values()) > 1 and len(steps) > 1
+    for chunk in steps:
+        assert chunk[-1].block_index == blocks[chunk[-1].tensor] - 1
+    outs = []
+    for chunk_bytes in (700, None):
+        out = tmp_path / f"out-{chunk_bytes}"
+        out.mkdir()
+        res = execute(prep, out, chunk_bytes=chunk_bytes)
+        assert res.expert_bytes_read <= prep.plan.budget_bytes
+        outs.append(mp.load_raw(out))
+    assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+    base = mp.load_raw(fam["base"])
+    assert any(not torch.equal(outs[0][k], base[k]) for k in base)
