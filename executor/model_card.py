@@ -141,10 +141,10 @@ def mergekit_config(request: MergeRequest) -> str | None:
         p = {"normalize": False}
     else:
         for e in request.experts:
-            mp = {"weight": float(e.weight)}
+            mp = {"weight": float(e.weight)} if method.weights else {}
             if e.density is not None:
                 mp["density"] = float(e.density)
-            models.append({"model": e.model, "parameters": mp})
+            models.append({"model": e.model, **({"parameters": mp} if mp else {})})
     doc: dict[str, Any] = {"merge_method": method.name, "base_model": base, "models": models,
                            "parameters": p, "dtype": compute}
     if compute == "files":  # mergekit computes in the inputs' dtype when dtype is absent

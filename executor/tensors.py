@@ -13,6 +13,7 @@ the blocks read and the output is the operator's on those inputs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -42,17 +43,22 @@ def by_tensor(steps: Sequence[Step]) -> Iterator[list[Step]]:
 
 def merge_tensor(op: Operator, shape: Sequence[int], inputs: list[StepInputs]
                  ) -> list[torch.Tensor]:
-    """The kernel on the whole tensor joined from its blocks; the float32 output per block."""
+    """The kernel on the whole tensor joined from its blocks; the float32 output per block.
+    Consumes `inputs` (the blocks are dropped once joined, before the kernel runs)."""
     bases = [b for b, _, _ in inputs]
     base = _join(bases, shape)
     experts = [_join_expert([blocks[i] for _, blocks, _ in inputs], bases, shape)
                for i in range(len(inputs[0][1]))]
     ctx = replace(inputs[0][2], block_index=0, flat_offset=0)
+    shapes = [b.shape for b in bases]
+    inputs.clear()
+    del bases
     merged = op(base, experts, ctx).reshape(-1)
     out, start = [], 0
-    for b in bases:
-        out.append(merged[start:start + b.numel()].reshape(b.shape))
-        start += b.numel()
+    for s in shapes:
+        n = math.prod(s)
+        out.append(merged[start:start + n].reshape(s))
+        start += n
     return out
 
 
