@@ -78,3 +78,24 @@ def test_kernels_keep_their_inputs_and_an_unread_expert_is_the_base(op, k):
             for i in range(k)]
     assert torch.equal(REGISTRY[op].kernel(base, unread, ctx),
                        REGISTRY[op].kernel(base, zero, ctx))
+
+
+@pytest.mark.parametrize("op,experts,params", [
+    ("slerp", [{"model": "e0"}], {"t": 0.3}),
+    ("nuslerp", [{"model": "e0", "weight": 1.0}, {"model": "e1", "weight": 0.5}],
+     {"row_wise": True, "flatten": False}),
+    ("model_stock", [{"model": "e0"}, {"model": "e1"}], {"filter_wise": True})])
+def test_the_model_cards_mergekit_config_reads_back_as_the_request(op, experts, params):
+    from mergepipe.core.mergekit_config import parse_config
+    from mergepipe.core.request import build_request
+    from mergepipe.executor.model_card import mergekit_config
+
+    req = build_request(base="b", experts=experts, operator=op, params=params)
+    text = mergekit_config(req)
+    assert text is not None
+    cfg = parse_config(text)
+    assert cfg.operator == op and cfg.compute_dtype == "float32"
+    assert [e.ref.text for e in cfg.experts] == [e["model"] for e in experts]
+    assert [e.weight for e in cfg.experts] == [e.weight for e in req.experts]
+    assert {k: cfg.params[k] for k in params} == params
+    assert not any("ignored" in n for n in cfg.notes)
