@@ -41,13 +41,13 @@ def cat(tmp_path_factory: pytest.TempPathFactory):
 FAST = ("slerp-bfloat16", "model_stock-none", "nuslerp-row_wise-bfloat16")
 
 
-def _conformance(names, fam, cat, root: Path) -> None:
+def _conformance(names, fam, cat, root: Path, tag: str) -> None:
     cases = {n: gp.config(gp.CASES[n][0], fam, gp.CASES[n][1], gp.CASES[n][2]) for n in names}
     base = mp.load_raw(fam["base"])
     theirs = mp.run_mergekit(cases, root)
     table = {}
     for name, cfg in cases.items():
-        summary, ours = mp.run_ours(cat, cfg, root / "ours" / name)
+        summary, ours = mp.run_ours(cat, cfg, root / "ours" / f"{tag}-{name}")
         assert summary["expert_bytes_read"] <= summary["full_read_bytes"]
         table[name] = gp.ulps(ours, theirs[name])
         assert any(not torch.equal(ours[k], v) for k, v in base.items()), name
@@ -57,12 +57,12 @@ def _conformance(names, fam, cat, root: Path) -> None:
 
 
 def test_geometric_methods_give_mergekits_bytes(fam, cat, tmp_path):
-    _conformance(FAST, fam, cat, tmp_path)
+    _conformance(FAST, fam, cat, tmp_path, "fast")
 
 
 @pytest.mark.slow
 def test_every_dtype_and_option_gives_mergekits_bytes(fam, cat, tmp_path):
-    _conformance(list(gp.CASES), fam, cat, tmp_path)
+    _conformance(list(gp.CASES), fam, cat, tmp_path, "all")
 
 
 @pytest.mark.parametrize("method", [
