@@ -15,6 +15,7 @@ from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.core.operators import BlockContext, ExpertBlock
 from mergepipe.core.operators.keyed_hash import expert_key
+from mergepipe.executor import tensors
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.schedule import Step
 from mergepipe.executor.sources import ModelSource
@@ -81,6 +82,10 @@ class ChunkMerger:
     def merge_chunk(self, chunk_steps: list[Step], data: Mapping[Hashable, memoryview]
                     ) -> list[MergedBlock]:
         """The merged block of every step of the chunk, in order."""
+        if self.req.spec.whole_tensor is not None:
+            return [self.scan_step(st, data, m)
+                    for st, m in zip(chunk_steps, self.merge_tensors(chunk_steps, data),
+                                     strict=True)]
         return [self.scan_step(st, data, self.merge_step(st, data)) for st in chunk_steps]
 
     def scan_step(self, st: Step, data: Mapping[Hashable, memoryview],
@@ -116,6 +121,28 @@ class ChunkMerger:
         b32 = _decode(base_raw, t.dtype, st.shape)
         if not st.experts and not self.mk_arith:
             return st.tensor, st.flat_start, encode(b32, out_dtype)
+        blocks, ctx = self.step_inputs(st, data, b32)
+        return st.tensor, st.flat_start, encode(self.op(b32, blocks, ctx), out_dtype)
+
+    def merge_tensors(self, chunk_steps: list[Step], data: Mapping[Hashable, memoryview]
+                      ) -> list[tuple[str, int, memoryview | None]]:
+        """Every block of a chunk of whole tensors, each tensor by one kernel call."""
+        out: list[tuple[str, int, memoryview | None]] = []
+        for steps in tensors.by_tensor(chunk_steps):
+            t = self.prep.base.tensors[steps[0].tensor]
+            inputs = []
+            for st in steps:
+                b32 = _decode(data[("b", st.tensor, st.block_index)], t.dtype, st.shape)
+                inputs.append((b32, *self.step_inputs(st, data, b32)))
+            merged = tensors.merge_tensor(self.op, t.shape, inputs)
+            out_dtype = self.prep.out_dtype or t.dtype
+            out.extend((st.tensor, st.flat_start, encode(m, out_dtype))
+                       for st, m in zip(steps, merged, strict=True))
+        return out
+
+    def step_inputs(self, st: Step, data: Mapping[Hashable, memoryview], b32: torch.Tensor
+                    ) -> tuple[list[ExpertBlock], BlockContext]:
+        """The operator's view of every expert's block of a step, and the block's context."""
         blocks = []
         weights, densities = self.per_tensor.get(st.tensor, (self.weights, self.densities))
         for i, spec in enumerate(self.req.experts):
@@ -136,7 +163,7 @@ class ChunkMerger:
         ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
                            flat_offset=st.flat_start, params=self.req.params,
                            all_weights=weights, input_dtype=self.input_dtype(st.tensor))
-        return st.tensor, st.flat_start, encode(self.op(b32, blocks, ctx), out_dtype)
+        return blocks, ctx
 
 
 def output_plans(prep: Prepared) -> dict[str, TensorPlan]:

@@ -142,10 +142,11 @@ def mergekit_config(request: MergeRequest) -> str | None:
         p = {"normalize": False}
     else:
         for e, own in zip(request.experts, per_model, strict=True):
-            mp: dict[str, Any] = {"weight": float(e.weight)}
+            mp: dict[str, Any] = {"weight": float(e.weight)} if method.weights else {}
             if e.density is not None:
                 mp["density"] = float(e.density)
-            models.append({"model": e.model, "parameters": _given({**mp, **own})})
+            given = _given({**mp, **own})
+            models.append({"model": e.model, **({"parameters": given} if given else {})})
         p.update(shared)
     doc: dict[str, Any] = {"merge_method": method.name, "base_model": base, "models": models,
                            "parameters": p, "dtype": compute}

@@ -27,11 +27,13 @@ class Prepared:
 
     @property
     def mergekit_arith(self) -> bool:
-        """mergekit's arithmetic (a config's compute dtype): every block runs through the
-        operator, untouched ones too (its casts can change the base's own values)."""
+        """mergekit's arithmetic (a config's compute dtype), or an operator of whole tensors:
+        every block runs through the operator, untouched ones too (its casts can change the
+        base's own values; a whole-tensor operator changes blocks no expert was read for)."""
         params = self.plan.request.params
         return (params.get("semantics") == "mergekit"
-                or params.get("compute_dtype", "float32") != "float32")
+                or params.get("compute_dtype", "float32") != "float32"
+                or self.plan.request.spec.whole_tensor is not None)
 
     @property
     def planned_bytes(self) -> int:

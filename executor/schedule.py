@@ -42,6 +42,7 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
     cur_steps: list[Step] = []
     cur_ranges: list[Range] = []
     cur_bytes = 0
+    whole = prep.plan.request.spec.whole_tensor
     for t in base.tensors.values():
         positions = sorted(by_tensor.get(t.name, []))
         last = {i: max(sel_index[(i, t.name)]) for i in positions}
@@ -84,7 +85,8 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
             cur_steps.append(step)
             cur_ranges.extend(ranges)
             cur_bytes += sum(r.nbytes for r in ranges)
-            if cur_bytes >= chunk_bytes:
+            # a whole-tensor operator gets each tensor's blocks in one chunk (executor.tensors)
+            if cur_bytes >= chunk_bytes and (whole is None or bblk is blocks[-1]):
                 steps.append(cur_steps)
                 chunks.append(cur_ranges)
                 cur_steps, cur_ranges, cur_bytes = [], [], 0

@@ -143,8 +143,9 @@ def test_lora_reference() -> None:
 
 
 @pytest.mark.parametrize(("text", "key", "words"), [
-    ("merge_method: slerp\nbase_model: b\nmodels: [e]", "merge_method", "sphere"),
-    ("merge_method: model_stock\nbase_model: b\nmodels: [e]", "merge_method", "every expert"),
+    ("merge_method: multislerp\nbase_model: b\nmodels: [e]", "merge_method", "sphere"),
+    ("merge_method: karcher\nbase_model: b\nmodels: [e]", "merge_method", "iterative mean"),
+    ("merge_method: slerp\nbase_model: b\nmodels: [b, e]", "parameters.t", "missing"),
     ("merge_method: frob\nbase_model: b\nmodels: [e]", "merge_method", "unknown method"),
     ("base_model: b\nmodels: [e]", "merge_method", "required"),
     ("merge_method: ties\nbase_model: b\nslices:\n  - sources: [{model: e, layer_range: [0, 2]}]",

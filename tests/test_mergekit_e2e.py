@@ -128,14 +128,14 @@ def test_lora_reference_base_plus_adapter(family: dict[str, Path], tmp_path: Pat
 
 def test_cli_refusals_are_one_line_naming_file_and_key(family: dict[str, Path], tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    bad = tmp_path / "slerp.yml"
-    bad.write_text(f"merge_method: slerp\nbase_model: {family['base']}\nmodels:\n"
+    bad = tmp_path / "karcher.yml"
+    bad.write_text(f"merge_method: karcher\nbase_model: {family['base']}\nmodels:\n"
                    f"  - model: {family['e0']}\nparameters: {{t: 0.5}}\n")
     rc, out, err = cli(capsys, "--catalog", str(tmp_path / "c.duckdb"), "merge", str(bad),
                        "--out", str(tmp_path / "o"))
     assert rc == 2 and out == ""
     assert err.count("\n") == 1
-    assert err.startswith(f"mergepipe merge: error: {bad}: merge_method: slerp is not supported")
+    assert err.startswith(f"mergepipe merge: error: {bad}: merge_method: karcher is not supported")
     missing = tmp_path / "hub.yml"
     missing.write_text("merge_method: ties\nbase_model: meta-llama/Llama-3.2-1B\nmodels: [x]\n"
                        "parameters: {weight: 1}\n")
@@ -169,7 +169,7 @@ def test_api_config_yaml(family: dict[str, Path], tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
         assert r.json()["operator"] == "task_arithmetic"
         r = client.post("/v1/merges", json={"config_yaml": text.replace("task_arithmetic",
-                                                                         "model_stock"),
+                                                                         "karcher"),
                                             "output": {"name": "ms"}})
         assert r.status_code == 422
         assert r.json()["error"]["field"] == "config_yaml.merge_method"

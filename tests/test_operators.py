@@ -15,11 +15,14 @@ from tests.operator_helpers import TrimThreshold, exact_trim, merge_tensor, row_
 from tests.operator_reference import disjoint_sum, drop_mask, random_drop, trim_mask
 
 T = torch.tensor
-OPS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties")
+OPS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties")  # block operators
+WHOLE_TENSOR = ("slerp", "nuslerp", "model_stock")  # tests/test_geometric_operators.py
 
 
-def test_registry_names_the_five_operators():
+def test_registry_names_the_operators():
     assert tuple(REGISTRY)[:len(OPS)] == OPS  # then the newer operators (own tests)
+    assert set(WHOLE_TENSOR) <= set(REGISTRY)
+    assert all(REGISTRY[op].whole_tensor is None for op in OPS)
     assert all(callable(s.kernel) for s in REGISTRY.values())
 
 

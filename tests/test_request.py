@@ -57,7 +57,7 @@ def test_budget_resolution():
 
 
 @pytest.mark.parametrize("kw,field", [
-    ({"operator": "slerp"}, "operator"),
+    ({"operator": "karcher"}, "operator"),
     ({"budget": 0}, "budget"),
     ({"budget": -0.1}, "budget"),
     ({"budget": math.nan}, "budget"),

@@ -125,6 +125,9 @@ def parse_config(text: str | bytes) -> MergekitConfig:
     gparams = lift_model_params(spec, doc.get("models"), doc.get("base_model"), gparams)
     base = _ref(doc["base_model"], "base_model") if doc.get("base_model") is not None else None
     in_average = spec.mergekit is not None and spec.mergekit.base_in_average
+    if base is None and spec.mergekit is not None and spec.mergekit.base_needed:
+        raise InvalidRequest(f"base_model: required: {spec.mergekit.base_needed}; add "
+                             "base_model: PATH", field="base_model")
     if base is None and not in_average:
         raise InvalidRequest(f"base_model: required: mergekit's {spec.name} refuses a config "
                              "without one (\"Merge method requires a base input\"); add "
@@ -211,6 +214,8 @@ def _read_models(models: list[Any], spec: OperatorSpec, base: ModelRef | None,
                 notes.append(f"{key}: parameters of the base model are ignored by {spec.name} "
                              "(as in mergekit)")
             continue
+        if weight is None and spec.mergekit is not None and not spec.mergekit.weights:
+            weight = 1.0  # the method takes no weights (slerp, model_stock)
         if weight is None:
             raise InvalidRequest(f"{key}.parameters.weight: missing; mergekit's {spec.name} "
                                  "requires a weight for every model (\"Missing required "

@@ -15,10 +15,8 @@ from mergepipe.core.tensor_params import TENSOR_PARAMS, canonical, is_scalar, nu
 _SPHERICAL = ("interpolates along the sphere between whole tensors, which is not a sum of "
               "per-block deltas: a block budget could neither be honoured nor bounded")
 REFUSED_METHODS = {
-    "slerp": _SPHERICAL, "nuslerp": _SPHERICAL, "multislerp": _SPHERICAL,
+    "multislerp": _SPHERICAL,
     "karcher": "needs an iterative mean of every full expert tensor (" + _SPHERICAL + ")",
-    "model_stock": "weights each tensor by the angle between the full expert tensors, so every "
-                   "expert byte must be read; it cannot run under a budget",
     "passthrough": "stacks or copies layers (frankenmerges); there are no deltas to plan",
     "sce": "variance-based selection needs every expert tensor at once; not implemented yet",
     "nearswap": "needs the full expert tensor to compare with the base; not implemented yet",
@@ -58,7 +56,8 @@ def method_spec(value: object) -> OperatorSpec:
 def global_params(spec: OperatorSpec) -> set[str]:
     """The parameter names a method takes (mergekit ignores the others)."""
     assert spec.mergekit is not None
-    return {"weight", "int8_mask", *(("density",) if spec.density else ()), *spec.mergekit.params}
+    return {"int8_mask", *(("weight",) if spec.mergekit.weights else ()),
+            *(("density",) if spec.density else ()), *spec.mergekit.params}
 
 
 def check_tokenizer_source(value: object, notes: list[str]) -> None:

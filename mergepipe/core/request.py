@@ -190,6 +190,9 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
     specs = parse_experts(experts) if isinstance(experts, str) else [
         e if isinstance(e, ExpertSpec) else _expert(e, i) for i, e in enumerate(experts)]
     _check_experts(specs, base)
+    why = spec.check_experts_count(len(specs))
+    if why is not None:
+        raise InvalidRequest(why, field="experts")
     p = operator_params(spec, params or {})
     if "tensor_params" in p:
         p["tensor_params"] = check_request_settings(p["tensor_params"], len(specs), spec.density)

@@ -10,6 +10,9 @@ from mergepipe.core.operators import (
     della,
     della_linear,
     linear,
+    model_stock,
+    nuslerp,
+    slerp,
     task_arithmetic,
     ties,
 )
@@ -32,6 +35,9 @@ register(breadcrumbs.SPEC)
 register(breadcrumbs_ties.SPEC)
 register(della.SPEC)
 register(della_linear.SPEC)
+register(slerp.SPEC)
+register(nuslerp.SPEC)
+register(model_stock.SPEC)
 
 __all__ = ["REGISTRY", "BlockContext", "ExpertBlock", "MergekitMethod", "Operator",
            "OperatorSpec", "Param", "get_operator", "mergekit_methods", "register", "unregister"]

@@ -73,6 +73,10 @@ class MergekitMethod:
     params: Mapping[str, str | None] = field(default_factory=dict)
     translate: Callable[[dict[str, Any], list[str]], dict[str, Any]] | None = None
     base_in_average: bool = False  # mergekit averages base_model in too (linear)
+    weights: bool = True  # the method takes a `weight` per model (slerp, model_stock do not)
+    # why MergePipe needs base_model where mergekit's method does without one (None: mergekit
+    # requires it too, or averages the base in)
+    base_needed: str | None = None
 
 
 def default_coefficients(weights: Sequence[float], params: Mapping[str, Any]) -> list[float]:
@@ -133,11 +137,27 @@ class OperatorSpec:
     cuts: Callable[[int, float, Mapping[str, Any]], tuple[int, int] | None] | None = None
     # request checks beyond the parameter types: (params, densities) -> None or InvalidRequest
     check: Callable[[Mapping[str, Any], Sequence[float]], None] | None = None
+    # None: the kernel runs block by block. Else the reduction over whole tensors the kernel
+    # needs (norms, dot products, angles) before any entry can be combined: the executor keeps
+    # each tensor's blocks together and calls the kernel once per tensor (executor.tensors)
+    whole_tensor: str | None = None
+    # how many experts (non-base models) the operator combines: (at least, at most or None)
+    experts_count: tuple[int, int | None] = (1, None)
 
     def __post_init__(self) -> None:
         if self.planning_unit not in PLANNING_UNITS:
             raise ValueError(f"operator {self.name}: planning_unit {self.planning_unit!r} is "
                              f"not one of {', '.join(PLANNING_UNITS)}")
+
+    def check_experts_count(self, n: int) -> str | None:
+        """Why `n` experts cannot be merged by this operator (None: they can)."""
+        low, high = self.experts_count
+        if low <= n and (high is None or n <= high):
+            return None
+        want = (f"exactly {low}" if low == high else f"at least {low}" if high is None
+                else f"{low} to {high}")
+        return (f"{self.name} merges {want} expert{'s' if (high or low) != 1 else ''} with the "
+                f"base, got {n}")
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)

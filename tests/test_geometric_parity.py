@@ -1,0 +1,140 @@
+"""slerp, nuslerp and model_stock give mergekit 0.1.5's bytes (bf16, fp32, no dtype; a few
+entries may move by one ulp where a reduction sums in another order), and at budgets below 1
+they stay within the budget and are deterministic.
+
+One mergekit subprocess runs every config (its start-up is most of the cost).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import geometric_parity as gp
+from tests import mergekit_parity as mp
+
+pytest.importorskip("mergekit", reason="mergekit (test extra) is the conformance reference")
+
+from mergepipe.catalog.db import Catalog  # noqa: E402
+from mergepipe.core.errors import InvalidRequest  # noqa: E402
+from mergepipe.core.mergekit_config import parse_config  # noqa: E402
+
+MAX_DIFFERING = 4  # entries one ulp away, per config (reductions summed in another order)
+
+
+@pytest.fixture(scope="module")
+def fam(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return mp.make_family(tmp_path_factory.mktemp("family"))
+
+
+@pytest.fixture(scope="module")
+def cat(tmp_path_factory: pytest.TempPathFactory):
+    c = Catalog(tmp_path_factory.mktemp("cat") / "catalog.duckdb")
+    yield c
+    c.close()
+
+
+# one config of each method for the fast run; every case (3 dtypes, the options) is slow
+FAST = ("slerp-bfloat16", "model_stock-none", "nuslerp-row_wise-bfloat16")
+
+
+def _conformance(names, fam, cat, root: Path, tag: str) -> None:
+    cases = {n: gp.config(gp.CASES[n][0], fam, gp.CASES[n][1], gp.CASES[n][2]) for n in names}
+    base = mp.load_raw(fam["base"])
+    theirs = mp.run_mergekit(cases, root)
+    table = {}
+    for name, cfg in cases.items():
+        summary, ours = mp.run_ours(cat, cfg, root / "ours" / f"{tag}-{name}")
+        assert summary["expert_bytes_read"] <= summary["full_read_bytes"]
+        table[name] = gp.ulps(ours, theirs[name])
+        assert any(not torch.equal(ours[k], v) for k, v in base.items()), name
+    print(json.dumps(table))
+    for name, (differ, worst, _) in table.items():
+        assert differ <= MAX_DIFFERING and worst <= 1, f"{name}: {table[name]}"
+
+
+def test_geometric_methods_give_mergekits_bytes(fam, cat, tmp_path):
+    _conformance(FAST, fam, cat, tmp_path, "fast")
+
+
+@pytest.mark.slow
+def test_every_dtype_and_option_gives_mergekits_bytes(fam, cat, tmp_path):
+    _conformance(list(gp.CASES), fam, cat, tmp_path, "all")
+
+
+@pytest.mark.parametrize("method", [
+    "model_stock", pytest.param("slerp", marks=pytest.mark.slow),
+    pytest.param("nuslerp", marks=pytest.mark.slow)])
+def test_under_a_budget_sound_and_deterministic(method, fam, cat, tmp_path):
+    cfg = gp.config(method, fam, "bfloat16", {"t": 0.3} if method == "slerp" else {})
+    runs = [mp.run_ours(cat, cfg, tmp_path / f"{method}-b{i}", budget=0.4) for i in range(2)]
+    for summary, _ in runs:
+        assert 0 < summary["expert_bytes_read"] <= summary["budget_bytes"]
+    (s0, a), (s1, b) = runs
+    assert s0["plan_hash"] == s1["plan_hash"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    full, ref = mp.run_ours(cat, cfg, tmp_path / f"{method}-full")
+    assert s0["expert_bytes_read"] < full["expert_bytes_read"]
+    assert any(not torch.equal(a[k], ref[k]) for k in a)
+
+
+def test_expert_counts_and_config_checks(fam):
+    from mergepipe.core.request import build_request
+    for op, n, why in (("slerp", 2, "exactly 1 expert"), ("nuslerp", 1, "exactly 2 experts"),
+                       ("model_stock", 1, "at least 2 experts")):
+        with pytest.raises(InvalidRequest, match=why) as e:
+            build_request(base="b", operator=op,
+                          experts=[{"model": f"x{i}"} for i in range(n)])
+        assert e.value.field == "experts"
+    base, e0, e1 = (str(fam[n]) for n in ("base", "e0", "e1"))
+    with pytest.raises(InvalidRequest, match="parameters.t: missing"):
+        parse_config(json.dumps({"merge_method": "slerp", "base_model": base,
+                                 "models": [{"model": base}, {"model": e0}]}))
+    with pytest.raises(InvalidRequest, match="a list is a gradient") as e:
+        parse_config(json.dumps({"merge_method": "slerp", "base_model": base,
+                                 "parameters": {"t": [0, 0.5, 1]},
+                                 "models": [{"model": base}, {"model": e0}]}))
+    assert e.value.field == "parameters.t"
+    cfg = parse_config(json.dumps({"merge_method": "model_stock", "base_model": base,
+                                   "models": [{"model": e0, "parameters": {"weight": 2}},
+                                              {"model": e1}]}))
+    assert [x.weight for x in cfg.experts] == [1.0, 1.0]
+    assert any("does not take weight" in n for n in cfg.notes)
+    with pytest.raises(InvalidRequest, match="base_model: required: mergekit's nuslerp") as e:
+        parse_config(json.dumps({"merge_method": "nuslerp", "models": [
+            {"model": e0, "parameters": {"weight": 1}}, {"model": e1, "parameters": {"weight": 1}}
+        ]}))
+    assert e.value.field == "base_model"
+
+
+def test_whole_tensors_stay_in_one_chunk_and_the_output_does_not_depend_on_chunks(
+        fam, cat, tmp_path):
+    """A native slerp (float32 compute) with chunks far smaller than a tensor: every chunk
+    ends at a tensor's last block, and the output equals the one-chunk run's bytes."""
+    from mergepipe.core.request import build_request
+    from mergepipe.executor.schedule import schedule
+    from mergepipe.executor.stream import execute, prepare
+    from mergepipe.planner.plan import make_plan
+
+    mp.run_ours(cat, gp.config("model_stock", fam, None, {}), tmp_path / "register")
+    req = build_request(base="base", operator="slerp", params={"t": 0.7},
+                        experts=[{"model": "e1"}], budget=0.6)
+    prep = prepare(cat, make_plan(cat, req))
+    steps, _ = schedule(prep, 700)
+    blocks = {t: len(prep.base.tensor_blocks(t)) for t in prep.base.tensors}
+    assert max(blocks.values()) > 1 and len(steps) > 1
+    for chunk in steps:
+        assert chunk[-1].block_index == blocks[chunk[-1].tensor] - 1
+    outs = []
+    for chunk_bytes in (700, None):
+        out = tmp_path / f"out-{chunk_bytes}"
+        out.mkdir()
+        res = execute(prep, out, chunk_bytes=chunk_bytes)
+        assert res.expert_bytes_read <= prep.plan.budget_bytes
+        outs.append(mp.load_raw(out))
+    assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+    base = mp.load_raw(fam["base"])
+    assert any(not torch.equal(outs[0][k], base[k]) for k in base)
