@@ -15,9 +15,6 @@ import duckdb
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.sql_exec import SELECT_TABLES
 
-# Rows copied per INSERT statement.
-COPY_ROWS = 1000
-
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
@@ -84,17 +81,25 @@ class SqlSnapshot:
         os.replace(tmp, self.path)
 
 
+class _Stream:
+    """A query's rows as an Arrow C stream (the PyCapsule interface; no pyarrow needed), which
+    the other database reads by its Python name."""
+
+    def __init__(self, rel: duckdb.DuckDBPyRelation) -> None:
+        self.rel = rel
+
+    def __arrow_c_stream__(self, requested_schema: object = None) -> object:
+        return self.rel.__arrow_c_stream__(requested_schema)
+
+
 def _copy_table(src: duckdb.DuckDBPyConnection, dst: duckdb.DuckDBPyConnection,
                 name: str) -> None:
-    """One table's (or view's) columns and rows, in batches of COPY_ROWS."""
+    """One table's (or view's) columns, with their types, and rows."""
     cols = [(str(r[0]), str(r[1])) for r in src.execute(f"DESCRIBE main.{_quote(name)}").fetchall()]
     dst.execute(f"CREATE TABLE {_quote(name)} ("
                 + ", ".join(f"{_quote(c)} {t}" for c, t in cols) + ")")
-    row = "(" + ", ".join("?" * len(cols)) + ")"
-    cur = src.execute(f"SELECT * FROM main.{_quote(name)}")
-    while batch := cur.fetchmany(COPY_ROWS):
-        dst.execute(f"INSERT INTO {_quote(name)} VALUES " + ", ".join([row] * len(batch)),
-                    [v for r in batch for v in r])
+    rows = _Stream(src.sql(f"SELECT * FROM main.{_quote(name)}"))  # noqa: F841 - read by name
+    dst.execute(f"INSERT INTO {_quote(name)} SELECT * FROM rows")
 
 
 _snapshots: weakref.WeakKeyDictionary[Catalog, SqlSnapshot] = weakref.WeakKeyDictionary()
