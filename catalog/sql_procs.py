@@ -22,8 +22,6 @@ from mergepipe.core.sql_limits import SqlLimits
 # Past the time limit the worker has this long to answer (its own interrupt fires at the
 # limit) before it is killed.
 KILL_GRACE_S = 0.3
-# Scheduling priority (nice) of the workers: under CPU contention the server's requests first.
-WORKER_NICE = 10
 # Data (RLIMIT_DATA: heap and private writable mappings, which Linux counts since 4.7) of a
 # worker besides the engine's memory limit: Python, DuckDB and sqlglot after a first query use
 # about 120 MB. RLIMIT_AS would not do: DuckDB reserves about 700 MB of address space at
@@ -56,8 +54,6 @@ class Worker:
             [sys.executable, "-m", "mergepipe.catalog.sql_worker", str(self.data)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
             env={**os.environ, "OMP_NUM_THREADS": "1"})
-        with contextlib.suppress(OSError):  # at once: its imports (a CPU-second) come after
-            os.setpriority(os.PRIO_PROCESS, self.proc.pid, WORKER_NICE)  # the server's requests
         self._buf = b""
 
     def kill(self) -> None:

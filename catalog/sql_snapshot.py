@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -45,18 +46,24 @@ class SqlSnapshot:
         self.path = self.dir / "snapshot.duckdb"
         self.version = 0
         self._stamp: tuple[int, ...] | None = None
+        self._begun = -1.0  # time.monotonic() when the current copy's catalog state was read
         self._lock = threading.Lock()
         weakref.finalize(self, shutil.rmtree, self.dir, True)
 
     def current(self) -> tuple[Path, int]:
-        """(path, version) of a copy no older than the catalog at the time of the call."""
+        """(path, version) of a copy no older than the catalog at the time of the call: the
+        last copy if the catalog has not changed since, or one begun after the call (callers
+        waiting together share one copy)."""
         assert self.cat.path is not None
+        arrived = time.monotonic()
         with self._lock:
-            stamp = _stamp(self.cat.path)
-            if stamp != self._stamp:
-                self._write()
-                self._stamp = stamp
-                self.version += 1
+            if self._begun < arrived:
+                begun, stamp = time.monotonic(), _stamp(self.cat.path)
+                if stamp != self._stamp:
+                    self._write()
+                    self._stamp = stamp
+                    self.version += 1
+                self._begun = begun
             return self.path, self.version
 
     def _write(self) -> None:
@@ -74,7 +81,6 @@ class SqlSnapshot:
             src.execute("BEGIN TRANSACTION READ ONLY")
             for (name,) in src.execute(SELECT_TABLES).fetchall():
                 _copy_table(src, dst, str(name))
-            dst.execute("CHECKPOINT")
         finally:
             dst.close()
             src.close()
