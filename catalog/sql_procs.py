@@ -36,6 +36,15 @@ def data_limit(limits: SqlLimits) -> int:
     return BASE_DATA + limits.memory_bytes + 4 * limits.result_bytes
 
 
+# The only variables of the server's environment a worker gets (never its tokens or URLs).
+WORKER_ENV = ("PATH", "PYTHONPATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV")
+
+
+def worker_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in WORKER_ENV}
+    return {**env, "OMP_NUM_THREADS": "1"}
+
+
 def died_error(limits: SqlLimits, code: int | None) -> InvalidRequest:
     how = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
     return InvalidRequest(
@@ -53,7 +62,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mergepipe.catalog.sql_worker", str(self.data)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"})
+            env=worker_env())
         self._buf = b""
 
     def kill(self) -> None:

@@ -122,6 +122,13 @@ def test_a_worker_that_dies_gives_a_clear_error_and_is_replaced(cat: Catalog) ->
     assert run(cat, "SELECT 8")["rows"] == [[8]]
 
 
+def test_workers_get_none_of_the_servers_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MERGEPIPE_API_TOKEN", "secret-token")
+    env = sql_procs.worker_env()
+    assert "MERGEPIPE_API_TOKEN" not in env and env["OMP_NUM_THREADS"] == "1"
+    assert not any("TOKEN" in k or "URL" in k for k in env)
+
+
 def test_the_data_limit_is_sized_from_the_limits() -> None:
     lim = SqlLimits()
     assert sql_procs.data_limit(lim) == sql_procs.BASE_DATA + lim.memory_bytes + \
