@@ -24,7 +24,8 @@ POLL_S = 0.05
 class SqlSlots:
     """`n` user queries run at once, each in its own daemon thread (never a request thread);
     up to `queue` more wait for a slot until their deadline, and any beyond get Busy (429) at
-    once. A query deaf to its interrupt (one huge scalar) keeps its slot until DuckDB ends it."""
+    once. In the server a slot's thread drives a worker process (sql_procs.py), killed past
+    the time limit; in-process, a query deaf to its interrupt keeps its slot until it ends."""
 
     def __init__(self, n: int, queue: int) -> None:
         self.n, self.queue = n, queue

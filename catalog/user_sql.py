@@ -8,8 +8,11 @@ from typing import Any
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.readonly_pg import run_readonly_postgres
-from mergepipe.catalog.readonly_sql import run_readonly, run_readonly_async
+from mergepipe.catalog.readonly_sql import DEADLINE_GRACE_S, run_readonly
+from mergepipe.catalog.sql_exec import check_time_left, time_limit_error
+from mergepipe.catalog.sql_procs import POOL
 from mergepipe.catalog.sql_slots import slots_for
+from mergepipe.catalog.sql_snapshot import snapshot_for
 from mergepipe.core.sql_limits import SqlLimits
 
 
@@ -19,18 +22,32 @@ def _postgres(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
 
 
 def run_user_sql(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
-    """{columns, rows, truncated} of one read-only SELECT, with the same limits on both."""
+    """{columns, rows, truncated} of one read-only SELECT, with the same limits on both, in
+    this process (the CLI: a user's query there can only hurt the user's own process)."""
     if cat.postgres:
         return _postgres(cat, sql, limits)
     return run_readonly(cat, sql, limits)
 
 
+def _isolated(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
+    """A DuckDB query in a worker process, over a snapshot of the catalog's tables."""
+    check_time_left(deadline, limits)
+    path, version = snapshot_for(cat).current()
+    return POOL.run(str(path), version, sql, limits, deadline)
+
+
 async def run_user_sql_async(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
-    """run_user_sql for the event loop: the query runs in one of the sandbox's slot threads
-    (PostgreSQL's own statement_timeout ends it there), never in a request thread."""
-    if not cat.postgres:
-        return await run_readonly_async(cat, sql, limits)
+    """run_user_sql for the server: the query runs on one of the sandbox's slots, never in a
+    request thread: on DuckDB in a worker process (memory-capped, killed past its time limit;
+    sql_procs.py), on PostgreSQL in a slot thread (its statement_timeout ends it there)."""
     deadline = time.monotonic() + limits.timeout_s
     slots = slots_for(limits)
     await slots.acquire_async(deadline)
-    return await asyncio.wrap_future(slots.start(lambda: _postgres(cat, sql, limits)))
+    if cat.postgres:
+        return await asyncio.wrap_future(slots.start(lambda: _postgres(cat, sql, limits)))
+    fut = slots.start(lambda: _isolated(cat, sql, limits, deadline))
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(fut), max(
+            0.0, deadline + DEADLINE_GRACE_S - time.monotonic()))
+    except TimeoutError:
+        raise time_limit_error(limits) from None

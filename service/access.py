@@ -3,7 +3,9 @@
 * Host: only the names in `Settings.allowed_hosts` (loopback names by default; `*`: any), so
   that a page on another site cannot reach a loopback server through DNS rebinding.
 * Write token (`MERGEPIPE_API_TOKEN`): every mutating request except the read-only SQL and
-  plan endpoints (a plan with a config is checked by its route, which needs the body).
+  plan endpoints. A plan may carry a config (paths on the server's disk), which needs the
+  write token: without it, the plan's body is read here (up to the body limit) and a body that
+  is not a JSON object, or that has a config, is refused with 401 before any route parses it.
 * Read token (`MERGEPIPE_READ_TOKEN`, optional): every other request (reads, SQL, plans)
   except `/healthz` and the console's static page; the write token is accepted too.
 Checked before the body is parsed: invalid JSON without a token is 401, not 400.
@@ -12,8 +14,10 @@ Checked before the body is parsed: invalid JSON without a token is 401, not 400.
 from __future__ import annotations
 
 import hmac
+import json
+from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mergepipe.core.errors import InvalidRequest, Unauthorized
 from mergepipe.core.settings import Settings
@@ -22,6 +26,7 @@ from mergepipe.service.errors import to_response
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 READ_ONLY_POSTS = {"/v1/sql", "/v1/plans"}
 OPEN_PATHS = ("/healthz",)  # never need the read token (liveness probes)
+CONFIG_POSTS = {"/v1/plans"}  # read-only POSTs whose body may need the write token
 
 
 class BadHost(InvalidRequest):
@@ -78,10 +83,52 @@ class AccessGuard:
                 and not bearer_matches(auth, s.read_token, s.api_token):
             raise Unauthorized("this server needs a read token (Authorization: Bearer <token>)")
 
+    def _needs_body_check(self, scope: Scope) -> bool:
+        if scope.get("method") != "POST" or scope.get("path") not in CONFIG_POSTS \
+                or not self.settings.api_token:
+            return False
+        auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        return not bearer_matches(auth, self.settings.api_token)
+
+    async def _read_some(self, receive: Receive) -> tuple[list[Message], bytes, bool]:
+        """The body's first messages, up to the body limit: (messages, bytes, complete)."""
+        msgs: list[Message] = []
+        body = b""
+        while len(body) <= self.settings.max_body_bytes:
+            msg = await receive()
+            msgs.append(msg)
+            if msg["type"] != "http.request":
+                return msgs, body, False
+            body += msg.get("body", b"")
+            if not msg.get("more_body", False):
+                return msgs, body, True
+        return msgs, body, False
+
+    async def _check_body(self, scope: Scope, receive: Receive) -> Receive:
+        """Without the write token: refuse a plan body that is not JSON or has a config; the
+        messages read are replayed to the app."""
+        msgs, body, complete = await self._read_some(receive)
+        if complete:
+            try:
+                doc: Any = json.loads(body)
+            except ValueError:
+                doc = None
+            if not isinstance(doc, dict) or doc.get("config_yaml") is not None:
+                raise Unauthorized("missing or invalid bearer token (Authorization: Bearer "
+                                   "<token>): needed for a plan with a config, and to be told "
+                                   "what is wrong with a body")
+
+        async def replay() -> Message:
+            return msgs.pop(0) if msgs else await receive()
+
+        return replay
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             try:
                 self.check(scope)
+                if self._needs_body_check(scope):
+                    receive = await self._check_body(scope, receive)
             except (Unauthorized, BadHost) as e:
                 await to_response(e)(scope, receive, send)
                 return

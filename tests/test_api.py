@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -323,6 +324,10 @@ def test_sql_row_and_time_limits(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     with client_for(settings_for(tmp_path, sql_row_limit=5, sql_timeout_s=0.5,
                                  sql_result_bytes=1000)) as c:
+        for _ in range(120):  # the first query starts the SQL workers (imports: ~1 s or more)
+            if c.post("/v1/sql", json={"sql": "SELECT 1"}).status_code == 200:
+                break
+            time.sleep(0.5)
         r = c.post("/v1/sql", json={"sql": "SELECT * FROM range(100)"})
         assert r.json()["truncated"] is True and len(r.json()["rows"]) == 5
         err = assert_error(c.post("/v1/sql", json={

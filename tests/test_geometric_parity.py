@@ -93,7 +93,7 @@ def test_expert_counts_and_config_checks(fam):
     with pytest.raises(InvalidRequest, match="parameters.t: missing"):
         parse_config(json.dumps({"merge_method": "slerp", "base_model": base,
                                  "models": [{"model": base}, {"model": e0}]}))
-    with pytest.raises(InvalidRequest, match="a list is a gradient") as e:
+    with pytest.raises(InvalidRequest, match="a gradient list or filter: values.*not t") as e:
         parse_config(json.dumps({"merge_method": "slerp", "base_model": base,
                                  "parameters": {"t": [0, 0.5, 1]},
                                  "models": [{"model": base}, {"model": e0}]}))

@@ -243,7 +243,8 @@ def test_a_bounded_queue_waits_for_a_slot_within_the_time_limit(
 
 def test_through_the_api_busy_is_429_and_refusals_are_422(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
-    settings = settings_for(tmp_path, sql_timeout_s=0.3, sql_slots=1, sql_queue=0)
+    # a generous time limit: the server's first query starts its SQL worker processes
+    settings = settings_for(tmp_path, sql_timeout_s=60, sql_slots=1, sql_queue=0)
     with client_for(settings) as client:
         for sql in ("SELECT * FROM duckdb_secrets()", "FROM '/etc/passwd'",
                     "SELECT * FROM (DESCRIBE '/etc/passwd')", "SET threads = 1"):

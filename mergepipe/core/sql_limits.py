@@ -18,8 +18,9 @@ class SqlLimits:
     timeout_s: float = 10.0        # the query is interrupted then; the caller hears by +1 s
     memory_bytes: int = 512 << 20  # the engine's memory limit (DuckDB: memory_limit)
     threads: int = 1               # the engine's threads (DuckDB: threads)
-    slots: int = 2                 # user queries running at once (a query deaf to its
-    # interrupt keeps its slot until it ends)
+    slots: int = 2                 # user queries running at once (the server: worker
+    # processes, killed past the time limit; the CLI: threads, one deaf to its interrupt keeps
+    # its slot until it ends)
     queue: int = 16                # more wait for a slot (within their time limit); then 429
     temp_bytes: int = 1 << 30      # spill to disk (DuckDB: max_temp_directory_size)
 

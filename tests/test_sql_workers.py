@@ -1,0 +1,148 @@
+"""User SQL of the server in worker processes (sql_procs.py): a snapshot of the catalog's tables,
+a data-size limit, a kill past the time limit, a dead worker replaced, a clear error each time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import sqlalchemy as sa
+
+from mergepipe.catalog import sql_procs
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.sql_snapshot import snapshot_for
+from mergepipe.catalog.user_sql import run_user_sql_async
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.sql_limits import SqlLimits
+
+LIMITS = SqlLimits(timeout_s=20)
+
+
+@pytest.fixture(scope="module")
+def cat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Catalog]:
+    with Catalog(tmp_path_factory.mktemp("workers") / "catalog.duckdb") as c:
+        # the workers start at the first query (imports: about a second, more on a busy host)
+        run(c, "SELECT 1", SqlLimits(timeout_s=120))
+        yield c
+
+
+def run(cat: Catalog, sql: str, limits: SqlLimits = LIMITS) -> dict[str, object]:
+    return asyncio.run(run_user_sql_async(cat, sql, limits))
+
+
+def workers() -> list[psutil.Process]:
+    """This process's live SQL worker processes."""
+    out = []
+    for p in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):  # one just killed (a zombie, or gone)
+            if p.status() != psutil.STATUS_ZOMBIE \
+                    and "mergepipe.catalog.sql_worker" in " ".join(p.cmdline()):
+                out.append(p)
+    return out
+
+
+def test_queries_run_in_worker_processes_over_a_fresh_snapshot(cat: Catalog) -> None:
+    assert run(cat, "SELECT count(*) FROM lineage")["rows"] == [[0]]
+    assert workers() and all(p.pid != os.getpid() for p in workers())
+    cat.execute(sa.text(
+        "INSERT INTO lineage VALUES ('c', 'p', 'base', 0.5, 'm1')"))
+    # the catalog changed: the next query sees the new row
+    assert run(cat, "SELECT child, weight FROM lineage")["rows"] == [["c", 0.5]]
+    snap = snapshot_for(cat)
+    assert cat.path is not None and snap.path.is_file()
+    assert not str(snap.path).startswith(str(cat.path.parent))  # a private folder of its own
+    # the guard runs in the worker too, over the snapshot's tables
+    with pytest.raises(InvalidRequest, match="not a catalog table"):
+        run(cat, "SELECT * FROM duckdb_settings")
+    with pytest.raises(InvalidRequest, match="not allowed"):
+        run(cat, "SELECT current_setting('memory_limit')")
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT length(repeat('x', 2000000000))",
+    "SELECT len(list(range(100000000)))",
+])
+def test_whole_allocation_bombs_hit_the_workers_memory_limit(cat: Catalog, sql: str) -> None:
+    """In the server's process these grew it by gigabytes (DuckDB's memory_limit does not
+    bound one huge scalar); a worker's RLIMIT_DATA refuses them at once."""
+    t0 = time.monotonic()
+    with pytest.raises(InvalidRequest, match="(?i)out of memory.*MiB") as e:
+        run(cat, sql)
+    assert time.monotonic() - t0 < 10, e.value
+    assert e.value.field == "sql"
+    assert run(cat, "SELECT 42")["rows"] == [[42]]
+
+
+def test_a_worker_past_its_time_limit_is_killed_and_replaced(cat: Catalog) -> None:
+    """md5 of a huge string ignores DuckDB's interrupt: the worker is killed at the limit."""
+    lim = SqlLimits(timeout_s=0.5)
+    run(cat, "SELECT 1", lim)
+    before = {p.pid for p in workers()}
+    t0 = time.monotonic()
+    with pytest.raises(InvalidRequest, match="time limit"):
+        run(cat, "SELECT md5(repeat('a', 300000000))", lim)
+    assert time.monotonic() - t0 < lim.timeout_s + 1
+    for _ in range(100):  # the slot's thread kills and replaces it (the caller may hear first)
+        after = {p.pid for p in workers()}
+        if len(after) == lim.slots and before - after:
+            break
+        time.sleep(0.05)
+    assert len(after) == lim.slots and before - after, (before, after)
+    # (the replacement imports DuckDB first: a generous limit on a busy host)
+    assert run(cat, "SELECT 7", LIMITS)["rows"] == [[7]]
+
+
+def test_a_worker_that_dies_gives_a_clear_error_and_is_replaced(cat: Catalog) -> None:
+    run(cat, "SELECT 1")
+    killed: list[int] = []
+
+    def kill_busy() -> None:  # SIGKILL the worker running the slow query
+        for _ in range(400):
+            busy = list(sql_procs.POOL.busy)
+            if busy:
+                time.sleep(0.3)
+                killed.append(busy[0].proc.pid)
+                os.kill(busy[0].proc.pid, signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=kill_busy)
+    t.start()
+    with pytest.raises(InvalidRequest, match="SQL worker process ended \\(signal 9\\).*MiB"):
+        run(cat, "SELECT count(*) FROM range(100000) a, range(100000) b")
+    t.join()
+    assert killed and killed[0] not in {p.pid for p in workers()}
+    assert run(cat, "SELECT 8")["rows"] == [[8]]
+
+
+def test_workers_get_none_of_the_servers_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MERGEPIPE_API_TOKEN", "secret-token")
+    env = sql_procs.worker_env()
+    assert "MERGEPIPE_API_TOKEN" not in env and env["OMP_NUM_THREADS"] == "1"
+    assert not any("TOKEN" in k or "URL" in k for k in env)
+
+
+def test_the_data_limit_is_sized_from_the_limits() -> None:
+    lim = SqlLimits()
+    assert sql_procs.data_limit(lim) == sql_procs.BASE_DATA + lim.memory_bytes + \
+        4 * lim.result_bytes
+    assert sql_procs.data_limit(lim) < 1 << 30
+
+
+def test_the_snapshot_is_written_whole_then_renamed(cat: Catalog, tmp_path: Path) -> None:
+    snap = snapshot_for(cat)
+    path, version = snap.current()
+    assert snap.current() == (path, version)  # unchanged catalog: no new copy
+    cat.execute(sa.text(
+        "INSERT INTO lineage VALUES ('c2', 'p', 'base', 1.0, 'm2')"))
+    path2, version2 = snap.current()
+    assert path2 == path and version2 == version + 1
+    assert [p.name for p in snap.dir.iterdir()] == ["snapshot.duckdb"]  # no leftovers
