@@ -24,6 +24,7 @@ from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.stream import ExecutionResult, execute, output_hash
+from mergepipe.executor.writeback import Writeback
 from mergepipe.executor.writer import CheckpointWriter, _Slot
 
 # (file name, [(tensor, dtype, shape), ...]) in output order: prepare.output_layout's shape
@@ -85,6 +86,7 @@ class RegionWriter(CheckpointWriter):
         self.out_dir, self.write_index = Path(out_dir), False
         self._slots, self._order, self._fds, self._sources = {}, [], [], {}
         self.total_bytes = self.kernel_copied = 0
+        self.writeback = Writeback()
         mine = set(region.tensors)
         try:
             for fname, specs in layout:

@@ -9,6 +9,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
+# the study runs merges and a model per unit (~20 s); make test keeps test_fidelity_quick.py
+pytestmark = pytest.mark.slow
+
 from mergepipe.benchmarks.fidelity.units import quick_units_config, run_units  # noqa: E402
 from mergepipe.benchmarks.fidelity.units_report import render  # noqa: E402
 

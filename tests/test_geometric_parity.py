@@ -56,6 +56,7 @@ def _conformance(names, fam, cat, root: Path, tag: str) -> None:
         assert differ <= MAX_DIFFERING and worst <= 1, f"{name}: {table[name]}"
 
 
+@pytest.mark.slow  # a mergekit subprocess (~30 s); make test keeps tests/test_mergekit_parity.py's
 def test_geometric_methods_give_mergekits_bytes(fam, cat, tmp_path):
     _conformance(FAST, fam, cat, tmp_path, "fast")
 

@@ -125,6 +125,7 @@ def fast_reference(fam, tmp_path_factory):
     return _reference(fam, tmp_path_factory.mktemp("mk"), BAND_FAST, DELLA_FAST)
 
 
+@pytest.mark.slow  # a mergekit subprocess (~30 s); make test keeps tests/test_mergekit_parity.py's
 @pytest.mark.parametrize("name", list(BAND_FAST))
 def test_breadcrumbs_configs_give_mergekits_bytes_off_the_cut_ties(name, fam, cat,
                                                                   fast_reference, tmp_path):
@@ -132,6 +133,7 @@ def test_breadcrumbs_configs_give_mergekits_bytes_off_the_cut_ties(name, fam, ca
     _check_band(name, method, dtype, gamma, fam, cat, fast_reference[0][name], tmp_path / name)
 
 
+@pytest.mark.slow  # a mergekit subprocess (~30 s); make test keeps tests/test_mergekit_parity.py's
 @pytest.mark.parametrize("name", list(DELLA_FAST))
 def test_della_is_within_mergekits_seed_to_seed_spread(name, fam, cat, fast_reference, tmp_path):
     method, dtype = DELLA_FAST[name]

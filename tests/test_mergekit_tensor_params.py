@@ -156,6 +156,7 @@ def outputs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("ours")
 
 
+@pytest.mark.slow  # a mergekit subprocess (~30 s); make test keeps tests/test_mergekit_parity.py's
 @pytest.mark.parametrize("name", list(FAST))
 def test_gradients_and_filters_give_mergekits_bytes(name, fam, cat, reference, outputs):
     _check(name, fam, cat, reference[name], outputs / name)

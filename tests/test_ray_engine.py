@@ -20,6 +20,7 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import model_blocks
 from mergepipe.cli.main import main
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators import REGISTRY
 from mergepipe.core.request import build_request
 from mergepipe.core.settings import Settings
 from mergepipe.executor.engine import Engine
@@ -36,8 +37,7 @@ from tests.api_helpers import (
 from tests.executor_family import ingest_family
 
 RAY = Engine("ray")
-OPS = ["linear", "task_arithmetic", "ties", "dare_linear", "dare_ties"]
-ADDITIVE = ("linear", "task_arithmetic")
+OPS = list(REGISTRY)  # every registered operator
 FAMILIES = {"sharded": ("", "e0,e1:0.5,e2:2"), "single": ("s", "se0,se1:0.5,se2:2")}
 
 
@@ -61,8 +61,10 @@ def both_engines(cat: Catalog, tmp: Path, family: str, op: str, budget: float,
                  **params: object) -> tuple[Path, Path]:
     """The same plan executed by the local engine and by Ray; their output directories."""
     prefix, experts = FAMILIES[family]
+    spec = REGISTRY[op]
+    experts = ",".join(experts.split(",")[:spec.experts_count[1] or 3])  # slerp takes one
     req = build_request(base=f"{prefix}base", experts=experts, operator=op, budget=budget,
-                        params={**({} if op in ADDITIVE else {"density": 0.5}), **params},
+                        params={**({"density": 0.5} if spec.density else {}), **params},
                         seed=7)
     plan = make_plan(cat, req)
     local = execute_plan(cat, plan, tmp / "local")
@@ -75,11 +77,12 @@ def both_engines(cat: Catalog, tmp: Path, family: str, op: str, budget: float,
     return tmp / "local", tmp / "ray"
 
 
-# every operator at both budgets and both layouts; the fast run takes half of the grid (each
-# operator budgeted on the sharded family, full on the single file), the slow run the rest
+# every operator at both budgets and both layouts; the fast run takes a block operator budgeted
+# on the sharded family, one at full budget on the single file and a whole-tensor one (slerp)
 GRID = [pytest.param(op, budget, family, id=f"{op}-{budget}-{family}",
-                     marks=() if (budget, family) in FAST else pytest.mark.slow)
-        for FAST in [{(0.3, "sharded"), (1.0, "single")}]
+                     marks=() if (op, budget, family) in FAST else pytest.mark.slow)
+        for FAST in [{("ties", 0.3, "sharded"), ("linear", 1.0, "single"),
+                      ("slerp", 0.3, "sharded")}]
         for op in OPS for budget in (1.0, 0.3) for family in ("sharded", "single")]
 
 

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -35,7 +36,10 @@ def cat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Catalog]:
 
 
 def run(cat: Catalog, sql: str, limits: SqlLimits = LIMITS) -> dict[str, object]:
-    return asyncio.run(run_user_sql_async(cat, sql, limits))
+    # a loop of its own, on a thread of its own: an earlier test of the session may have left
+    # a running event loop on this one (asyncio.run refuses to nest)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run_user_sql_async(cat, sql, limits)).result()
 
 
 def workers() -> list[psutil.Process]:
