@@ -16,7 +16,7 @@ log = logging.getLogger("mergepipe.catalog.fence")
 
 @dataclass(frozen=True)
 class Fence:
-    """The lease a worker claimed a merge under; `tag`: this claim's suffix of staging names,
+    """The lease a worker claimed a job under; `tag`: this claim's suffix of staging names,
     so that a stalled earlier run never writes into the directory of the one that took over."""
 
     worker: str
@@ -39,12 +39,22 @@ def hold(conn: sa.Connection, merge_id: str, fence: Fence | None) -> None:
     """In the caller's transaction: check that `fence` still holds the merge's lease and lock
     its row until the transaction ends (a takeover skips locked rows); LeaseLost if not, so
     the caller's writes roll back. No fence (a single-process runner): nothing to check."""
+    _hold(conn, "merge", merge_id, fence)
+
+
+def hold_ingest(conn: sa.Connection, job_id: str, fence: Fence | None) -> None:
+    """`hold` for an ingestion job."""
+    _hold(conn, "ingestion", job_id, fence)
+
+
+def _hold(conn: sa.Connection, kind: str, job_id: str, fence: Fence | None) -> None:
     if fence is None:
         return
-    row = conn.execute(load_sql("merge_fence"), {"merge_id": merge_id, "worker": fence.worker,
-                                                  "now": utc_now()}).first()
+    sql, key = ("merge_fence", "merge_id") if kind == "merge" else ("ingest_job_fence", "job_id")
+    row = conn.execute(load_sql(sql), {key: job_id, "worker": fence.worker,
+                                       "now": utc_now()}).first()
     if row is None:
-        log.warning("merge %s: worker %s lost its lease (taken over); its late write was "
-                    "refused and the run is abandoned", merge_id, fence.worker)
-        raise LeaseLost(f"merge {merge_id}: worker {fence.worker} no longer holds its lease; "
-                        "another worker took it over; late write refused", field="merge_id")
+        log.warning("%s %s: worker %s lost its lease (taken over); its late write was "
+                    "refused and the run is abandoned", kind, job_id, fence.worker)
+        raise LeaseLost(f"{kind} {job_id}: worker {fence.worker} no longer holds its lease; "
+                        "another worker took it over; late write refused", field=key)

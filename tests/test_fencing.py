@@ -171,3 +171,38 @@ def test_sigstopped_worker_resumes_after_takeover(tmp_path: Path, postgres_url: 
         assert not cat.query(sa.text("SELECT * FROM name_claims"))
         assert _files(out) == _files(want)
         assert sorted(p.name for p in out.parent.iterdir()) == ["merged"]
+
+
+def test_ingestion_of_a_taken_over_job_writes_nothing(tmp_path: Path,
+                                                     postgres_url: str) -> None:
+    """Worker A's ingestion loses its lease while it reads the checkpoint (B claims the job):
+    A's model rows and its job record are refused; B then ingests it."""
+    from mergepipe.catalog import queue
+    from mergepipe.core.progress import Progress
+    from mergepipe.jobs.ingest import run_ingest_job
+
+    base = factory.make_base(tmp_path / "base", seed=1)
+    with Catalog(postgres_url) as cat:
+        (job_id,) = queue.enqueue(cat, ingests=[queue.NewIngestJob(
+            "base", "full", str(base), None)]).ingest_ids
+        assert leases.claim(cat, "A", lease_s=30) is not None
+        taken: list[bool] = []
+
+        def take_over(_: Progress) -> None:
+            if not taken:
+                cat.execute(sa.text("UPDATE ingest_jobs SET lease_until = :t WHERE job_id = :j"),
+                            {"t": leases.utc_now() - timedelta(seconds=1), "j": job_id})
+                got = leases.claim(cat, "B", lease_s=30)
+                taken.append(got is not None and got.taken_over)
+
+        with pytest.raises(LeaseLost):
+            run_ingest_job(cat, job_id, data_roots=(), progress=take_over,
+                           fence=Fence("A", "aaaaaa"))
+        assert taken == [True]
+        assert _count(cat, "SELECT count(*) FROM models WHERE name = 'base'") == 0
+        row = queue.get_ingest_job(cat, job_id)
+        assert row is not None and row.status == "queued" and row.error is None
+        run_ingest_job(cat, job_id, data_roots=(), fence=Fence("B", "bbbbbb"))
+        row = queue.get_ingest_job(cat, job_id)
+        assert row is not None and row.status == "succeeded", row.error
+        assert _count(cat, "SELECT count(*) FROM models WHERE name = 'base'") == 1

@@ -121,7 +121,7 @@ class JobRunner:
             if row is not None and row.status == "queued" and self._inputs_ready(job, [row.base]):
                 run_ingest_job(self.cat, job.id, data_roots=self.settings.data_roots,
                                remote_roots=self.settings.remote_roots,
-                               progress=track)
+                               progress=track, fence=self._fence(job))
             return
         merge = records.find_merge(self.cat, job.id)
         if merge is None or merge.status != "queued":
