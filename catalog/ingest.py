@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,11 +77,15 @@ class ScannedModel:
 def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = None,
                  kind: str = "full", block_bytes: int = DEFAULT_BLOCK_BYTES,
                  with_stats: bool = True, progress: ProgressFn | None = None,
-                 source_merge: str | None = None) -> ModelRow:
-    """Register a checkpoint as model `name` (a base when `base` is None); its models row."""
+                 source_merge: str | None = None,
+                 guard: Callable[[sa.Connection], None] | None = None) -> ModelRow:
+    """Register a checkpoint as model `name` (a base when `base` is None); its models row.
+    `guard` runs first in the transaction that writes the rows (a job's fence)."""
     scanned = scan_model(cat, path, name, base=base, kind=kind, block_bytes=block_bytes,
                          with_stats=with_stats, progress=progress, source_merge=source_merge)
     with cat.transaction() as conn:
+        if guard is not None:
+            guard(conn)
         write_model(conn, scanned)
     return get_model(cat, name)
 

@@ -6,9 +6,10 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.fence import utc_now
 from mergepipe.catalog.queue import Job
 
 # (claim query, lease update, renew, release, id column) per kind of job
@@ -30,11 +31,6 @@ class Claimed:
 def worker_id() -> str:
     """host:pid:random, unique among the workers of a catalog."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def utc_now() -> datetime:
-    """Lease times are UTC wall-clock time of the workers (keep their clocks in sync)."""
-    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def claim(cat: Catalog, worker: str, lease_s: float) -> Claimed | None:

@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.fence import Fence, hold_ingest
 from mergepipe.catalog.records import new_merge_id
 from mergepipe.core.errors import Conflict, MergePipeError
 from mergepipe.core.jsonable import dumps
@@ -176,13 +177,17 @@ def unfinished_ingest_models(cat: Catalog) -> list[IngestJobRow]:
     return [ingest_job_row(r) for r in cat.query("ingest_job_unfinished")]
 
 
-def start_ingest_job(cat: Catalog, job_id: str) -> None:
-    cat.execute("ingest_job_start", {"job_id": job_id})
+def start_ingest_job(cat: Catalog, job_id: str, fence: Fence | None = None) -> None:
+    with cat.transaction() as conn:
+        hold_ingest(conn, job_id, fence)
+        conn.execute(load_sql("ingest_job_start"), {"job_id": job_id})
 
 
 def finish_ingest_job(cat: Catalog, job_id: str, *, error: str | None, done_bytes: int,
-                      total_bytes: int) -> None:
+                      total_bytes: int, fence: Fence | None = None) -> None:
+    """The job's end (`fence`: refused, LeaseLost, unless its worker still holds it)."""
     with cat.transaction() as conn:
+        hold_ingest(conn, job_id, fence)
         conn.execute(load_sql("ingest_job_finish"), {
             "job_id": job_id, "status": "failed" if error else "succeeded", "error": error,
             "done_bytes": done_bytes, "total_bytes": total_bytes})

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 
 from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.fence import Fence, hold
 from mergepipe.core.errors import Conflict, NotFound
 from mergepipe.core.jsonable import dumps, jsonable
 from mergepipe.core.progress import Progress
@@ -144,9 +145,12 @@ def new_merge_id() -> str:
 
 
 # -- writes --------------------------------------------------------------------------------------
-def mark_running(cat: Catalog, merge_id: str) -> MergeRow:
+# Each write takes the merge's `fence` (shared catalog: the lease its worker claimed it under;
+# None for a single-process runner) and is refused (LeaseLost, rolled back) without it.
+def mark_running(cat: Catalog, merge_id: str, fence: Fence | None = None) -> MergeRow:
     """queued -> running; Conflict if the merge is not queued."""
     with cat.transaction() as conn:
+        hold(conn, merge_id, fence)
         claimed = conn.execute(load_sql("merge_start"), {"merge_id": merge_id}).rowcount
     row = get_merge(cat, merge_id)
     if claimed != 1:  # taken by another run, or finished
@@ -154,9 +158,11 @@ def mark_running(cat: Catalog, merge_id: str) -> MergeRow:
     return row
 
 
-def record_plan(cat: Catalog, merge_id: str, plan: PlanRecord) -> None:
+def record_plan(cat: Catalog, merge_id: str, plan: PlanRecord, fence: Fence | None = None
+                ) -> None:
     """Plan fields, per-expert planned bytes and the access set, in one transaction."""
     with cat.transaction() as conn:
+        hold(conn, merge_id, fence)
         conn.execute(load_sql("merge_planned"), {
             "merge_id": merge_id, "plan_hash": plan.plan_hash, "plan": dumps(plan.document),
             "budget_bytes": plan.budget_bytes, "full_read_bytes": plan.full_read_bytes,
@@ -177,14 +183,18 @@ def record_plan(cat: Catalog, merge_id: str, plan: PlanRecord) -> None:
                 "utilities": [float(u) for u in cols[4]], "ranks": list(cols[5])})
 
 
-def record_progress(cat: Catalog, merge_id: str, p: Progress) -> None:
-    cat.execute("merge_progress", {"merge_id": merge_id, "blocks_done": p.done,
-                                   "expert_bytes_read": p.expert_bytes_read,
-                                   "base_bytes_read": p.base_bytes_read})
+def record_progress(cat: Catalog, merge_id: str, p: Progress, fence: Fence | None = None
+                    ) -> None:
+    with cat.transaction() as conn:
+        hold(conn, merge_id, fence)
+        conn.execute(load_sql("merge_progress"), {
+            "merge_id": merge_id, "blocks_done": p.done,
+            "expert_bytes_read": p.expert_bytes_read, "base_bytes_read": p.base_bytes_read})
 
 
 def record_success(conn: sa.Connection, merge_id: str, outcome: OutcomeRecord) -> None:
-    """Realized I/O, output tensor hashes, lineage and status 'succeeded' (caller's transaction)."""
+    """Realized I/O, output tensor hashes, lineage and status 'succeeded' (caller's transaction,
+    which holds the merge's fence)."""
     conn.execute(load_sql("merge_succeeded"), {
         "merge_id": merge_id, "expert_bytes_read": outcome.expert_bytes_read,
         "base_bytes_read": outcome.base_bytes_read, "output_hash": outcome.output_hash,
@@ -206,15 +216,19 @@ def record_success(conn: sa.Connection, merge_id: str, outcome: OutcomeRecord) -
 
 
 def record_strategy(cat: Catalog, merge_id: str, strategy: str,
-                    previous_merge: str | None) -> None:
+                    previous_merge: str | None, fence: Fence | None = None) -> None:
     """How a planned merge is computed: scratch, or incremental from `previous_merge`."""
-    cat.execute("merge_strategy", {"merge_id": merge_id, "strategy": strategy,
-                                   "previous_merge": previous_merge})
+    with cat.transaction() as conn:
+        hold(conn, merge_id, fence)
+        conn.execute(load_sql("merge_strategy"), {"merge_id": merge_id, "strategy": strategy,
+                                                  "previous_merge": previous_merge})
 
 
-def record_failure(cat: Catalog, merge_id: str, error: str, exec_seconds: float | None) -> None:
+def record_failure(cat: Catalog, merge_id: str, error: str, exec_seconds: float | None,
+                   fence: Fence | None = None) -> None:
     """Status 'failed' with the message users see (a succeeded merge is never failed after)."""
     with cat.transaction() as conn:
+        hold(conn, merge_id, fence)
         conn.execute(load_sql("merge_failed"), {"merge_id": merge_id,
                                                 "error": error[:MAX_ERROR_CHARS],
                                                 "exec_seconds": exec_seconds})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -111,7 +112,9 @@ class S3Output:
         """What a dead run of `merge_id` left: its staging directory, and the output it
         published but never recorded. (Uploads it never completed are invisible; a bucket
         lifecycle rule, AbortIncompleteMultipartUpload, reclaims their parts.)"""
-        shutil.rmtree(stage_dir(merge_id[2:]), ignore_errors=True)
+        stage = stage_dir(merge_id[2:])
+        for run in stage.parent.glob(glob.escape(stage.name) + "*"):  # and a shared catalog's claims'
+            shutil.rmtree(run, ignore_errors=True)
         if self.published_by(merge_id):
             log.warning("removing %s: merge %s published it but died before recording it",
                         self.location, merge_id)

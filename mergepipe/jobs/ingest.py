@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import sqlalchemy as sa
 
 from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.fence import Fence, LeaseLost, hold_ingest
 from mergepipe.catalog.fsconfine import confined
 from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES
 from mergepipe.catalog.ingest import ingest_model
@@ -26,7 +29,8 @@ log = logging.getLogger("mergepipe.jobs.ingest")
 
 def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path] = (),
                   remote_roots: Sequence[str] | None = None,
-                  progress: ProgressFn | None = None) -> ModelRow:
+                  progress: ProgressFn | None = None,
+                  guard: Callable[[sa.Connection], None] | None = None) -> ModelRow:
     """Register `job.path` (a local path or a URL) as model `job.model`. The service passes
     its roots: the path must still lie inside them when the job starts, and every file is
     opened beneath its root (catalog.fsconfine): a link swapped in later is refused too."""
@@ -38,17 +42,19 @@ def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path]
     with confined(data_roots) if data_roots else contextlib.nullcontext():
         return ingest_model(cat, job.path, job.model, base=job.base, kind=job.kind,
                             block_bytes=job.block_bytes or DEFAULT_BLOCK_BYTES,
-                            with_stats=job.with_stats, progress=progress)
+                            with_stats=job.with_stats, progress=progress, guard=guard)
 
 
 def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
                    remote_roots: Sequence[str] = (),
-                   progress: ProgressFn | None = None) -> None:
-    """Run a queued ingestion job and record how it ended (its error is the one users see)."""
+                   progress: ProgressFn | None = None, fence: Fence | None = None) -> None:
+    """Run a queued ingestion job and record how it ended (its error is the one users see).
+    `fence` (a worker on a shared catalog): its writes are made only while it holds the lease
+    (LeaseLost otherwise, nothing written)."""
     row = queue.get_ingest_job(cat, job_id)
     if row is None or row.status != "queued":
         return
-    queue.start_ingest_job(cat, job_id)
+    queue.start_ingest_job(cat, job_id, fence)
     last = Progress(0, 0, "bytes", model=row.model)
 
     def track(p: Progress) -> None:
@@ -61,10 +67,13 @@ def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
     try:
         run_ingestion(cat, NewIngestJob(row.model, row.kind, row.path, row.base, row.block_bytes,
                                         row.with_stats, field="path"),
-                      data_roots=data_roots, remote_roots=remote_roots, progress=track)
+                      data_roots=data_roots, remote_roots=remote_roots, progress=track,
+                      guard=lambda conn: hold_ingest(conn, job_id, fence))
+    except LeaseLost:
+        raise  # another worker owns the job now: record nothing
     except Exception as e:  # noqa: BLE001 - recorded on the job; the worker goes on
         if not isinstance(e, MergePipeError):
             log.exception("ingestion %s of %r failed", job_id, row.model)
         error = failure_message(e, "ingestion")
     queue.finish_ingest_job(cat, job_id, error=error, done_bytes=last.done,
-                            total_bytes=last.total)
+                            total_bytes=last.total, fence=fence)

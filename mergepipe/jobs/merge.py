@@ -10,13 +10,17 @@ re-executes exactly that record.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import sqlalchemy
+
 from mergepipe.catalog import records
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.fence import Fence, LeaseLost, hold
 from mergepipe.catalog.fsconfine import confined
 from mergepipe.catalog.ingest import scan_model, write_model
 from mergepipe.catalog.locations import basename
@@ -41,6 +45,10 @@ from mergepipe.planner.plan import Plan
 
 __all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
 
+# test hook: a merge appends its pid to <dir>/starts when its output is staged; while
+# <dir>/hold exists, it writes its pid to <dir>/pid and waits (the fencing fault tests)
+HOLD_ENV = "MERGEPIPE_TEST_MERGE_HOLD"
+
 
 def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
                  output_dir: Path | str, *,
@@ -61,23 +69,25 @@ def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
 def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None,
               threads: int | None = None, overwrite: bool = False,
               data_roots: Sequence[Path] = (), output_root: Path | None = None,
-              engine: Engine = LOCAL) -> MergeSummary:
+              engine: Engine = LOCAL, fence: Fence | None = None) -> MergeSummary:
     """Plan, record the plan, execute, publish (output + manifest.json atomically), register the
     output as a model and record success; any failure is recorded once and raised. With data
     roots (the service), the inputs must still lie inside them, and every input file is opened
     beneath its root (the data roots, and the output root for earlier outputs). `engine`
-    executes the plan (local threads or Ray tasks: the same bytes)."""
+    executes the plan (local threads or Ray tasks: the same bytes). `fence` (a worker on a
+    shared catalog): every write is made only while its lease holds (docs/scale-out.md)."""
     roots = [*data_roots, *([output_root] if output_root is not None else [])]
     with confined(roots) if data_roots else contextlib.nullcontext():
         return _run_merge(cat, merge_id, progress=progress, threads=threads,
-                          overwrite=overwrite, data_roots=data_roots, engine=engine)
+                          overwrite=overwrite, data_roots=data_roots, engine=engine,
+                          fence=fence)
 
 
 def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
                threads: int | None, overwrite: bool,
-               data_roots: Sequence[Path], engine: Engine) -> MergeSummary:
+               data_roots: Sequence[Path], engine: Engine, fence: Fence | None) -> MergeSummary:
     wall0 = time.perf_counter()
-    row = records.mark_running(cat, merge_id)
+    row = records.mark_running(cat, merge_id, fence)
     out, name = output_for(str(row.output_path)), str(row.output_name)
     result: ExecutionResult | None = None
     try:
@@ -87,16 +97,18 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
         t0 = time.perf_counter()
         prep = _prepare(cat, request)
         plan_seconds = time.perf_counter() - t0
-        records.record_plan(cat, merge_id, plan_record(prep, plan_seconds))
+        records.record_plan(cat, merge_id, plan_record(prep, plan_seconds), fence)
         previous = previous_of(prep.plan)
         records.record_strategy(cat, merge_id, strategy_of(prep.plan),
-                                previous[0] if previous else None)
+                                previous[0] if previous else None, fence)
         result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
                                       progress=progress, threads=threads, overwrite=overwrite,
-                                      engine=engine)
+                                      engine=engine, fence=fence)
+    except LeaseLost:
+        raise  # another worker owns the merge now: record nothing
     except BaseException as e:
         records.record_failure(cat, merge_id, failure_message(e, "merge"),
-                               result.exec_seconds if result is not None else None)
+                               result.exec_seconds if result is not None else None, fence)
         raise
     return summary(merge_id, prep, result, output=out.location, output_name=name,
                    plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
@@ -124,16 +136,20 @@ def _prepare(cat: Catalog, request: MergeRequest) -> Prepared:
 def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
                          out: LocalOutput | S3Output, name: str,
                          plan_seconds: float, wall0: float, *, progress: ProgressFn | None,
-                         threads: int | None, overwrite: bool, engine: Engine
-                         ) -> ExecutionResult:
+                         threads: int | None, overwrite: bool, engine: Engine,
+                         fence: Fence | None) -> ExecutionResult:
     """Execute into a staging directory, publish it, then register the output and record the
-    outcome in one transaction; an output is never left published without its record."""
-    stage: Path | None = out.stage(merge_id[2:], overwrite=overwrite)
+    outcome in one transaction; an output is never left published without its record. With
+    a fence, the merge's row stays locked from before the publish to the record: a stalled
+    run whose merge was taken over publishes nothing and removes only its own staging."""
+    stage: Path | None = out.stage(merge_id[2:] + (fence.tag if fence else ""),
+                                   overwrite=overwrite)
     published = False
     try:
         assert stage is not None
         result = engine.execute(prep, stage, threads=threads, first_pass=True,
-                                progress=_recorder(cat, merge_id, progress))
+                                progress=_recorder(cat, merge_id, progress, fence))
+        _test_hold()
         write_manifest(stage, build_manifest(
             merge_id=merge_id, prep=prep, result=result, output_name=name,
             output_path=out.location, plan_seconds=plan_seconds,
@@ -141,23 +157,56 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
         (stage / CARD_FILE).write_text(render_model_card(
             user_request(prep.plan), io_figures(prep, result), name=name, merge_id=merge_id,
             plan_hash=prep.plan.plan_hash))
-        out.publish(stage, overwrite=overwrite)
-        stage, published = None, True
-        scanned = scan_model(cat, out.location, name, base=prep.plan.request.base, kind="full",
-                             with_stats=True, source_merge=merge_id,
-                             first_passes=result.first_passes)
-        result.first_passes.clear()
-        with cat.transaction() as conn:
-            write_model(conn, scanned)
-            records.record_success(conn, merge_id,
-                                   outcome_record(prep, result, name, out.location))
+        with _fenced(cat, merge_id, fence) as held:
+            out.publish(stage, overwrite=overwrite)
+            stage, published = None, True
+            scanned = scan_model(cat, out.location, name, base=prep.plan.request.base,
+                                 kind="full", with_stats=True, source_merge=merge_id,
+                                 first_passes=result.first_passes)
+            result.first_passes.clear()
+            with contextlib.nullcontext(held) if held else cat.transaction() as conn:
+                write_model(conn, scanned)
+                records.record_success(conn, merge_id,
+                                       outcome_record(prep, result, name, out.location))
         return result
     except BaseException:
         if stage is not None:
-            publish.discard(stage)
+            publish.discard(stage)  # this run's own staging (per claim with a fence)
         if published:
-            out.discard()
+            with _fenced(cat, merge_id, fence):  # lease lost: the output may be the new owner's
+                out.discard()
         raise
+
+
+@contextlib.contextmanager
+def _fenced(cat: Catalog, merge_id: str, fence: Fence | None
+            ) -> Iterator[sqlalchemy.Connection | None]:
+    """No fence: nothing (None). A fence: a transaction holding it (LeaseLost if lost), the
+    merge's row locked until the block ends (committed then, rolled back on an error)."""
+    if fence is None:
+        yield None
+        return
+    with cat.transaction() as conn:
+        hold(conn, merge_id, fence)
+        yield conn
+
+
+def _test_hold() -> None:
+    """The fault tests' hook (HOLD_ENV): log the start, wait while the hold file exists."""
+    hold_dir = os.environ.get(HOLD_ENV)
+    if not hold_dir:
+        return
+    with open(os.path.join(hold_dir, "starts"), "a") as f:
+        f.write(f"{os.getpid()}\n")
+    if not os.path.exists(os.path.join(hold_dir, "hold")):
+        return
+    tmp = os.path.join(hold_dir, f"pid.{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(tmp, os.path.join(hold_dir, "pid"))
+    deadline = time.monotonic() + 300
+    while os.path.exists(os.path.join(hold_dir, "hold")) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def merge(cat: Catalog, request: MergeRequest, output_dir: Path | str, *,
@@ -203,10 +252,12 @@ def _recheck_inputs(cat: Catalog, request: MergeRequest, data_roots: Sequence[Pa
             recheck_input(m.path, data_roots, field=field_name)
 
 
-def _recorder(cat: Catalog, merge_id: str, user: ProgressFn | None) -> ProgressFn:
-    """Record progress in the merges row (the executor calls it at most every 0.5 s)."""
+def _recorder(cat: Catalog, merge_id: str, user: ProgressFn | None,
+              fence: Fence | None) -> ProgressFn:
+    """Record progress in the merges row (the executor calls it at most every 0.5 s); a lost
+    lease stops the run there."""
     def report(p: Progress) -> None:
-        records.record_progress(cat, merge_id, p)
+        records.record_progress(cat, merge_id, p, fence)
         if user is not None:
             user(p)
     return report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -47,17 +48,15 @@ def clean_merge_outputs(row: records.MergeRow) -> None:
 
 def clean_outputs(target: Path, merge_id: str) -> None:
     """What a dead run of `merge_id` left around `target` on disk."""
-    tag = merge_id[2:]
-    stage = publish.staging_dir(target, tag)
-    if os.path.lexists(stage):
+    tag = merge_id[2:]  # + a claim's suffix on a shared catalog: every run's staging
+    for stage in target.parent.glob(glob.escape(publish.staging_dir(target, tag).name) + "*"):
         log.warning("removing the staging directory %s of interrupted merge %s", stage, merge_id)
         _remove(stage)
     if _published_by(target, merge_id):
         log.warning("removing %s: merge %s published it but died before recording it",
                     target, merge_id)
         _remove(target)
-    old = target.parent / f".{target.name}.old-{tag}"
-    if os.path.lexists(old):
+    for old in target.parent.glob(glob.escape(f".{target.name}.old-{tag}") + "*"):
         if not os.path.lexists(target) and old.is_dir() and not old.is_symlink():
             os.rename(old, target)  # the output this merge was replacing
         else:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from mergepipe.catalog import queue, records
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.fence import Fence
 from mergepipe.catalog.models import find_model
 from mergepipe.catalog.paths import temp_dirs
 from mergepipe.catalog.queue import Job
@@ -120,7 +121,7 @@ class JobRunner:
             if row is not None and row.status == "queued" and self._inputs_ready(job, [row.base]):
                 run_ingest_job(self.cat, job.id, data_roots=self.settings.data_roots,
                                remote_roots=self.settings.remote_roots,
-                               progress=track)
+                               progress=track, fence=self._fence(job))
             return
         merge = records.find_merge(self.cat, job.id)
         if merge is None or merge.status != "queued":
@@ -130,10 +131,15 @@ class JobRunner:
             return
         try:
             run_merge(self.cat, job.id, progress=track, data_roots=self.settings.data_roots,
-                      output_root=self.settings.output_root, engine=Engine.of(self.settings))
+                      output_root=self.settings.output_root, engine=Engine.of(self.settings),
+                      fence=self._fence(job))
         except Exception as e:  # noqa: BLE001 - recorded on the merge by run_merge
             if not isinstance(e, MergePipeError):
                 log.exception("merge %s failed", job.id)
+
+    def _fence(self, job: Job) -> Fence | None:
+        """The lease a shared catalog's worker holds `job` under; none in a single process."""
+        return None
 
     def _inputs_ready(self, job: Job, names: Sequence[str | None]) -> bool:
         """Wait while an input of `job` is being ingested. False (and the job goes back to the

@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 
 from mergepipe.catalog import leases, queue, records
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.fence import Fence
 from mergepipe.catalog.models import find_model
 from mergepipe.catalog.queue import Job
 from mergepipe.core.settings import Settings
@@ -34,6 +36,7 @@ class SharedJobRunner(JobRunner):
         self.lease_s = settings.lease_s
         self.wake = threading.Event()
         self.held: set[Job] = set()
+        self.fences: dict[Job, Fence] = {}  # the claim each held job runs under
 
     def start(self) -> None:
         for i in range(max(1, self.settings.workers)):
@@ -69,6 +72,7 @@ class SharedJobRunner(JobRunner):
         with self.changed:
             self.held.add(job)
             self.running.add(job)
+            self.fences[job] = Fence(self.worker, uuid.uuid4().hex[:6])
         try:
             if got.taken_over:
                 log.warning("taking over %s %s: its worker's lease expired", job.kind, job.id)
@@ -82,6 +86,7 @@ class SharedJobRunner(JobRunner):
         finally:
             with self.changed:
                 self.held.discard(job)
+                self.fences.pop(job, None)
                 self.running.discard(job)
                 self.progress.pop(job, None)
                 self.changed.notify_all()
@@ -99,6 +104,9 @@ class SharedJobRunner(JobRunner):
         if ing is not None and find_model(self.cat, ing.model) is not None:
             queue.finish_ingest_job(self.cat, job.id, error=None, done_bytes=ing.total_bytes,
                                     total_bytes=ing.total_bytes)
+
+    def _fence(self, job: Job) -> Fence | None:
+        return self.fences.get(job)
 
     def _still_queued(self, job: Job) -> bool:
         if job.kind == "ingest":
