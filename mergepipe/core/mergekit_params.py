@@ -12,11 +12,10 @@ from mergepipe.core.operators import OperatorSpec, mergekit_methods
 from mergepipe.core.tensor_params import TENSOR_PARAMS, canonical, is_scalar, numbers
 
 # mergekit methods no registered operator implements, and why each is refused.
-_SPHERICAL = ("interpolates along the sphere between whole tensors, which is not a sum of "
-              "per-block deltas: a block budget could neither be honoured nor bounded")
 REFUSED_METHODS = {
-    "multislerp": _SPHERICAL,
-    "karcher": "needs an iterative mean of every full expert tensor (" + _SPHERICAL + ")",
+    "multislerp": "not implemented yet (slerp merges two models, nuslerp two deltas)",
+    "karcher": "an iterative mean on the sphere of every full expert tensor; not implemented "
+               "yet (slerp and nuslerp are)",
     "passthrough": "stacks or copies layers (frankenmerges); there are no deltas to plan",
     "sce": "variance-based selection needs every expert tensor at once; not implemented yet",
     "nearswap": "needs the full expert tensor to compare with the base; not implemented yet",
