@@ -69,7 +69,7 @@ def cat(tmp_path_factory: pytest.TempPathFactory):
     c.close()
 
 
-def _check(name: str, cases: dict, fam, cat, theirs, out: Path) -> tuple[int, int, int]:
+def _check(name: str, cases: dict, fam, cat, theirs, out: Path) -> tuple[int, int, int, int]:
     kind, dtype = cases[name]
     summary, ours = mp.run_ours(cat, _config(kind, fam, dtype), out)
     assert summary["expert_bytes_read"] == summary["full_read_bytes"]
@@ -79,7 +79,7 @@ def _check(name: str, cases: dict, fam, cat, theirs, out: Path) -> tuple[int, in
     total = sum(t.numel() for t in theirs.values())
     assert compared > 0.95 * total  # the tie exclusion stays small
     at_ties, _, _ = mp.differences(ours, theirs)
-    return differ, at_ties, total
+    return differ, compared, at_ties, total
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +99,9 @@ def test_every_dtype_gives_mergekits_bytes(fam, cat, tmp_path_factory):
     root = tmp_path_factory.mktemp("mk-slow")
     theirs = mp.run_mergekit({n: _config(k, fam, d) for n, (k, d) in SLOW.items()}, root)
     for name in SLOW:
-        differ, at_ties, total = _check(name, SLOW, fam, cat, theirs[name], root / f"ours-{name}")
-        print(f"{name}: {differ} differ off the threshold, {at_ties} of {total} in all")
+        differ, compared, at_ties, total = _check(name, SLOW, fam, cat, theirs[name],
+                                                  root / f"ours-{name}")
+        print(f"| {name} | {compared} of {total} | {differ} | {at_ties} |")
 
 
 def test_the_request_decides_the_path_and_the_plan_needs_no_grid_thresholds(fam, cat, tmp_path):
