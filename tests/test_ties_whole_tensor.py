@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from tests import mergekit_parity as mp
 
@@ -112,7 +113,6 @@ def test_the_request_decides_the_path_and_the_plan_needs_no_grid_thresholds(fam,
     for kind in ("rescale", "offgrid", "gradient", "grid"):
         cfg = mp.config("ties", fam, "bfloat16") if kind == "grid" else _config(
             kind, fam, "bfloat16")
-        import yaml
         request, _ = load_config(cat, yaml.safe_dump(cfg))
         plans[kind] = make_plan(cat, request)
     assert plans["grid"].request.whole_tensor is None and plans["grid"].trims
@@ -120,6 +120,9 @@ def test_the_request_decides_the_path_and_the_plan_needs_no_grid_thresholds(fam,
         assert plans[kind].request.whole_tensor is not None and not plans[kind].trims, kind
     assert plans["rescale"].request.params["rescale"] == "l1"
     assert "rescale" not in plans["grid"].request.params  # plan hashes of the others stay
+    from mergepipe.executor.model_card import mergekit_config
+    card = yaml.safe_load(mergekit_config(plans["rescale"].request) or "")
+    assert card["parameters"]["rescale"] is True  # the card's config is mergekit's again
 
 
 def test_under_a_budget_the_merge_is_sound_and_deterministic(fam, cat, tmp_path):
