@@ -53,6 +53,7 @@ class ChunkMerger:
         self.expert_blocks = 0
         # mergekit arithmetic: the kernels see the experts' own values and every block runs
         self.mk_arith = prep.mergekit_arith
+        self.whole = self.req.whole_tensor is not None  # one kernel call per tensor
 
     def input_dtype(self, tensor: str) -> str:
         """The promoted dtype of the base's and the full experts' tensor (mergekit's compute
@@ -82,7 +83,7 @@ class ChunkMerger:
     def merge_chunk(self, chunk_steps: list[Step], data: Mapping[Hashable, memoryview]
                     ) -> list[MergedBlock]:
         """The merged block of every step of the chunk, in order."""
-        if self.req.spec.whole_tensor is not None:
+        if self.whole:
             return [self.scan_step(st, data, m)
                     for st, m in zip(chunk_steps, self.merge_tensors(chunk_steps, data),
                                      strict=True)]

@@ -33,7 +33,7 @@ class Prepared:
         params = self.plan.request.params
         return (params.get("semantics") == "mergekit"
                 or params.get("compute_dtype", "float32") != "float32"
-                or self.plan.request.spec.whole_tensor is not None)
+                or self.plan.request.whole_tensor is not None)
 
     @property
     def planned_bytes(self) -> int:

@@ -42,7 +42,7 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
     cur_steps: list[Step] = []
     cur_ranges: list[Range] = []
     cur_bytes = 0
-    whole = prep.plan.request.spec.whole_tensor
+    whole = prep.plan.request.whole_tensor
     for t in base.tensors.values():
         positions = sorted(by_tensor.get(t.name, []))
         last = {i: max(sel_index[(i, t.name)]) for i in positions}

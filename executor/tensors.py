@@ -49,7 +49,7 @@ def merge_tensor(op: Operator, shape: Sequence[int], inputs: list[StepInputs]
     base = _join(bases, shape)
     experts = [_join_expert([blocks[i] for _, blocks, _ in inputs], bases, shape)
                for i in range(len(inputs[0][1]))]
-    ctx = replace(inputs[0][2], block_index=0, flat_offset=0)
+    ctx = replace(inputs[0][2], block_index=0, flat_offset=0, whole_tensor=True)
     shapes = [b.shape for b in bases]
     inputs.clear()
     del bases

@@ -31,6 +31,7 @@ def resolve_request(request: MergeRequest, tensors: Sequence[tuple[str, int]]) -
     if not settings:
         return Resolved({}, [])
     spec = request.spec
+    grid = spec.trim and request.whole_tensor is None  # else the kernel's own thresholds
     counts = layer_counts(name for name, _ in tensors)
     scalar_w = request.weights()
     scalar_d = request.densities()
@@ -51,7 +52,7 @@ def resolve_request(request: MergeRequest, tensors: Sequence[tuple[str, int]]) -
             densities.append(1.0 if d is None else d)
         alphas = spec.coefficients(weights, request.params)
         for i, e in enumerate(request.experts):
-            j = _trim_j(densities[i], numel, e.model, tensor, i) if spec.trim else None
+            j = _trim_j(densities[i], numel, e.model, tensor, i) if grid else None
             rows.append({"position": i, "tensor": tensor, "rank_weight": abs(alphas[i]),
                          "trim_j": j})
             diff = {k: v for k, v, own in (("weight", weights[i], scalar_w[i]),

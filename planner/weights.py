@@ -31,7 +31,7 @@ def trim_k(j: int, numel: int) -> int:
 
 def trim_indexes(request: MergeRequest) -> list[int | None]:
     """Per expert: the trim-grid index for `ties` (whose trim excludes blocks), else None."""
-    if not request.spec.trim:
+    if not request.spec.trim or request.whole_tensor is not None:  # thresholds from the tensor
         return [None] * len(request.experts)
     return [trim_index(d, e.model)
             for d, e in zip(request.densities(), request.experts, strict=True)]

@@ -207,20 +207,18 @@ def test_ties_gradient_under_a_budget_is_sound_and_deterministic(fam, cat, tmp_p
     assert again.plan_hash == summary["plan_hash"] and again.tensor_params
     full = _plan(cat, cfg)
     assert full.planned_expert_bytes > again.planned_expert_bytes
-    # the trims are those of each tensor's density: 0.3 at layer 0, 0.7 at layer 4 (e0)
+    # a density gradient runs each tensor whole (its threshold from the tensor, no catalog
+    # trims); the densities are each tensor's: 0.7 at layer 4 (e0), 0.3 its own at layer 0
     e0 = again.request.experts[0].model
-    k = {t: tr.k for (m, t), tr in full.trims.items() if m == e0}
-    assert k["model.layers.0.mlp.up_proj.weight"] == int(0.3 * 48 * 32)
-    assert k["model.layers.4.mlp.up_proj.weight"] == int(0.7 * 48 * 32)
+    assert full.request.whole_tensor is not None and not full.trims
+    assert full.tensor_params[(e0, "model.layers.4.mlp.up_proj.weight")]["density"] == 0.7
+    assert (e0, "model.layers.0.mlp.up_proj.weight") not in full.tensor_params
 
 
 @pytest.mark.parametrize("edit, match", [
     # a filter list without a default and no global weight: mergekit's required-weight error
     (lambda c: c["models"][1]["parameters"].update(weight=[{"filter": "mlp", "value": 1.0}]),
      r"^experts\[1\]\.weight: Missing required parameter weight for e1\.(?!.*mlp)"),
-    # interpolated densities off the 1% grid (0.425 at layer 1)
-    (lambda c: c["parameters"].update(density=[0.3, 0.8]),
-     r"density 0.425 of .* at tensor 'model.layers.1.*not on the 1% grid"),
 ])
 def test_unresolvable_tensors_are_refused_naming_the_key(edit, match, fam, cat, tmp_path):
     cfg = ties_gradient(fam, "bfloat16")

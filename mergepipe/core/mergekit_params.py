@@ -103,13 +103,6 @@ def check_params(params: Mapping[str, Any], allowed: set[str], where: str,
             _check_number(name, value, key, spec)
         if name in ("normalize", "int8_mask") and not isinstance(value, bool):
             raise InvalidRequest(f"{key}: must be true or false, got {value!r}", field=key)
-        if name == "rescale" and spec.trim and value not in (False, None):
-            raise InvalidRequest(f"{key}: ties with rescale: true is not supported: mergekit "
-                                 "0.1.5 rescales each trimmed expert tensor to the L1 norm of "
-                                 "its whole untrimmed delta in the compute dtype, which needs "
-                                 "every block of every expert tensor, including the ones the "
-                                 "trim skips; remove it (rescale: false is mergekit's default)",
-                                 field=key)
         kept[name] = value
     return kept
 
@@ -117,14 +110,9 @@ def check_params(params: Mapping[str, Any], allowed: set[str], where: str,
 def _check_number(name: str, value: object, key: str, spec: OperatorSpec) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidRequest(f"{key}: must be a finite number, got {value!r}", field=key)
-    if name == "density":
-        if not 0 < value <= 1:
-            raise InvalidRequest(f"{key}: {value} is outside (0, 1] (the fraction of each "
-                                 "delta kept)", field=key)
-        if spec.trim and abs(value * 100 - round(value * 100)) > 1e-6:
-            raise InvalidRequest(f"{key}: {value} is not on the 1% grid for which the catalog "
-                                 "keeps exact TIES trim thresholds; use e.g. "
-                                 f"{round(value, 2):g}", field=key)
+    if name == "density" and not 0 < value <= 1:
+        raise InvalidRequest(f"{key}: {value} is outside (0, 1] (the fraction of each delta "
+                             "kept)", field=key)
 
 
 # per-model in mergekit (NON_BASE scope), one value per merge here

@@ -174,6 +174,12 @@ class MergeRequest:
         return self.spec.coefficients(self.weights(), self.params)
 
     @property
+    def whole_tensor(self) -> str | None:
+        """The reduction over whole tensors the kernel needs (None: it runs block by block): the
+        executor then merges each tensor in one kernel call (executor.tensors)."""
+        return self.spec.whole_tensor_reason(self.params, self.densities())
+
+    @property
     def planning_unit(self) -> str:
         """The access plan's unit: params.unit, else the operator's default."""
         return str(self.params.get("unit", self.spec.planning_unit))
@@ -204,11 +210,11 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
                              or any(e.density is not None for e in specs)):
         raise InvalidRequest(f"density applies to sparsifying operators, not {spec.name}",
                              field="density")
-    if spec.trim:
+    densities = [e.density if e.density is not None else p.get("density", 1.0) for e in specs]
+    if spec.trim and spec.whole_tensor_reason(p, densities) is None:
         _check_trim_grid(specs, p.get("density", 1.0))
     if spec.check is not None:
-        spec.check(p, [e.density if e.density is not None else p.get("density", 1.0)
-                       for e in specs])
+        spec.check(p, densities)
     if seed is None:
         seed = 0
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
@@ -256,7 +262,9 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
     if unit != spec.planning_unit:
         p["unit"] = unit
     for name, param in own.items():
-        p[name] = param.parse(params.get(name, param.default))
+        value = param.parse(params.get(name, param.default))
+        if not param.optional or value != param.default:
+            p[name] = value
     for param in _OPTIONAL:
         value = param.parse(params.get(param.name, param.default))
         if value != param.default:

@@ -46,6 +46,11 @@ def _bits(key: int, index: np.ndarray) -> np.ndarray:
     return _mix(index) >> np.uint64(64 - _BITS)
 
 
+def bits_at(key: int, flat_index: np.ndarray) -> np.ndarray:
+    """The 53 bits of uniform(key, i) * 2^53 at the given flat indexes (an int array >= 0)."""
+    return _bits(key, flat_index.astype(np.uint64))
+
+
 def _range(flat_offset: int, numel: int) -> np.ndarray:
     if flat_offset < 0 or numel < 0:
         raise ValueError(f"flat_offset {flat_offset} and numel {numel} must be >= 0")

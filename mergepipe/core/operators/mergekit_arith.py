@@ -3,7 +3,8 @@ torch operations in the same dtypes and order as mergekit, on one block.
 
 Every operation mergekit does is elementwise or a sum over the stacked experts, so a block gives
 the bytes the whole tensor gives. The exceptions are the per-tensor choices (the TIES trim, which
-comes from the catalog's threshold, and DARE's draw and L1 rescale, keyed and per block here).
+comes from the catalog's threshold, and DARE's draw and L1 rescale, keyed and per block here);
+`whole_magnitude` is mergekit's TIES trim and rescale on a whole tensor (executor.tensors).
 An expert whose block was not read is an expert equal to the base there (a zero delta).
 """
 
@@ -110,6 +111,44 @@ def magnitude_mask(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> to
     assert e.delta is not None
     kept = trimmed_into(e.delta, e.trim, e.key, ctx.flat_offset, scratch.like("mk-trim", e.delta))
     return delta * (kept != 0)
+
+
+def whole_magnitude(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+    """mergekit 0.1.5's `magnitude` on a whole expert tensor in the compute dtype: keep exactly
+    k = max(1, int(density * n)) entries, the largest |delta| (ranked as float32, as mergekit
+    ranks them on the CPU); of the entries tied at the k-th, the ones with the smallest keyed
+    draws (mergekit's argsort order is arbitrary there). `rescale: l1` then multiplies by the
+    L1 norm before over after the trim (norms below 1e-7: unscaled), each a sum in the compute
+    dtype, as mergekit does; keeping exactly k entries keeps that sum mergekit's."""
+    import numpy as np
+    import torch
+
+    from mergepipe.core.operators.keyed_hash import bits_at
+    from mergepipe.core.operators.sparsify import L1_EPS
+
+    n = delta.numel()
+    if e.density >= 1:
+        return delta
+    if n == 0:
+        return torch.zeros_like(delta)
+    k = max(1, int(e.density * n))
+    w = delta.reshape(-1).float().abs()
+    tau = w.kthvalue(n - k + 1).values
+    keep = w > tau
+    tied = torch.nonzero(w == tau).reshape(-1)
+    need = k - int(keep.sum())
+    if need >= tied.numel():
+        keep[tied] = True
+    elif need > 0:
+        order = np.argsort(bits_at(e.key, tied.numpy()), kind="stable")[:need]
+        keep[tied[torch.from_numpy(order)]] = True
+    masked = delta * keep.reshape(delta.shape).to(delta.dtype)
+    if ctx.params.get("rescale", "none") != "l1":
+        return masked
+    before, after = delta.abs().sum(), masked.abs().sum()
+    if before < L1_EPS or after < L1_EPS:
+        return masked
+    return masked * (before / after)
 
 
 def random_mask(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:

@@ -22,6 +22,7 @@ class Param:
     default: ParamValue
     choices: tuple[str, ...] = ()  # for str parameters: the allowed values
     help: str = ""
+    optional: bool = False  # kept in a request only when not the default (plan hashes stay)
 
     def parse(self, value: object) -> ParamValue:
         """The value as this parameter's type; InvalidRequest naming `params.<name>`."""
@@ -141,6 +142,9 @@ class OperatorSpec:
     # needs (norms, dot products, angles) before any entry can be combined: the executor keeps
     # each tensor's blocks together and calls the kernel once per tensor (executor.tensors)
     whole_tensor: str | None = None
+    # None, or (params, densities) -> the whole-tensor reduction this request needs (None: its
+    # blocks run one by one): an operator whose requests need whole tensors only sometimes
+    whole_tensor_for: Callable[[Mapping[str, Any], Sequence[float]], str | None] | None = None
     # how many experts (non-base models) the operator combines: (at least, at most or None)
     experts_count: tuple[int, int | None] = (1, None)
 
@@ -158,6 +162,13 @@ class OperatorSpec:
                 else f"{low} to {high}")
         return (f"{self.name} merges {want} expert{'s' if (high or low) != 1 else ''} with the "
                 f"base, got {n}")
+
+    def whole_tensor_reason(self, params: Mapping[str, Any], densities: Sequence[float]
+                            ) -> str | None:
+        """The reduction over whole tensors a request's kernel needs (None: block by block)."""
+        if self.whole_tensor is not None:
+            return self.whole_tensor
+        return self.whole_tensor_for(params, densities) if self.whole_tensor_for else None
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)

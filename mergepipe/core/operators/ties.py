@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators.base import read_experts
-from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
+from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
+from mergepipe.core.tensor_params import Setting, is_scalar
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
@@ -18,8 +21,9 @@ def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> t
     from mergepipe.core.operators import mergekit_arith as mk
 
     if mk.uses_mergekit_arith(ctx):
-        return mk.gta(base, experts, ctx, sparsify=mk.magnitude_mask, consensus=True,
-                      normalize_default=True)
+        # a whole tensor (whole_tensor_for): mergekit's own magnitude trim and L1 rescale
+        trim = mk.whole_magnitude if ctx.whole_tensor else mk.magnitude_mask
+        return mk.gta(base, experts, ctx, sparsify=trim, consensus=True, normalize_default=True)
     import torch
 
     from mergepipe.core.operators.sparsify import (
@@ -44,10 +48,60 @@ def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> t
     return finish_into(out, base, ctx.lam, divisor)
 
 
+def on_grid(density: float) -> bool:
+    """On the 1% grid the catalog keeps exact trim thresholds for."""
+    return abs(density * 100 - round(density * 100)) <= 1e-6
+
+
+def _grid_setting(s: Setting) -> bool:
+    """A per-tensor density setting that only gives values on the grid (no gradient)."""
+    if is_scalar(s):
+        return on_grid(float(s))
+    if all(is_scalar(v) for v in s):  # a gradient: interpolated values fall off the grid
+        return len(s) == 1 and on_grid(float(s[0]))
+    return all(_grid_setting(c["value"]) for c in s)
+
+
+def whole_tensor_for(params: Mapping[str, Any], densities: Sequence[float]) -> str | None:
+    """mergekit configs with `rescale: true` or a density off the 1% grid (a gradient too): the
+    trim threshold and the L1 norms come from the whole tensor, as mergekit computes them."""
+    if params.get("semantics") != "mergekit":
+        return None
+    if params.get("rescale", "none") != "none":
+        return "each expert's L1 norm before and after the trim (mergekit's rescale)"
+    chains = (params.get("tensor_params") or {}).get("density") or []
+    if (not all(on_grid(d) for d in densities)
+            or not all(_grid_setting(s) for chain in chains if chain for s in chain)):
+        return "each expert's magnitude threshold at a density off the catalog's 1% grid"
+    return None
+
+
+def _check(params: Mapping[str, Any], densities: Sequence[float]) -> None:
+    if params.get("rescale", "none") != "none" and params.get("semantics") != "mergekit":
+        raise InvalidRequest("params.rescale: l1 for ties is mergekit's rescale: true and "
+                             "applies to mergekit configs (mergepipe merge CONFIG.yml)",
+                             field="params.rescale")
+
+
+def _translate(p: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """mergekit's boolean `rescale` (default false) -> rescale: l1 or nothing."""
+    value = p.pop("rescale", None)
+    if value is True:
+        return {**p, "rescale": "l1"}
+    if value not in (None, False):
+        raise InvalidRequest(f"parameters.rescale: must be true or false, got {value!r}",
+                             field="parameters.rescale")
+    return p
+
+
 SPEC = OperatorSpec(
     name="ties", title="TIES",
     formula="M = B + lambda * disjoint_mean_i(w_i trim(D_i, density_i))",
     kernel=ties, normalize_default=True, additive=False, density=True, trim=True,
+    params=(Param("rescale", str, "none", ("none", "l1"), optional=True,
+                  help="l1: each trimmed expert tensor rescaled to its untrimmed L1 norm "
+                       "(mergekit's rescale: true; mergekit configs only)"),),
+    whole_tensor_for=whole_tensor_for, check=_check,
     # (expert, block) units: on both fidelity families they kept TIES closer to the full merge
     # than coherent groups (docs/FIDELITY.md, "Planning units"); unit=group opts in. Ranked
     # per tensor: the only ranking that beat random plans of equal bytes on both families
@@ -56,5 +110,5 @@ SPEC = OperatorSpec(
                      "entry's sign over all experts together: one expert more can flip signs "
                      "everywhere"),
     mergekit=MergekitMethod("ties", params={"normalize": "normalize", "lambda": "lambda",
-                                            "rescale": None}),
+                                            "rescale": "rescale"}, translate=_translate),
 )
