@@ -89,6 +89,7 @@ def reference(fam, tmp_path_factory):
     return mp.run_mergekit({n: _config(k, fam, d) for n, (k, d) in FAST.items()}, root)
 
 
+@pytest.mark.slow  # a mergekit subprocess (~30 s); make test keeps tests/test_mergekit_parity.py's
 @pytest.mark.parametrize("name", list(FAST))
 def test_rescale_and_off_grid_densities_give_mergekits_bytes(name, fam, cat, reference,
                                                              tmp_path):
