@@ -209,7 +209,7 @@ class TrimThresholds:
 
     def solve_sorted(self, a: torch.Tensor) -> None:
         """Resolve every pending query from all of the tensor's |delta| at once (small tensors)."""
-        asc = torch.sort(a.reshape(-1)).values.numpy()
+        asc = np.sort(a.reshape(-1).numpy())  # same values as torch.sort, several times faster
         n = asc.size
         q = self._q
         taus = asc[n - (q.above + q.rank)]
@@ -225,7 +225,9 @@ class TrimThresholds:
             return
         children = TOP_BINS if self.level == 0 else SUB_BINS
         counts = self._counts.view(self.n_slots, children, 2).numpy()
-        total = counts.sum(axis=2)
+        # the same integers as counts.sum(axis=2), whose reduction over an axis of 2 is ~100x
+        # slower: it was most of a tensor's finishing time
+        total = counts[:, :, 0] + counts[:, :, 1]
         # Per slot, cumulative counts from the largest child down; rows made disjoint by an
         # offset so that one searchsorted serves every query.
         from_top = np.cumsum(total[:, ::-1], axis=1)
