@@ -209,7 +209,7 @@ class TrimThresholds:
 
     def solve_sorted(self, a: torch.Tensor) -> None:
         """Resolve every pending query from all of the tensor's |delta| at once (small tensors)."""
-        asc = torch.sort(a.reshape(-1)).values.numpy()
+        asc = np.sort(a.reshape(-1).numpy())  # same values as torch.sort, several times faster
         n = asc.size
         q = self._q
         taus = asc[n - (q.above + q.rank)]
@@ -225,7 +225,9 @@ class TrimThresholds:
             return
         children = TOP_BINS if self.level == 0 else SUB_BINS
         counts = self._counts.view(self.n_slots, children, 2).numpy()
-        total = counts.sum(axis=2)
+        # the same integers as counts.sum(axis=2), whose reduction over an axis of 2 is ~100x
+        # slower: it was most of a tensor's finishing time
+        total = counts[:, :, 0] + counts[:, :, 1]
         # Per slot, cumulative counts from the largest child down; rows made disjoint by an
         # offset so that one searchsorted serves every query.
         from_top = np.cumsum(total[:, ::-1], axis=1)
@@ -243,8 +245,7 @@ class TrimThresholds:
         self._set(q.j[single], (q.prefix[single] << shift), q.above[single], in_bin[single])
         rest = ~single
         if self.level == 0 and self._mixed and rest.any():
-            mixed = np.sort(np.concatenate([t.numpy() for t in self._mixed]))
-            self._resolve_mixed(q.take(rest), mixed, in_bin[rest])
+            self._resolve_mixed(q.take(rest), self._mixed_in(child[rest]), in_bin[rest])
             rest[:] = False
         self._q = q = q.take(rest)
         if not len(q):
@@ -260,6 +261,15 @@ class TrimThresholds:
         self.level += 1
         self.n_slots = len(keys)
         self._counts = torch.zeros(2 * SUB_BINS * self.n_slots, dtype=torch.int64)
+
+    def _mixed_in(self, bins: np.ndarray) -> np.ndarray:
+        """The kept mixed entries of the level-0 bins `bins`, sorted (the only ones that
+        `_resolve_mixed` looks at: sorting a few bins' entries, not all of them)."""
+        assert self._mixed is not None
+        mixed = np.concatenate([t.numpy() for t in self._mixed])
+        wanted = np.zeros(TOP_BINS, dtype=bool)
+        wanted[bins] = True
+        return np.sort(mixed[wanted[mixed >> LEVEL_SHIFTS[0]]])
 
     def _resolve_mixed(self, q: _Queries, mixed: np.ndarray, in_bin: np.ndarray) -> None:
         """Level 0, bins with mixed entries whose bits were all kept: pick values directly.
