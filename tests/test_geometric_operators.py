@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import REGISTRY, BlockContext, ExpertBlock
+from mergepipe.core.request import build_request
 
 R = 1 / math.sqrt(2)
 
@@ -99,3 +101,13 @@ def test_the_model_cards_mergekit_config_reads_back_as_the_request(op, experts, 
     assert [e.weight for e in cfg.experts] == [e.weight for e in req.experts]
     assert {k: cfg.params[k] for k in params} == params
     assert not any("ignored" in n for n in cfg.notes)
+
+
+@pytest.mark.parametrize("op", ["slerp", "nuslerp", "model_stock"])
+@pytest.mark.parametrize("params", [{"lambda": 0.5}, {"normalize": True}])
+def test_scale_parameters_they_would_ignore_are_refused(op: str, params: dict) -> None:
+    experts = ",".join(["e0", "e1", "e2"][:REGISTRY[op].experts_count[1] or 3])
+    with pytest.raises(InvalidRequest, match=f"takes no {next(iter(params))}") as e:
+        build_request(base="base", experts=experts, operator=op, params=params)
+    assert e.value.field == f"params.{next(iter(params))}"
+    build_request(base="base", experts=experts, operator=op, params={"lambda": 1.0})
