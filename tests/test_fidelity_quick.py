@@ -10,6 +10,9 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
+# the study merges and evaluates a model at every budget (~45 s): make test-all runs it
+pytestmark = pytest.mark.slow
+
 from mergepipe.benchmarks.fidelity.report import write_report  # noqa: E402
 from mergepipe.benchmarks.fidelity.run import quick_config, run_fidelity  # noqa: E402
 
