@@ -160,6 +160,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     return wheel_install(tmp_path_factory)
 
 
+@pytest.mark.slow  # a second wheel install (~25 s); test_wheel.py keeps the wheel in make test
 def test_image_start_command_answers_its_healthcheck(installed: Installed, tmp_path: Path) -> None:
     """CMD with the image's settings (paths under /data moved into tmp_path, the port made free
     and the host loopback), from the wheel's venv; then the HEALTHCHECK command, then SIGTERM."""

@@ -47,7 +47,7 @@ def families(tmp_path_factory: pytest.TempPathFactory):
     cat.close()
 
 
-@pytest.mark.parametrize("prefix", ["", "f"])
+@pytest.mark.parametrize("prefix", ["", pytest.param("f", marks=pytest.mark.slow)])
 @pytest.mark.parametrize(("op", "budget", "params", "dtype"), [
     ("ties", 1.0, {"density": 0.5}, None),
     ("ties", 0.4, {"density": 0.3}, None),  # unread blocks: the base's own bytes

@@ -24,6 +24,7 @@ def _probe(tmp_path: Path, mib: int, block_bytes: int, *, merges: bool) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a 256 MiB tensor ingested in a child (~15 s); the bench reports the same RSS
 def test_ingesting_a_large_1d_tensor_takes_much_less_memory_than_the_tensor(
         tmp_path: Path) -> None:
     # 32 MiB of one 1-D tensor, blocks of 64 KiB: before, the tensor was one block and

@@ -96,6 +96,7 @@ def test_ray_engine_writes_the_local_engines_bytes(ray_runtime: Path, fam: dict,
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
 
 
+@pytest.mark.slow  # the fast grid and the service test cover the engine
 def test_ray_engine_under_mergekit_semantics(ray_runtime: Path, fam: dict,
                                              tmp_path: Path) -> None:
     """mergekit's arithmetic in bf16 runs every block through the operator: same bytes too."""
@@ -104,6 +105,7 @@ def test_ray_engine_under_mergekit_semantics(ray_runtime: Path, fam: dict,
     assert files_of(ray) == files_of(local)
 
 
+@pytest.mark.slow  # the fast grid and the service test cover the engine
 def test_ray_merge_records_and_registers_like_local(ray_runtime: Path, fam: dict,
                                                     tmp_path: Path) -> None:
     """run_merge on Ray: the output registered from the tasks' first scan pass has the blocks

@@ -229,17 +229,6 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
                         str(strategy))
 
 
-def _refuse_unused_scale(spec: OperatorSpec, params: dict[str, Any]) -> None:
-    """Whole-tensor operators (slerp, nuslerp, model_stock) neither scale nor normalize: a
-    value other than the default would be silently ignored, so it is refused."""
-    if spec.whole_tensor is None:
-        return
-    for name, default in (("lambda", 1.0), ("normalize", spec.normalize_default)):
-        if name in params and params[name] != default:
-            raise InvalidRequest(f"params.{name}: {spec.name} interpolates whole tensors and "
-                                 f"takes no {name}; remove it", field=f"params.{name}")
-
-
 def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any]:
     """The request's global parameters checked against the operator's spec, defaults filled in
     (the planner's `utility` is kept only when it is not the operator's default, so plan hashes stay)."""
@@ -260,7 +249,7 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
                                  field=f"params.{name}")
         raise InvalidRequest(f"unknown parameter {name!r} for {spec.name}; known: "
                              f"{sorted(known)}", field="params")
-    _refuse_unused_scale(spec, params)
+    spec.check_scale_params(params)
     p: dict[str, Any] = {
         "normalize": NORMALIZE.parse(params.get("normalize", spec.normalize_default)),
         "lambda": LAMBDA.parse(params.get("lambda", 1.0)),

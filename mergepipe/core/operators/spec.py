@@ -153,6 +153,16 @@ class OperatorSpec:
             raise ValueError(f"operator {self.name}: planning_unit {self.planning_unit!r} is "
                              f"not one of {', '.join(PLANNING_UNITS)}")
 
+    def check_scale_params(self, params: Mapping[str, Any]) -> None:
+        """Whole-tensor operators (slerp, nuslerp, model_stock) neither scale nor normalize: a
+        `lambda` or `normalize` other than the default would be silently ignored, so refused."""
+        if self.whole_tensor is None:
+            return
+        for name, default in (("lambda", 1.0), ("normalize", self.normalize_default)):
+            if name in params and params[name] != default:
+                raise InvalidRequest(f"params.{name}: {self.name} interpolates whole tensors "
+                                     f"and takes no {name}; remove it", field=f"params.{name}")
+
     def check_experts_count(self, n: int) -> str | None:
         """Why `n` experts cannot be merged by this operator (None: they can)."""
         low, high = self.experts_count
