@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from mergepipe.catalog.fsconfine import confined
 from mergepipe.catalog.safetensors_format import encode_header
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.core.fault_hooks import wait_while_held
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.stream import ExecutionResult, execute, output_hash
 from mergepipe.executor.writeback import Writeback
@@ -125,32 +125,14 @@ def run_region(prep: Prepared, out_dir: str, layout: Layout,
                ) -> tuple[int, int, ExecutionResult]:
     """Execute one region (in any process that sees the inputs and `out_dir` at the same
     paths): (region index, this process's id, what it read and wrote)."""
-    _test_hold(region)
+    if region.index == 0:  # the fault tests hold the first region (HOLD_ENV)
+        wait_while_held(HOLD_ENV)
     sub = region_prepared(prep, region)
     with confined(roots) if roots else contextlib.nullcontext():
         writer = RegionWriter(Path(out_dir), layout, metadata, region)
         result = execute(sub, Path(out_dir), threads=threads, compute_threads=1,
                          first_pass=first_pass, writer=writer)
     return region.index, os.getpid(), result
-
-
-def _test_hold(region: Region) -> None:
-    """The fault tests' hook (HOLD_ENV): region 0 logs its start, and waits while the hold
-    file exists."""
-    hold_dir = os.environ.get(HOLD_ENV)
-    if not hold_dir or region.index != 0:
-        return
-    with open(os.path.join(hold_dir, "starts"), "a") as f:  # one line per attempt
-        f.write(f"{os.getpid()}\n")
-    if not os.path.exists(os.path.join(hold_dir, "hold")):
-        return
-    tmp = os.path.join(hold_dir, f"pid.{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(tmp, os.path.join(hold_dir, "pid"))
-    deadline = time.monotonic() + 300
-    while os.path.exists(os.path.join(hold_dir, "hold")) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 def combine(layout: Layout, regions: Sequence[Region], results: dict[int, ExecutionResult],

@@ -10,7 +10,6 @@ re-executes exactly that record.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -28,6 +27,7 @@ from mergepipe.catalog.models import find_model
 from mergepipe.catalog.paths import recheck_input
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
 from mergepipe.core.errors import InvalidRequest, MergePipeError
+from mergepipe.core.fault_hooks import wait_while_held
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest
 from mergepipe.executor import publish, stream
@@ -149,7 +149,7 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
         assert stage is not None
         result = engine.execute(prep, stage, threads=threads, first_pass=True,
                                 progress=_recorder(cat, merge_id, progress, fence))
-        _test_hold()
+        wait_while_held(HOLD_ENV)  # the fault tests' hook
         write_manifest(stage, build_manifest(
             merge_id=merge_id, prep=prep, result=result, output_name=name,
             output_path=out.location, plan_seconds=plan_seconds,
@@ -189,24 +189,6 @@ def _fenced(cat: Catalog, merge_id: str, fence: Fence | None
     with cat.transaction() as conn:
         hold(conn, merge_id, fence)
         yield conn
-
-
-def _test_hold() -> None:
-    """The fault tests' hook (HOLD_ENV): log the start, wait while the hold file exists."""
-    hold_dir = os.environ.get(HOLD_ENV)
-    if not hold_dir:
-        return
-    with open(os.path.join(hold_dir, "starts"), "a") as f:
-        f.write(f"{os.getpid()}\n")
-    if not os.path.exists(os.path.join(hold_dir, "hold")):
-        return
-    tmp = os.path.join(hold_dir, f"pid.{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(tmp, os.path.join(hold_dir, "pid"))
-    deadline = time.monotonic() + 300
-    while os.path.exists(os.path.join(hold_dir, "hold")) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 def merge(cat: Catalog, request: MergeRequest, output_dir: Path | str, *,
