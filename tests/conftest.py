@@ -19,6 +19,15 @@ def catalog(tmp_path: Path):
     cat.close()
 
 
+@pytest.fixture(scope="module")
+def cat(tmp_path_factory: pytest.TempPathFactory):
+    """An empty catalog shared by a module's tests (the mergekit parity modules ingest their
+    family into it); modules that need another one define their own `cat`."""
+    c = Catalog(tmp_path_factory.mktemp("cat") / "catalog.duckdb")
+    yield c
+    c.close()
+
+
 @pytest.fixture
 def family(tmp_path: Path) -> dict[str, Path]:
     """A bf16 base and three full experts (one with an untouched tensor)."""

@@ -18,7 +18,6 @@ from tests import mergekit_parity as mp
 
 pytest.importorskip("mergekit", reason="mergekit (test extra) is the conformance reference")
 
-from mergepipe.catalog.db import Catalog  # noqa: E402
 from mergepipe.core.errors import InvalidRequest  # noqa: E402
 from mergepipe.core.mergekit_config import parse_config  # noqa: E402
 
@@ -28,13 +27,6 @@ MAX_DIFFERING = 4  # entries one ulp away, per config (reductions summed in anot
 @pytest.fixture(scope="module")
 def fam(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return mp.make_family(tmp_path_factory.mktemp("family"))
-
-
-@pytest.fixture(scope="module")
-def cat(tmp_path_factory: pytest.TempPathFactory):
-    c = Catalog(tmp_path_factory.mktemp("cat") / "catalog.duckdb")
-    yield c
-    c.close()
 
 
 # one config of each method for the fast run; every case (3 dtypes, the options) is slow

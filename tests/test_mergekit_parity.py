@@ -18,7 +18,6 @@ from tests import mergekit_parity as mp
 
 pytest.importorskip("mergekit", reason="mergekit (test extra) is the conformance reference")
 
-from mergepipe.catalog.db import Catalog  # noqa: E402
 
 COMPUTE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
            None: torch.bfloat16}  # None: the files' dtype (bf16 checkpoints)
@@ -42,13 +41,6 @@ def _config(method: str, fam: dict[str, Path], dtype: str | None, name: str = ""
 @pytest.fixture(scope="module")
 def fam(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return mp.make_family(tmp_path_factory.mktemp("family"))
-
-
-@pytest.fixture(scope="module")
-def cat(tmp_path_factory: pytest.TempPathFactory):
-    c = Catalog(tmp_path_factory.mktemp("cat") / "catalog.duckdb")
-    yield c
-    c.close()
 
 
 def _check(name: str, method: str, dtype: str | None, fam, cat, theirs, out: Path) -> None:

@@ -23,7 +23,6 @@ from tests import mergekit_parity as mp
 
 pytest.importorskip("mergekit", reason="mergekit (test extra) is the conformance reference")
 
-from mergepipe.catalog.db import Catalog  # noqa: E402
 from mergepipe.core.operators.breadcrumbs import cuts  # noqa: E402
 
 COMPUTE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -49,13 +48,6 @@ def _config(method: str, fam: dict[str, Path], dtype: str | None, gamma: float |
 @pytest.fixture(scope="module")
 def fam(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return mp.make_family(tmp_path_factory.mktemp("family"))
-
-
-@pytest.fixture(scope="module")
-def cat(tmp_path_factory: pytest.TempPathFactory):
-    c = Catalog(tmp_path_factory.mktemp("cat") / "catalog.duckdb")
-    yield c
-    c.close()
 
 
 def band_untied(fam: dict[str, Path], dtype: torch.dtype, gamma: float

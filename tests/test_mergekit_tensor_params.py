@@ -21,7 +21,6 @@ pytest.importorskip("mergekit", reason="mergekit (test extra) is the conformance
 
 from mergekit.config import MergeConfiguration, evaluate_setting  # noqa: E402
 
-from mergepipe.catalog.db import Catalog  # noqa: E402
 from mergepipe.core.errors import InvalidRequest  # noqa: E402
 from mergepipe.core.mergekit_config import parse_config  # noqa: E402
 from mergepipe.core.tensor_params import layer_counts, layer_t, resolve  # noqa: E402
@@ -94,13 +93,6 @@ def _t(tensor: str) -> float:
 @pytest.fixture(scope="module")
 def fam(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return mp.make_family(tmp_path_factory.mktemp("family5"), layers=LAYERS)
-
-
-@pytest.fixture(scope="module")
-def cat(tmp_path_factory: pytest.TempPathFactory):
-    c = Catalog(tmp_path_factory.mktemp("cat") / "catalog.duckdb")
-    yield c
-    c.close()
 
 
 def test_resolution_is_mergekits_at_every_tensor(fam):

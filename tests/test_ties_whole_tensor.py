@@ -17,7 +17,6 @@ from tests import mergekit_parity as mp
 
 pytest.importorskip("mergekit", reason="mergekit (test extra) is the conformance reference")
 
-from mergepipe.catalog.db import Catalog  # noqa: E402
 from mergepipe.core.errors import InvalidRequest  # noqa: E402
 from mergepipe.core.request import build_request  # noqa: E402
 from mergepipe.core.tensor_params import layer_counts, layer_t, resolve  # noqa: E402
@@ -61,13 +60,6 @@ def _densities(kind: str) -> tuple[Any, ...]:
 @pytest.fixture(scope="module")
 def fam(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return mp.make_family(tmp_path_factory.mktemp("family5"), layers=LAYERS)
-
-
-@pytest.fixture(scope="module")
-def cat(tmp_path_factory: pytest.TempPathFactory):
-    c = Catalog(tmp_path_factory.mktemp("cat") / "catalog.duckdb")
-    yield c
-    c.close()
 
 
 def _check(name: str, cases: dict, fam, cat, theirs, out: Path) -> tuple[int, int, int, int]:
