@@ -1,4 +1,4 @@
-"""Run a command as a child process and measure its wall time and peak RSS (wait4 rusage)."""
+"""Run a command as a child process and measure its wall time and peak RSS (its own VmHWM)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Timed:
 
     cmd: list[str]
     wall_s: float
-    peak_rss: int  # bytes: ru_maxrss of the child (and its waited-for descendants)
+    peak_rss: int  # bytes: the largest VmHWM of the child and its descendants
     returncode: int
     stdout: str
     stderr: str
@@ -45,10 +45,13 @@ def run_timed(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | 
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=err)
         timer = threading.Timer(timeout, os.kill, (proc.pid, signal.SIGKILL))
         timer.start()
+        peak = PeakSampler(proc.pid)
+        peak.start()
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
+            _, status, _ = os.wait4(proc.pid, 0)
         finally:
             timer.cancel()
+            peak.stop()
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -60,7 +63,41 @@ def run_timed(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | 
     for line in stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             result = json.loads(line[len(RESULT_PREFIX):])
-    return Timed(cmd, wall, usage.ru_maxrss * 1024, proc.returncode, stdout, stderr, result)
+    return Timed(cmd, wall, peak.kib * 1024, proc.returncode, stdout, stderr, result)
+
+
+class PeakSampler(threading.Thread):
+    """Peak RSS of a process tree: each process's own high-water mark (VmHWM), read every
+    10 ms while it runs. Not wait4's ru_maxrss: Linux carries the exec-ing process's mark
+    into it at exec, so a child of a large parent would report the parent's peak."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.kib = pid, 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self._done.wait(0.01):
+            try:
+                pids = [self.pid, *(c.pid for c in psutil.Process(self.pid).children(True))]
+            except psutil.Error:
+                pids = [self.pid]
+            self.kib = max([self.kib, *(_vm_hwm_kib(p) for p in pids)])
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    """VmHWM of a live process in KiB (0 once it has exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), 0)
+    except OSError:
+        return 0
 
 
 def emit(result: dict[str, Any]) -> None:
