@@ -16,6 +16,7 @@ import argparse
 import re
 import statistics
 import sys
+import uuid
 from pathlib import Path
 
 from mergepipe.benchmarks.coldcache import files_under, make_cold
@@ -24,9 +25,11 @@ from mergepipe.benchmarks.proc import child_env, python_cmd, run_timed
 _EXECUTE = re.compile(r"execute ([0-9.]+) s")
 
 
-def _merge_cmd(catalog: str, experts: list[str], op: str, density: float, out: Path) -> list[str]:
+def _merge_cmd(catalog: str, experts: list[str], op: str, density: float, out: Path,
+               name: str) -> list[str]:
     cmd = python_cmd("mergepipe", "--catalog", catalog, "merge", "--base", "base", "--experts",
-                     ",".join(experts), "--op", op, "--out", str(out), "--overwrite")
+                     ",".join(experts), "--op", op, "--out", str(out), "--overwrite",
+                     "--name", name)
     return cmd + (["--param", f"density={density}"] if op == "ties" else [])
 
 
@@ -61,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
                     runs[name].append((t.wall_s, t.wall_s))
                     continue
                 env = child_env(**({"MERGEPIPE_NO_FUSED": "1"} if name == "torch" else {}))
-                t = run_timed(_merge_cmd(a.catalog, experts, op, a.density, out), env=env).check()
+                cmd = _merge_cmd(a.catalog, experts, op, a.density, out,
+                                 f"ab-{op}-{name}-{rep}-{uuid.uuid4().hex[:8]}")
+                t = run_timed(cmd, env=env).check()
                 m = _EXECUTE.search(t.stdout)
                 runs[name].append((t.wall_s, float(m.group(1)) if m else float("nan")))
                 print(f"{op} rep {rep} {name}: wall {t.wall_s:.2f} s, execute "

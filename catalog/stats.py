@@ -78,23 +78,23 @@ def scan_block(a: torch.Tensor, scratch: Scratch | None = None, *, collect_mixed
     l2 = math.sqrt(float(sq.sum()))
     bits = a.view(torch.int32)
     if fused.available() and n >= SPARSE_BELOW and a.is_contiguous():
-        counts = fused.histogram(a)  # one C pass: the same counts as the torch passes below
-        low = None
-    else:
-        key = scratch.get("k0", n, torch.int32)
-        low = scratch.get("k1", n, torch.int32)
-        torch.bitwise_right_shift(bits, 16, out=key).bitwise_left_shift_(1)
-        torch.bitwise_and(bits, 0xFFFF, out=low).clamp_(max=1)
-        key.bitwise_or_(low)
-        counts = _histogram(key, 2 * TOP_BINS)
+        # one C pass: the same counts and mixed entries as the torch passes below
+        counts, mixed = fused.histogram(
+            a, scratch.get("k0", n, torch.int32) if collect_mixed else None)
+        return BlockStats(l2, l1, max_abs, n - int(counts[0])), counts, mixed
+    key = scratch.get("k0", n, torch.int32)
+    low = scratch.get("k1", n, torch.int32)
+    torch.bitwise_right_shift(bits, 16, out=key).bitwise_left_shift_(1)
+    torch.bitwise_and(bits, 0xFFFF, out=low).clamp_(max=1)
+    key.bitwise_or_(low)
+    counts = _histogram(key, 2 * TOP_BINS)
     if isinstance(counts, torch.Tensor):
         zeros, n_mixed = int(counts[0]), int(counts[1::2].sum())
     else:
         zeros, n_mixed = _sparse_count(counts, 0), int(counts[1][counts[0] % 2 == 1].sum())
     mixed = None
     if collect_mixed and n_mixed:  # numpy's boolean indexing is several times torch's here
-        b = bits.reshape(-1).numpy()
-        mixed = torch.from_numpy(b[(b & 0xFFFF) != 0] if low is None else b[low.numpy() != 0])
+        mixed = torch.from_numpy(bits.numpy()[low.numpy() != 0])
     return BlockStats(l2, l1, max_abs, n - zeros), counts, mixed
 
 

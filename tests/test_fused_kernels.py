@@ -146,10 +146,20 @@ def test_first_pass_abs_delta_and_histogram_equal_the_torch_passes(dtype, base_d
     assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
     bits = ref.view(torch.int32)
     key = (bits >> 16) * 2 + (bits & 0xFFFF).clamp(max=1)
-    assert torch.equal(fused.histogram(ref), torch.bincount(key, minlength=1 << 16))
+    counts, mixed = fused.histogram(ref, torch.empty(n, dtype=torch.int32))
+    assert torch.equal(counts, torch.bincount(key, minlength=1 << 16))
+    want = bits[(bits & 0xFFFF) != 0]
+    assert torch.equal(mixed, want) if mixed is not None else want.numel() == 0
+    saved, fused._fused = fused._fused, None  # scan_block's torch passes give the same
+    try:
+        ref_scan = scan_block(torch.where(ref.isfinite(), ref, 0.0), Scratch(), collect_mixed=True)
+    finally:
+        fused._fused = saved
     ref = torch.where(ref.isfinite(), ref, 0.0)  # the first pass refuses Inf
     bits = ref.view(torch.int32)
     stats, counts, mixed = scan_block(ref, Scratch(), collect_mixed=True)
     want = bits[(bits & 0xFFFF) != 0]
     assert torch.equal(mixed, want) if mixed is not None else want.numel() == 0
     assert stats.nnz == int((ref != 0).sum())
+    assert stats == ref_scan[0] and torch.equal(counts, ref_scan[1])
+    assert (mixed is None and ref_scan[2] is None) or torch.equal(mixed, ref_scan[2])

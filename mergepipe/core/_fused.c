@@ -391,40 +391,59 @@ static PyObject *py_abs_delta(PyObject *self, PyObject *args) {
 }
 
 /* counts[key] += 1 for each |delta| (float32 bits >= 0): key = (bits >> 16) << 1, plus 1 when
- * the lower 16 bits are not all zero (catalog/stats.py's level-0 histogram, 2**16 int64 bins). */
+ * the lower 16 bits are not all zero (catalog/stats.py's level-0 histogram, 2**16 int64 bins).
+ * With `mixed` (int32, one per entry), the bits of those "mixed" entries, in order. Returns
+ * how many entries are mixed. */
+static Py_ssize_t histogram_run(const uint32_t *bits, Py_ssize_t n, int64_t *c, int32_t *mixed) {
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint32_t u = bits[i] & 0x7FFFFFFFu;
+        const uint32_t low = (u & 0xFFFFu) != 0;
+        c[((u >> 16) << 1) | low]++;
+        if (mixed) mixed[k] = (int32_t)u;  /* branch-free: written always, kept when mixed */
+        k += low;
+    }
+    return k;
+}
+
 static PyObject *py_histogram(PyObject *self, PyObject *args) {
-    PyObject *o_a, *o_counts;
-    Py_buffer a, counts;
-    if (!PyArg_ParseTuple(args, "OO", &o_a, &o_counts)) return NULL;
+    PyObject *o_a, *o_counts, *o_mixed = Py_None;
+    Py_buffer a, counts, mixed = {0};
+    if (!PyArg_ParseTuple(args, "OO|O", &o_a, &o_counts, &o_mixed)) return NULL;
     if (PyObject_GetBuffer(o_a, &a, PyBUF_SIMPLE) < 0) return NULL;
     if (PyObject_GetBuffer(o_counts, &counts, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&a);
         return NULL;
     }
-    if (a.len % 4 || counts.len != (Py_ssize_t)(sizeof(int64_t) << 16)) {
+    if (o_mixed != Py_None && PyObject_GetBuffer(o_mixed, &mixed, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&a);
         PyBuffer_Release(&counts);
-        PyErr_SetString(PyExc_ValueError, "histogram(float32 buffer, 2**16 int64 counts)");
         return NULL;
     }
-    const uint32_t *bits = a.buf;
-    int64_t *c = counts.buf;
-    const Py_ssize_t n = a.len / 4;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const uint32_t u = bits[i] & 0x7FFFFFFFu;
-        c[((u >> 16) << 1) | ((u & 0xFFFFu) != 0)]++;
+    if (a.len % 4 || counts.len != (Py_ssize_t)(sizeof(int64_t) << 16)
+            || (mixed.obj && mixed.len < a.len)) {
+        PyBuffer_Release(&a);
+        PyBuffer_Release(&counts);
+        if (mixed.obj) PyBuffer_Release(&mixed);
+        PyErr_SetString(PyExc_ValueError,
+                        "histogram(float32 buffer, 2**16 int64 counts[, int32 mixed of n])");
+        return NULL;
     }
+    Py_ssize_t k;
+    Py_BEGIN_ALLOW_THREADS
+    k = histogram_run(a.buf, a.len / 4, counts.buf, mixed.obj ? mixed.buf : NULL);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&a);
     PyBuffer_Release(&counts);
-    Py_RETURN_NONE;
+    if (mixed.obj) PyBuffer_Release(&mixed);
+    return PyLong_FromSsize_t(k);
 }
 
 static PyMethodDef methods[] = {
     {"abs_delta", py_abs_delta, METH_VARARGS,
      "abs_delta(out_f32, raw, code, base_or_None, base_code, n)"},
-    {"histogram", py_histogram, METH_VARARGS, "histogram(abs_f32, counts_int64_65536)"},
+    {"histogram", py_histogram, METH_VARARGS,
+     "histogram(abs_f32, counts_int64_65536[, mixed_int32]) -> number of mixed entries"},
     {"linear", py_linear, METH_VARARGS,
      "linear(out, out_code, base, base_code, experts, n, has_div, div, has_lam, lam) -> nan"},
     {"ties", py_ties, METH_VARARGS,

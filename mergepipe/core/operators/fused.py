@@ -147,9 +147,13 @@ def abs_delta_into(out: torch.Tensor, raw: Any, dtype: str, base_raw: Any | None
     return out
 
 
-def histogram(a: torch.Tensor) -> torch.Tensor:
-    """catalog.stats' level-0 histogram of a flat float32 |delta| (2**16 int64 counts)."""
+def histogram(a: torch.Tensor, mixed: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """catalog.stats' level-0 histogram of a flat float32 |delta| (2**16 int64 counts) and,
+    with an int32 work buffer `mixed` of a's size, a copy of the bits of its entries whose
+    lower 16 bits are not all zero (None when there are none)."""
     assert _fused is not None
     counts = torch.zeros(1 << 16, dtype=torch.int64)
-    _fused.histogram(a.reshape(-1).numpy(), counts.numpy())
-    return counts
+    k = _fused.histogram(a.reshape(-1).numpy(), counts.numpy(),
+                         None if mixed is None else mixed.numpy())
+    return counts, (mixed[:k].clone() if mixed is not None and k else None)
