@@ -79,9 +79,9 @@ def scan_block(a: torch.Tensor, scratch: Scratch | None = None, *, collect_mixed
     bits = a.view(torch.int32)
     if fused.available() and n >= SPARSE_BELOW and a.is_contiguous():
         # one C pass: the same counts and mixed entries as the torch passes below
-        counts, mixed = fused.histogram(
+        dense, bits_mixed = fused.histogram(
             a, scratch.get("k0", n, torch.int32) if collect_mixed else None)
-        return BlockStats(l2, l1, max_abs, n - int(counts[0])), counts, mixed
+        return BlockStats(l2, l1, max_abs, n - int(dense[0])), dense, bits_mixed
     key = scratch.get("k0", n, torch.int32)
     low = scratch.get("k1", n, torch.int32)
     torch.bitwise_right_shift(bits, 16, out=key).bitwise_left_shift_(1)

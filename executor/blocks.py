@@ -157,7 +157,8 @@ class ChunkMerger:
             if i not in st.experts:
                 continue
             e = self.prep.experts[i]
-            raw, dtype = data[("e", i, st.tensor, st.block_index)], e.tensors[st.tensor].dtype
+            raw: object = data[("e", i, st.tensor, st.block_index)]
+            dtype = e.tensors[st.tensor].dtype
             if e.kind == "lora":  # the delta by torch (the same matmul), then the kernel
                 b_shape = tuple(st.shape)
                 d = _delta(e, i, st, torch.empty(b_shape), data, self.lora_a)
