@@ -151,7 +151,7 @@ class ChunkMerger:
     def fused_step(self, st: Step, data: Mapping[Hashable, memoryview], base_dtype: str,
                    out_dtype: str) -> memoryview | None:
         """The output bytes of a step by the fused kernel, or None (the torch kernels then)."""
-        weights, _ = self.per_tensor.get(st.tensor, (self.weights, self.densities))
+        weights, densities = self.per_tensor.get(st.tensor, (self.weights, self.densities))
         experts = []
         for i, spec in enumerate(self.req.experts):
             if i not in st.experts:
@@ -167,7 +167,8 @@ class ChunkMerger:
                 return None
             experts.append(fused.FusedExpert(
                 raw, dtype, e.kind == "full", weights[i],
-                self.prep.plan.trims.get((spec.model, st.tensor)), self._key(i, st.tensor)))
+                self.prep.plan.trims.get((spec.model, st.tensor)), self._key(i, st.tensor),
+                densities[i]))
         ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
                            flat_offset=st.flat_start, params=self.req.params,
                            all_weights=weights, input_dtype=self.input_dtype(st.tensor))

@@ -11,6 +11,8 @@ import torch
 from mergepipe.catalog.safetensors_format import to_float32
 from mergepipe.catalog.stats import Scratch, scan_block
 from mergepipe.core.operators import BlockContext, ExpertBlock, fused
+from mergepipe.core.operators.dare_linear import dare_linear
+from mergepipe.core.operators.dare_ties import dare_ties
 from mergepipe.core.operators.linear import linear
 from mergepipe.core.operators.task_arithmetic import task_arithmetic
 from mergepipe.core.operators.ties import ties
@@ -26,7 +28,8 @@ def test_the_extension_is_built() -> None:
 
     assert importlib.import_module("mergepipe.core._fused").ties is not None
 
-KERNELS = {"linear": linear, "task_arithmetic": task_arithmetic, "ties": ties}
+KERNELS = {"linear": linear, "task_arithmetic": task_arithmetic, "ties": ties,
+           "dare_linear": dare_linear, "dare_ties": dare_ties}
 N = 1537  # three tiles and a ragged end
 
 
@@ -69,7 +72,9 @@ def inputs(base_dtype: str, exp_dtype: str, kind: str, k: int, seed: int):
 CASES = [("linear", {}), ("linear", {"normalize": False, "lambda": 0.3}),
          ("linear", {"renormalize": "selected"}), ("task_arithmetic", {}),
          ("task_arithmetic", {"normalize": True, "lambda": 0.7}), ("ties", {}),
-         ("ties", {"normalize": False, "lambda": 1.3})]
+         ("ties", {"normalize": False, "lambda": 1.3}), ("dare_linear", {}),
+         ("dare_linear", {"rescale": "none", "normalize": True}), ("dare_ties", {}),
+         ("dare_ties", {"normalize": True, "lambda": 0.6, "rescale": "none"})]
 
 
 @pytest.mark.parametrize("op,params", CASES)
@@ -82,7 +87,8 @@ def test_fused_block_equals_the_torch_kernel(op, params, base_dtype, exp_dtype, 
     k, weights, omitted = 3, (1.0, 0.3, 1.7), 1
     braw, b32, exps = inputs(base_dtype, exp_dtype, kind, k, seed=len(op) + len(params))
     compared = 0
-    for density in ((0.5, 0.2, 1.0) if op == "ties" else (1.0,) * k):
+    sparse = op in ("ties", "dare_linear", "dare_ties")
+    for density in ((0.5, 0.2, 0.999, 1.0) if sparse else (1.0,)):
         ctx = BlockContext("t", 2, 4096, params=params, all_weights=weights)
         blocks, fe = [], []
         for i, (raw, delta) in enumerate(exps):
@@ -92,7 +98,7 @@ def test_fused_block_equals_the_torch_kernel(op, params, base_dtype, exp_dtype, 
                                       density, trim, 1000 + i))
             if read:
                 fe.append(fused.FusedExpert(raw, exp_dtype, kind == "full", weights[i], trim,
-                                            1000 + i))
+                                            1000 + i, density))
         merged = KERNELS[op](b32.clone(), blocks, ctx)
         ref = encode(merged, out_dtype).tobytes()
         got = fused.merge_block(op, braw, base_dtype, fe, ctx, out_dtype, N)

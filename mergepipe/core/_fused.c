@@ -107,7 +107,9 @@ typedef struct {
     int code;
     int full;
     float weight;
-    /* ties: trim 0 = none, 1 = hardshrink(lambd); ties: 0 none, 1 keyed draw, 2 drop all */
+    /* trim: 0 none, 1 magnitude (hardshrink(lambd), then the entries tied at tau by `ties`:
+     * 0 kept, 1 keyed draw, 2 all dropped), 2 DARE drop (kept where the keyed draw is below
+     * `limit`; tau != 0: kept entries divided by tau, the density) */
     int trim, ties;
     float lambd, tau;
     uint64_t start, limit;
@@ -133,9 +135,9 @@ static int get_buffer(PyObject *obj, Py_buffer *buf, int code, Py_ssize_t n, int
     return 0;
 }
 
-/* experts: a sequence of tuples (buffer, code, full, weight[, trim, lambd, ties, tau, start,
- * limit]). */
-static Input *parse_experts(PyObject *seq, Py_ssize_t n, int ties, Py_ssize_t *k_out) {
+/* experts: a sequence of tuples (buffer, code, full, weight, trim, lambd, ties, tau, start,
+ * limit); see Input. */
+static Input *parse_experts(PyObject *seq, Py_ssize_t n, Py_ssize_t *k_out) {
     PyObject *fast = PySequence_Fast(seq, "experts must be a sequence");
     if (!fast) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(fast);
@@ -145,9 +147,8 @@ static Input *parse_experts(PyObject *seq, Py_ssize_t n, int ties, Py_ssize_t *k
         PyObject *t = PySequence_Fast_GET_ITEM(fast, j), *obj;
         double w, lambd = 0, tau = 0;
         unsigned long long start = 0, limit = 0;
-        int ok = ties ? PyArg_ParseTuple(t, "Oiid" "idi" "dKK", &obj, &in[j].code, &in[j].full, &w,
-                                         &in[j].trim, &lambd, &in[j].ties, &tau, &start, &limit)
-                      : PyArg_ParseTuple(t, "Oiid", &obj, &in[j].code, &in[j].full, &w);
+        int ok = PyArg_ParseTuple(t, "Oiid" "idi" "dKK", &obj, &in[j].code, &in[j].full, &w,
+                                  &in[j].trim, &lambd, &in[j].ties, &tau, &start, &limit);
         if (!ok || get_buffer(obj, &in[j].buf, in[j].code, n, 0) < 0) {
             release(in, j);
             PyMem_Free(in);
@@ -165,36 +166,6 @@ static Input *parse_experts(PyObject *seq, Py_ssize_t n, int ties, Py_ssize_t *k
     return in;
 }
 
-/* out = base + lam * (sum_j w_j d_j) / divisor, in torch's order (linear, task_arithmetic). */
-CLONES static int linear_run(Input *out, Input *base, Input *ex, Py_ssize_t k, Py_ssize_t n,
-                      int has_div, float div, int has_lam, float lam) {
-    float b[TILE], d[TILE], acc[TILE];
-    int nan = 0;
-    for (Py_ssize_t at = 0; at < n; at += TILE) {
-        const Py_ssize_t m = n - at < TILE ? n - at : TILE;
-        decode(base->buf.buf, base->code, at, m, b);
-        for (Py_ssize_t j = 0; j < k; j++) {
-            const float w = ex[j].weight;
-            decode(ex[j].buf.buf, ex[j].code, at, m, d);
-            if (ex[j].full)
-                for (Py_ssize_t i = 0; i < m; i++) d[i] = d[i] - b[i];
-            if (j == 0) {
-                if (w != 1.0f) for (Py_ssize_t i = 0; i < m; i++) acc[i] = d[i] * w;
-                else memcpy(acc, d, (size_t)m * 4);
-            } else if (w != 1.0f) {
-                for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] + d[i] * w;
-            } else {
-                for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] + d[i];
-            }
-        }
-        if (has_div) for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] / div;
-        if (has_lam) for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] * lam;
-        for (Py_ssize_t i = 0; i < m; i++) acc[i] = b[i] + acc[i];
-        nan |= encode(acc, out->buf.buf, out->code, at, m);
-    }
-    return nan;
-}
-
 INLINE uint64_t mix64(uint64_t z) {
     z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ull;
     z ^= z >> 27; z *= 0x94D049BB133111EBull;
@@ -208,19 +179,28 @@ INLINE void tie_drop(const Input *e, float *t, Py_ssize_t at, Py_ssize_t i) {
     if (e->ties == 2 || z >= e->limit) t[i] = 0.0f;
 }
 
-/* One expert's trimmed, weighted delta of a tile (sparsify.trimmed_into, then scale_). */
-INLINE void trimmed(const Input *e, const float *b, float *d, float *t, Py_ssize_t at,
+/* One expert's sparsified, weighted delta of a tile (sparsify.trimmed_into or dropped_into,
+ * then scale_). */
+INLINE void sparsified(const Input *e, const float *b, float *d, float *t, Py_ssize_t at,
                     Py_ssize_t m) {
     decode(e->buf.buf, e->code, at, m, d);
     if (e->full)
         for (Py_ssize_t i = 0; i < m; i++) d[i] = d[i] - b[i];
-    if (e->trim) {
+    if (e->trim == 2) {  /* sparsify.dropped_into: delta * keep, then / density */
+        const uint64_t start = e->start + (uint64_t)at * 0x9E3779B97F4A7C15ull;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            const uint64_t z = mix64((uint64_t)i * 0x9E3779B97F4A7C15ull + start);
+            t[i] = d[i] * (z < e->limit ? 1.0f : 0.0f);
+        }
+        if (e->tau != 0.0f)
+            for (Py_ssize_t i = 0; i < m; i++) t[i] = t[i] / e->tau;
+    } else if (e->trim) {
         const float l = e->lambd, nl = -e->lambd;
         for (Py_ssize_t i = 0; i < m; i++) t[i] = ((d[i] >= nl) & (d[i] <= l)) ? 0.0f : d[i];
     } else {
         memcpy(t, d, (size_t)m * 4);
     }
-    if (e->ties) {  /* |d| == tau (as bits: |d| is not NaN there): the few tied entries */
+    if (e->trim != 2 && e->ties) {  /* |d| == tau (bits; |d| is no NaN there): the tied entries */
         const uint32_t tb = f32_bits(e->tau);
         Py_ssize_t i = 0;
 #ifdef __SSE2__
@@ -242,6 +222,42 @@ INLINE void trimmed(const Input *e, const float *b, float *d, float *t, Py_ssize
         for (Py_ssize_t i = 0; i < m; i++) t[i] = t[i] * e->weight;
 }
 
+/* out = base + lam * (sum_j w_j d_j) / divisor, in torch's order (linear, task_arithmetic). */
+CLONES static int linear_run(Input *out, Input *base, Input *ex, Py_ssize_t k, Py_ssize_t n,
+                      int has_div, float div, int has_lam, float lam) {
+    float b[TILE], d[TILE], t[TILE], acc[TILE];
+    int nan = 0;
+    for (Py_ssize_t at = 0; at < n; at += TILE) {
+        const Py_ssize_t m = n - at < TILE ? n - at : TILE;
+        decode(base->buf.buf, base->code, at, m, b);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            const float w = ex[j].weight;
+            if (ex[j].trim) {  /* DARE: dropped, rescaled and weighted, then summed */
+                sparsified(&ex[j], b, d, t, at, m);
+                if (j == 0) memcpy(acc, t, (size_t)m * 4);
+                else for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] + t[i];
+                continue;
+            }
+            decode(ex[j].buf.buf, ex[j].code, at, m, d);
+            if (ex[j].full)
+                for (Py_ssize_t i = 0; i < m; i++) d[i] = d[i] - b[i];
+            if (j == 0) {
+                if (w != 1.0f) for (Py_ssize_t i = 0; i < m; i++) acc[i] = d[i] * w;
+                else memcpy(acc, d, (size_t)m * 4);
+            } else if (w != 1.0f) {
+                for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] + d[i] * w;
+            } else {
+                for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] + d[i];
+            }
+        }
+        if (has_div) for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] / div;
+        if (has_lam) for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] * lam;
+        for (Py_ssize_t i = 0; i < m; i++) acc[i] = b[i] + acc[i];
+        nan |= encode(acc, out->buf.buf, out->code, at, m);
+    }
+    return nan;
+}
+
 /* TIES: trim, sign election, disjoint (normalized) sum, in sparsify.elect_into's order. */
 CLONES static int ties_run(Input *out, Input *base, Input *ex, Py_ssize_t k, Py_ssize_t n,
                     int normalize, int has_lam, float lam, float *w) {
@@ -250,7 +266,7 @@ CLONES static int ties_run(Input *out, Input *base, Input *ex, Py_ssize_t k, Py_
     for (Py_ssize_t at = 0; at < n; at += TILE) {
         const Py_ssize_t m = n - at < TILE ? n - at : TILE;
         decode(base->buf.buf, base->code, at, m, b);
-        for (Py_ssize_t j = 0; j < k; j++) trimmed(&ex[j], b, d, w + j * TILE, at, m);
+        for (Py_ssize_t j = 0; j < k; j++) sparsified(&ex[j], b, d, w + j * TILE, at, m);
         memcpy(sign, w, (size_t)m * 4);  /* the ordered sum, then its sign */
         for (Py_ssize_t j = 1; j < k; j++) {
             const float *wj = w + j * TILE;
@@ -305,7 +321,7 @@ static PyObject *py_linear(PyObject *self, PyObject *args) {
                           &has_div, &div, &has_lam, &lam))
         return NULL;
     if (parse_io(o_out, out_code, o_base, base_code, n, &out, &base) < 0) return NULL;
-    Input *ex = parse_experts(o_ex, n, 0, &k);
+    Input *ex = parse_experts(o_ex, n, &k);
     if (!ex) { PyBuffer_Release(&out.buf); PyBuffer_Release(&base.buf); return NULL; }
     int nan;
     Py_BEGIN_ALLOW_THREADS
@@ -328,7 +344,7 @@ static PyObject *py_ties(PyObject *self, PyObject *args) {
                           &normalize, &has_lam, &lam))
         return NULL;
     if (parse_io(o_out, out_code, o_base, base_code, n, &out, &base) < 0) return NULL;
-    Input *ex = parse_experts(o_ex, n, 1, &k);
+    Input *ex = parse_experts(o_ex, n, &k);
     float *w = ex && k ? PyMem_Malloc((size_t)k * TILE * sizeof(float)) : NULL;
     if (!ex || !k || !w) {
         if (ex && k && !w) PyErr_NoMemory();

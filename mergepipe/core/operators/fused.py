@@ -34,7 +34,10 @@ except ImportError:  # built without a C compiler: the torch kernels serve
 if os.environ.get("MERGEPIPE_NO_FUSED"):  # the torch kernels only (A/B benchmarks, triage)
     _fused = None
 
-FUSED_OPS = ("linear", "task_arithmetic", "ties")
+# kernel name -> (C kernel, normalize default)
+FUSED_OPS = {"linear": ("linear", True), "task_arithmetic": ("linear", False),
+             "dare_linear": ("linear", False), "ties": ("ties", True),
+             "dare_ties": ("ties", False)}
 CODES = {"F32": 0, "F16": 1, "BF16": 2}
 SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 
@@ -46,12 +49,13 @@ def available() -> bool:
 def op_name(kernel: Callable[..., Any]) -> str | None:
     """The fused kernel's name for an operator's kernel function, or None (not covered, or the
     kernel was replaced: the request's own kernel runs then)."""
-    from mergepipe.core.operators import linear, task_arithmetic, ties
+    from mergepipe.core.operators import dare_linear, dare_ties, linear, task_arithmetic, ties
 
     if _fused is None:
         return None
     return {linear.linear: "linear", task_arithmetic.task_arithmetic: "task_arithmetic",
-            ties.ties: "ties"}.get(kernel)
+            ties.ties: "ties", dare_linear.dare_linear: "dare_linear",
+            dare_ties.dare_ties: "dare_ties"}.get(kernel)
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class FusedExpert:
     weight: float
     trim: Trim | None = None
     key: int = 0
+    density: float = 1.0  # DARE's keep probability
 
 
 def merge_block(op: str, base_raw: Any, base_dtype: str, experts: Sequence[FusedExpert],
@@ -74,21 +79,33 @@ def merge_block(op: str, base_raw: Any, base_dtype: str, experts: Sequence[Fused
         return None
     if ctx.params.get("semantics") == "mergekit" or ctx.whole_tensor:
         return None
-    out = torch.empty(numel * SIZES[out_dtype], dtype=torch.uint8).numpy()  # not zeroed
-    lam = ctx.lam
-    oc, bc = CODES[out_dtype], CODES[base_dtype]
-    if op == "ties":
+    kernel, normalize = FUSED_OPS[op]
+    if op.startswith("dare"):
+        rescale = str(ctx.params.get("rescale", "density"))
+        if rescale not in ("density", "none") or any(e.density <= 0 for e in experts):
+            return None  # l1: a norm over the whole block; density 0: the torch error
+        args = [_drop_args(e, ctx.flat_offset, rescale) for e in experts]
+    elif op == "ties":
         if ctx.params.get("rescale", "none") != "none":
             return None
         args = [_ties_args(e, ctx.flat_offset) for e in experts]
-        nan = _fused.ties(out, oc, base_raw, bc, args, numel, ctx.normalize(True),
+    else:
+        args = [(*_head(e), 0, 0.0, 0, 0.0, 0, 0) for e in experts]
+    out = torch.empty(numel * SIZES[out_dtype], dtype=torch.uint8).numpy()  # not zeroed
+    lam = ctx.lam
+    oc, bc = CODES[out_dtype], CODES[base_dtype]
+    if kernel == "ties":
+        nan = _fused.ties(out, oc, base_raw, bc, args, numel, ctx.normalize(normalize),
                           lam != 1.0, lam)
     else:
         divisor = _divisor(op, experts, ctx)
-        args = [(e.raw, CODES[e.dtype], e.full, e.weight) for e in experts]
         nan = _fused.linear(out, oc, base_raw, bc, args, numel, divisor is not None,
                             divisor or 0.0, lam != 1.0, lam)
     return None if nan else out.data
+
+
+def _head(e: FusedExpert) -> tuple[Any, int, bool, float]:
+    return (e.raw, CODES[e.dtype], e.full, e.weight)
 
 
 def _divisor(op: str, experts: Sequence[FusedExpert], ctx: BlockContext) -> float | None:
@@ -98,7 +115,7 @@ def _divisor(op: str, experts: Sequence[FusedExpert], ctx: BlockContext) -> floa
             return None
         selected = ctx.params.get("renormalize", "fixed") == "selected"
         weights = [e.weight for e in experts] if selected else list(ctx.all_weights)
-    elif ctx.normalize(False):
+    elif ctx.normalize(False):  # task_arithmetic, dare_linear
         weights = list(ctx.all_weights)
     else:
         return None
@@ -113,10 +130,22 @@ _MASK64 = (1 << 64) - 1
 _BITS = 53
 
 
+def _drop_args(e: FusedExpert, flat_offset: int, rescale: str) -> tuple[Any, ...]:
+    """sparsify.dropped_into as parameters: (mode 2, -, 0, divisor, start, limit)."""
+    if e.density >= 1.0:  # the delta as is
+        return (*_head(e), 0, 0.0, 0, 0.0, 0, 0)
+    div = e.density if rescale == "density" else 0.0
+    threshold = math.ceil(e.density * 2.0**_BITS)  # keyed_hash._threshold, 1 <= it < 2**53
+    from mergepipe.core.operators.keyed_hash import _start
+
+    return (*_head(e), 2, 0.0, 0, div, _start(e.key, flat_offset) & _MASK64,
+            threshold << (64 - _BITS))
+
+
 def _ties_args(e: FusedExpert, flat_offset: int) -> tuple[Any, ...]:
     """(raw, code, full, weight, trim?, lambd, ties mode, tau, start, limit): sparsify.trimmed_into
     as parameters (ties mode: 0 keep tied entries, 1 keyed draw, 2 drop every tied entry)."""
-    head = (e.raw, CODES[e.dtype], e.full, e.weight)
+    head = _head(e)
     trim = e.trim
     if trim is None:
         return (*head, False, 0.0, 0, 0.0, 0, 0)
