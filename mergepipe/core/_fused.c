@@ -188,10 +188,9 @@ INLINE void sparsified(const Input *e, const float *b, float *d, float *t, Py_ss
         for (Py_ssize_t i = 0; i < m; i++) d[i] = d[i] - b[i];
     if (e->trim == 2) {  /* sparsify.dropped_into: delta * keep, then / density */
         const uint64_t start = e->start + (uint64_t)at * 0x9E3779B97F4A7C15ull;
-        for (Py_ssize_t i = 0; i < m; i++) {
-            const uint64_t z = mix64((uint64_t)i * 0x9E3779B97F4A7C15ull + start);
-            t[i] = d[i] * (z < e->limit ? 1.0f : 0.0f);
-        }
+        for (Py_ssize_t i = 0; i < m; i++)  /* the keep mask first: a loop without branches */
+            t[i] = (float)(mix64((uint64_t)i * 0x9E3779B97F4A7C15ull + start) < e->limit);
+        for (Py_ssize_t i = 0; i < m; i++) t[i] = d[i] * t[i];
         if (e->tau != 0.0f)
             for (Py_ssize_t i = 0; i < m; i++) t[i] = t[i] / e->tau;
     } else if (e->trim) {
