@@ -11,9 +11,16 @@ FROM python:3.11-slim AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# gcc builds the fused block kernels (mergepipe/core/_fused.c) into the wheel; the final image
+# needs no compiler. The slim image already has Python's headers.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /src
 COPY . /src
-RUN pip wheel --no-deps --wheel-dir /dist .
+RUN pip wheel --no-deps --wheel-dir /dist . \
+    && python -m zipfile -l /dist/mergepipe-*.whl | grep -q "mergepipe/core/_fused"
 
 # -- final: the wheel installed into site-packages; no checkout in the image
 FROM python:3.11-slim

@@ -10,8 +10,9 @@ TORCH := torch==2.13.0
 
 # A plain editable install: the top-level folders are linked into mergepipe/, so modules and
 # subpackages added there later import without reinstalling. Both stamps depend on
-# pyproject.toml: a changed dependency list reinstalls.
-$(VENV)/.installed: pyproject.toml
+# pyproject.toml: a changed dependency list reinstalls; a changed C kernel (setup.py compiles
+# mergepipe/core/_fused.c at install) rebuilds.
+$(VENV)/.installed: pyproject.toml setup.py mergepipe/core/_fused.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)

@@ -22,6 +22,7 @@ from mergepipe.catalog.stats import (
 from mergepipe.catalog.storage import RangeReader
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.core.operators import fused
 
 SORT_BELOW = 1 << 16  # one-block tensors this small get their thresholds by sorting
 # Exponent bits that mark Inf / NaN, per dtype (checked on raw bytes when no delta is computed).
@@ -219,7 +220,17 @@ def _abs_delta(st: TensorState, i: int, raw: memoryview, reader: RangeReader | N
     A full plan's base block is `base_raw` when given, else read with `reader`."""
     plan = st.plan
     n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
-    x = decode_into(raw, plan.entry.dtype, _buffers.scratch.get("x", n, torch.float32))
+    x = _buffers.scratch.get("x", n, torch.float32)
+    if fused.available() and plan.mode in ("full", "delta") and n:  # one C pass, same bits
+        base = None
+        if plan.mode == "full":
+            assert plan.base is not None
+            base = base_raw if base_raw is not None else _buffers.read(
+                reader, "base", plan.base_span(i)) if reader is not None else None
+            assert base is not None
+        return fused.abs_delta_into(x, raw, plan.entry.dtype, base,
+                                    plan.base.dtype if plan.base is not None else "F32")
+    x = decode_into(raw, plan.entry.dtype, x)
     if plan.mode == "full":
         assert plan.base is not None
         if base_raw is None:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mergepipe.core.operators import fused
+
 DENSITY_STEPS = 100  # trim thresholds for densities 0.01, 0.02, ..., 1.00
 # A float32 |x| read as int32 is monotone in x. Its bits are resolved in three levels: the top 16
 # (sign is 0: 2**15 bins), then the next 8, then the last 8. A bin whose lower bits are all zero
@@ -75,6 +77,11 @@ def scan_block(a: torch.Tensor, scratch: Scratch | None = None, *, collect_mixed
     sq = torch.mul(a, a, out=scratch.get("sq", n, torch.float32))
     l2 = math.sqrt(float(sq.sum()))
     bits = a.view(torch.int32)
+    if fused.available() and n >= SPARSE_BELOW and a.is_contiguous():
+        # one C pass: the same counts and mixed entries as the torch passes below
+        dense, bits_mixed = fused.histogram(
+            a, scratch.get("k0", n, torch.int32) if collect_mixed else None)
+        return BlockStats(l2, l1, max_abs, n - int(dense[0])), dense, bits_mixed
     key = scratch.get("k0", n, torch.int32)
     low = scratch.get("k1", n, torch.int32)
     torch.bitwise_right_shift(bits, 16, out=key).bitwise_left_shift_(1)

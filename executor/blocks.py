@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Hashable, Mapping
 
@@ -13,7 +14,7 @@ from mergepipe.catalog.scan import BlockScan, TensorPlan, scan_full_block, untou
 from mergepipe.catalog.stats import NonFiniteDelta
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
-from mergepipe.core.operators import BlockContext, ExpertBlock
+from mergepipe.core.operators import BlockContext, ExpertBlock, fused
 from mergepipe.core.operators.keyed_hash import expert_key
 from mergepipe.executor import tensors
 from mergepipe.executor.prepare import Prepared
@@ -54,6 +55,8 @@ class ChunkMerger:
         # mergekit arithmetic: the kernels see the experts' own values and every block runs
         self.mk_arith = prep.mergekit_arith
         self.whole = self.req.whole_tensor is not None  # one kernel call per tensor
+        # the one-pass C kernels (core/operators/fused.py) where they cover the operator
+        self.fused = None if self.mk_arith or self.whole else fused.op_name(self.op)
 
     def input_dtype(self, tensor: str) -> str:
         """The promoted dtype of the base's and the full experts' tensor (mergekit's compute
@@ -119,6 +122,10 @@ class ChunkMerger:
         base_raw = data[("b", st.tensor, st.block_index)]
         if not st.experts and out_dtype == t.dtype and not self.mk_arith:
             return st.tensor, st.flat_start, base_raw  # nothing to add: the base's bytes
+        if self.fused and st.experts:
+            out = self.fused_step(st, data, t.dtype, out_dtype)
+            if out is not None:
+                return st.tensor, st.flat_start, out
         b32 = _decode(base_raw, t.dtype, st.shape)
         if not st.experts and not self.mk_arith:
             return st.tensor, st.flat_start, encode(b32, out_dtype)
@@ -141,6 +148,42 @@ class ChunkMerger:
                        for st, m in zip(steps, merged, strict=True))
         return out
 
+    def fused_step(self, st: Step, data: Mapping[Hashable, memoryview], base_dtype: str,
+                   out_dtype: str) -> memoryview | None:
+        """The output bytes of a step by the fused kernel, or None (the torch kernels then)."""
+        weights, densities = self.per_tensor.get(st.tensor, (self.weights, self.densities))
+        experts = []
+        for i, spec in enumerate(self.req.experts):
+            if i not in st.experts:
+                continue
+            e = self.prep.experts[i]
+            raw: object = data[("e", i, st.tensor, st.block_index)]
+            dtype = e.tensors[st.tensor].dtype
+            if e.kind == "lora":  # the delta by torch (the same matmul), then the kernel
+                b_shape = tuple(st.shape)
+                d = _delta(e, i, st, torch.empty(b_shape), data, self.lora_a)
+                raw, dtype = d.reshape(-1).numpy(), "F32"
+            elif e.kind not in ("full", "delta"):
+                return None
+            experts.append(fused.FusedExpert(
+                raw, dtype, e.kind == "full", weights[i],
+                self.prep.plan.trims.get((spec.model, st.tensor)), self._key(i, st.tensor),
+                densities[i]))
+        ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
+                           flat_offset=st.flat_start, params=self.req.params,
+                           all_weights=weights, input_dtype=self.input_dtype(st.tensor))
+        numel = math.prod(st.shape)
+        assert self.fused is not None
+        return fused.merge_block(self.fused, data[("b", st.tensor, st.block_index)],
+                                 base_dtype, experts, ctx, out_dtype, numel)
+
+    def _key(self, i: int, tensor: str) -> int:
+        key = self.keys.get((i, tensor))
+        if key is None:
+            key = self.keys[(i, tensor)] = expert_key(self.req.seed, self.req.experts[i].model,
+                                                      tensor)
+        return key
+
     def step_inputs(self, st: Step, data: Mapping[Hashable, memoryview], b32: torch.Tensor
                     ) -> tuple[list[ExpertBlock], BlockContext]:
         """The operator's view of every expert's block of a step, and the block's context."""
@@ -153,10 +196,7 @@ class ChunkMerger:
                     value, delta = _value_and_delta(self.prep.experts[i], i, st, b32, data)
                 else:
                     delta = _delta(self.prep.experts[i], i, st, b32, data, self.lora_a)
-            key = self.keys.get((i, st.tensor))
-            if key is None:
-                key = self.keys[(i, st.tensor)] = expert_key(self.req.seed, spec.model,
-                                                             st.tensor)
+            key = self._key(i, st.tensor)
             blocks.append(ExpertBlock(
                 index=i, model=spec.model, delta=delta, weight=weights[i],
                 density=densities[i],

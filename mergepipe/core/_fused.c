@@ -1,0 +1,473 @@
+/* Fused block kernels: decode, delta, operator, encode in one pass over L1-sized tiles.
+ *
+ * Every float operation is the one the torch kernels of core/operators (linear,
+ * task_arithmetic, ties) perform, in the same order, in float32: built with -ffp-contract=off
+ * (no fused multiply-add) and without -ffast-math, the results are bit-identical.  NaN bit
+ * patterns are the exception (torch's vector and scalar paths disagree on them): the kernels
+ * return 1 when an output is NaN and the caller recomputes that block with torch.
+ *
+ * dtype codes: 0 = F32, 1 = F16, 2 = BF16 (little-endian raw bytes).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#define TILE 512
+#define INLINE static inline __attribute__((always_inline))
+/* The tile loops, compiled twice on x86-64: AVX2 where the CPU has it (picked at load time),
+ * the baseline otherwise. Wider vectors change no result (no FMA: -ffp-contract=off). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* IEEE half -> float, exact (the FP16 library's algorithm, as torch's scalar path). */
+INLINE float f16_to_f32(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16;
+    const uint32_t sign = w & 0x80000000u;
+    const uint32_t two_w = w + w;
+    const uint32_t exp_offset = 0xE0u << 23;
+    const float exp_scale = 0x1.0p-112f;
+    const float normalized = bits_f32((two_w >> 4) + exp_offset) * exp_scale;
+    const uint32_t magic_mask = 126u << 23;
+    const float magic_bias = 0.5f;
+    const float denormalized = bits_f32((two_w >> 17) | magic_mask) - magic_bias;
+    const uint32_t denormalized_cutoff = 1u << 27;
+    const uint32_t result = sign | (two_w < denormalized_cutoff ? f32_bits(denormalized)
+                                                                : f32_bits(normalized));
+    return bits_f32(result);
+}
+
+/* float -> IEEE half, round to nearest even (the FP16 library's algorithm, as torch's). */
+INLINE uint16_t f32_to_f16(float f) {
+    const float scale_to_inf = 0x1.0p+112f;
+    const float scale_to_zero = 0x1.0p-110f;
+    float base = (__builtin_fabsf(f) * scale_to_inf) * scale_to_zero;
+    const uint32_t w = f32_bits(f);
+    const uint32_t shl1_w = w + w;
+    const uint32_t sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    base = bits_f32((bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = f32_bits(base);
+    const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+    const uint32_t mantissa_bits = bits & 0x00000FFFu;
+    const uint32_t nonsign = exp_bits + mantissa_bits;
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+/* float -> bfloat16, round to nearest even (finite and infinite values; NaN: see above). */
+INLINE uint16_t f32_to_bf16(float f) {
+    const uint32_t u = f32_bits(f);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+INLINE void decode(const void *src, int code, Py_ssize_t at, Py_ssize_t n, float *dst) {
+    if (code == 0) {
+        memcpy(dst, (const float *)src + at, (size_t)n * 4);
+    } else if (code == 2) {
+        const uint16_t *s = (const uint16_t *)src + at;
+        for (Py_ssize_t i = 0; i < n; i++) dst[i] = bits_f32((uint32_t)s[i] << 16);
+    } else {
+        const uint16_t *s = (const uint16_t *)src + at;
+        for (Py_ssize_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
+    }
+}
+
+/* Encode a tile; returns 1 if any value is NaN. */
+INLINE int encode(const float *src, void *dst, int code, Py_ssize_t at, Py_ssize_t n) {
+    int nan = 0;
+    for (Py_ssize_t i = 0; i < n; i++) nan |= src[i] != src[i];
+    if (code == 0) {
+        memcpy((float *)dst + at, src, (size_t)n * 4);
+    } else if (code == 2) {
+        uint16_t *d = (uint16_t *)dst + at;
+        for (Py_ssize_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+    } else {
+        uint16_t *d = (uint16_t *)dst + at;
+        for (Py_ssize_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
+    }
+    return nan;
+}
+
+static const Py_ssize_t SIZES[3] = {4, 2, 2};
+
+/* One input of a kernel call: raw bytes, dtype, and for experts whether they are full models
+ * (delta = value - base) or deltas already. */
+typedef struct {
+    Py_buffer buf;
+    int code;
+    int full;
+    float weight;
+    /* trim: 0 none, 1 magnitude (hardshrink(lambd), then the entries tied at tau by `ties`:
+     * 0 kept, 1 keyed draw, 2 all dropped), 2 DARE drop (kept where the keyed draw is below
+     * `limit`; tau != 0: kept entries divided by tau, the density) */
+    int trim, ties;
+    float lambd, tau;
+    uint64_t start, limit;
+} Input;
+
+static void release(Input *in, Py_ssize_t k) {
+    for (Py_ssize_t j = 0; j < k; j++)
+        if (in[j].buf.obj) PyBuffer_Release(&in[j].buf);
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *buf, int code, Py_ssize_t n, int writable) {
+    if (code < 0 || code > 2) {
+        PyErr_SetString(PyExc_ValueError, "dtype code must be 0, 1 or 2");
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, buf, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) return -1;
+    if (buf->len != n * SIZES[code]) {
+        PyErr_Format(PyExc_ValueError, "buffer of %zd bytes for %zd elements", buf->len, n);
+        PyBuffer_Release(buf);
+        buf->obj = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* experts: a sequence of tuples (buffer, code, full, weight, trim, lambd, ties, tau, start,
+ * limit); see Input. */
+static Input *parse_experts(PyObject *seq, Py_ssize_t n, Py_ssize_t *k_out) {
+    PyObject *fast = PySequence_Fast(seq, "experts must be a sequence");
+    if (!fast) return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(fast);
+    Input *in = PyMem_Calloc(k ? (size_t)k : 1, sizeof(Input));
+    if (!in) { Py_DECREF(fast); PyErr_NoMemory(); return NULL; }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(fast, j), *obj;
+        double w, lambd = 0, tau = 0;
+        unsigned long long start = 0, limit = 0;
+        int ok = PyArg_ParseTuple(t, "Oiid" "idi" "dKK", &obj, &in[j].code, &in[j].full, &w,
+                                  &in[j].trim, &lambd, &in[j].ties, &tau, &start, &limit);
+        if (!ok || get_buffer(obj, &in[j].buf, in[j].code, n, 0) < 0) {
+            release(in, j);
+            PyMem_Free(in);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        in[j].weight = (float)w;
+        in[j].lambd = (float)lambd;
+        in[j].tau = (float)tau;
+        in[j].start = start;
+        in[j].limit = limit;
+    }
+    Py_DECREF(fast);
+    *k_out = k;
+    return in;
+}
+
+INLINE uint64_t mix64(uint64_t z) {
+    z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 27; z *= 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* A tied entry: dropped when its keyed draw is not below the kept fraction (ties 1), always
+ * (ties 2); keyed_hash.not_below_at. */
+INLINE void tie_drop(const Input *e, float *t, Py_ssize_t at, Py_ssize_t i) {
+    const uint64_t z = mix64((uint64_t)(at + i) * 0x9E3779B97F4A7C15ull + e->start);
+    if (e->ties == 2 || z >= e->limit) t[i] = 0.0f;
+}
+
+/* One expert's sparsified, weighted delta of a tile (sparsify.trimmed_into or dropped_into,
+ * then scale_). */
+INLINE void sparsified(const Input *e, const float *b, float *d, float *t, Py_ssize_t at,
+                    Py_ssize_t m) {
+    decode(e->buf.buf, e->code, at, m, d);
+    if (e->full)
+        for (Py_ssize_t i = 0; i < m; i++) d[i] = d[i] - b[i];
+    if (e->trim == 2) {  /* sparsify.dropped_into: delta * keep, then / density */
+        const uint64_t start = e->start + (uint64_t)at * 0x9E3779B97F4A7C15ull;
+        for (Py_ssize_t i = 0; i < m; i++)  /* the keep mask first: a loop without branches */
+            t[i] = (float)(mix64((uint64_t)i * 0x9E3779B97F4A7C15ull + start) < e->limit);
+        for (Py_ssize_t i = 0; i < m; i++) t[i] = d[i] * t[i];
+        if (e->tau != 0.0f)
+            for (Py_ssize_t i = 0; i < m; i++) t[i] = t[i] / e->tau;
+    } else if (e->trim) {
+        const float l = e->lambd, nl = -e->lambd;
+        for (Py_ssize_t i = 0; i < m; i++) t[i] = ((d[i] >= nl) & (d[i] <= l)) ? 0.0f : d[i];
+    } else {
+        memcpy(t, d, (size_t)m * 4);
+    }
+    if (e->trim != 2 && e->ties) {  /* |d| == tau (bits; |d| is no NaN there): the tied entries */
+        const uint32_t tb = f32_bits(e->tau);
+        Py_ssize_t i = 0;
+#ifdef __SSE2__
+        const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF), want = _mm_set1_epi32((int)tb);
+        for (; i + 4 <= m; i += 4) {
+            const __m128i v = _mm_and_si128(_mm_loadu_si128((const __m128i *)(d + i)), abs_mask);
+            int hits = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(v, want)));
+            while (hits) {
+                const int b = __builtin_ctz((unsigned)hits);
+                hits &= hits - 1;
+                tie_drop(e, t, at, i + b);
+            }
+        }
+#endif
+        for (; i < m; i++)
+            if ((f32_bits(d[i]) & 0x7FFFFFFFu) == tb) tie_drop(e, t, at, i);
+    }
+    if (e->weight != 1.0f)
+        for (Py_ssize_t i = 0; i < m; i++) t[i] = t[i] * e->weight;
+}
+
+/* out = base + lam * (sum_j w_j d_j) / divisor, in torch's order (linear, task_arithmetic). */
+CLONES static int linear_run(Input *out, Input *base, Input *ex, Py_ssize_t k, Py_ssize_t n,
+                      int has_div, float div, int has_lam, float lam) {
+    float b[TILE], d[TILE], t[TILE], acc[TILE];
+    int nan = 0;
+    for (Py_ssize_t at = 0; at < n; at += TILE) {
+        const Py_ssize_t m = n - at < TILE ? n - at : TILE;
+        decode(base->buf.buf, base->code, at, m, b);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            const float w = ex[j].weight;
+            if (ex[j].trim) {  /* DARE: dropped, rescaled and weighted, then summed */
+                sparsified(&ex[j], b, d, t, at, m);
+                if (j == 0) memcpy(acc, t, (size_t)m * 4);
+                else for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] + t[i];
+                continue;
+            }
+            decode(ex[j].buf.buf, ex[j].code, at, m, d);
+            if (ex[j].full)
+                for (Py_ssize_t i = 0; i < m; i++) d[i] = d[i] - b[i];
+            if (j == 0) {
+                if (w != 1.0f) for (Py_ssize_t i = 0; i < m; i++) acc[i] = d[i] * w;
+                else memcpy(acc, d, (size_t)m * 4);
+            } else if (w != 1.0f) {
+                for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] + d[i] * w;
+            } else {
+                for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] + d[i];
+            }
+        }
+        if (has_div) for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] / div;
+        if (has_lam) for (Py_ssize_t i = 0; i < m; i++) acc[i] = acc[i] * lam;
+        for (Py_ssize_t i = 0; i < m; i++) acc[i] = b[i] + acc[i];
+        nan |= encode(acc, out->buf.buf, out->code, at, m);
+    }
+    return nan;
+}
+
+/* TIES: trim, sign election, disjoint (normalized) sum, in sparsify.elect_into's order. */
+CLONES static int ties_run(Input *out, Input *base, Input *ex, Py_ssize_t k, Py_ssize_t n,
+                    int normalize, int has_lam, float lam, float *w) {
+    float b[TILE], d[TILE], sign[TILE], keep[TILE], mixed[TILE], div[TILE];
+    int nan = 0;
+    for (Py_ssize_t at = 0; at < n; at += TILE) {
+        const Py_ssize_t m = n - at < TILE ? n - at : TILE;
+        decode(base->buf.buf, base->code, at, m, b);
+        for (Py_ssize_t j = 0; j < k; j++) sparsified(&ex[j], b, d, w + j * TILE, at, m);
+        memcpy(sign, w, (size_t)m * 4);  /* the ordered sum, then its sign */
+        for (Py_ssize_t j = 1; j < k; j++) {
+            const float *wj = w + j * TILE;
+            for (Py_ssize_t i = 0; i < m; i++) sign[i] = sign[i] + wj[i];
+        }
+        for (Py_ssize_t i = 0; i < m; i++) sign[i] = sign[i] < 0.0f ? -1.0f : 1.0f;
+        for (Py_ssize_t j = 0; j < k; j++) {  /* branch-free loops: they vectorize */
+            const float *wj = w + j * TILE, a = ex[j].weight;
+            for (Py_ssize_t i = 0; i < m; i++) keep[i] = wj[i] * sign[i] > 0.0f ? 1.0f : 0.0f;
+            if (j == 0) {
+                for (Py_ssize_t i = 0; i < m; i++) mixed[i] = 0.0f + wj[i] * keep[i];
+                if (normalize) for (Py_ssize_t i = 0; i < m; i++) div[i] = 0.0f + a * keep[i];
+            } else {
+                for (Py_ssize_t i = 0; i < m; i++) mixed[i] = mixed[i] + wj[i] * keep[i];
+                if (normalize) for (Py_ssize_t i = 0; i < m; i++) div[i] = div[i] + a * keep[i];
+            }
+        }
+        if (normalize) {
+            for (Py_ssize_t i = 0; i < m; i++) {
+                const float dv = div[i] + (div[i] == 0.0f ? 1.0f : 0.0f);
+                mixed[i] = mixed[i] / dv;
+            }
+        }
+        if (has_lam) for (Py_ssize_t i = 0; i < m; i++) mixed[i] = mixed[i] * lam;
+        for (Py_ssize_t i = 0; i < m; i++) mixed[i] = b[i] + mixed[i];
+        nan |= encode(mixed, out->buf.buf, out->code, at, m);
+    }
+    return nan;
+}
+
+/* Shared argument handling: (out, out_code, base, base_code, experts, n, ...). */
+static int parse_io(PyObject *o_out, int out_code, PyObject *o_base, int base_code, Py_ssize_t n,
+                    Input *out, Input *base) {
+    if (n < 0) { PyErr_SetString(PyExc_ValueError, "n must be >= 0"); return -1; }
+    if (get_buffer(o_out, &out->buf, out_code, n, 1) < 0) return -1;
+    if (get_buffer(o_base, &base->buf, base_code, n, 0) < 0) {
+        PyBuffer_Release(&out->buf);
+        return -1;
+    }
+    out->code = out_code;
+    base->code = base_code;
+    return 0;
+}
+
+static PyObject *py_linear(PyObject *self, PyObject *args) {
+    PyObject *o_out, *o_base, *o_ex;
+    int out_code, base_code, has_div, has_lam;
+    Py_ssize_t n, k;
+    double div, lam;
+    Input out = {0}, base = {0};
+    if (!PyArg_ParseTuple(args, "OiOiOnpdpd", &o_out, &out_code, &o_base, &base_code, &o_ex, &n,
+                          &has_div, &div, &has_lam, &lam))
+        return NULL;
+    if (parse_io(o_out, out_code, o_base, base_code, n, &out, &base) < 0) return NULL;
+    Input *ex = parse_experts(o_ex, n, &k);
+    if (!ex) { PyBuffer_Release(&out.buf); PyBuffer_Release(&base.buf); return NULL; }
+    int nan;
+    Py_BEGIN_ALLOW_THREADS
+    nan = linear_run(&out, &base, ex, k, n, has_div, (float)div, has_lam, (float)lam);
+    Py_END_ALLOW_THREADS
+    release(ex, k);
+    PyMem_Free(ex);
+    PyBuffer_Release(&out.buf);
+    PyBuffer_Release(&base.buf);
+    return PyBool_FromLong(nan);
+}
+
+static PyObject *py_ties(PyObject *self, PyObject *args) {
+    PyObject *o_out, *o_base, *o_ex;
+    int out_code, base_code, normalize, has_lam;
+    Py_ssize_t n, k;
+    double lam;
+    Input out = {0}, base = {0};
+    if (!PyArg_ParseTuple(args, "OiOiOnppd", &o_out, &out_code, &o_base, &base_code, &o_ex, &n,
+                          &normalize, &has_lam, &lam))
+        return NULL;
+    if (parse_io(o_out, out_code, o_base, base_code, n, &out, &base) < 0) return NULL;
+    Input *ex = parse_experts(o_ex, n, &k);
+    float *w = ex && k ? PyMem_Malloc((size_t)k * TILE * sizeof(float)) : NULL;
+    if (!ex || !k || !w) {
+        if (ex && k && !w) PyErr_NoMemory();
+        if (ex && !k) PyErr_SetString(PyExc_ValueError, "ties needs at least one expert");
+        if (ex) { release(ex, k); PyMem_Free(ex); }
+        PyBuffer_Release(&out.buf);
+        PyBuffer_Release(&base.buf);
+        return NULL;
+    }
+    int nan;
+    Py_BEGIN_ALLOW_THREADS
+    nan = ties_run(&out, &base, ex, k, n, normalize, has_lam, (float)lam, w);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(w);
+    release(ex, k);
+    PyMem_Free(ex);
+    PyBuffer_Release(&out.buf);
+    PyBuffer_Release(&base.buf);
+    return PyBool_FromLong(nan);
+}
+
+/* out = |decode(raw) - decode(base)| (no base: |decode(raw)|), as float32: the |delta| that
+ * catalog/scan_block.py's first pass computes with torch (decode, sub_, abs_). */
+CLONES static void abs_delta_run(float *out, const void *raw, int code, const void *base,
+                                 int base_code, Py_ssize_t n) {
+    float b[TILE];
+    for (Py_ssize_t at = 0; at < n; at += TILE) {
+        const Py_ssize_t m = n - at < TILE ? n - at : TILE;
+        float *o = out + at;
+        decode(raw, code, at, m, o);
+        if (base) {
+            decode(base, base_code, at, m, b);
+            for (Py_ssize_t i = 0; i < m; i++) o[i] = o[i] - b[i];
+        }
+        for (Py_ssize_t i = 0; i < m; i++) o[i] = __builtin_fabsf(o[i]);
+    }
+}
+
+static PyObject *py_abs_delta(PyObject *self, PyObject *args) {
+    PyObject *o_out, *o_raw, *o_base;
+    int code, base_code;
+    Py_ssize_t n;
+    Input out = {0}, raw = {0}, base = {0};
+    if (!PyArg_ParseTuple(args, "OOiOin", &o_out, &o_raw, &code, &o_base, &base_code, &n))
+        return NULL;
+    if (parse_io(o_out, 0, o_raw, code, n, &out, &raw) < 0) return NULL;
+    if (o_base != Py_None && get_buffer(o_base, &base.buf, base_code, n, 0) < 0) {
+        PyBuffer_Release(&out.buf);
+        PyBuffer_Release(&raw.buf);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    abs_delta_run(out.buf.buf, raw.buf.buf, code, o_base != Py_None ? base.buf.buf : NULL,
+                  base_code, n);
+    Py_END_ALLOW_THREADS
+    if (base.buf.obj) PyBuffer_Release(&base.buf);
+    PyBuffer_Release(&out.buf);
+    PyBuffer_Release(&raw.buf);
+    Py_RETURN_NONE;
+}
+
+/* counts[key] += 1 for each |delta| (float32 bits >= 0): key = (bits >> 16) << 1, plus 1 when
+ * the lower 16 bits are not all zero (catalog/stats.py's level-0 histogram, 2**16 int64 bins).
+ * With `mixed` (int32, one per entry), the bits of those "mixed" entries, in order. Returns
+ * how many entries are mixed. */
+static Py_ssize_t histogram_run(const uint32_t *bits, Py_ssize_t n, int64_t *c, int32_t *mixed) {
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint32_t u = bits[i] & 0x7FFFFFFFu;
+        const uint32_t low = (u & 0xFFFFu) != 0;
+        c[((u >> 16) << 1) | low]++;
+        if (mixed) mixed[k] = (int32_t)u;  /* branch-free: written always, kept when mixed */
+        k += low;
+    }
+    return k;
+}
+
+static PyObject *py_histogram(PyObject *self, PyObject *args) {
+    PyObject *o_a, *o_counts, *o_mixed = Py_None;
+    Py_buffer a, counts, mixed = {0};
+    if (!PyArg_ParseTuple(args, "OO|O", &o_a, &o_counts, &o_mixed)) return NULL;
+    if (PyObject_GetBuffer(o_a, &a, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(o_counts, &counts, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&a);
+        return NULL;
+    }
+    if (o_mixed != Py_None && PyObject_GetBuffer(o_mixed, &mixed, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&a);
+        PyBuffer_Release(&counts);
+        return NULL;
+    }
+    if (a.len % 4 || counts.len != (Py_ssize_t)(sizeof(int64_t) << 16)
+            || (mixed.obj && mixed.len < a.len)) {
+        PyBuffer_Release(&a);
+        PyBuffer_Release(&counts);
+        if (mixed.obj) PyBuffer_Release(&mixed);
+        PyErr_SetString(PyExc_ValueError,
+                        "histogram(float32 buffer, 2**16 int64 counts[, int32 mixed of n])");
+        return NULL;
+    }
+    Py_ssize_t k;
+    Py_BEGIN_ALLOW_THREADS
+    k = histogram_run(a.buf, a.len / 4, counts.buf, mixed.obj ? mixed.buf : NULL);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&counts);
+    if (mixed.obj) PyBuffer_Release(&mixed);
+    return PyLong_FromSsize_t(k);
+}
+
+static PyMethodDef methods[] = {
+    {"abs_delta", py_abs_delta, METH_VARARGS,
+     "abs_delta(out_f32, raw, code, base_or_None, base_code, n)"},
+    {"histogram", py_histogram, METH_VARARGS,
+     "histogram(abs_f32, counts_int64_65536[, mixed_int32]) -> number of mixed entries"},
+    {"linear", py_linear, METH_VARARGS,
+     "linear(out, out_code, base, base_code, experts, n, has_div, div, has_lam, lam) -> nan"},
+    {"ties", py_ties, METH_VARARGS,
+     "ties(out, out_code, base, base_code, experts, n, normalize, has_lam, lam) -> nan"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused",
+                                    "Fused block kernels (see core/operators/fused.py).", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__fused(void) { return PyModule_Create(&module); }

@@ -1,0 +1,188 @@
+"""Fused block kernels: linear, task arithmetic and TIES from raw bytes to output bytes in one
+pass (decode, delta, operator, encode over L1-sized tiles), bit-identical to the torch kernels.
+
+Why a small C extension (mergepipe/core/_fused.c, compiled by setup.py when the package is
+installed): the torch kernels make 10-30 passes over a block, and bit-identity needs every float
+operation in torch's order without fused multiply-adds, which C compiled with -ffp-contract=off
+gives exactly. numba would compile at the first merge of every process (or cache in user
+directories) and pins numpy and LLVM versions; fewer torch passes cannot go below one pass per
+operation. Where the extension was not built (no C compiler), `available()` is False and the
+executor keeps the torch kernels: same bytes, slower.
+
+NaN outputs: torch's vector and scalar conversions disagree on NaN bit patterns, so a block
+whose output holds a NaN comes back None and the caller recomputes it with the torch kernels.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from mergepipe.core.operators.base import BlockContext, Trim
+
+_fused: Any
+try:
+    from mergepipe.core import _fused  # type: ignore[attr-defined,no-redef]
+except ImportError:  # built without a C compiler: the torch kernels serve
+    _fused = None
+if os.environ.get("MERGEPIPE_NO_FUSED"):  # the torch kernels only (A/B benchmarks, triage)
+    _fused = None
+
+# kernel name -> (C kernel, normalize default)
+FUSED_OPS = {"linear": ("linear", True), "task_arithmetic": ("linear", False),
+             "dare_linear": ("linear", False), "ties": ("ties", True),
+             "dare_ties": ("ties", False)}
+CODES = {"F32": 0, "F16": 1, "BF16": 2}
+SIZES = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+def available() -> bool:
+    return _fused is not None
+
+
+def op_name(kernel: Callable[..., Any]) -> str | None:
+    """The fused kernel's name for an operator's kernel function, or None (not covered, or the
+    kernel was replaced: the request's own kernel runs then)."""
+    from mergepipe.core.operators import dare_linear, dare_ties, linear, task_arithmetic, ties
+
+    if _fused is None:
+        return None
+    return {linear.linear: "linear", task_arithmetic.task_arithmetic: "task_arithmetic",
+            ties.ties: "ties", dare_linear.dare_linear: "dare_linear",
+            dare_ties.dare_ties: "dare_ties"}.get(kernel)
+
+
+@dataclass(frozen=True)
+class FusedExpert:
+    """One read expert's block: raw bytes (a full model's values, or a delta) and parameters."""
+
+    raw: Any  # a buffer of `numel` elements of `dtype`
+    dtype: str
+    full: bool  # True: raw holds the expert's values (delta = value - base)
+    weight: float
+    trim: Trim | None = None
+    key: int = 0
+    density: float = 1.0  # DARE's keep probability
+
+
+def merge_block(op: str, base_raw: Any, base_dtype: str, experts: Sequence[FusedExpert],
+                ctx: BlockContext, out_dtype: str, numel: int) -> memoryview | None:
+    """The output bytes of one block, or None: no kernel for this case, or a NaN in the output
+    (the torch kernels compute it then)."""
+    if _fused is None or op not in FUSED_OPS or not experts or numel == 0:
+        return None
+    if ctx.params.get("semantics") == "mergekit" or ctx.whole_tensor:
+        return None
+    kernel, normalize = FUSED_OPS[op]
+    if op.startswith("dare"):
+        rescale = str(ctx.params.get("rescale", "density"))
+        if rescale not in ("density", "none") or any(e.density <= 0 for e in experts):
+            return None  # l1: a norm over the whole block; density 0: the torch error
+        args = [_drop_args(e, ctx.flat_offset, rescale) for e in experts]
+    elif op == "ties":
+        if ctx.params.get("rescale", "none") != "none":
+            return None
+        args = [_ties_args(e, ctx.flat_offset) for e in experts]
+    else:
+        args = [(*_head(e), 0, 0.0, 0, 0.0, 0, 0) for e in experts]
+    out = torch.empty(numel * SIZES[out_dtype], dtype=torch.uint8).numpy()  # not zeroed
+    lam = ctx.lam
+    oc, bc = CODES[out_dtype], CODES[base_dtype]
+    if kernel == "ties":
+        nan = _fused.ties(out, oc, base_raw, bc, args, numel, ctx.normalize(normalize),
+                          lam != 1.0, lam)
+    else:
+        divisor = _divisor(op, experts, ctx)
+        nan = _fused.linear(out, oc, base_raw, bc, args, numel, divisor is not None,
+                            divisor or 0.0, lam != 1.0, lam)
+    return None if nan else out.data
+
+
+def _head(e: FusedExpert) -> tuple[Any, int, bool, float]:
+    return (e.raw, CODES[e.dtype], e.full, e.weight)
+
+
+def _divisor(op: str, experts: Sequence[FusedExpert], ctx: BlockContext) -> float | None:
+    """linear.linear's and task_arithmetic's divisor (weight_total), or None."""
+    if op == "linear":
+        if not ctx.normalize(True):
+            return None
+        selected = ctx.params.get("renormalize", "fixed") == "selected"
+        weights = [e.weight for e in experts] if selected else list(ctx.all_weights)
+    elif ctx.normalize(False):  # task_arithmetic, dare_linear
+        weights = list(ctx.all_weights)
+    else:
+        return None
+    total = np.float32(0)
+    for i, w in enumerate(weights):  # left to right in float32, as sparsify.weight_total
+        total = np.float32(w) if i == 0 else np.float32(total + np.float32(w))
+    return 1.0 if abs(total) < np.float32(1e-8) else float(total)
+
+
+_GAMMA = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 64) - 1
+_BITS = 53
+
+
+def _drop_args(e: FusedExpert, flat_offset: int, rescale: str) -> tuple[Any, ...]:
+    """sparsify.dropped_into as parameters: (mode 2, -, 0, divisor, start, limit)."""
+    if e.density >= 1.0:  # the delta as is
+        return (*_head(e), 0, 0.0, 0, 0.0, 0, 0)
+    div = e.density if rescale == "density" else 0.0
+    threshold = math.ceil(e.density * 2.0**_BITS)  # keyed_hash._threshold, 1 <= it < 2**53
+    from mergepipe.core.operators.keyed_hash import _start
+
+    return (*_head(e), 2, 0.0, 0, div, _start(e.key, flat_offset) & _MASK64,
+            threshold << (64 - _BITS))
+
+
+def _ties_args(e: FusedExpert, flat_offset: int) -> tuple[Any, ...]:
+    """(raw, code, full, weight, trim?, lambd, ties mode, tau, start, limit): sparsify.trimmed_into
+    as parameters (ties mode: 0 keep tied entries, 1 keyed draw, 2 drop every tied entry)."""
+    head = _head(e)
+    trim = e.trim
+    if trim is None:
+        return (*head, False, 0.0, 0, 0.0, 0, 0)
+    tau = np.float32(trim.tau)
+    if trim.k <= trim.above or trim.tied == 0:  # keep |d| > tau
+        return (*head, True, float(tau), 0, 0.0, 0, 0)
+    # |d| >= tau: everything when tau is 0, else |d| > the next float32 below tau
+    shrink = (True, float(np.nextafter(tau, np.float32(0)))) if tau != 0 else (False, 0.0)
+    if trim.k >= trim.above + trim.tied:  # every tied entry is kept
+        return (*head, *shrink, 0, 0.0, 0, 0)
+    threshold = math.ceil(min(max((trim.k - trim.above) / trim.tied, 0.0), 1.0) * 2.0**_BITS)
+    if threshold >= 1 << _BITS:
+        return (*head, *shrink, 0, 0.0, 0, 0)
+    if threshold == 0:
+        return (*head, *shrink, 2, float(tau), 0, 0)
+    from mergepipe.core.operators.keyed_hash import _start
+
+    return (*head, *shrink, 1, float(tau), _start(e.key, flat_offset) & _MASK64,
+            threshold << (64 - _BITS))
+
+
+def abs_delta_into(out: torch.Tensor, raw: Any, dtype: str, base_raw: Any | None,
+                   base_dtype: str) -> torch.Tensor:
+    """out (flat float32) = |decode(raw) - decode(base_raw)| (|decode(raw)| without a base) in
+    one pass; the bits torch's decode, sub_ and abs_ give."""
+    assert _fused is not None
+    _fused.abs_delta(out.numpy(), raw, CODES[dtype], base_raw, CODES[base_dtype], out.numel())
+    return out
+
+
+def histogram(a: torch.Tensor, mixed: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """catalog.stats' level-0 histogram of a flat float32 |delta| (2**16 int64 counts) and,
+    with an int32 work buffer `mixed` of a's size, a copy of the bits of its entries whose
+    lower 16 bits are not all zero (None when there are none)."""
+    assert _fused is not None
+    counts = torch.zeros(1 << 16, dtype=torch.int64)
+    k = _fused.histogram(a.reshape(-1).numpy(), counts.numpy(),
+                         None if mixed is None else mixed.numpy())
+    return counts, (mixed[:k].clone() if mixed is not None and k else None)
