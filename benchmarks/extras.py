@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mergepipe.benchmarks import startup
+from mergepipe.benchmarks import startup, whole_commands
 from mergepipe.benchmarks.coldcache import files_under
 from mergepipe.benchmarks.ingest_throughput import _cat, _ingest
 from mergepipe.benchmarks.suite import Run, Suite
@@ -109,7 +109,7 @@ def _mib(x: float) -> str:
 
 def targets(res: dict[str, Any]) -> list[list[str]]:
     """DESIGN section 6 rows of the extra figures: measured, met / missed."""
-    rows = []
+    rows = whole_commands.targets(res.get("commands", []))
     for b in res.get("big_k", []):
         if b["operator"] == "linear":
             rows.append([f"linear, budget {b['budget'][2:]}, K = {b['k']}: >= 5x faster than "
@@ -145,6 +145,8 @@ def render(res: dict[str, Any], table: Any) -> str:
                         [[b["operator"], b["k"], b["budget"], f"{b['expert_bytes'] / 1e6:,.0f} MB",
                           _s(b["mergekit_s"]), _s(b["ours_s"]), f"{b['speedup']:.2f}x"]
                          for b in res["big_k"]])]
+    if res.get("commands"):
+        parts.append(whole_commands.render(res["commands"], table))
     if res.get("phases"):
         parts += ["Where the time of each budgeted merge of figure 3 goes (medians): planning; "
                   "the block loop (reads, merge, writes, the output's statistics, fsync); "

@@ -1,0 +1,45 @@
+"""The bench's whole-command row: `mergepipe merge` and `mergekit-yaml` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mergepipe.benchmarks import extras
+from mergepipe.benchmarks.report import table
+from mergepipe.benchmarks.suite import QUICK, Suite
+from mergepipe.benchmarks.whole_commands import argv_of, whole_commands
+
+pytest.importorskip("mergekit")
+
+
+@pytest.mark.slow
+def test_whole_commands_row_times_both_command_lines_cold(tmp_path: Path) -> None:
+    suite = Suite(QUICK, tmp_path / "bench", log=lambda m: None)
+    suite.setup()
+    rows = whole_commands(suite, reps=2)
+    assert [(r["k"], r["budget"], r["reps"]) for r in rows] == [(2, 0.5, 2)]
+    r = rows[0]
+    assert len(r["ours_walls"]) == len(r["mergekit_walls"]) == 2
+    assert sorted(r["ours_walls"])[0] <= r["ours_wall_s"] <= sorted(r["ours_walls"])[1]
+    assert r["speedup"] == pytest.approx(r["mergekit_wall_s"] / r["ours_wall_s"])
+    assert r["ours_cpu_s"] > 0 and r["mergekit_cpu_s"] > 0
+    assert r["cold_max"] < 0.05  # inputs evicted before each run
+    assert not (suite.work / "commands" / "ours-K2-rep0").exists()  # outputs cleaned up
+    report = extras.render({"commands": rows}, table)
+    assert "mergekit-yaml" in report and f"{r['speedup']:.2f}x" in report
+    assert extras.targets({"commands": rows})[0][2] in ("met", "missed")
+
+    # the command line is the user's: run it again and read its summary
+    rundir = tmp_path / "again"
+    rundir.mkdir()
+    argv, _ = argv_of(suite, "ours", 2, 0.5, rundir)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["expert_bytes_read"] <= summary["budget_bytes"]
+    assert summary["expert_bytes_read"] <= 0.5 * summary["full_read_bytes"]
+    assert Path(summary["output"]).resolve() == (rundir / "out").resolve()
