@@ -1,4 +1,5 @@
-"""The bench's whole-command row: `mergepipe merge` and `mergekit-yaml` as a user runs them."""
+"""The bench's whole-command rows: `mergepipe merge` against `mergekit-yaml`, and
+`mergepipe ingest`, as a user runs them."""
 
 from __future__ import annotations
 
@@ -43,3 +44,8 @@ def test_whole_commands_row_times_both_command_lines_cold(tmp_path: Path) -> Non
     assert summary["expert_bytes_read"] <= summary["budget_bytes"]
     assert summary["expert_bytes_read"] <= 0.5 * summary["full_read_bytes"]
     assert Path(summary["output"]).resolve() == (rundir / "out").resolve()
+
+    # the ingestion row times `mergepipe ingest` itself, start to exit
+    g = extras.ingestion(suite, runs=1)
+    assert 0 < g["ingest_s"] <= g["process_s"] and g["cat_s"] > 0 and g["peak_rss"] > 0
+    assert g["read_bytes"] > g["expert_bytes"] > 0

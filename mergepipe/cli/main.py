@@ -101,11 +101,12 @@ def entry() -> NoReturn:
 
     Tearing down an interpreter that imported torch and ran a merge takes 0.3-2 s of garbage
     collection and module clean-up after the work is done and the output published (measured
-    against os._exit; more on a busy machine). With no other thread left, the exit handlers
-    run, the streams are flushed, and the process ends there; otherwise it exits as usual."""
+    against os._exit; more on a busy machine). With no other thread left and no profiler or
+    tracer (cProfile, coverage) attached, the exit handlers run, the streams are flushed, and
+    the process ends there; otherwise it exits as usual."""
     rc = main()
-    if threading.active_count() > 1:
-        sys.exit(rc)
+    if threading.active_count() > 1 or sys.getprofile() or sys.gettrace():
+        sys.exit(rc)  # threads to join, or a profiler or coverage tool to write its results
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader gone away, a closed stream
