@@ -95,3 +95,16 @@ def test_local_ingest_imports_no_s3_client(tmp_path: Path) -> None:
                       "base")
     assert "torch" in loaded or "safetensors" in loaded  # the probe saw the ingestion run
     assert "boto3" not in loaded, loaded
+
+
+def test_preload_imports_in_a_background_thread_and_leaves_failures_to_the_command() -> None:
+    from mergepipe.cli import preload
+
+    sys.modules.pop("colorsys", None)
+    t = preload.start("no_such_module_of_mergepipe", "colorsys")
+    t.join(60)
+    assert not t.is_alive() and t.daemon
+    assert "colorsys" not in sys.modules  # the first failure ends the preload, unraised
+    t = preload.start("colorsys")
+    t.join(60)
+    assert "colorsys" in sys.modules
