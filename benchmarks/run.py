@@ -55,7 +55,7 @@ def run_suite(cfg: SuiteConfig, out: Path, report: Path | None = None,
         log("whole commands: mergepipe merge vs mergekit-yaml, fresh processes")
         results["commands"] = whole_commands(suite)
         log("start-up, ingestion vs cat, 1-D tensor ingestion RSS")
-        results["startup"] = extras.startup_rows(cfg.reps)
+        results["startup"] = extras.startup_rows(cfg.reps, suite.catalogs["main"])
         results["ingestion"] = extras.ingestion(suite, cfg.reps)
         results["one_d"] = extras.one_d_rss(suite.work / "one-d", cfg.one_d_mib)
         results["seconds"] = time.time() - started

@@ -45,6 +45,13 @@ def test_whole_commands_row_times_both_command_lines_cold(tmp_path: Path) -> Non
     assert summary["expert_bytes_read"] <= 0.5 * summary["full_read_bytes"]
     assert Path(summary["output"]).resolve() == (rundir / "out").resolve()
 
+    # start-up of the catalog commands, on a copy of the suite's catalog
+    st = extras.startup_rows(1, suite.catalogs["main"])
+    assert set(st) == {"--help", "models", "sql"}
+    assert st["--help"]["modules"] < st["models"]["modules"]  # the catalog commands ran
+    assert [row[0] for row in extras.targets({"startup": st})] == [
+        "`mergepipe --help` < 0.5 s", "`mergepipe models` < 0.5 s", "`mergepipe sql` < 0.5 s"]
+
     # the ingestion row times `mergepipe ingest` itself, start to exit
     g = extras.ingestion(suite, runs=1)
     assert 0 < g["ingest_s"] <= g["process_s"] and g["cat_s"] > 0 and g["peak_rss"] > 0
