@@ -66,7 +66,8 @@ def test_catalog_commands_import_neither_torch_nor_the_service(cat_path: str,
     assert not loaded & ({"torch", "numpy", "safetensors"} | SERVICE_ONLY), loaded
 
 
-def test_console_script_exits_quickly_with_its_code_and_all_its_output(cat_path: str) -> None:
+@pytest.mark.slow
+def test_console_script_ends_with_its_code_and_all_its_output(cat_path: str) -> None:
     """`python -m mergepipe` ends with os._exit after the command (no interpreter teardown):
     every byte it printed to a pipe still arrives, and its exit code is the command's."""
     query = ("SELECT a.content_hash, b.tensor, b.block_index FROM blocks a, blocks b "
