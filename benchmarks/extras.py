@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from mergepipe.benchmarks import startup
-from mergepipe.benchmarks.coldcache import files_under
+from mergepipe.benchmarks import startup, whole_commands
+from mergepipe.benchmarks.coldcache import files_under, make_cold
 from mergepipe.benchmarks.ingest_throughput import _cat, _ingest
+from mergepipe.benchmarks.proc import child_env, run_timed
 from mergepipe.benchmarks.suite import Run, Suite
+from mergepipe.benchmarks.whole_commands import command
 
 
 def big_k(suite: Suite, runs: list[Run]) -> list[dict[str, Any]]:
@@ -39,14 +43,24 @@ def phases(suite: Suite, run: Run) -> dict[str, Any]:
             "base_bytes": s["base_bytes_read"]}
 
 
-def startup_rows(runs: int = 3) -> dict[str, Any]:
-    """`mergepipe --help` in fresh interpreters: median wall, CPU seconds, modules."""
-    return {"--help": startup.measure(["--help"], runs)}
+def startup_rows(runs: int = 3, catalog: Path | None = None) -> dict[str, Any]:
+    """`mergepipe --help`, and with a catalog `models` and `sql` on a copy of it, in fresh
+    interpreters: median wall, CPU seconds, modules."""
+    out = {"--help": startup.measure(["--help"], runs)}
+    if catalog is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / "catalog.duckdb"
+            shutil.copyfile(catalog, copy)
+            for name, argv in (("models", ["models"]),
+                               ("sql", ["sql", "SELECT count(*) FROM blocks"])):
+                out[name] = startup.measure(["--catalog", str(copy), *argv], runs)
+    return out
 
 
 def ingestion(suite: Suite, runs: int = 3) -> dict[str, Any]:
-    """`mergepipe ingest` of one expert with statistics (a child process, cold cache) against
-    `cat` of the expert and its base; medians of `runs`."""
+    """`mergepipe ingest` of one expert with statistics, the command as a user runs it (a
+    fresh process, cold cache, a fresh copy of the catalog) against `cat` of the expert and
+    its base; medians of `runs`."""
     root = suite.families["main"]
     expert = suite.experts("main", 1)[0]
     files = [f for f in files_under([root / expert, root / "base"])
@@ -58,9 +72,13 @@ def ingestion(suite: Suite, runs: int = 3) -> dict[str, Any]:
         work.mkdir(parents=True)
         catalog = work / "catalog.duckdb"
         shutil.copyfile(suite.catalogs["main"], catalog)
-        r = _ingest(catalog, root / expert, f"ingest-bench-{rep}", files, base="base")
-        samples.append({"process_s": r["process_s"], "ingest_s": r["ingest_s"],
-                        "peak_rss": r["peak_rss"], "cat_s": _cat(files)})
+        make_cold([*files, str(catalog)])
+        t = run_timed([*command("mergepipe"), "--catalog", str(catalog), "ingest",
+                       str(root / expert), "--name", f"ingest-bench-{rep}", "--base", "base",
+                       "--json"], env=child_env()).check()
+        samples.append({"process_s": t.wall_s,
+                        "ingest_s": float(json.loads(t.stdout)["ingest_seconds"]),
+                        "peak_rss": t.peak_rss, "cat_s": _cat(files)})
     shutil.rmtree(work, ignore_errors=True)
     return {"expert_bytes": sum(Path(f).stat().st_size for f in files if expert in f),
             "read_bytes": sum(Path(f).stat().st_size for f in files),
@@ -109,15 +127,14 @@ def _mib(x: float) -> str:
 
 def targets(res: dict[str, Any]) -> list[list[str]]:
     """DESIGN section 6 rows of the extra figures: measured, met / missed."""
-    rows = []
+    rows = whole_commands.targets(res.get("commands", []))
     for b in res.get("big_k", []):
         if b["operator"] == "linear":
             rows.append([f"linear, budget {b['budget'][2:]}, K = {b['k']}: >= 5x faster than "
                          "mergekit", f"{b['speedup']:.2f}x",
                          "met" if b["speedup"] >= 5 else "missed"])
-    if "startup" in res:
-        h = res["startup"]["--help"]
-        rows.append(["`mergepipe --help` < 0.5 s", f"{h['wall_s']:.2f} s ({h['modules']} "
+    for name, h in res.get("startup", {}).items():
+        rows.append([f"`mergepipe {name}` < 0.5 s", f"{h['wall_s']:.2f} s ({h['modules']} "
                      "modules)", "met" if h["wall_s"] < 0.5 else "missed"])
     if "ingestion" in res:
         g = res["ingestion"]
@@ -145,6 +162,8 @@ def render(res: dict[str, Any], table: Any) -> str:
                         [[b["operator"], b["k"], b["budget"], f"{b['expert_bytes'] / 1e6:,.0f} MB",
                           _s(b["mergekit_s"]), _s(b["ours_s"]), f"{b['speedup']:.2f}x"]
                          for b in res["big_k"]])]
+    if res.get("commands"):
+        parts.append(whole_commands.render(res["commands"], table))
     if res.get("phases"):
         parts += ["Where the time of each budgeted merge of figure 3 goes (medians): planning; "
                   "the block loop (reads, merge, writes, the output's statistics, fsync); "
@@ -156,16 +175,15 @@ def render(res: dict[str, Any], table: Any) -> str:
                           _s(p["exec_s"]), _s(p["register_s"]), _s(p["other_s"]),
                           f"{(p['expert_bytes'] + p['base_bytes']) / 1e6:,.0f} MB"]
                          for p in res["phases"]])]
-    if "startup" in res:
-        h = res["startup"]["--help"]
-        parts.append(f"`mergepipe --help` in a fresh interpreter (`python -m "
+    for name, h in res.get("startup", {}).items():
+        parts.append(f"`mergepipe {name}` in a fresh interpreter (`python -m "
                      f"mergepipe.benchmarks.startup`): {_s(h['wall_s'])} wall, "
                      f"{_s(h['cpu_s'])} CPU, {h['modules']} modules imported (medians).\n")
     if "ingestion" in res:
         g = res["ingestion"]
-        parts.append(f"`mergepipe ingest` of one expert with statistics ({g['expert_bytes'] / 1e6:,.0f} MB; "
+        parts.append(f"`mergepipe ingest --json` of one expert with statistics ({g['expert_bytes'] / 1e6:,.0f} MB; "
                      f"the statistics pass reads the expert and its base, {g['read_bytes'] / 1e6:,.0f} MB), "
-                     f"as a child process on a cold cache: {_s(g['process_s'])} start to exit, of "
+                     f"the command in a fresh process on a cold cache: {_s(g['process_s'])} start to exit, of "
                      f"which {_s(g['ingest_s'])} ingesting; `cat` of the same files "
                      f"{_s(g['cat_s'])}; peak RSS {_mib(g['peak_rss'])} (medians).\n")
     if "one_d" in res:

@@ -23,6 +23,7 @@ from mergepipe.benchmarks.cli_args import add_arguments
 from mergepipe.benchmarks.physical import run_physical, run_ranges
 from mergepipe.benchmarks.report import write_report
 from mergepipe.benchmarks.suite import DEFAULT, QUICK, Suite, SuiteConfig, plan_runs
+from mergepipe.benchmarks.whole_commands import whole_commands
 
 
 def run_suite(cfg: SuiteConfig, out: Path, report: Path | None = None,
@@ -51,8 +52,10 @@ def run_suite(cfg: SuiteConfig, out: Path, report: Path | None = None,
         suite.close()
         results["overheads"] = figures.overheads(suite, runs["operators"], runs["rss"])
         results["physical"] = figures.physical(suite, run_physical, run_ranges)
+        log("whole commands: mergepipe merge vs mergekit-yaml, fresh processes")
+        results["commands"] = whole_commands(suite)
         log("start-up, ingestion vs cat, 1-D tensor ingestion RSS")
-        results["startup"] = extras.startup_rows(cfg.reps)
+        results["startup"] = extras.startup_rows(cfg.reps, suite.catalogs["main"])
         results["ingestion"] = extras.ingestion(suite, cfg.reps)
         results["one_d"] = extras.one_d_rss(suite.work / "one-d", cfg.one_d_mib)
         results["seconds"] = time.time() - started

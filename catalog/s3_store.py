@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import threading
 from typing import Any, NoReturn
 
@@ -17,12 +18,20 @@ from mergepipe.catalog.remote_io import (
 from mergepipe.catalog.store_types import DIR, FILE, FetchStats, Stamp
 from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChanged
 
-try:  # the optional extra `remote`
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError
-except ImportError:  # pragma: no cover - exercised by an install without the extra
-    boto3 = None
+
+class _NoBotocore(Exception):
+    """Stands for botocore's exceptions where the extra is not installed (never raised)."""
+
+
+@functools.cache
+def _botocore_errors() -> tuple[type[Exception], type[Exception]]:
+    """botocore's (BotoCoreError, ClientError), imported when an S3 call fails (an `except`
+    clause is evaluated only then): boto3 takes 0.1-0.3 s to import, only S3 users pay it."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:  # pragma: no cover - exercised by an install without the extra
+        return _NoBotocore, _NoBotocore
+    return BotoCoreError, ClientError
 
 TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                    "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
@@ -49,9 +58,12 @@ class S3Store:
             return self._client
 
     def _make_client(self) -> Any:
-        if boto3 is None:
+        try:  # the optional extra `remote`
+            import boto3
+            from botocore.config import Config
+        except ImportError:  # pragma: no cover - exercised by an install without the extra
             raise InvalidRequest("s3:// checkpoints need the remote extra: pip install "
-                                 "'mergepipe[remote]'", field="path")
+                                 "'mergepipe[remote]'", field="path") from None
         endpoint = self.cfg.aws_value("AWS_ENDPOINT_URL_S3") or self.cfg.aws_value(
             "AWS_ENDPOINT_URL")
         allow_http = (self.cfg.aws_value("AWS_ALLOW_HTTP") or "").lower() in ("1", "true", "yes")
@@ -138,7 +150,7 @@ class S3Store:
     def _read_body(body: Any, nbytes: int) -> bytes:
         try:
             return bytes(body.read(nbytes))
-        except (BotoCoreError, OSError) as e:
+        except (_botocore_errors()[0], OSError) as e:
             raise Transient(f"reading the body: {e}") from None
 
     # -- uploads (outputs) -------------------------------------------------------------------
@@ -187,9 +199,9 @@ class S3Store:
     def _request(self, path: str, op: str, **kw: Any) -> Any:
         try:
             return getattr(self.client(), op)(**kw)
-        except ClientError as e:
+        except _botocore_errors()[1] as e:
             _raise_for(path, e, kw)
-        except (BotoCoreError, OSError) as e:
+        except (_botocore_errors()[0], OSError) as e:
             raise Transient(f"{type(e).__name__}: {e}") from None
 
 

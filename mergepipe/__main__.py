@@ -1,7 +1,5 @@
 """`python -m mergepipe` runs the CLI."""
 
-import sys
+from mergepipe.cli.main import entry
 
-from mergepipe.cli.main import main
-
-sys.exit(main())
+entry()

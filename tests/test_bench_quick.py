@@ -34,6 +34,9 @@ def test_bench_quick_produces_every_figure(tmp_path: Path) -> None:
     for p in res["phases"]:  # the parts add up to no more than the call
         assert p["plan_s"] + p["exec_s"] + p["register_s"] <= p["merge_s"] + 1e-6
     assert res["startup"]["--help"]["modules"] > 0
+    assert set(res["startup"]) == {"--help", "models", "sql"}
+    assert [(c["operator"], c["k"]) for c in res["commands"]] == [("linear", 2)]
+    assert res["commands"][0]["cold_max"] < 0.05
     assert 0 < res["ingestion"]["ingest_s"] <= res["ingestion"]["process_s"]
     assert res["one_d"]["tensor_mib"] == 4 and res["one_d"]["expert_peak_rss"] > 0
     assert res["cold_max"] < 0.05  # inputs really were evicted before each timed run

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
@@ -62,3 +64,48 @@ def test_catalog_commands_import_neither_torch_nor_the_service(cat_path: str,
     loaded = _imports("--catalog", cat_path, *argv)
     assert "sqlalchemy" in loaded  # the catalog is open: the probe saw the command run
     assert not loaded & ({"torch", "numpy", "safetensors"} | SERVICE_ONLY), loaded
+
+
+@pytest.mark.slow
+def test_console_script_ends_with_its_code_and_all_its_output(cat_path: str) -> None:
+    """`python -m mergepipe` ends with os._exit after the command (no interpreter teardown):
+    every byte it printed to a pipe still arrives, and its exit code is the command's."""
+    query = ("SELECT a.content_hash, b.tensor, b.block_index FROM blocks a, blocks b "
+             "ORDER BY 1, 2, 3")
+    with Catalog(cat_path) as cat, cat.engine.connect() as conn:
+        rows = conn.execute(sa.text(query)).all()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a buffered pipe
+    done = subprocess.run([sys.executable, "-m", "mergepipe", "--catalog", cat_path, "sql",
+                           "--json", query], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(done.stdout) > 8192  # more than one buffer of a pipe's stdout
+    got = json.loads(done.stdout)
+    assert got["rows"] == [list(r) for r in rows] and not got["truncated"]
+    bad = subprocess.run([sys.executable, "-m", "mergepipe", "--catalog", cat_path, "sql",
+                          "SELECT nope FROM blocks"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "mergepipe sql: error:" in bad.stderr
+
+
+@pytest.mark.slow
+def test_local_ingest_imports_no_s3_client(tmp_path: Path) -> None:
+    """boto3 is imported by S3 reads and writes only (0.1-0.3 s of every command otherwise)."""
+    base = factory.make_base(tmp_path / "base")
+    loaded = _imports("--catalog", str(tmp_path / "c.duckdb"), "ingest", str(base), "--name",
+                      "base")
+    assert "torch" in loaded or "safetensors" in loaded  # the probe saw the ingestion run
+    assert "boto3" not in loaded, loaded
+
+
+def test_preload_imports_in_a_background_thread_and_leaves_failures_to_the_command() -> None:
+    from mergepipe.cli import preload
+
+    sys.modules.pop("colorsys", None)
+    t = preload.start("no_such_module_of_mergepipe", "colorsys")
+    t.join(60)
+    assert not t.is_alive() and t.daemon
+    assert "colorsys" not in sys.modules  # the first failure ends the preload, unraised
+    t = preload.start("colorsys")
+    t.join(60)
+    assert "colorsys" in sys.modules

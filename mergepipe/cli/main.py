@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
 import json
 import os
 import sys
-from typing import Any
+import threading
+from typing import Any, NoReturn
 
 from mergepipe.core.errors import MergePipeError
 from mergepipe.core.jsonable import jsonable
@@ -93,5 +96,23 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
+def entry() -> NoReturn:
+    """The `mergepipe` console script: `main()`, then a quick exit.
+
+    Tearing down an interpreter that imported torch and ran a merge takes 0.3-2 s of garbage
+    collection and module clean-up after the work is done and the output published (measured
+    against os._exit; more on a busy machine). With no other thread left and no profiler or
+    tracer (cProfile, coverage) attached, the exit handlers run, the streams are flushed, and
+    the process ends there; otherwise it exits as usual."""
+    rc = main()
+    if threading.active_count() > 1 or sys.getprofile() or sys.gettrace():
+        sys.exit(rc)  # threads to join, or a profiler or coverage tool to write its results
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone away, a closed stream
+            stream.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -7,6 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from mergepipe.catalog.kinds import KINDS
+from mergepipe.cli import preload
 from mergepipe.cli.main import print_json
 from mergepipe.cli.progress import IngestBar
 from mergepipe.cli.table import human_bytes
@@ -42,13 +43,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    preload.start("torch")  # while the catalog opens
     from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
     from mergepipe.catalog.queue import NewIngestJob
-    from mergepipe.jobs.ingest import run_ingestion
 
     job = NewIngestJob(args.name, args.kind, str(args.path), args.base, args.block_bytes,
                        not args.no_stats)
     with Catalog(args.settings.catalog) as cat, IngestBar(enabled=not args.json) as bar:
+        from mergepipe.jobs.ingest import run_ingestion  # torch: loaded by now, or loading
+
         model = run_ingestion(cat, job, progress=bar.update_for(args.name))
     if args.json:
         print_json(model)

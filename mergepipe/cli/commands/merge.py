@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mergepipe.cli import preload
 from mergepipe.cli.main import print_json
 from mergepipe.cli.progress import MergeBar
 from mergepipe.cli.table import human_bytes
@@ -100,18 +101,21 @@ def with_strategy(request: MergeRequest, args: argparse.Namespace) -> MergeReque
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
-    from mergepipe.cli.mergekit_cli import config_request
-    from mergepipe.executor.engine import Engine
-    from mergepipe.jobs.merge import merge
-    from mergepipe.jobs.recovery import recover_interrupted
-
     request = None if args.config else request_from_args(args)
     if args.out is None:
         raise InvalidRequest("--out is required", field="output")
+    preload.start("torch")  # while the catalog opens
+    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+
     s = args.settings
-    engine = Engine(args.engine or s.engine, args.ray_address or s.ray_address)
     with Catalog(s.catalog) as cat, MergeBar(enabled=not args.json) as bar:
+        # torch, which these import: loaded by now, or loading
+        from mergepipe.cli.mergekit_cli import config_request
+        from mergepipe.executor.engine import Engine
+        from mergepipe.jobs.merge import merge
+        from mergepipe.jobs.recovery import recover_interrupted
+
+        engine = Engine(args.engine or s.engine, args.ray_address or s.ray_address)
         recover_interrupted(cat)  # merges of a killed `mergepipe merge`: we hold the catalog now
         if request is None:
             request = with_strategy(config_request(cat, args), args)
