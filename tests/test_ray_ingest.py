@@ -22,11 +22,13 @@ from mergepipe.catalog.fsconfine import confined
 from mergepipe.catalog.grid import block_rows
 from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.catalog.scan import TensorPlan
+from mergepipe.cli.main import main
 from mergepipe.core.errors import Forbidden
 from mergepipe.executor.engine import LOCAL, Engine
 from mergepipe.executor.ray_ingest import ray_scan
 from mergepipe.jobs.ingest import run_ingestion
 from tests import factory
+from tests.api_helpers import EXPERTS, client_for, register_family, settings_for
 
 RAY = Engine("ray")
 SHARDS = 3  # more shards than the runtime's 2 CPUs: a task waits for a free one
@@ -176,3 +178,44 @@ def test_a_shard_task_opens_its_files_under_the_data_roots(ray_runtime: Path,
 
     errors = _held(ray_runtime, scan, swap)
     assert len(errors) == 1 and isinstance(errors[0], Forbidden), errors
+
+
+@pytest.mark.slow  # the fast test covers the rows; this one the CLI's options
+def test_cli_ingest_engine_ray_registers_the_local_rows(ray_runtime: Path, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    """`mergepipe ingest --engine ray` of a sharded base and expert: one task per shard, the
+    rows of `--engine local`."""
+    jobs = family(tmp_path / "fam")[:2]
+    got = {}
+    for engine in ("local", "ray"):
+        db = str(tmp_path / f"{engine}.duckdb")
+        with caplog.at_level(logging.DEBUG, logger="mergepipe.executor.ray_ingest"):
+            for job in jobs:
+                base = ["--base", job.base] if job.base else ["--block-bytes", "256"]
+                assert main(["--catalog", db, "ingest", job.path, "--name", job.model, *base,
+                             "--engine", engine, "--json"]) == 0
+        with Catalog(db) as cat:
+            got[engine] = rows(cat)
+    assert len(shard_pids(caplog)) == SHARDS * len(jobs)
+    assert got["ray"] == got["local"]
+
+
+@pytest.mark.slow  # the fast test covers the rows; this one the job runner's engine
+def test_service_workers_ingest_on_ray(ray_runtime: Path, tmp_path: Path,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    """MERGEPIPE_ENGINE=ray in a server's job workers: the ingestions posted to the API run one
+    Ray task per shard and register the rows of a local ingestion."""
+    root = tmp_path / "data" / "fam"
+    base = factory.make_base(root / "base", seed=5, shards=SHARDS)
+    fam = {"base": base, **{n: factory.make_expert(base, root / n, seed=600 + i, shards=SHARDS)
+                            for i, n in enumerate(EXPERTS)}}
+    with (caplog.at_level(logging.DEBUG, logger="mergepipe.executor.ray_ingest"),
+          client_for(settings_for(tmp_path, engine="ray")) as c):
+        register_family(c, fam)
+    assert len(shard_pids(caplog)) == SHARDS * len(fam)
+    with Catalog(tmp_path / "catalog.duckdb") as cat:
+        got = rows(cat)
+    jobs = [NewIngestJob(n, "full", str(p), None if n == "base" else "base")
+            for n, p in fam.items()]
+    assert got == ingest_all(tmp_path / "local.duckdb", jobs, LOCAL)
