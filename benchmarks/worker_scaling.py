@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", default="1,2", help="worker processes to try, comma-separated")
     p.add_argument("--same-session", action="store_true",
-                   help="start the workers in this process's session (with the kernel's "
-                   "autogroup scheduling they then share one CPU share) instead of one session "
-                   "each, as separate services or machines would be")
+                   help="start the workers in this process's session (the kernel's autogroup "
+                   "scheduler makes a session one group) instead of one session each, as "
+                   "separate services or machines would be")
     args = p.parse_args(argv)
     root = Path(args.root).absolute()
     fam = root / "family"
