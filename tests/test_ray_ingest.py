@@ -8,6 +8,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -219,3 +221,62 @@ def test_service_workers_ingest_on_ray(ray_runtime: Path, tmp_path: Path,
     jobs = [NewIngestJob(n, "full", str(p), None if n == "base" else "base")
             for n, p in fam.items()]
     assert got == ingest_all(tmp_path / "local.duckdb", jobs, LOCAL)
+
+
+def _worker(url: str, tmp_path: Path, address: str, log: Path) -> subprocess.Popen[bytes]:
+    """`mergepipe worker` on the shared catalog, its ingestions on the session's Ray runtime."""
+    env = dict(os.environ, MERGEPIPE_CATALOG=url, MERGEPIPE_LEASE_S="3", MERGEPIPE_WORKERS="1",
+               MERGEPIPE_DATA_ROOTS=str(tmp_path), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "out"),
+               MERGEPIPE_ENGINE="ray", MERGEPIPE_RAY_ADDRESS=address)
+    return subprocess.Popen([sys.executable, "-m", "mergepipe", "worker"], env=env,
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+@pytest.mark.slow  # two worker processes connecting to Ray, a 3 s lease
+def test_kill_9_worker_mid_ray_ingestion_is_taken_over(ray_runtime: Path, tmp_path: Path,
+                                                       postgres_url: str) -> None:
+    """SIGKILL a `mergepipe worker` (MERGEPIPE_ENGINE=ray) while its ingestion's shard 0 task
+    holds: a second worker takes the job over after the lease and registers the rows of a
+    local ingestion, once."""
+    import ray
+
+    from mergepipe.catalog import queue
+
+    jobs = family(tmp_path / "fam")[:2]
+    local = ingest_all(tmp_path / "local.duckdb", jobs, LOCAL)
+    address = ray.get_runtime_context().gcs_address
+    hold, pid_file, log = ray_runtime / "hold", ray_runtime / "pid", tmp_path / "workers.log"
+    with Catalog(postgres_url) as cat:
+        run_ingestion(cat, jobs[0])
+        (job_id,) = queue.enqueue(cat, ingests=[jobs[1]]).ingest_ids
+        pid_file.unlink(missing_ok=True)
+        (ray_runtime / "starts").unlink(missing_ok=True)
+        hold.touch()
+        try:
+            a = _worker(postgres_url, tmp_path, address, log)
+            try:
+                deadline = time.monotonic() + 120
+                while not pid_file.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert pid_file.exists(), log.read_text()[-3000:]
+                a.send_signal(signal.SIGKILL)
+                a.wait(10)
+            finally:
+                a.kill()
+        finally:
+            hold.unlink(missing_ok=True)
+        assert queue.get_ingest_job(cat, job_id).status == "running"
+        b = _worker(postgres_url, tmp_path, address, log)
+        try:
+            deadline = time.monotonic() + 120
+            while (queue.get_ingest_job(cat, job_id).status not in ("succeeded", "failed")
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+        finally:
+            b.send_signal(signal.SIGTERM)
+            b.wait(30)
+        row = queue.get_ingest_job(cat, job_id)
+        assert row.status == "succeeded", (row.error, log.read_text()[-3000:])
+        assert rows(cat) == local
+    starts = (ray_runtime / "starts").read_text().split()  # shard 0: A's task, then B's
+    assert len(starts) == 2 and starts[0] == pid_file.read_text(), starts
