@@ -9,7 +9,10 @@ DuckDB catalog there, plans one merge, then executes that plan with the local en
 each worker count, on a fresh local Ray runtime started with that many CPUs (one warm-up run:
 worker processes and their imports; then --repeats timed runs, the median kept). Throughput is
 the bytes read (expert + base) over the execution's wall time, on a warm page cache. Every run's
-output hash must equal the local engine's. Prints a table and writes ray_scaling.json in --root.
+output hash must equal the local engine's. On the same runtimes it also times the statistics
+scan of the first expert's ingestion (catalog.ingest.scan_model: every row computed, none
+written; on Ray one task per shard file), whose rows must equal the local scan's. Prints a table
+and writes ray_scaling.json in --root.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 from mergepipe.benchmarks.family import generate_family
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.ingest import ingest_model
+from mergepipe.catalog.ingest import ScannedModel, ingest_model, scan_model
 from mergepipe.core.request import build_request
 from mergepipe.executor.engine import Engine
 from mergepipe.jobs.merge import execute_plan
@@ -57,16 +60,21 @@ def main(argv: list[str] | None = None) -> int:
                  for w in args.workers.split(",")]
     finally:
         cat.close()
+    local_rows = rows[0]["scan_rows"]
     for r in rows:
         if r["output_hash"] != rows[0]["output_hash"]:
             raise SystemExit(f"{r['engine']} x{r['workers']}: output hash differs from local")
+        if r.pop("scan_rows") != local_rows:
+            raise SystemExit(f"{r['engine']} x{r['workers']}: ingestion rows differ from local")
     ray1 = next((r for r in rows if r["engine"] == "ray" and r["workers"] == 1), None)
-    print(f"{'engine':8} {'workers':>7} {'median s':>9} {'MB/s':>8} {'vs ray x1':>9}")
+    print(f"{'engine':8} {'workers':>7} {'median s':>9} {'MB/s':>8} {'vs ray x1':>9} "
+          f"{'ingest s':>9} {'vs ray x1':>9}")
     for r in rows:
         ratio = ray1["median_s"] / r["median_s"] if ray1 else float("nan")
-        r["speedup_vs_ray1"] = round(ratio, 3)
+        ingest = ray1["ingest_median_s"] / r["ingest_median_s"] if ray1 else float("nan")
+        r["speedup_vs_ray1"], r["ingest_speedup_vs_ray1"] = round(ratio, 3), round(ingest, 3)
         print(f"{r['engine']:8} {r['workers'] or '-':>7} {r['median_s']:9.2f} "
-              f"{r['mb_per_s']:8.1f} {ratio:9.2f}")
+              f"{r['mb_per_s']:8.1f} {ratio:9.2f} {r['ingest_median_s']:9.2f} {ingest:9.2f}")
     (root / "ray_scaling.json").write_text(json.dumps(
         {"size_mb": args.size_mb, "experts": args.experts, "shards": args.shards,
          "op": args.op, "budget": args.budget, "rows": rows}, indent=2))
@@ -106,6 +114,7 @@ def _measure(cat: Catalog, plan: Plan, root: Path, engine: str, workers: int | N
             if i:
                 times.append(time.perf_counter() - t0)
         shutil.rmtree(root / "out", ignore_errors=True)
+        scan_s, scanned = _time_scan(cat, root, Engine(engine), repeats)
     finally:
         if engine == "ray":
             ray.shutdown()
@@ -114,7 +123,24 @@ def _measure(cat: Catalog, plan: Plan, root: Path, engine: str, workers: int | N
     nbytes = summary.expert_bytes_read + summary.base_bytes_read
     return {"engine": engine, "workers": workers, "median_s": round(med, 3),
             "runs_s": [round(t, 3) for t in times], "bytes_read": nbytes,
-            "mb_per_s": round(nbytes / med / 1e6, 1), "output_hash": summary.output_hash}
+            "mb_per_s": round(nbytes / med / 1e6, 1), "output_hash": summary.output_hash,
+            "ingest_median_s": round(statistics.median(scan_s), 3),
+            "ingest_runs_s": [round(t, 3) for t in scan_s],
+            "scan_rows": (scanned.blocks, scanned.block_stats, scanned.tensor_stats)}
+
+
+def _time_scan(cat: Catalog, root: Path, engine: Engine, repeats: int
+               ) -> tuple[list[float], ScannedModel]:
+    """Times of the first expert's ingestion scan (after one warm-up run) and its rows."""
+    times, scanned = [], None
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        scanned = scan_model(cat, root / "family" / "expert-00", "scan-probe", base="base",
+                             scan=engine.ingest_scan())
+        if i:
+            times.append(time.perf_counter() - t0)
+    assert scanned is not None
+    return times, scanned
 
 
 if __name__ == "__main__":

@@ -32,8 +32,7 @@ from mergepipe.catalog.models import (
     model_tensors,
 )
 from mergepipe.catalog.safetensors_format import TensorEntry
-from mergepipe.catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_tensors
-from mergepipe.catalog.storage import open_reader
+from mergepipe.catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_pinned
 from mergepipe.catalog.store import store_for
 from mergepipe.catalog.store_types import Stamp
 from mergepipe.core.errors import (
@@ -45,12 +44,17 @@ from mergepipe.core.errors import (
 )
 from mergepipe.core.progress import ProgressFn
 
-__all__ = ["DEFAULT_BLOCK_BYTES", "KINDS", "ScannedModel", "ingest_model", "scan_model",
-           "write_model"]
+__all__ = ["DEFAULT_BLOCK_BYTES", "KINDS", "ScanFn", "ScannedModel", "ingest_model",
+           "scan_model", "write_model"]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@-]{0,127}")  # fullmatch, never match
 MIN_BLOCK_BYTES = 64
 MAX_BLOCK_BYTES = 64 << 20  # a merge holds about K x block size; 1 GiB blocks were accepted
+# How the blocks are scanned: (plans, the checkpoint's files with their stamps, progress) ->
+# (one result per plan, in order; bytes read). `scan_pinned` by default; an engine may spread it
+# (executor.ray_ingest: one Ray task per shard file).
+ScanFn = Callable[[list[TensorPlan], list[tuple[str, Stamp]], ProgressFn | None],
+                  tuple[list[TensorResult], int]]
 
 
 @dataclass
@@ -78,11 +82,14 @@ def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None 
                  kind: str = "full", block_bytes: int = DEFAULT_BLOCK_BYTES,
                  with_stats: bool = True, progress: ProgressFn | None = None,
                  source_merge: str | None = None,
-                 guard: Callable[[sa.Connection], None] | None = None) -> ModelRow:
+                 guard: Callable[[sa.Connection], None] | None = None,
+                 scan: ScanFn | None = None) -> ModelRow:
     """Register a checkpoint as model `name` (a base when `base` is None); its models row.
-    `guard` runs first in the transaction that writes the rows (a job's fence)."""
+    `guard` runs first in the transaction that writes the rows (a job's fence); `scan` reads
+    the blocks (`scan_pinned` by default)."""
     scanned = scan_model(cat, path, name, base=base, kind=kind, block_bytes=block_bytes,
-                         with_stats=with_stats, progress=progress, source_merge=source_merge)
+                         with_stats=with_stats, progress=progress, source_merge=source_merge,
+                         scan=scan)
     with cat.transaction() as conn:
         if guard is not None:
             guard(conn)
@@ -94,12 +101,13 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
                kind: str = "full", block_bytes: int = DEFAULT_BLOCK_BYTES,
                with_stats: bool = True, progress: ProgressFn | None = None,
                source_merge: str | None = None,
-               first_passes: Mapping[str, FirstPass] | None = None) -> ScannedModel:
+               first_passes: Mapping[str, FirstPass] | None = None,
+               scan: ScanFn | None = None) -> ScannedModel:
     """Read and check the checkpoint, compute all rows; writes nothing to the catalog.
 
     `first_passes`: the first scan pass of some tensors, already made from the same bytes (a
     merge's output, by the executor while it wrote them); those tensors are not read again,
-    except for threshold refinement passes.
+    except for threshold refinement passes. `scan`: see ScanFn (not with `first_passes`).
     """
     t0 = time.perf_counter()
     _check_args(name, kind, base, block_bytes)
@@ -126,11 +134,11 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
             scales = [None] * len(plans)
         if with_stats and kind == "full":
             layout.check_unchanged()
-    with open_reader() as reader:
-        for h, stamp in zip(ckpt.files, stamps, strict=True):
-            reader.pin(h.path, stamp)  # a remote object is read at this version only
-        results = scan_tensors(plans, reader, progress=progress, resume=first_passes)
-        bytes_read = reader.bytes_read
+    pins = [(h.path, stamp) for h, stamp in zip(ckpt.files, stamps, strict=True)]
+    if scan is None or first_passes:
+        results, bytes_read = scan_pinned(plans, pins, progress, resume=first_passes)
+    else:
+        results, bytes_read = scan(plans, pins, progress)
     if _file_stamps(ckpt) != stamps:
         raise InvalidCheckpoint(f"{ckpt.path}: files changed while being ingested; try again")
     model = ModelRow(

@@ -24,12 +24,13 @@ from mergepipe.catalog.scan_block import (
     untouched_scan,
 )
 from mergepipe.catalog.stats import BlockStats, TrimThresholds
-from mergepipe.catalog.storage import RangeReader
+from mergepipe.catalog.storage import RangeReader, open_reader
+from mergepipe.catalog.store_types import Stamp
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.torch_threads import pin_torch_threads
 
 __all__ = ["BlockScan", "FirstPass", "Span", "TensorPlan", "TensorResult", "scan_full_block",
-           "scan_tensors", "untouched_scan"]
+           "scan_pinned", "scan_tensors", "untouched_scan"]
 
 INLINE_BELOW = 8 << 20  # scans of fewer bytes run in the calling thread
 
@@ -105,6 +106,18 @@ def scan_tensors(plans: list[TensorPlan], reader: RangeReader, *,
     Memory: about (2 x workers) blocks in flight plus one threshold histogram per open tensor.
     """
     return _Scan(plans, reader, progress, workers or default_workers(), resume or {}).run()
+
+
+def scan_pinned(plans: list[TensorPlan], pins: list[tuple[str, Stamp]],
+                progress: ProgressFn | None, *, resume: Mapping[str, FirstPass] | None = None,
+                workers: int | None = None) -> tuple[list[TensorResult], int]:
+    """`scan_tensors` with a reader of its own: (a result per plan, bytes read). `pins`: the
+    checkpoint's files at the versions to read (a remote object is read at that one only)."""
+    with open_reader() as reader:
+        for path, stamp in pins:
+            reader.pin(path, stamp)
+        results = scan_tensors(plans, reader, progress=progress, workers=workers, resume=resume)
+        return results, reader.bytes_read
 
 
 class _Scan:

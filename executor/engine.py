@@ -1,15 +1,17 @@
-"""Which engine executes a prepared merge: the local thread pool (default) or Ray tasks."""
+"""Which engine executes a prepared merge (and an ingestion's scan): local threads or Ray tasks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from mergepipe.catalog.ingest import ScanFn
 from mergepipe.core.progress import ProgressFn
 from mergepipe.core.settings import Settings
 from mergepipe.executor import stream
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.ray_engine import execute_ray
+from mergepipe.executor.ray_ingest import ray_scan
 from mergepipe.executor.stream import ExecutionResult
 
 
@@ -33,6 +35,10 @@ class Engine:
                                progress=progress, first_pass=first_pass)
         return stream.execute(prep, out_dir, threads=threads, progress=progress,
                               first_pass=first_pass)
+
+    def ingest_scan(self) -> ScanFn | None:
+        """How an ingestion scans its blocks: one Ray task per shard file, or None (locally)."""
+        return ray_scan(self.ray_address) if self.name == "ray" else None
 
 
 LOCAL = Engine()

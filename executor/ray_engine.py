@@ -81,7 +81,7 @@ class _Runtime:
                 ray.shutdown()
 
 
-_RUNTIME = _Runtime()
+RUNTIME = _Runtime()  # shared by the merges (here) and ingestions (executor.ray_ingest)
 
 
 def execute_ray(prep: Prepared, out_dir: Path, *, address: str | None = None,
@@ -93,7 +93,7 @@ def execute_ray(prep: Prepared, out_dir: Path, *, address: str | None = None,
     layout = output_layout(prep)
     metadata = {basename(h.path): h.metadata for h in prep.checkpoint.files}
     total_bytes = create_files(out_dir, layout, metadata)
-    ray = _RUNTIME.acquire(address)
+    ray = RUNTIME.acquire(address)
     try:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         regs = split_regions(layout, regions or REGIONS_PER_CPU * max(1, cpus))
@@ -106,7 +106,7 @@ def execute_ray(prep: Prepared, out_dir: Path, *, address: str | None = None,
                    for r in regs]
         results = _gather(ray, pending, prep, progress)
     finally:
-        _RUNTIME.release()
+        RUNTIME.release()
     result = combine(layout, regs, results, time.perf_counter() - t0)
     if result.expert_bytes_read > prep.plan.budget_bytes:
         raise BudgetViolation(f"read {result.expert_bytes_read} expert bytes, over the budget "

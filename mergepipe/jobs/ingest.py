@@ -22,6 +22,7 @@ from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.catalog.remote_paths import confine_url
 from mergepipe.core.errors import MergePipeError
 from mergepipe.core.progress import Progress, ProgressFn
+from mergepipe.executor.engine import LOCAL, Engine
 from mergepipe.jobs.failure import failure_message
 
 log = logging.getLogger("mergepipe.jobs.ingest")
@@ -30,10 +31,12 @@ log = logging.getLogger("mergepipe.jobs.ingest")
 def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path] = (),
                   remote_roots: Sequence[str] | None = None,
                   progress: ProgressFn | None = None,
-                  guard: Callable[[sa.Connection], None] | None = None) -> ModelRow:
+                  guard: Callable[[sa.Connection], None] | None = None,
+                  engine: Engine = LOCAL) -> ModelRow:
     """Register `job.path` (a local path or a URL) as model `job.model`. The service passes
     its roots: the path must still lie inside them when the job starts, and every file is
-    opened beneath its root (catalog.fsconfine): a link swapped in later is refused too."""
+    opened beneath its root (catalog.fsconfine): a link swapped in later is refused too.
+    `engine` ray: the statistics of a sharded checkpoint are one Ray task per shard file."""
     if is_url(job.path):
         if remote_roots is not None:
             confine_url(job.path, remote_roots, field=job.field)
@@ -42,12 +45,14 @@ def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path]
     with confined(data_roots) if data_roots else contextlib.nullcontext():
         return ingest_model(cat, job.path, job.model, base=job.base, kind=job.kind,
                             block_bytes=job.block_bytes or DEFAULT_BLOCK_BYTES,
-                            with_stats=job.with_stats, progress=progress, guard=guard)
+                            with_stats=job.with_stats, progress=progress, guard=guard,
+                            scan=engine.ingest_scan())
 
 
 def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
                    remote_roots: Sequence[str] = (),
-                   progress: ProgressFn | None = None, fence: Fence | None = None) -> None:
+                   progress: ProgressFn | None = None, fence: Fence | None = None,
+                   engine: Engine = LOCAL) -> None:
     """Run a queued ingestion job and record how it ended (its error is the one users see).
     `fence` (a worker on a shared catalog): its writes are made only while it holds the lease
     (LeaseLost otherwise, nothing written)."""
@@ -68,7 +73,7 @@ def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
         run_ingestion(cat, NewIngestJob(row.model, row.kind, row.path, row.base, row.block_bytes,
                                         row.with_stats, field="path"),
                       data_roots=data_roots, remote_roots=remote_roots, progress=track,
-                      guard=lambda conn: hold_ingest(conn, job_id, fence))
+                      guard=lambda conn: hold_ingest(conn, job_id, fence), engine=engine)
     except LeaseLost:
         raise  # another worker owns the job now: record nothing
     except Exception as e:  # noqa: BLE001 - recorded on the job; the worker goes on

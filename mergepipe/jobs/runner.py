@@ -121,7 +121,8 @@ class JobRunner:
             if row is not None and row.status == "queued" and self._inputs_ready(job, [row.base]):
                 run_ingest_job(self.cat, job.id, data_roots=self.settings.data_roots,
                                remote_roots=self.settings.remote_roots,
-                               progress=track, fence=self._fence(job))
+                               progress=track, fence=self._fence(job),
+                               engine=Engine.of(self.settings))
             return
         merge = records.find_merge(self.cat, job.id)
         if merge is None or merge.status != "queued":

@@ -38,6 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stats", action="store_true",
                    help="register an expert without delta statistics (merges then plan it "
                    "tensor by tensor)")
+    p.add_argument("--engine", choices=("local", "ray"),
+                   help="ray: the statistics of a sharded checkpoint as one Ray task per shard "
+                        "file (pip install mergepipe[cluster]); same rows ($MERGEPIPE_ENGINE)")
+    p.add_argument("--ray-address", metavar="HOST:PORT",
+                   help="an existing Ray cluster for --engine ray ($MERGEPIPE_RAY_ADDRESS; "
+                        "default: a local Ray runtime started for the ingestion)")
     p.add_argument("--json", action="store_true", help="print the model as JSON")
     p.set_defaults(func=run)
 
@@ -49,10 +55,14 @@ def run(args: argparse.Namespace) -> int:
 
     job = NewIngestJob(args.name, args.kind, str(args.path), args.base, args.block_bytes,
                        not args.no_stats)
-    with Catalog(args.settings.catalog) as cat, IngestBar(enabled=not args.json) as bar:
-        from mergepipe.jobs.ingest import run_ingestion  # torch: loaded by now, or loading
+    s = args.settings
+    with Catalog(s.catalog) as cat, IngestBar(enabled=not args.json) as bar:
+        # torch (under the engine and the scan): loaded by now, or loading
+        from mergepipe.executor.engine import Engine
+        from mergepipe.jobs.ingest import run_ingestion
 
-        model = run_ingestion(cat, job, progress=bar.update_for(args.name))
+        engine = Engine(args.engine or s.engine, args.ray_address or s.ray_address)
+        model = run_ingestion(cat, job, progress=bar.update_for(args.name), engine=engine)
     if args.json:
         print_json(model)
     else:
