@@ -21,6 +21,7 @@ from mergepipe.executor.prepare import prepare
 from mergepipe.executor.stream import ExecutionResult, execute
 from mergepipe.jobs.merge import merge
 from mergepipe.planner.plan import make_plan
+from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 
 EXPERTS = "e0,e1:0.5,e2:2"
@@ -29,7 +30,7 @@ EXPERTS = "e0,e1:0.5,e2:2"
 @pytest.fixture(scope="module")
 def fam(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("kcopy")
-    cat = Catalog(root / "catalog.duckdb")
+    cat = Catalog(new_catalog(root))
     paths = ingest_family(cat, root / "fam", block_bytes=2048)  # some one-block tensors
     yield {"cat": cat, "paths": paths}
     cat.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests import factory
+from tests.catalogs import new_catalog
 from tests.test_server_e2e import Api, free_port, mergepipe_command
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,7 @@ SHAPES: dict[str, tuple[int, ...]] = {f"model.layers.{i}.mlp.{p}.weight": (1024,
 
 def start(tmp: Path, port: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-    env.update(MERGEPIPE_CATALOG=str(tmp / "catalog.duckdb"), MERGEPIPE_DATA_ROOTS=str(tmp / "data"),
+    env.update(MERGEPIPE_CATALOG=str(new_catalog(tmp)), MERGEPIPE_DATA_ROOTS=str(tmp / "data"),
                MERGEPIPE_OUTPUT_ROOT=str(tmp / "outputs"), MERGEPIPE_WORKERS="1")
     proc = subprocess.Popen([*mergepipe_command(), "serve", "--port", str(port),
                              "--log-level", "warning"], cwd=tmp, env=env,
