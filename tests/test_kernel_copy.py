@@ -101,7 +101,7 @@ def test_registered_output_statistics_match_a_fresh_ingestion(fam: dict,
                         ("tensor_stats", "tensor, numel, l2, l1, max_abs, nnz, trim_tau, "
                                          "trim_above, trim_tied"),
                         ("blocks", "tensor, block_index, nbytes, content_hash")):
-        q = f"SELECT {cols} FROM {table} WHERE model = :m ORDER BY ALL"
+        q = f"SELECT {cols} FROM {table} WHERE model = :m ORDER BY 1, 2"
         a = [tuple(r) for r in cat.query(sa.text(q), {"m": "kc"})]
         b = [tuple(r) for r in cat.query(sa.text(q), {"m": "kc-again"})]
         assert a == b, table

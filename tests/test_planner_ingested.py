@@ -19,7 +19,7 @@ from tests.catalogs import new_catalog
 BLOCK = 512  # bytes: several blocks per tensor of the tiny family
 
 STATS = sa.text("""
-SELECT s.model, s.tensor, s.block_index, b.nbytes, s.l2, s.max_abs, list_extract(ts.trim_tau, CAST(:j AS INTEGER)) AS tau
+SELECT s.model, s.tensor, s.block_index, b.nbytes, s.l2, s.max_abs, ts.trim_tau[CAST(:j AS INTEGER)] AS tau
 FROM block_stats s
 JOIN blocks b USING (model, tensor, block_index)
 JOIN tensor_stats ts USING (model, tensor)

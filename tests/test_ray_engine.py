@@ -3,6 +3,7 @@ budget, sharded and single-file; the catalog record of a merge; a Ray worker kil
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -215,8 +216,9 @@ def test_service_workers_run_merges_on_ray(ray_runtime: Path, tmp_path: Path) ->
     the tasks too): the output of the same request on the local engine."""
     family = make_family(tmp_path / "data" / "family")
     outs = {}
+    settings = settings_for(tmp_path)
     for engine in ("ray", "local"):
-        with client_for(settings_for(tmp_path, engine=engine)) as c:
+        with client_for(dataclasses.replace(settings, engine=engine)) as c:
             if engine == "ray":
                 register_family(c, family)
             m = run_merge(c, ties_body(f"via-{engine}", 0.5))
