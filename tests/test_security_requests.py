@@ -173,6 +173,7 @@ def test_allowed_hosts_from_the_environment(tmp_path: Path) -> None:
 
 # -- CLI ---------------------------------------------------------------------------------------
 
+@pytest.mark.duckdb_only("`mergepipe sql` never creates a missing DuckDB file")
 def test_sql_on_a_missing_catalog_is_an_error(tmp_path: Path, capsys: Any) -> None:
     cat = tmp_path / "nope.duckdb"
     assert main(["--catalog", str(cat), "sql", "SELECT 1"]) == 2
