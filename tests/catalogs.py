@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 from contextlib import ExitStack
 from pathlib import Path
+
+from mergepipe.catalog.dialect import is_postgres
 
 BACKEND = os.environ.get("MERGEPIPE_TEST_CATALOG", "duckdb").strip().lower() or "duckdb"
 if BACKEND not in ("duckdb", "postgresql"):
@@ -51,13 +54,11 @@ def new_catalog(folder: Path, name: str = "catalog") -> Path | str:
 
 def copy_catalog(source: Path | str, folder: Path, name: str = "catalog") -> Path | str:
     """A copy of a closed catalog (a copied file, or a database made from it as a template)."""
-    if isinstance(source, Path):
-        import shutil
-
+    if not is_postgres(str(source)):
         return Path(shutil.copy(source, folder / f"{name}.duckdb"))
     import psycopg
 
     target = f"t{os.getpid()}_{next(_names)}"
     with psycopg.connect(admin_url(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{target}" TEMPLATE "{source.rsplit("/", 1)[1]}"')
+        conn.execute(f'CREATE DATABASE "{target}" TEMPLATE "{str(source).rsplit("/", 1)[1]}"')
     return admin_url().rsplit("/", 1)[0] + f"/{target}"
