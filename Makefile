@@ -1,4 +1,5 @@
-# MergePipe: `make demo` runs the main job end to end, `make test` runs the tests.
+# MergePipe: `make demo` runs the main job end to end, `make test` runs the tests
+# (`make test-pg`: the same on a PostgreSQL catalog).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -6,7 +7,7 @@ PIP := $(PY) -m pip
 # The CPU build of torch that lies on the build machines' disk; see README.
 TORCH := torch==2.13.0
 
-.PHONY: demo test test-all lint bench bench-quick clean
+.PHONY: demo test test-pg test-all lint bench bench-quick clean
 
 # A plain editable install: the top-level folders are linked into mergepipe/, so modules and
 # subpackages added there later import without reinstalling. Both stamps depend on
@@ -28,6 +29,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
+
+# The same suite with every catalog a fresh database on one real PostgreSQL server started by
+# the tests (tests/catalogs.py); DuckDB-only tests are skipped (docs/development.md).
+test-pg: $(VENV)/.installed-test
+	MERGEPIPE_TEST_CATALOG=postgresql $(PY) -m pytest -q
 
 test-all: $(VENV)/.installed-test
 	$(PY) -m pytest -q -m ''

@@ -58,13 +58,22 @@ def display(location: str | Path) -> str:
     return sa.engine.make_url(engine_url(location)).render_as_string(hide_password=True)
 
 
-def to_postgres(statement: str) -> tuple[str | None, str]:
-    """(statement to run first or None, the statement in PostgreSQL's spelling)."""
-    before = None
+def to_postgres(statement: str) -> tuple[list[str], str]:
+    """(statements to run first, the statement in PostgreSQL's spelling). DuckDB's
+    `CREATE OR REPLACE TEMP TABLE t AS ... FROM t` reads the old t while it makes the new one:
+    on PostgreSQL the old one is renamed to t__prev first and read under that name."""
+    before: list[str] = []
     m = _CREATE_OR_REPLACE_TEMP.search(statement)
     if m:
-        before = f"DROP TABLE IF EXISTS pg_temp.{m.group(1)}"
-        statement = _CREATE_OR_REPLACE_TEMP.sub(r"CREATE TEMP TABLE \1", statement)
+        name, body = m.group(1), statement[m.end():]
+        reads_itself = re.compile(rf"\b{name}\b")
+        if reads_itself.search(body):
+            before = [f"DROP TABLE IF EXISTS pg_temp.{name}__prev",
+                      f"ALTER TABLE IF EXISTS pg_temp.{name} RENAME TO {name}__prev"]
+            body = reads_itself.sub(f"{name}__prev", body)
+        else:
+            before = [f"DROP TABLE IF EXISTS pg_temp.{name}"]
+        statement = statement[:m.start()] + f"CREATE TEMP TABLE {name}" + body
     return before, _DOUBLE.sub("DOUBLE PRECISION", statement)
 
 
@@ -110,8 +119,8 @@ def _rewrite(conn: Any, cursor: Any, statement: str, parameters: Any, context: A
         cursor.executemany(*bulk)
         return "SELECT 1 WHERE false", {}
     before, statement = to_postgres(statement)
-    if before is not None:
-        cursor.execute(before)
+    for first in before:
+        cursor.execute(first)
     return statement, parameters
 
 

@@ -63,7 +63,11 @@ def renew(cat: Catalog, job: Job, worker: str, lease_s: float) -> bool:
         return n.rowcount == 1
 
 
-def release(cat: Catalog, job: Job, worker: str) -> None:
-    """Give a job that has not started back to the queue."""
+def release(cat: Catalog, job: Job, worker: str, retry_after_s: float = 0.0) -> None:
+    """Give a job that has not started back to the queue; no worker claims it again for
+    `retry_after_s`. A job waiting for its inputs is put back for later: claimed again at once,
+    it would still be the oldest, and a single worker would never take the ingestion of its
+    inputs queued after it."""
     _, _, _, sql, key = _SQL[job.kind]
-    cat.execute(sql, {key: job.id, "worker": worker})
+    not_before = utc_now() + timedelta(seconds=retry_after_s) if retry_after_s > 0 else None
+    cat.execute(sql, {key: job.id, "worker": worker, "not_before": not_before})

@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlglot
 import sqlglot.expressions as exp
-from sqlglot.errors import ParseError
+from sqlglot.errors import ParseError, TokenError
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest
@@ -58,7 +58,7 @@ def check_functions(sql: str) -> None:
     """Refuse the PostgreSQL functions above (a clear error naming the function)."""
     try:
         trees = [t for t in sqlglot.parse(sql, read="postgres") if t is not None]
-    except ParseError as e:
+    except (ParseError, TokenError) as e:  # an unclosed quote fails in the tokenizer
         raise InvalidRequest(f"query failed: {str(e).splitlines()[0]}", field="sql") from None
     if len(trees) != 1 or not isinstance(trees[0], exp.Query):
         raise InvalidRequest("only one SELECT statement is allowed", field="sql")

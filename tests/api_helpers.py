@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from mergepipe.core.settings import Settings
 from mergepipe.service.app import create_app
-from tests import factory
+from tests import catalogs, factory
 
 EXPERTS = ("e0", "e1", "e2")
 
@@ -29,7 +29,9 @@ def make_family(root: Path) -> dict[str, Path]:
 
 
 def settings_for(tmp: Path, **overrides: Any) -> Settings:
-    s = Settings(catalog=tmp / "catalog.duckdb", data_roots=((tmp / "data").resolve(),),
+    """Settings of a test server under `tmp`, on a fresh catalog unless `catalog` is given."""
+    catalog = overrides.pop("catalog", None) or catalogs.new_catalog(tmp)
+    s = Settings(catalog=catalog, data_roots=((tmp / "data").resolve(),),
                  output_root=(tmp / "outputs").resolve(), workers=2, shutdown_grace_s=30)
     return replace(s, **overrides)
 

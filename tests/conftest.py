@@ -7,14 +7,29 @@ from pathlib import Path
 import pytest
 
 from mergepipe.catalog.db import Catalog
-from tests import factory
-from tests.pg_server import create_database, postgres_server
+from tests import catalogs, factory
+from tests.pg_server import create_database
 from tests.remote_servers import moto_server
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not catalogs.ON_POSTGRES:
+        return
+    for item in items:
+        mark = item.get_closest_marker("duckdb_only")
+        if mark is not None:
+            why = mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")
+            item.add_marker(pytest.mark.skip(reason=f"DuckDB-only: {why}"))
+
+
+def pytest_sessionfinish() -> None:
+    catalogs.stop_server()
 
 
 @pytest.fixture
 def catalog(tmp_path: Path):
-    cat = Catalog(tmp_path / "catalog.duckdb")
+    """A fresh catalog (a DuckDB file, or a PostgreSQL database under `make test-pg`)."""
+    cat = Catalog(catalogs.new_catalog(tmp_path))
     yield cat
     cat.close()
 
@@ -23,7 +38,7 @@ def catalog(tmp_path: Path):
 def cat(tmp_path_factory: pytest.TempPathFactory):
     """An empty catalog shared by a module's tests (the mergekit parity modules ingest their
     family into it); modules that need another one define their own `cat`."""
-    c = Catalog(tmp_path_factory.mktemp("cat") / "catalog.duckdb")
+    c = Catalog(catalogs.new_catalog(tmp_path_factory.mktemp("cat")))
     yield c
     c.close()
 
@@ -50,9 +65,9 @@ def s3_server():
 
 @pytest.fixture(scope="session")
 def postgres_admin_url():
-    """A real PostgreSQL server from the machine's binaries, started once for the session."""
-    with postgres_server() as url:
-        yield url
+    """A real PostgreSQL server from the machine's binaries, started once for the session
+    (the one the catalogs of `make test-pg` live on)."""
+    return catalogs.admin_url()
 
 
 @pytest.fixture

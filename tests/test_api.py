@@ -306,7 +306,7 @@ def test_sql_select_and_refusals(env: dict[str, Any], client: TestClient) -> Non
     assert r.status_code == 200, r.text
     assert r.json() == {"columns": ["name", "kind"], "rows": [["e0", "full"]],
                         "truncated": False}
-    r = client.post("/v1/sql", json={"sql": "SELECT 'nan'::DOUBLE AS x, 'inf'::DOUBLE AS y"})
+    r = client.post("/v1/sql", json={"sql": "SELECT 'nan'::FLOAT8 AS x, 'inf'::FLOAT8 AS y"})
     assert r.status_code == 200 and r.json()["rows"] == [[None, None]]  # JSON has no NaN
     data = env["tmp"] / "data" / "family" / "base" / "config.json"
     for bad in ("DROP TABLE models", "DELETE FROM merges", "SELECT 1; DROP TABLE models",
@@ -328,12 +328,12 @@ def test_sql_row_and_time_limits(tmp_path: Path) -> None:
             if c.post("/v1/sql", json={"sql": "SELECT 1"}).status_code == 200:
                 break
             time.sleep(0.5)
-        r = c.post("/v1/sql", json={"sql": "SELECT * FROM range(100)"})
+        r = c.post("/v1/sql", json={"sql": "SELECT * FROM generate_series(1, 100)"})
         assert r.json()["truncated"] is True and len(r.json()["rows"]) == 5
         err = assert_error(c.post("/v1/sql", json={
-            "sql": "SELECT count(*) FROM range(10000000000) a"}), 422, "invalid_request", "sql")
+            "sql": "SELECT count(*) FROM generate_series(1, 10000000000) a"}), 422, "invalid_request", "sql")
         assert "time limit" in err["message"]
-        err = assert_error(c.post("/v1/sql", json={"sql": "SELECT list(range) FROM range(1000)"}),
+        err = assert_error(c.post("/v1/sql", json={"sql": "SELECT repeat('x', 2000)"}),
                            422, "invalid_request", "sql")
         assert "byte limit" in err["message"]
 

@@ -92,3 +92,34 @@ def test_concurrent_merges_ingestions_and_queries(tmp_path: Path) -> None:
         while (health := c.get("/healthz").json())["running"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert health["queued"] == 0 and health["running"] == 0
+
+
+def test_a_model_whose_ingestion_ends_between_the_reads_is_never_missing(
+        catalog: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """GET /v1/models/NAME reads the job and the model row in two statements. An ingestion
+    that ends between them (another replica's worker, a loaded machine) made it a 404: the
+    cause of the flaky test_two_api_replicas_on_one_catalog. Here it ends there every time."""
+    from mergepipe.catalog import queue
+    from mergepipe.jobs.ingest import run_ingest_job
+    from mergepipe.jobs.runner import JobRunner
+    from mergepipe.service.routes import models as route
+    from mergepipe.service.state import AppState
+    from tests import factory
+
+    base = factory.make_base(tmp_path / "base", seed=0)
+    (job_id,) = queue.enqueue(catalog, ingests=[queue.NewIngestJob(
+        "base", "full", str(base), None)]).ingest_ids
+    real = route.find_model
+
+    def read_then_ingestion_ends(cat: Any, name: str) -> Any:
+        row = real(cat, name)
+        if queue.get_ingest_job(cat, job_id).status == "queued":
+            run_ingest_job(cat, job_id, data_roots=[tmp_path])
+        return row
+
+    monkeypatch.setattr(route, "find_model", read_then_ingestion_ends)
+    settings = settings_for(tmp_path, catalog=catalog.location)
+    st = AppState(settings, catalog, JobRunner(catalog, settings))
+    assert route.get_one("base", st)["status"] == "ingesting"  # the job read before it ended
+    assert route.get_one("base", st)["status"] == "ready"
+    assert [m["name"] for m in route.list_all(st)["models"]] == ["base"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from mergepipe.catalog import queue, records
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.queue import Job, NewIngestJob, enqueue
@@ -18,6 +20,9 @@ from tests.api_helpers import (
 )
 
 
+@pytest.mark.duckdb_only("the sole server of a DuckDB catalog fails at its start the jobs it "
+                         "was running; on a shared catalog they are taken over after their "
+                         "lease instead (tests/test_shared_workers.py)")
 def test_restart_fails_running_jobs_removes_temp_outputs_and_resumes_queued(
         tmp_path: Path) -> None:
     from mergepipe.jobs.merge import submit_merge

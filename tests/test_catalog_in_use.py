@@ -12,6 +12,8 @@ import pytest
 
 from mergepipe.cli.main import main
 
+pytestmark = pytest.mark.duckdb_only("DuckDB's one-process file lock")
+
 HOLD = """
 import sys, time
 from mergepipe.catalog.db import Catalog

@@ -25,6 +25,7 @@ import torch
 import yaml
 
 from tests import factory
+from tests.catalogs import new_catalog
 from tests.operator_helpers import exact_trim
 
 pytest.importorskip("mergekit", reason="mergekit (test extra: pip install -e '.[test]') is not "
@@ -66,7 +67,7 @@ def fam(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def cat(fam: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    c = Catalog(tmp_path_factory.mktemp("cat") / "catalog.duckdb")
+    c = Catalog(new_catalog(tmp_path_factory.mktemp("cat")))
     ingest_model(c, fam["base"], "base", block_bytes=BLOCK_BYTES)
     for name in EXPERTS:
         ingest_model(c, fam[name], name, base="base", block_bytes=BLOCK_BYTES)

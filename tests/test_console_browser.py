@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.api_helpers import EXPERTS, make_family
+from tests.catalogs import new_catalog
 from tests.test_server_e2e import REPO, Api, free_port, mergepipe_command
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -75,7 +76,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Api,
     make_family(data / "family")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-    env.update(MERGEPIPE_CATALOG=str(tmp / "catalog.duckdb"), MERGEPIPE_API_TOKEN=TOKEN,
+    env.update(MERGEPIPE_CATALOG=str(new_catalog(tmp)), MERGEPIPE_API_TOKEN=TOKEN,
                MERGEPIPE_DATA_ROOTS=str(data), MERGEPIPE_OUTPUT_ROOT=str(tmp / "outputs"),
                MERGEPIPE_WORKERS="2", PYTHONPATH=str(REPO))
     log = (tmp / "server.log").open("wb")

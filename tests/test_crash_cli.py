@@ -18,6 +18,7 @@ from mergepipe.catalog import records
 from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import main
 from tests import factory
+from tests.catalogs import new_catalog
 from tests.crash_helpers import (
     Cli,
     block_fingerprint,
@@ -89,7 +90,7 @@ def check_output_is_whole_or_absent(target: Path, reference: Path) -> None:
 def prepare(tmp_path: Path, family: Path, capsys: pytest.CaptureFixture[str]
             ) -> dict[str, Any]:
     """A catalog with the family ingested, and the reference output (merged in process)."""
-    db = tmp_path / "catalog.duckdb"
+    db = new_catalog(tmp_path)
     ingest_family(db, family)
     out = tmp_path / "outputs"
     out.mkdir()
@@ -177,7 +178,7 @@ def test_sigkill_a_merge_while_it_writes(ready: dict[str, Any],
 
 @pytest.mark.slow
 def test_sigkill_ingestion_at_many_points(tmp_path: Path, family: Path) -> None:
-    db = tmp_path / "catalog.duckdb"
+    db = new_catalog(tmp_path)
     cli = Cli(db, tmp_path)
     cli.run("ingest", str(family / "base"), "--name", "base")
     expert = str(family / "e0" / "model.safetensors")
@@ -278,6 +279,9 @@ def model_path(db: Path, name: str) -> str:
                              {"n": name})[0][0])
 
 
+@pytest.mark.duckdb_only("the sole server of a DuckDB catalog fails at its start the jobs it "
+                         "was running; on a shared catalog they are taken over after their "
+                         "lease instead (tests/test_shared_workers.py)")
 def test_service_start_removes_an_output_published_but_not_recorded(
         ready: dict[str, Any]) -> None:
     """A server killed between the publishing rename and the catalog record: at its restart the
@@ -287,7 +291,7 @@ def test_service_start_removes_an_output_published_but_not_recorded(
     from tests.api_helpers import client_for, settings_for, ties_body, wait
 
     db, out = ready["db"], ready["out"]
-    settings = settings_for(db.parent)
+    settings = settings_for(out.parent, catalog=db)
     assert settings.catalog == db and settings.output_root == out.resolve()
     req = build_request(base="base", experts="e0,e1,e2", operator="ties",
                         params={"density": 0.5}, budget=0.9, seed=5)
@@ -297,7 +301,7 @@ def test_service_start_removes_an_output_published_but_not_recorded(
     (out / "orphan").mkdir()
     (out / "orphan" / "model.safetensors").write_bytes(b"whole, but never recorded")
     (out / "orphan" / "manifest.json").write_text(json.dumps({"merge_id": mid}))
-    (db.parent / "data").mkdir()
+    (out.parent / "data").mkdir()
     with client_for(settings) as c:
         m = c.get(f"/v1/merges/{mid}").json()
         assert m["status"] == "failed" and "server stopped" in m["error"], m

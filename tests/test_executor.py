@@ -21,6 +21,7 @@ from mergepipe.executor import stream
 from mergepipe.jobs.merge import execute_plan, merge
 from mergepipe.planner.plan import Plan, PlannedBlock, make_plan
 from tests import factory
+from tests.catalogs import new_catalog
 from tests.executor_family import additive_reference, ingest_family
 
 EXPERTS = "e0,e1:0.5,e2:2"
@@ -32,7 +33,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """Two ingested families that the tests below only read: 'base' (two shards, three full
     experts) and 'mbase' (single file; a full, a delta and a LoRA expert)."""
     root = tmp_path_factory.mktemp("shared")
-    cat = Catalog(root / "catalog.duckdb")
+    cat = Catalog(new_catalog(root))
     full = ingest_family(cat, root / "full", shards=2)
     mixed = ingest_family(cat, root / "mixed", kinds=MIXED, prefix="m", seed=1)
     yield {"cat": cat, "full": full, "mixed": mixed}
@@ -225,7 +226,7 @@ def test_output_is_registered_and_can_be_merged_again(shared: dict, tmp_path: Pa
 
 def test_lora_with_rank_and_alpha_patterns_uses_each_modules_scale(tmp_path: Path) -> None:
     """rank_pattern / alpha_pattern give modules their own scale; the merge must apply each."""
-    cat = Catalog(tmp_path / "catalog.duckdb")
+    cat = Catalog(new_catalog(tmp_path))
     base = factory.make_base(tmp_path / "base", seed=3, dtype="F32")
     lora = factory.make_lora(base, tmp_path / "lora", seed=4, r=4, alpha=8.0,
                              rank_pattern={"layers.0.self_attn.q_proj": 2},

@@ -11,6 +11,7 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.cli.commands.merge import parse_params
 from mergepipe.cli.main import main
 from mergepipe.core.errors import InvalidRequest
+from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 
 DESIGN_FIELDS = {"merge_id", "plan_hash", "operator", "budget_bytes", "full_read_bytes",
@@ -21,10 +22,10 @@ DESIGN_FIELDS = {"merge_id", "plan_hash", "operator", "budget_bytes", "full_read
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("cli")
-    cat = Catalog(root / "catalog.duckdb")
-    ingest_family(cat, root / "fam")
-    cat.close()
-    return str(root / "catalog.duckdb")
+    db = new_catalog(root)
+    with Catalog(db) as cat:
+        ingest_family(cat, root / "fam")
+    return str(db)
 
 
 def test_merge_json_prints_the_design_fields(db: str, tmp_path: Path,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mergepipe.catalog.db import Catalog
+from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 
 STRACE = shutil.which("strace") or "/usr/bin/strace"
@@ -59,13 +60,14 @@ def test_trace_parser_handles_unfinished_calls(tmp_path: Path) -> None:
 @pytest.mark.skipif(not os.path.exists(STRACE), reason="strace is not installed; install it "
                     "(apt-get install strace) to count the bytes the process reads")
 def test_process_reads_no_more_expert_bytes_than_the_budget(tmp_path: Path) -> None:
-    cat = Catalog(tmp_path / "catalog.duckdb")
+    db = new_catalog(tmp_path)
+    cat = Catalog(db)
     paths = ingest_family(cat, tmp_path / "fam", shards=2)
     cat.close()
     trace = tmp_path / "trace.txt"
     cmd = [STRACE, "-f", "--seccomp-bpf", "-qq", "-s", "0", "-y", "-e", f"trace={READ_CALLS}", "-e",
            "signal=none", "-o", str(trace), sys.executable, "-m", "mergepipe", "--catalog",
-           str(tmp_path / "catalog.duckdb"), "merge", "--base", "base", "--experts",
+           str(db), "merge", "--base", "base", "--experts",
            "e0,e1:0.5,e2", "--op", "ties", "--param", "density=0.5", "--budget", "0.3",
            "--out", str(tmp_path / "out"), "--json"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}

@@ -15,6 +15,7 @@ from mergepipe.core.request import build_request
 from mergepipe.executor import stream
 from mergepipe.jobs.merge import merge
 from mergepipe.planner.plan import make_plan
+from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 
 ROW_TABLES = ("files", "tensors", "blocks", "block_stats", "tensor_stats")
@@ -40,7 +41,7 @@ def first_pass_and_rescan(cat: Catalog, request, out: Path, name: str
 @pytest.fixture(scope="module")
 def families(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("fams")
-    cat = Catalog(root / "catalog.duckdb")
+    cat = Catalog(new_catalog(root))
     ingest_family(cat, root / "bf16")
     ingest_family(cat, root / "f32", dtype="F32", prefix="f", seed=2)
     yield cat

@@ -12,6 +12,7 @@ import yaml
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import build_request
 from tests import hf_family
+from tests.catalogs import new_catalog
 
 pytest.importorskip("transformers")
 
@@ -69,7 +70,7 @@ def test_linear_output_loads_generates_and_equals_torch_merge(
     from transformers import AutoModelForCausalLM
 
     from mergepipe.jobs.merge import merge
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         experts = ingest_family(cat, llama)
         req = build_request(base="base", experts=[{"model": e, "weight": w} for e, w in
                                                   zip(experts, (1.0, 2.0, 1.0), strict=True)],
@@ -109,7 +110,7 @@ def test_tied_embeddings_budgeted_ties_loads_in_base_dtype(
     from transformers import AutoModelForCausalLM
 
     from mergepipe.jobs.merge import merge
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         experts = ingest_family(cat, qwen_tied)
         req = build_request(base="base", experts=",".join(experts), operator="ties",
                             params={"density": 0.5}, budget=0.5)
@@ -139,7 +140,7 @@ def test_sharded_base_gives_a_sharded_output_with_index(tmp_path: Path) -> None:
     assert len(shards) > 1
     fam = {"base": base, "e0": hf_family.make_expert(base, tmp_path / "e0", seed=1),
            "e1": hf_family.make_expert(base, tmp_path / "e1", seed=2)}
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         experts = ingest_family(cat, fam)
         merge(cat, build_request(base="base", experts=",".join(experts),
                                  operator="task_arithmetic", params={"lambda": 0.5}),

@@ -30,6 +30,7 @@ from tests.api_helpers import (
     ties_body,
     wait,
 )
+from tests.catalogs import new_catalog
 
 W = "model.layers.0.mlp.up_proj.weight"
 
@@ -135,7 +136,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     bad = tmp / "data" / "bad"
     for name, (_, build, _) in CHECKPOINTS.items():
         build(family["base"], bad / name)
-    cli_db = tmp / "cli.duckdb"
+    cli_db = new_catalog(tmp, "cli")
     assert main(["--catalog", str(cli_db), "ingest", str(family["base"]), "--name", "base",
                  "--json"]) == 0
     for e in EXPERTS:

@@ -5,7 +5,6 @@ experts only."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from mergepipe.jobs.planning import plan_merge
 from mergepipe.jobs.replay import replay
 from mergepipe.jobs.report import MergeSummary
 from tests import factory
+from tests.catalogs import copy_catalog, new_catalog
 from tests.executor_family import deltas, ingest_family
 
 K = 8
@@ -28,19 +28,18 @@ MBITS = {"BF16": 7, "F16": 10, "F32": 23}
 
 
 @pytest.fixture(scope="module")
-def fam(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+def fam(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path | str, dict[str, Path]]:
     """A bf16 base and K + 1 full experts, ingested once; each test gets a copy of the catalog."""
     root = tmp_path_factory.mktemp("incremental")
-    cat = Catalog(root / "catalog.duckdb")
-    paths = ingest_family(cat, root / "fam", kinds=("full",) * (K + 1), block_bytes=1024)
-    cat.close()
-    return root, paths
+    db = new_catalog(root)
+    with Catalog(db) as cat:
+        paths = ingest_family(cat, root / "fam", kinds=("full",) * (K + 1), block_bytes=1024)
+    return db, paths
 
 
 @pytest.fixture
-def cat(fam: tuple[Path, dict[str, Path]], tmp_path: Path) -> Iterator[Catalog]:
-    shutil.copy(fam[0] / "catalog.duckdb", tmp_path / "catalog.duckdb")
-    c = Catalog(tmp_path / "catalog.duckdb")
+def cat(fam: tuple[Path | str, dict[str, Path]], tmp_path: Path) -> Iterator[Catalog]:
+    c = Catalog(copy_catalog(fam[0], tmp_path))
     yield c
     c.close()
 
@@ -103,7 +102,7 @@ SLOW = pytest.mark.slow  # a few seconds per merge on a loaded 2-core machine
 
 @pytest.mark.parametrize("dtype", ["BF16", pytest.param("F32", marks=SLOW)])
 def test_adding_one_expert_to_k8_reads_the_stored_merge_and_the_new_expert(
-        cat: Catalog, fam: tuple[Path, dict[str, Path]], tmp_path: Path, dtype: str) -> None:
+        cat: Catalog, fam: tuple[Path | str, dict[str, Path]], tmp_path: Path, dtype: str) -> None:
     paths = fam[1]
     m8 = run(cat, tmp_path, "m8", req(experts(K), output_dtype=dtype))
     assert m8.strategy == "scratch" and m8.previous_merge is None
@@ -148,7 +147,7 @@ def test_adding_one_expert_to_k8_reads_the_stored_merge_and_the_new_expert(
     pytest.param("drop", "linear", marks=SLOW),
     pytest.param("reweight", "task_arithmetic", marks=SLOW)])
 def test_drop_and_reweight_read_the_changed_expert_only(
-        cat: Catalog, fam: tuple[Path, dict[str, Path]], tmp_path: Path, change: str,
+        cat: Catalog, fam: tuple[Path | str, dict[str, Path]], tmp_path: Path, change: str,
         op: str) -> None:
     paths = fam[1]
     old = "e0,e1,e2,e3:0.5" if op == "task_arithmetic" else "e0,e1,e2,e3"
@@ -170,7 +169,7 @@ def test_drop_and_reweight_read_the_changed_expert_only(
 @SLOW
 @pytest.mark.parametrize("dtype", ["BF16", "F32"])
 def test_a_chain_of_increments_stays_within_the_accumulated_bound(
-        cat: Catalog, fam: tuple[Path, dict[str, Path]], tmp_path: Path, dtype: str) -> None:
+        cat: Catalog, fam: tuple[Path | str, dict[str, Path]], tmp_path: Path, dtype: str) -> None:
     paths = fam[1]
     run(cat, tmp_path, "k3", req(experts(3), output_dtype=dtype))
     prev, bound = "k3", None
@@ -191,7 +190,7 @@ def test_a_chain_of_increments_stays_within_the_accumulated_bound(
 
 @SLOW
 def test_a_budgeted_previous_merge_carries_its_bound(
-        cat: Catalog, fam: tuple[Path, dict[str, Path]], tmp_path: Path) -> None:
+        cat: Catalog, fam: tuple[Path | str, dict[str, Path]], tmp_path: Path) -> None:
     old = run(cat, tmp_path, "half", req(experts(4), budget=0.5, output_dtype="F32"))
     assert old.omission_bound is not None and old.omission_bound > 0
     plan = plan_merge(cat, req(experts(5), output_dtype="F32", strategy="incremental"))
@@ -207,7 +206,7 @@ def test_a_budgeted_previous_merge_carries_its_bound(
 
 @SLOW
 def test_dare_linear_keeps_each_experts_keyed_drop(
-        cat: Catalog, fam: tuple[Path, dict[str, Path]], tmp_path: Path) -> None:
+        cat: Catalog, fam: tuple[Path | str, dict[str, Path]], tmp_path: Path) -> None:
     paths = fam[1]
     kw = {"params": {"density": 0.5}, "seed": 7, "output_dtype": "F32"}
     run(cat, tmp_path, "d3", req(experts(3), "dare_linear", **kw))
@@ -240,10 +239,10 @@ def test_incremental_is_refused_where_it_is_not_exact(cat: Catalog, tmp_path: Pa
 
 
 def test_cli_plan_shows_both_strategies_and_refuses_with_one_line(
-        fam: tuple[Path, dict[str, Path]], tmp_path: Path,
+        fam: tuple[Path | str, dict[str, Path]], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     from mergepipe.cli.main import main
-    db = str(shutil.copy(fam[0] / "catalog.duckdb", tmp_path / "catalog.duckdb"))
+    db = str(copy_catalog(fam[0], tmp_path))
     common = ["--base", "base", "--op", "linear", "--dtype", "fp32"]
     assert main(["--catalog", db, "merge", *common, "--experts", "e0,e1,e2",
                  "--out", str(tmp_path / "m3"), "--json"]) == 0

@@ -9,6 +9,7 @@ import pytest
 
 from mergepipe.cli.main import main
 from tests import factory
+from tests.catalogs import new_catalog
 
 
 @pytest.fixture
@@ -16,7 +17,7 @@ def fam(tmp_path: Path) -> dict[str, Path]:
     base = factory.make_base(tmp_path / "base", seed=0)
     return {"base": base, "e": factory.make_expert(base, tmp_path / "e", seed=1),
             "lora": factory.make_lora(base, tmp_path / "lora", seed=2),
-            "cat": tmp_path / "c.duckdb"}
+            "cat": new_catalog(tmp_path, "c")}
 
 
 def test_ingest_and_list(fam, capsys) -> None:

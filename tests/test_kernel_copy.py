@@ -21,6 +21,7 @@ from mergepipe.executor.prepare import prepare
 from mergepipe.executor.stream import ExecutionResult, execute
 from mergepipe.jobs.merge import merge
 from mergepipe.planner.plan import make_plan
+from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 
 EXPERTS = "e0,e1:0.5,e2:2"
@@ -29,7 +30,7 @@ EXPERTS = "e0,e1:0.5,e2:2"
 @pytest.fixture(scope="module")
 def fam(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("kcopy")
-    cat = Catalog(root / "catalog.duckdb")
+    cat = Catalog(new_catalog(root))
     paths = ingest_family(cat, root / "fam", block_bytes=2048)  # some one-block tensors
     yield {"cat": cat, "paths": paths}
     cat.close()
@@ -100,7 +101,7 @@ def test_registered_output_statistics_match_a_fresh_ingestion(fam: dict,
                         ("tensor_stats", "tensor, numel, l2, l1, max_abs, nnz, trim_tau, "
                                          "trim_above, trim_tied"),
                         ("blocks", "tensor, block_index, nbytes, content_hash")):
-        q = f"SELECT {cols} FROM {table} WHERE model = :m ORDER BY ALL"
+        q = f"SELECT {cols} FROM {table} WHERE model = :m ORDER BY 1, 2"
         a = [tuple(r) for r in cat.query(sa.text(q), {"m": "kc"})]
         b = [tuple(r) for r in cat.query(sa.text(q), {"m": "kc-again"})]
         assert a == b, table

@@ -16,6 +16,7 @@ from mergepipe.core.progress import Progress
 from mergepipe.core.request import build_request
 from mergepipe.executor.manifest import MANIFEST_FORMAT
 from mergepipe.jobs.merge import run_merge, submit_merge
+from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 
 
@@ -23,7 +24,7 @@ from tests.executor_family import ingest_family
 def merged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """One task_arithmetic merge at 40% budget; the tests below only read its record."""
     tmp_path = tmp_path_factory.mktemp("manifest")
-    catalog = Catalog(tmp_path / "catalog.duckdb")
+    catalog = Catalog(new_catalog(tmp_path))
     ingest_family(catalog, tmp_path / "fam")
     req = build_request(base="base", experts="e0,e1:0.5,e2", operator="task_arithmetic",
                         budget=0.4, seed=3)

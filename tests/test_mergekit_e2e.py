@@ -12,6 +12,7 @@ import yaml
 from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import main
 from tests import api_helpers, hf_family
+from tests.catalogs import new_catalog
 
 TASK_ARITHMETIC = """\
 merge_method: task_arithmetic
@@ -87,7 +88,7 @@ def test_config_both_ways_gives_the_same_model(template: str, family: dict[str, 
                                                tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path / "merge.yml", template, family)
-    catalog = str(tmp_path / "c.duckdb")
+    catalog = str(new_catalog(tmp_path, "c"))
     rc, out, err = cli(capsys, "--catalog", catalog, "merge", str(config), "--out",
                        str(tmp_path / "ours"), "--json")
     assert rc == 0, err
@@ -114,10 +115,11 @@ def test_config_both_ways_gives_the_same_model(template: str, family: dict[str, 
 def test_lora_reference_base_plus_adapter(family: dict[str, Path], tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path / "lora.yml", LORA, family)
-    rc, out, err = cli(capsys, "--catalog", str(tmp_path / "c.duckdb"), "merge", str(config),
+    catalog = str(new_catalog(tmp_path, "c"))
+    rc, out, err = cli(capsys, "--catalog", catalog, "merge", str(config),
                        "--out", str(tmp_path / "ours"), "--json")
     assert rc == 0, err
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(catalog) as cat:
         from mergepipe.catalog.models import get_model
         assert get_model(cat, "a0").kind == "lora"
     ours = hf_family.state_dict(tmp_path / "ours")
@@ -131,7 +133,8 @@ def test_cli_refusals_are_one_line_naming_file_and_key(family: dict[str, Path], 
     bad = tmp_path / "karcher.yml"
     bad.write_text(f"merge_method: karcher\nbase_model: {family['base']}\nmodels:\n"
                    f"  - model: {family['e0']}\nparameters: {{t: 0.5}}\n")
-    rc, out, err = cli(capsys, "--catalog", str(tmp_path / "c.duckdb"), "merge", str(bad),
+    catalog = str(new_catalog(tmp_path, "c"))
+    rc, out, err = cli(capsys, "--catalog", catalog, "merge", str(bad),
                        "--out", str(tmp_path / "o"))
     assert rc == 2 and out == ""
     assert err.count("\n") == 1
@@ -139,11 +142,11 @@ def test_cli_refusals_are_one_line_naming_file_and_key(family: dict[str, Path], 
     missing = tmp_path / "hub.yml"
     missing.write_text("merge_method: ties\nbase_model: meta-llama/Llama-3.2-1B\nmodels: [x]\n"
                        "parameters: {weight: 1}\n")
-    rc, _, err = cli(capsys, "--catalog", str(tmp_path / "c.duckdb"), "merge", str(missing),
+    rc, _, err = cli(capsys, "--catalog", catalog, "merge", str(missing),
                      "--out", str(tmp_path / "o"))
     assert rc == 2 and "base_model: 'meta-llama/Llama-3.2-1B' is neither" in err
     assert "hf download" in err
-    rc, _, err = cli(capsys, "--catalog", str(tmp_path / "c.duckdb"), "merge", str(bad),
+    rc, _, err = cli(capsys, "--catalog", catalog, "merge", str(bad),
                      "--op", "ties", "--out", str(tmp_path / "o"))
     assert rc == 2 and "--op cannot be combined with a config file" in err
 

@@ -17,6 +17,10 @@ from mergepipe.catalog.db import (
     split_statements,
 )
 
+pytestmark = pytest.mark.duckdb_only(
+    "DuckDB files and duckdb_* introspection; the PostgreSQL schema is compared in "
+    "tests/test_postgres_catalog.py")
+
 COLUMNS = """SELECT table_name, column_index, column_name, data_type, is_nullable, column_default
              FROM duckdb_columns() WHERE NOT internal ORDER BY table_name, column_index"""
 CONSTRAINTS = """SELECT table_name, constraint_type, list_sort(constraint_column_names),

@@ -31,6 +31,7 @@ from mergepipe.jobs.config import load_config
 from mergepipe.jobs.merge import merge
 from mergepipe.jobs.planning import plan_merge
 from tests import factory
+from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 
 
@@ -69,7 +70,7 @@ def toy() -> Iterator[OperatorSpec]:
 
 @pytest.fixture
 def family(tmp_path: Path) -> Iterator[tuple[Catalog, dict[str, Path]]]:
-    with Catalog(tmp_path / "cat.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "cat")) as cat:
         yield cat, ingest_family(cat, tmp_path / "fam", dtype="F32")
 
 

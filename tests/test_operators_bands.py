@@ -18,6 +18,7 @@ from mergepipe.planner.bands import cut_at
 from mergepipe.planner.plan import TrimThreshold
 from tests import factory
 from tests import mergekit_parity as mp
+from tests.catalogs import new_catalog
 
 
 def _grid(d: torch.Tensor) -> tuple[list[float], list[int], list[int]]:
@@ -88,7 +89,7 @@ def test_bad_parameters_are_refused_naming_the_field():
 def registered(tmp_path_factory):
     root = tmp_path_factory.mktemp("fam")
     fam = mp.make_family(root, dtype="F32")
-    cat = Catalog(root / "catalog.duckdb")
+    cat = Catalog(new_catalog(root))
     mp.run_ours(cat, mp.config("task_arithmetic", fam, None), root / "register")
     yield fam, cat
     cat.close()

@@ -17,6 +17,7 @@ import torch
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import build_request
 from tests import hf_family
+from tests.catalogs import new_catalog
 
 pytest.importorskip("peft")
 
@@ -61,7 +62,7 @@ def test_one_adapter_linear_equals_peft_merge_and_unload(
         adapters: dict[str, Path], peft_merged: dict[str, dict[str, torch.Tensor]],
         tmp_path: Path) -> None:
     from mergepipe.jobs.merge import merge
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         ingest(cat, adapters, ("a0",))
         merge(cat, build_request(base="base", experts="a0", operator="linear",
                                  output_dtype="F32"), tmp_path / "f32")
@@ -114,7 +115,7 @@ def test_several_adapters_every_operator(
     params: dict[str, object] = {"lambda": 0.7} if op == "task_arithmetic" else {}
     if op in ("ties", "dare_linear", "dare_ties"):
         params["density"] = 1.0
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         ingest(cat, adapters, names)
         req = build_request(base="base", operator=op, params=params, output_dtype="F32",
                             experts=[{"model": n, "weight": w}
@@ -133,7 +134,7 @@ def test_several_adapters_every_operator(
 def test_several_adapters_sparse_under_budget(op: str, adapters: dict[str, Path],
                                               tmp_path: Path) -> None:
     from mergepipe.jobs.merge import merge
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         ingest(cat, adapters, ("a0", "a1", "a2"))
         req = build_request(base="base", experts="a0,a1,a2", operator=op,
                             params={"density": 0.5}, budget=0.4)
@@ -150,7 +151,7 @@ def test_block_cost_of_a_lora_expert_is_what_is_read(adapters: dict[str, Path],
     from mergepipe.jobs.merge import merge
     from mergepipe.planner.plan import make_plan
     adapter_bytes = sum(t.nbytes for t in open_checkpoint(adapters["a1"]).tensors)
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         ingest(cat, adapters, ("a1",))
         lora_a = {t.name: t.lora_a.nbytes for t in model_tensors(cat, "a1") if t.lora_a}
         full = make_plan(cat, build_request(base="base", experts="a1", operator="linear"))

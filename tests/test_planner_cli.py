@@ -9,6 +9,7 @@ import pytest
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import main
+from tests.catalogs import new_catalog
 from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
 E0 = [Ten("t0", [Blk(100, 4), Blk(100, 0), Blk(100, 1)]), Ten("t1", [Blk(100, 2), Blk(40, 1)])]
@@ -17,7 +18,7 @@ E1 = [Ten("t0", [Blk(100, 6), Blk(100, 2), Blk(100, 2)]), Ten("t1", [Blk(100, 0)
 
 @pytest.fixture
 def db(tmp_path: Path) -> str:
-    path = tmp_path / "cat.duckdb"
+    path = new_catalog(tmp_path, "cat")
     with Catalog(path) as cat:
         add_model(cat, base_like("B", E0))
         add_model(cat, Model("e0", E0, base="B"))

@@ -11,6 +11,7 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import build_request
 from mergepipe.planner.hashing import canonical_json
 from mergepipe.planner.plan import make_plan
+from tests.catalogs import new_catalog
 from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
 E0 = [Ten("t0", [Blk(100, 4), Blk(100, 0), Blk(100, 1)], tau=0.5),
@@ -24,7 +25,7 @@ GOLDEN = "168c20c3baa54a9b2a16cbf695b5951b6385b88643aefa0e1c7a5f2a38c208a4"
 
 def make(tmp: Path, name: str, *, reverse: bool = False, e1: Model | None = None,
          base_salt: str = "") -> Catalog:
-    cat = Catalog(tmp / f"{name}.duckdb")
+    cat = Catalog(new_catalog(tmp, name))
     models = [Model("e0", E0, base="B"), e1 or Model("e1", E1, base="B")]
     base = base_like("B", E0)
     base.salt = base_salt

@@ -14,11 +14,12 @@ from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.request import build_request
 from mergepipe.planner.plan import Plan, make_plan
 from tests import factory
+from tests.catalogs import new_catalog
 
 BLOCK = 512  # bytes: several blocks per tensor of the tiny family
 
 STATS = sa.text("""
-SELECT s.model, s.tensor, s.block_index, b.nbytes, s.l2, s.max_abs, list_extract(ts.trim_tau, CAST(:j AS INTEGER)) AS tau
+SELECT s.model, s.tensor, s.block_index, b.nbytes, s.l2, s.max_abs, ts.trim_tau[CAST(:j AS INTEGER)] AS tau
 FROM block_stats s
 JOIN blocks b USING (model, tensor, block_index)
 JOIN tensor_stats ts USING (model, tensor)
@@ -138,7 +139,7 @@ def _family_copy(family: dict[str, Path], dest: Path) -> dict[str, Path]:
 
 def test_plan_hash_is_stable_and_tracks_content(tmp_path: Path, family: dict[str, Path]) -> None:
     def hash_of(fam: dict[str, Path], where: str) -> str:
-        with Catalog(tmp_path / f"{where}.duckdb") as cat:
+        with Catalog(new_catalog(tmp_path, where)) as cat:
             ingest_family(cat, fam)
             return plan(cat, "ties", 0.4, density=0.5).plan_hash
 

@@ -17,6 +17,7 @@ from mergepipe.core.operators.spec import PLANNING_UNITS
 from mergepipe.core.request import Budget, MergeRequest, build_request
 from mergepipe.planner.plan import make_plan
 from mergepipe.planner.weights import rank_weights
+from tests.catalogs import new_catalog
 from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
 _names = itertools.count()
@@ -42,7 +43,7 @@ class Unit:
 @pytest.fixture(scope="module")
 def shared_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Catalog]:
     """One catalog for all examples: each family gets fresh model names."""
-    cat = Catalog(Path(tmp_path_factory.mktemp("planner_props")) / "catalog.duckdb")
+    cat = Catalog(new_catalog(Path(tmp_path_factory.mktemp("planner_props"))))
     yield cat
     cat.close()
 

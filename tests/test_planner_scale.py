@@ -38,6 +38,8 @@ def check(cat: Catalog, k: int, blocks_per_expert: int) -> None:
     assert 0 < len(ties.blocks) == kept < nonzero
 
 
+@pytest.mark.duckdb_only("the synthetic catalog builder (benchmarks.planner_bench) writes DuckDB "
+                         "SQL: range(), hash(), list literals")
 def test_synthetic_catalog(catalog: Catalog) -> None:
     bench.build(catalog, 3, 2000, n_tensors=20)
     check(catalog, 3, 2000)

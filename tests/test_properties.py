@@ -16,6 +16,7 @@ from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.jobs.merge import execute_plan
 from mergepipe.planner.plan import make_plan
 from tests import factory
+from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 
 FAMILIES = {"bf16x3": ("BF16", ("full", "full", "full")),
@@ -29,7 +30,7 @@ class Families:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.cat = Catalog(root / "catalog.duckdb")
+        self.cat = Catalog(new_catalog(root))
         self.done: set[str] = set()
         self.runs = 0
 

@@ -3,6 +3,7 @@ budget, sharded and single-file; the catalog record of a merge; a Ray worker kil
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ from tests.api_helpers import (
     settings_for,
     ties_body,
 )
+from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 
 RAY = Engine("ray")
@@ -45,7 +47,7 @@ FAMILIES = {"sharded": ("", "e0,e1:0.5,e2:2"), "single": ("s", "se0,se1:0.5,se2:
 def fam(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """A two-shard family ('base', e0..e2) and a single-file one ('sbase', se0..se2)."""
     root = tmp_path_factory.mktemp("rayfam")
-    cat = Catalog(root / "catalog.duckdb")
+    cat = Catalog(new_catalog(root))
     ingest_family(cat, root / "sharded", shards=2)
     ingest_family(cat, root / "single", prefix="s", seed=3)
     yield {"cat": cat}
@@ -187,7 +189,7 @@ def test_cli_merge_engine_ray_prints_the_local_hash(ray_runtime: Path, tmp_path:
                                                     capsys: pytest.CaptureFixture) -> None:
     """`mergepipe merge --engine ray` (the session's runtime is used, not a new one) and the
     same merge on the local engine: same output hash and weights."""
-    db = str(tmp_path / "catalog.duckdb")
+    db = str(new_catalog(tmp_path))
     with Catalog(db) as cat:
         ingest_family(cat, tmp_path / "fam", prefix="s")
     hashes = []
@@ -214,8 +216,9 @@ def test_service_workers_run_merges_on_ray(ray_runtime: Path, tmp_path: Path) ->
     the tasks too): the output of the same request on the local engine."""
     family = make_family(tmp_path / "data" / "family")
     outs = {}
+    settings = settings_for(tmp_path)
     for engine in ("ray", "local"):
-        with client_for(settings_for(tmp_path, engine=engine)) as c:
+        with client_for(dataclasses.replace(settings, engine=engine)) as c:
             if engine == "ray":
                 register_family(c, family)
             m = run_merge(c, ties_body(f"via-{engine}", 0.5))
@@ -228,7 +231,7 @@ def test_service_workers_run_merges_on_ray(ray_runtime: Path, tmp_path: Path) ->
 def test_cli_starts_and_stops_a_local_ray_runtime_for_the_merge(tmp_path: Path) -> None:
     """`mergepipe merge --engine ray` in a fresh process (no Ray yet): it starts a local
     runtime for the merge, writes the local engine's bytes, stops it and exits."""
-    db = str(tmp_path / "catalog.duckdb")
+    db = str(new_catalog(tmp_path))
     with Catalog(db) as cat:
         ingest_family(cat, tmp_path / "fam", shards=2)
     cli = [sys.executable, "-m", "mergepipe", "--catalog", db, "merge", "--base", "base",

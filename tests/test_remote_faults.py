@@ -14,6 +14,7 @@ from mergepipe.catalog.store_types import Stamp
 from mergepipe.cli.main import main
 from mergepipe.core.errors import SourceChanged
 from tests.api_helpers import EXPERTS
+from tests.catalogs import new_catalog
 from tests.remote_family import cli_merge, ingest_all, s3_family, weights
 from tests.remote_servers import Fault
 
@@ -21,7 +22,7 @@ from tests.remote_servers import Fault
 def test_faults_are_retried_or_stop_the_merge_cleanly(s3_server, tmp_path, monkeypatch,
                                                       capsys) -> None:
     with s3_family(s3_server, tmp_path, monkeypatch) as fam:
-        cat = tmp_path / "c.duckdb"
+        cat = new_catalog(tmp_path, "c")
         ingest_all(cat, {n: fam.url(n) for n in fam.local})
         rc, clean = cli_merge(cat, str(tmp_path / "clean"), capsys)
         assert rc == 0 and isinstance(clean, dict), clean
@@ -85,7 +86,7 @@ def test_refused_objects_are_named(s3_server, tmp_path, monkeypatch, capsys) -> 
     with s3_family(s3_server, tmp_path, monkeypatch) as fam:
         fam.proxy.inject(Fault("status", status=403, times=50, path_part="/fam/base",
                                any_request=True))
-        assert main(["--catalog", str(tmp_path / "c.duckdb"), "ingest", fam.url("base"),
+        assert main(["--catalog", str(new_catalog(tmp_path, "c")), "ingest", fam.url("base"),
                      "--name", "b"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and fam.url("base") in err, err

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mergepipe.cli.main import main
 from tests.api_helpers import EXPERTS, make_family
+from tests.catalogs import new_catalog
 from tests.remote_family import cli_merge, ingest_all, weights
 from tests.remote_servers import CountingProxy, Fault, file_server
 
@@ -23,7 +24,7 @@ def test_merge_from_http_matches_local_and_fetches_its_budget(tmp_path: Path, mo
     with file_server(tmp_path / "data", token=TOKEN) as upstream:
         proxy = CountingProxy(upstream)
         with proxy.serve() as url:
-            remote_cat, local_cat = tmp_path / "remote.duckdb", tmp_path / "local.duckdb"
+            remote_cat, local_cat = new_catalog(tmp_path, "remote"), new_catalog(tmp_path, "local")
             ingest_all(remote_cat, {n: f"{url}/{n}" for n in local})
             ingest_all(local_cat, {n: str(p) for n, p in local.items()})
             proxy.reset_counts()

@@ -8,6 +8,7 @@ import json
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import model_files
+from tests.catalogs import new_catalog
 from tests.remote_family import cli_merge, ingest_all, s3_family, weights
 from tests.remote_servers import Fault
 
@@ -15,7 +16,7 @@ from tests.remote_servers import Fault
 def test_merge_to_s3_publishes_complete_outputs_only(s3_server, tmp_path, monkeypatch,
                                                     capsys) -> None:
     with s3_family(s3_server, tmp_path, monkeypatch) as fam:
-        cat = tmp_path / "c.duckdb"
+        cat = new_catalog(tmp_path, "c")
         ingest_all(cat, {n: str(p) for n, p in fam.local.items()})
         rc, local = cli_merge(cat, str(tmp_path / "local-out"), capsys, budget="0.5")
         assert rc == 0, local

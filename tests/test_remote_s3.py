@@ -9,13 +9,14 @@ import struct
 
 from mergepipe.cli.main import main
 from tests.api_helpers import EXPERTS, assert_error, client_for, settings_for, wait
+from tests.catalogs import new_catalog
 from tests.remote_family import cli_merge, ingest_all, s3_family, weights
 
 
 def test_budgeted_merge_from_s3_fetches_its_budget_and_matches_local(s3_server, tmp_path,
                                                                      monkeypatch, capsys) -> None:
     with s3_family(s3_server, tmp_path, monkeypatch) as fam:
-        remote_cat, local_cat = tmp_path / "remote.duckdb", tmp_path / "local.duckdb"
+        remote_cat, local_cat = new_catalog(tmp_path, "remote"), new_catalog(tmp_path, "local")
         ingest_all(remote_cat, {n: fam.url(n) for n in fam.local})
         ingest_all(local_cat, {n: str(p) for n, p in fam.local.items()})
         # ingestion read every byte of every object once (statistics need every byte)
@@ -114,7 +115,7 @@ def test_ingest_through_the_api_is_confined_to_the_remote_roots(s3_server, tmp_p
 
 def test_cli_ingest_errors_name_the_object(s3_server, tmp_path, monkeypatch, capsys) -> None:
     with s3_family(s3_server, tmp_path, monkeypatch) as fam:
-        cat = str(tmp_path / "c.duckdb")
+        cat = str(new_catalog(tmp_path, "c"))
         assert main(["--catalog", cat, "ingest", f"s3://{fam.bucket}-missing/fam/base",
                      "--name", "b"]) == 2
         err = capsys.readouterr().err

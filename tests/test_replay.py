@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,23 +15,23 @@ from mergepipe.core.errors import Conflict, NotFound
 from mergepipe.core.request import build_request
 from mergepipe.jobs.merge import merge
 from mergepipe.jobs.replay import replay, stored_plan
+from tests.catalogs import copy_catalog, new_catalog
 from tests.executor_family import ingest_family
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def family(tmp_path_factory: pytest.TempPathFactory) -> Path | str:
     root = tmp_path_factory.mktemp("replay")
-    cat = Catalog(root / "catalog.duckdb")
-    ingest_family(cat, root / "fam")
-    cat.close()
-    return root
+    db = new_catalog(root)
+    with Catalog(db) as cat:
+        ingest_family(cat, root / "fam")
+    return db
 
 
 @pytest.fixture
-def catalog(family: Path, tmp_path: Path) -> Iterator[Catalog]:
+def catalog(family: Path | str, tmp_path: Path) -> Iterator[Catalog]:
     """A copy of the module's catalog (each test may change its records)."""
-    shutil.copy(family / "catalog.duckdb", tmp_path / "catalog.duckdb")
-    cat = Catalog(tmp_path / "catalog.duckdb")
+    cat = Catalog(copy_catalog(family, tmp_path))
     yield cat
     cat.close()
 
@@ -80,7 +79,7 @@ def test_replay_uses_the_stored_access_set_not_a_new_plan(catalog: Catalog, done
 
 def test_cli_replay_exit_status(catalog: Catalog, done: dict, capsys: pytest.CaptureFixture
                                 ) -> None:
-    db = str(catalog.path)
+    db = str(catalog.location)
     catalog.close()
     assert main(["--catalog", db, "replay", done["merge_id"], "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -27,6 +27,7 @@ from mergepipe.core.request import build_request
 from mergepipe.jobs.ingest import run_ingest_job
 from mergepipe.jobs.merge import run_merge
 from tests import factory
+from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 
 SECRET = "outside-secret-7f3a"
@@ -116,7 +117,7 @@ def test_a_queued_ingestion_whose_directory_became_a_link_out_is_refused(
     data, outside = tmp_path / "data", tmp_path / "outside"
     base = factory.make_base(data / "ckpt", seed=0)
     factory.make_base(outside / "ckpt", seed=9)
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         job_id = enqueue(cat, ingests=[NewIngestJob("m", "full", str(base), None)]).ingest_ids[0]
         shutil.rmtree(base)
         base.symlink_to(outside / "ckpt", target_is_directory=True)
@@ -145,7 +146,7 @@ def test_a_config_swapped_for_a_link_during_the_merge_is_not_copied(
     (outside / "secret.json").write_text(json.dumps({"secret": SECRET}))
     out_root = (tmp_path / "outputs").resolve()
     out_root.mkdir()
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         paths = ingest_family(cat, data, kinds=("full", "full"))
         merge_id = _queue_merge(cat, out_root / "swapped")
         swapped: list[bool] = []
@@ -170,7 +171,7 @@ def test_a_merge_reads_earlier_outputs_beneath_the_output_root(tmp_path: Path) -
     """Confined merges still read inputs under the output root and links inside a root."""
     data, out_root = (tmp_path / "data").resolve(), (tmp_path / "outputs").resolve()
     out_root.mkdir()
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         ingest_family(cat, data, kinds=("full", "full"))
         first = run_merge(cat, _queue_merge(cat, out_root / "first"), data_roots=[data],
                           output_root=out_root)

@@ -27,6 +27,7 @@ from mergepipe.catalog.safetensors_format import read_header
 from mergepipe.core.errors import MAX_MESSAGE_CHARS, InvalidCheckpoint, InvalidRequest
 from mergepipe.core.mergekit_config import parse_config
 from tests import factory
+from tests.catalogs import new_catalog
 
 # -- ReDoS -------------------------------------------------------------------------------------
 
@@ -184,7 +185,7 @@ def test_index_files_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_block_bytes_is_capped(tmp_path: Path) -> None:
     """block_bytes up to 1 GiB was accepted on 0.1."""
     base = factory.make_base(tmp_path / "base", seed=0)
-    with Catalog(tmp_path / "c.duckdb") as cat, pytest.raises(InvalidRequest,
+    with Catalog(new_catalog(tmp_path, "c")) as cat, pytest.raises(InvalidRequest,
                                                               match="block size") as e:
         ingest_model(cat, base, "base", block_bytes=1 << 30)
     assert e.value.field == "block_bytes"

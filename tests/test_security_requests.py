@@ -28,6 +28,7 @@ from tests.api_helpers import (
     settings_for,
     ties_body,
 )
+from tests.catalogs import new_catalog
 
 TOKEN, READ = "write-tok-1", "read-tok-2"
 AUTH, READ_AUTH = {"Authorization": f"Bearer {TOKEN}"}, {"Authorization": f"Bearer {READ}"}
@@ -172,6 +173,7 @@ def test_allowed_hosts_from_the_environment(tmp_path: Path) -> None:
 
 # -- CLI ---------------------------------------------------------------------------------------
 
+@pytest.mark.duckdb_only("`mergepipe sql` never creates a missing DuckDB file")
 def test_sql_on_a_missing_catalog_is_an_error(tmp_path: Path, capsys: Any) -> None:
     cat = tmp_path / "nope.duckdb"
     assert main(["--catalog", str(cat), "sql", "SELECT 1"]) == 2
@@ -182,7 +184,7 @@ def test_sql_on_a_missing_catalog_is_an_error(tmp_path: Path, capsys: Any) -> No
 
 @pytest.mark.parametrize("budget", [str(2**64) + "B", "1e400", "true"])
 def test_cli_budgets_are_one_line_errors(tmp_path: Path, capsys: Any, budget: str) -> None:
-    cat = str(tmp_path / "c.duckdb")
+    cat = str(new_catalog(tmp_path, "c"))
     rc = main(["--catalog", cat, "plan", "--base", "b", "--experts", "e", "--operator", "linear",
                "--budget", budget])
     err = capsys.readouterr().err
@@ -195,7 +197,7 @@ def test_serve_refuses_an_exposed_address_without_a_token(tmp_path: Path, capsys
     monkeypatch.delenv("MERGEPIPE_API_TOKEN", raising=False)
     monkeypatch.delenv("MERGEPIPE_LOOPBACK_ONLY", raising=False)
     (tmp_path / "d").mkdir()
-    rc = main(["--catalog", str(tmp_path / "c.duckdb"), "serve", "--host", "0.0.0.0",
+    rc = main(["--catalog", str(new_catalog(tmp_path, "c")), "serve", "--host", "0.0.0.0",
                "--data-root", str(tmp_path / "d"), "--output-root", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and "MERGEPIPE_API_TOKEN" in err and "MERGEPIPE_LOOPBACK_ONLY" in err
@@ -208,7 +210,7 @@ def test_a_queued_merge_output_name_is_not_given_to_a_config_ingestion(tmp_path:
     request was refused with a conflict."""
     base = factory.make_base(tmp_path / "base", seed=0)
     factory.make_expert(base, tmp_path / "e9", seed=1)
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         req = build_request(base="x", experts=[{"model": "y"}], operator="linear")
         enqueue(cat, merge=NewMerge(req, "e9", str(tmp_path / "out" / "e9")))
         cfg = parse_config(f"merge_method: task_arithmetic\nbase_model: {base}\nmodels:\n"

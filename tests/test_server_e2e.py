@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.api_helpers import EXPERTS, make_family
+from tests.catalogs import new_catalog
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "e2e-token"
@@ -76,7 +77,7 @@ def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Api, Path]
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
     # The container's start command and settings (Dockerfile / docker-compose.yml), on loopback.
-    env.update(MERGEPIPE_CATALOG=str(tmp_path / "catalog.duckdb"), MERGEPIPE_API_TOKEN=TOKEN,
+    env.update(MERGEPIPE_CATALOG=str(new_catalog(tmp_path)), MERGEPIPE_API_TOKEN=TOKEN,
                MERGEPIPE_DATA_ROOTS=str(data), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "outputs"),
                MERGEPIPE_WORKERS="2", PYTHONPATH=str(REPO))
     log = (tmp_path / "server.log").open("wb")

@@ -68,6 +68,29 @@ def test_two_runners_share_the_queue_each_job_runs_once(tmp_path: Path,
         assert not cat.query(_sql("SELECT * FROM name_claims"))
 
 
+def test_a_single_worker_runs_a_base_queued_after_its_expert(tmp_path: Path,
+                                                           postgres_url: str) -> None:
+    """The expert's job waits for its base: put back for later, not claimed again at once (a
+    single worker re-claimed it forever and never took the base's ingestion)."""
+    from mergepipe.catalog import queue
+
+    base = factory.make_base(tmp_path / "base", seed=1)
+    expert = factory.make_expert(base, tmp_path / "e0", seed=2)
+    with Catalog(postgres_url) as cat:
+        for name, path, of in (("e0", expert, "base"), ("base", base, None)):
+            queue.enqueue(cat, ingests=[queue.NewIngestJob(name, "full", str(path), of)])
+        s = dataclasses.replace(Settings(), catalog=postgres_url, workers=1, lease_s=5.0,
+                                data_roots=(tmp_path,))
+        runner = SharedJobRunner(Catalog(postgres_url, migrate=False), s)
+        runner.start()
+        try:
+            _wait(lambda: all(queue.latest_ingest_job(cat, n).status == "succeeded"
+                              for n in ("base", "e0")), 30, "both ingestions")
+        finally:
+            runner.stop(10)
+            runner.cat.close()
+
+
 def _sql(text: str):  # type: ignore[no-untyped-def]
     import sqlalchemy as sa
 

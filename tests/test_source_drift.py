@@ -15,6 +15,7 @@ import pytest
 
 from mergepipe.cli.main import main
 from tests.api_helpers import client_for, make_family, register_family, settings_for, wait
+from tests.catalogs import new_catalog
 
 
 def _flip_block_keep_mtime(f: Path) -> None:
@@ -117,7 +118,7 @@ def test_a_changed_checkpoint_fails_the_merge_and_publishes_nothing(
 def test_a_changed_expert_through_the_cli(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     fam = make_family(tmp_path / "fam")
-    db = str(tmp_path / "catalog.duckdb")
+    db = str(new_catalog(tmp_path))
     assert main(["--catalog", db, "ingest", str(fam["base"]), "--name", "base"]) == 0
     assert main(["--catalog", db, "ingest", str(fam["e1"]), "--name", "e1", "--base",
                  "base"]) == 0

@@ -16,6 +16,7 @@ from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.core.request import build_request
 from mergepipe.jobs.merge import merge
 from tests import factory
+from tests.catalogs import new_catalog
 
 SHAPES = {"wide.weight": (2, 1500), "norm.weight": (3000,), "proj.weight": (40, 24),
           "scalar": ()}
@@ -51,7 +52,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     experts = [factory.make_expert(base, root / f"e{i}", seed=10 + i) for i in range(3)]
     cats = {}
     for label, bb in (("small", SMALL), ("one", 1 << 20)):
-        cat = Catalog(root / f"{label}.duckdb")
+        cat = Catalog(new_catalog(root, label))
         ingest_model(cat, base, "base", block_bytes=bb)
         for i, e in enumerate(experts):
             ingest_model(cat, e, f"e{i}", base="base")
@@ -125,7 +126,7 @@ def test_lora_on_a_tensor_with_rows_larger_than_a_block_is_refused(tmp_path: Pat
     shapes = {"layers.0.self_attn.q_proj.weight": (4, 1024), "other.weight": (8, 8)}
     base = factory.save_checkpoint(tmp_path / "b", factory.random_weights(shapes, 0), "BF16")
     lora = factory.make_lora(base, tmp_path / "l", seed=1, targets=("q_proj",))
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         ingest_model(cat, base, "base", block_bytes=1024)
         with pytest.raises(InvalidCheckpoint, match="q_proj.*not supported.*block size"):
             ingest_model(cat, lora, "l", base="base", kind="lora")
@@ -135,7 +136,7 @@ def test_lora_on_a_tensor_with_rows_larger_than_a_block_is_refused(tmp_path: Pat
 def test_base_grid_is_taken_by_experts_of_any_dtype(tmp_path: Path) -> None:
     base = factory.save_checkpoint(tmp_path / "b", factory.random_weights(SHAPES, 3), "BF16")
     e = factory.make_expert(base, tmp_path / "e", seed=4, dtype="F32")
-    with Catalog(tmp_path / "c.duckdb") as cat:
+    with Catalog(new_catalog(tmp_path, "c")) as cat:
         ingest_model(cat, base, "base", block_bytes=SMALL)
         ingest_model(cat, e, "e", base="base")
         q = ("SELECT tensor, block_index, row_start, row_end, nbytes FROM blocks WHERE model = "

@@ -19,6 +19,8 @@ import pytest
 
 from tests.test_server_e2e import REPO, Api, free_port, mergepipe_command
 
+pytestmark = pytest.mark.duckdb_only("memory bombs against DuckDB's SQL workers")
+
 TIME_LIMIT_S = 2.0
 RSS_CEILING = 1.5e9
 

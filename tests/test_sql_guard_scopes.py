@@ -15,6 +15,8 @@ from mergepipe.catalog.readonly_sql import SELECT_TABLES, SqlLimits, run_readonl
 from mergepipe.catalog.sql_guard import check_duckdb_tree, check_readonly
 from mergepipe.core.errors import InvalidRequest
 
+pytestmark = pytest.mark.duckdb_only("the guard over DuckDB's parse tree and system views")
+
 # System views that leak settings or the catalog's file path, and one name that is nothing.
 NAMES = ["pg_settings", "duckdb_settings", "duckdb_databases", "pragma_database_list", "a"]
 

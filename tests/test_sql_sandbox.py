@@ -24,6 +24,10 @@ from mergepipe.catalog.readonly_sql import (
 from mergepipe.core.errors import Busy, InvalidRequest
 from tests.api_helpers import assert_error, client_for, settings_for
 
+pytestmark = pytest.mark.duckdb_only(
+    "DuckDB's SQL sandbox (file functions, range(), the guard); the PostgreSQL read-only role "
+    "is tested in tests/test_postgres_catalog.py")
+
 SECRET = "TOP-SECRET-4f1d"
 
 

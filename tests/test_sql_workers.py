@@ -24,6 +24,9 @@ from mergepipe.catalog.user_sql import run_user_sql_async
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.sql_limits import SqlLimits
 
+pytestmark = pytest.mark.duckdb_only(
+    "user SQL in DuckDB worker processes over a snapshot file, with rlimits")
+
 LIMITS = SqlLimits(timeout_s=20)
 
 

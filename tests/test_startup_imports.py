@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
 from tests import factory
+from tests.catalogs import new_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 # Run the CLI in-process in a fresh interpreter, then report which of these it imported.
@@ -50,10 +51,11 @@ def cat_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("startup")
     base = factory.make_base(root / "base")
     factory.make_expert(base, root / "e0", seed=1)
-    with Catalog(root / "c.duckdb") as cat:
+    db = new_catalog(root, "c")
+    with Catalog(db) as cat:
         ingest_model(cat, base, "base")
         ingest_model(cat, root / "e0", "e0", base="base")
-    return str(root / "c.duckdb")
+    return str(db)
 
 
 @pytest.mark.parametrize("argv", [["models"], ["sql", "SELECT count(*) FROM blocks"],

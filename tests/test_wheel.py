@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests import factory
+from tests.catalogs import new_catalog
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -165,6 +166,7 @@ def test_wheel_installs_only_mergepipe(installed: Installed) -> None:
     assert sorted(p.name for p in (pkg / "service" / "console").iterdir()) == console
 
 
+@pytest.mark.duckdb_only("the wheel without the cluster extra: its zero-setup DuckDB catalog")
 def test_wheel_runs_without_the_checkout(installed: Installed, outside: Path) -> None:
     where = subprocess.run(
         [str(installed.python), "-c",
@@ -248,4 +250,4 @@ def test_no_migrations_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(db, "MIGRATIONS_PACKAGE", "mergepipe.core")  # a package without any
     with pytest.raises(RuntimeError, match=r"no migrations found in mergepipe\.core: the "
                                            r"installation is incomplete"):
-        db.Catalog(tmp_path / "catalog.duckdb")
+        db.Catalog(new_catalog(tmp_path))

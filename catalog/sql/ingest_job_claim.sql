@@ -1,7 +1,8 @@
--- The oldest ingestion a worker may take: queued and not held, or running under an expired lease
--- (its worker died). Rows other workers are claiming right now are skipped (PostgreSQL).
+-- The oldest ingestion a worker may take: queued and neither held nor put back for later, or
+-- running under an expired lease (its worker died). Rows other workers are claiming right now
+-- are skipped (PostgreSQL).
 SELECT job_id, status FROM ingest_jobs
-WHERE (status = 'queued' AND (worker IS NULL OR lease_until < :now))
+WHERE (status = 'queued' AND (lease_until IS NULL OR lease_until < :now))
    OR (status = 'running' AND lease_until < :now)
 ORDER BY created_at, job_id
 LIMIT 1

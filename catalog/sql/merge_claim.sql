@@ -1,7 +1,7 @@
--- The oldest merge a worker may take: queued and not held, or running under an expired lease
--- (its worker died). Rows other workers are claiming right now are skipped (PostgreSQL).
+-- The oldest merge a worker may take: queued and neither held nor put back for later, or
+-- running under an expired lease (its worker died). Rows other workers are claiming right now are skipped (PostgreSQL).
 SELECT merge_id, status FROM merges
-WHERE (status = 'queued' AND (worker IS NULL OR lease_until < :now))
+WHERE (status = 'queued' AND (lease_until IS NULL OR lease_until < :now))
    OR (status = 'running' AND lease_until < :now)
 ORDER BY created_at, merge_id
 LIMIT 1

@@ -25,6 +25,7 @@ from mergepipe.jobs.runner import JobRunner
 log = logging.getLogger("mergepipe.jobs.shared_runner")
 
 POLL_S = 0.5  # how often an idle thread looks for a job (a submit in this process wakes it)
+RETRY_S = 1.0  # a job whose inputs are still being ingested is claimed again after this
 
 
 class SharedJobRunner(JobRunner):
@@ -79,8 +80,7 @@ class SharedJobRunner(JobRunner):
                 self._clean(job)
             self._run(job)
             if self._still_queued(job):  # inputs not ingested yet: back to the queue, later
-                leases.release(self.cat, job, self.worker)
-                self.stopping.wait(POLL_S)
+                leases.release(self.cat, job, self.worker, retry_after_s=RETRY_S)
         except Exception:  # noqa: BLE001 - a worker must survive any job
             log.exception("job %s %s crashed", job.kind, job.id)
         finally:

@@ -62,16 +62,23 @@ def _check_base(st: AppState, base: str) -> None:
 
 @router.get("/models", response_model=ModelList, summary="All models, ingesting and failed too")
 def list_all(st: State) -> dict[str, Any]:
+    # Jobs before models (as in get_one): an ingestion ending between the two reads shows as
+    # its model, never as missing from both.
+    jobs = queue.unfinished_ingest_models(st.cat)
     rows = [model_out(r, None, st.runner) for r in list_models(st.cat)]
-    rows += [model_out(None, j, st.runner) for j in queue.unfinished_ingest_models(st.cat)]
+    named = {m["name"] for m in rows}
+    rows += [model_out(None, j, st.runner) for j in jobs if j.model not in named]
     rows.sort(key=lambda m: m["name"])
     return {"models": rows}
 
 
 @router.get("/models/{name}", response_model=ModelOut, summary="One model and its last ingestion")
 def get_one(name: str, st: State) -> dict[str, Any]:
-    row = find_model(st.cat, name)
+    # The job first: an ingestion commits its model row before its job's end, so a job read as
+    # succeeded has its row. Read the other way round, an ingestion ending between the two
+    # reads (another replica's worker, a busy machine) gave no row and a finished job: a 404.
     job = queue.latest_ingest_job(st.cat, name)
+    row = find_model(st.cat, name)
     if row is None and (job is None or job.status == "succeeded"):
         raise NotFound(f"model {name!r} not found", field="name")
     if row is not None and job is not None and job.status != "succeeded":
