@@ -153,7 +153,7 @@ def targets(res: dict[str, Any]) -> list[list[str]]:
 
 def render(res: dict[str, Any], table: Any) -> str:
     """Section 8 of the report: the extra figures, each with its command."""
-    parts = ["## 8. K = 16, start-up, ingestion, and where a budgeted merge's time goes\n"]
+    parts = ["## 9. K = 16, start-up, ingestion, and where a budgeted merge's time goes\n"]
     if res.get("big_k"):
         parts += ["Budgeted merges at K = 16 against mergekit's full merge (same protocol as "
                   "figure 3):\n",

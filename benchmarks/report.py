@@ -73,7 +73,8 @@ def targets(res: dict[str, Any]) -> list[list[str]]:
                      f"(x{growth:.2f} for x{hi['checkpoint_bytes'] / lo['checkpoint_bytes']:.1f} size)",
                      "met" if growth < 1.25 else "missed"])
     share = max(p["plan_share"] for p in res["overheads"]["planning"])
-    rows.append(["planning < 1% of execution", f"max {share:.2%}",
+    rows.append(["planning < 1% of execution (DESIGN: at 1 GB per expert; here at this "
+                 "family's size)", f"max {share:.2%}",
                  "met" if share < 0.01 else "missed"])
     cat = next(c for c in res["overheads"]["catalogs"] if c["family"] == "main")
     rows.append(["catalog < 1% of checkpoint bytes (main family)",

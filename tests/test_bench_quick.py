@@ -44,7 +44,7 @@ def test_bench_quick_produces_every_figure(tmp_path: Path) -> None:
         assert r["expert_bytes"] <= r["budget_bytes"]
     report = (out / "BENCHMARKS.md").read_text()
     for heading in ("## Targets", "## 1. Scaling in K", "## 2. Budget sweep", "## 3. Operators",
-                    "## 4. Overheads", "## 5. The physical limit", "## 8. K = 16"):
+                    "## 4. Overheads", "## 5. The physical limit", "## 9. K = 16"):
         assert heading in report
     if _has_matplotlib():
         for png in ("scaling.png", "frontier.png", "operators.png"):
