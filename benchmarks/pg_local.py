@@ -1,8 +1,8 @@
-"""A throw-away PostgreSQL server for the benchmarks, from the machine's binaries, on loopback.
+"""A throw-away PostgreSQL server from the machine's binaries, on loopback, for the benchmarks
+and the tests (tests/pg_server.py starts theirs with it).
 
-The tests start theirs with tests/pg_server.py (benchmarks do not import tests); this is the
-same recipe: initdb into a temporary folder (as `nobody` when run as root: PostgreSQL refuses
-root), durability off (a benchmark's catalog is thrown away), a free 127.0.0.1 port.
+initdb into a temporary folder (as `nobody` when run as root: PostgreSQL refuses root),
+durability off (the catalog is thrown away), a free 127.0.0.1 port.
 """
 
 from __future__ import annotations
@@ -24,13 +24,11 @@ import psutil
 SUPERUSER = "mergepipe"
 
 
-def _bindir() -> Path:
+def pg_bindir() -> Path | None:
+    """The newest /usr/lib/postgresql/N/bin holding initdb and pg_ctl, or None."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
                    key=lambda p: int(Path(p).parent.parent.name))
-    if not found:
-        raise SystemExit("no PostgreSQL binaries under /usr/lib/postgresql/*/bin "
-                         "(apt-get install postgresql)")
-    return Path(found[-1]).parent
+    return Path(found[-1]).parent if found else None
 
 
 def _free_port() -> int:
@@ -61,9 +59,13 @@ class LocalPostgres:
 
 
 @contextmanager
-def local_postgres() -> Iterator[LocalPostgres]:
-    """A started server (its URL, its data folder); stopped and removed afterwards."""
-    bindir = _bindir()
+def local_postgres(max_connections: int = 100, *options: str) -> Iterator[LocalPostgres]:
+    """A started server (its URL, its data folder) with more `-c name=value` options;
+    stopped and removed afterwards."""
+    bindir = pg_bindir()
+    if bindir is None:
+        raise RuntimeError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin "
+                           "(apt-get install postgresql; .ci/run does it)")
     root = Path(tempfile.mkdtemp(prefix="mergepipe-bench-pg-"))
     data = root / "data"
     if os.geteuid() == 0:
@@ -73,7 +75,8 @@ def local_postgres() -> Iterator[LocalPostgres]:
                    check=True, capture_output=True)
     port = _free_port()
     opts = (f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=100")
+            f"-c synchronous_commit=off -c full_page_writes=off -c max_connections={max_connections}"
+            + "".join(f" -c {o}" for o in options))
     subprocess.run(_as_server_user([str(bindir / "pg_ctl"), "-D", str(data), "-l",
                                     str(root / "log"), "-o", opts, "-w", "-t", "60", "start"]),
                    check=True, capture_output=True)

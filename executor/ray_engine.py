@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,21 +122,27 @@ def execute_ray(prep: Prepared, out_dir: Path, *, address: str | None = None,
 
 def _gather(ray: Any, pending: list[Any], prep: Prepared, progress: ProgressFn | None
             ) -> dict[int, ExecutionResult]:
-    """The regions' results as they finish (progress after each); on the first failure the
-    others are cancelled and the task's own error (a MergePipeError: its message) raised."""
+    """The regions' results as they finish, with progress after each."""
     total = sum(len(prep.base.tensor_blocks(t)) for t in prep.base.tensors)
     results: dict[int, ExecutionResult] = {}
     done = expert = base = 0
+    for index, _pid, res in as_finished(ray, pending):
+        results[index] = res
+        done += res.blocks_total
+        expert += res.expert_bytes_read
+        base += res.base_bytes_read
+        if progress is not None:
+            progress(Progress(done, total, "blocks", expert, base))
+    return results
+
+
+def as_finished(ray: Any, pending: list[Any]) -> Iterator[Any]:
+    """The tasks' results as they finish. On the first failure, or when the caller stops early,
+    the others are cancelled; a task's own MergePipeError is raised as itself (its message)."""
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
-            index, _pid, res = ray.get(ready[0])
-            results[index] = res
-            done += res.blocks_total
-            expert += res.expert_bytes_read
-            base += res.base_bytes_read
-            if progress is not None:
-                progress(Progress(done, total, "blocks", expert, base))
+            yield ray.get(ready[0])
     except BaseException as e:
         for ref in pending:
             ray.cancel(ref, force=True)
@@ -143,4 +150,3 @@ def _gather(ray: Any, pending: list[Any], prep: Prepared, progress: ProgressFn |
         if isinstance(e, ray.exceptions.RayTaskError) and isinstance(cause, MergePipeError):
             raise cause from None
         raise
-    return results

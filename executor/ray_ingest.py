@@ -24,10 +24,9 @@ from mergepipe.catalog.fsconfine import confined, current_roots
 from mergepipe.catalog.ingest import ScanFn
 from mergepipe.catalog.scan import TensorPlan, TensorResult, scan_pinned
 from mergepipe.catalog.store_types import Stamp
-from mergepipe.core.errors import MergePipeError
 from mergepipe.core.fault_hooks import wait_while_held
 from mergepipe.core.progress import Progress, ProgressFn
-from mergepipe.executor.ray_engine import RAY_TASK_RETRIES, RUNTIME
+from mergepipe.executor.ray_engine import RAY_TASK_RETRIES, RUNTIME, as_finished
 from mergepipe.executor.regions import HOLD_ENV
 
 log = logging.getLogger("mergepipe.executor.ray_ingest")
@@ -103,25 +102,14 @@ def _nbytes(p: TensorPlan) -> int:
 
 def _gather(ray: Any, pending: list[Any], sizes: list[int], progress: ProgressFn | None
             ) -> dict[int, ShardScan]:
-    """The shards' scans as they finish (progress in bytes after each); on the first failure
-    the others are cancelled and the task's own error (a MergePipeError) raised."""
+    """The shards' scans as they finish, with progress in bytes after each."""
     shards: dict[int, ShardScan] = {}
     done, total = 0, sum(sizes)
-    try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            shard: ShardScan = ray.get(ready[0])
-            shards[shard.index] = shard
-            log.debug("ingestion shard %d of %d scanned by process %d", shard.index + 1,
-                      len(sizes), shard.pid)
-            done += sizes[shard.index]
-            if progress is not None:
-                progress(Progress(done, total, "bytes"))
-    except BaseException as e:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        cause = getattr(e, "cause", None)
-        if isinstance(e, ray.exceptions.RayTaskError) and isinstance(cause, MergePipeError):
-            raise cause from None
-        raise
+    for shard in as_finished(ray, pending):
+        shards[shard.index] = shard
+        log.debug("ingestion shard %d of %d scanned by process %d", shard.index + 1,
+                  len(sizes), shard.pid)
+        done += sizes[shard.index]
+        if progress is not None:
+            progress(Progress(done, total, "bytes"))
     return shards

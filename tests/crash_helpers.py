@@ -45,6 +45,19 @@ class Cli:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def alive(pid: int) -> bool:
+    """Whether a process is running (a zombie is dead too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def has_open(pid: int, needle: str) -> bool:
     """True if process `pid` holds a file descriptor on a path containing `needle`."""
     try:

@@ -2,66 +2,19 @@
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
-SUPERUSER = "mergepipe"
-
-
-def pg_bindir() -> Path | None:
-    """The newest /usr/lib/postgresql/N/bin holding initdb and pg_ctl, or None."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-                   key=lambda p: int(Path(p).parent.parent.name))
-    return Path(found[-1]).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_server_user(cmd: list[str]) -> list[str]:
-    """PostgreSQL refuses to run as root: run its binaries as `nobody` then."""
-    return ["runuser", "-u", "nobody", "--", *cmd] if os.geteuid() == 0 else cmd
+from mergepipe.benchmarks.pg_local import local_postgres
 
 
 @contextmanager
 def postgres_server() -> Iterator[str]:
-    """initdb into a temporary folder, start the server on 127.0.0.1:<free port>; yields the
-    superuser's SQLAlchemy URL (database `postgres`). Stopped and removed afterwards."""
-    bindir = pg_bindir()
-    if bindir is None:
-        raise RuntimeError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin "
-                           "(apt-get install postgresql; .ci/run does it)")
-    root = Path(tempfile.mkdtemp(prefix="mergepipe-pg-"))
-    data = root / "data"
-    if os.geteuid() == 0:
-        shutil.chown(root, "nobody")
-    run = _as_server_user
-    subprocess.run(run([str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", SUPERUSER,
-                        "-E", "UTF8", "--no-sync", "--locale=C"]),
-                   check=True, capture_output=True)
-    port = _free_port()
-    opts = (f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
-            "-c shared_buffers=32MB")
-    subprocess.run(run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"),
-                        "-o", opts, "-w", "-t", "60", "start"]),
-                   check=True, capture_output=True)
-    try:
-        yield f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
-                            "stop"]), capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
+    """A server for the test session (benchmarks.pg_local's recipe, with room for the suite's
+    connections); yields the superuser's SQLAlchemy URL (database `postgres`). Stopped and
+    removed afterwards."""
+    with local_postgres(200, "shared_buffers=32MB") as pg:
+        yield pg.url
 
 
 def create_database(admin_url: str, name: str) -> str:

@@ -36,6 +36,7 @@ from tests.api_helpers import (
     ties_body,
 )
 from tests.catalogs import new_catalog
+from tests.crash_helpers import alive
 from tests.executor_family import ingest_family
 
 RAY = Engine("ray")
@@ -161,9 +162,9 @@ def test_killed_ray_worker_is_retried_with_identical_output(ray_runtime: Path, f
             time.sleep(0.02)
         pid = int(pid_file.read_text())
         os.kill(pid, signal.SIGKILL)
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not _alive(pid)
+        assert not alive(pid)
     finally:
         hold.unlink(missing_ok=True)
         t.join(120)
@@ -171,18 +172,6 @@ def test_killed_ray_worker_is_retried_with_identical_output(ray_runtime: Path, f
     starts = (ray_runtime / "starts").read_text().split()
     assert len(starts) == 2 and starts[0] == str(pid) != starts[1]  # killed, then run again
     assert files_of(tmp_path / "ray") == files_of(tmp_path / "local")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead too
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_cli_merge_engine_ray_prints_the_local_hash(ray_runtime: Path, tmp_path: Path,

@@ -31,6 +31,7 @@ from mergepipe.executor.ray_ingest import ray_scan
 from mergepipe.jobs.ingest import run_ingestion
 from tests import factory
 from tests.api_helpers import EXPERTS, client_for, register_family, settings_for
+from tests.crash_helpers import alive
 
 RAY = Engine("ray")
 SHARDS = 3  # more shards than the runtime's 2 CPUs: a task waits for a free one
@@ -90,18 +91,6 @@ def test_ray_ingestion_writes_the_local_rows(ray_runtime: Path, tmp_path: Path,
         assert ray[t] == local[t], t
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead too
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _held(hold_dir: Path, run: Any, while_held: Any) -> list[BaseException]:
     """`run()` in a thread while shard 0's task holds; `while_held(pid)` then the hold ends."""
     hold, pid_file = hold_dir / "hold", hold_dir / "pid"
@@ -145,9 +134,9 @@ def test_killed_ray_worker_mid_shard_is_retried_with_identical_rows(ray_runtime:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
             deadline = time.monotonic() + 30
-            while _alive(pid) and time.monotonic() < deadline:
+            while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            assert not _alive(pid)
+            assert not alive(pid)
 
         errors = _held(ray_runtime, lambda: run_ingestion(cat, jobs[1], engine=RAY), kill)
         assert not errors
