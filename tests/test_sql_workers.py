@@ -126,7 +126,7 @@ def test_a_worker_that_dies_gives_a_clear_error_and_is_replaced(cat: Catalog) ->
     t = threading.Thread(target=kill_busy)
     t.start()
     with pytest.raises(InvalidRequest, match="SQL worker process ended \\(signal 9\\).*MiB"):
-        run(cat, "SELECT count(*) FROM range(100000) a, range(100000) b")
+        run(cat, "SELECT count(*) FROM range(1000000) a, range(1000000) b")
     t.join()
     assert killed and killed[0] not in {p.pid for p in workers()}
     assert run(cat, "SELECT 8")["rows"] == [[8]]
