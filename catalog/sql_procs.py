@@ -122,7 +122,9 @@ class WorkerPool:
             old.kill()
         return w
 
-    def _give_back(self, w: Worker, keep: bool) -> None:
+    def _give_back(self, w: Worker, keep: bool, limits: SqlLimits) -> None:
+        """Back to the idle list, or killed and replaced up to this query's slots (not the
+        slots of the query the worker was started for)."""
         if not keep:
             w.kill()
         with self._lock:
@@ -130,7 +132,7 @@ class WorkerPool:
             if keep:
                 self._idle.append(w)
             else:
-                self._top_up(w.limits)
+                self._top_up(limits)
 
     def run(self, db: str, version: int, sql: str, limits: SqlLimits, deadline: float
             ) -> dict[str, Any]:
@@ -142,18 +144,18 @@ class WorkerPool:
         try:
             reply = w.ask(request, deadline + KILL_GRACE_S)
         except BaseException:
-            self._give_back(w, keep=False)
+            self._give_back(w, False, limits)
             raise
         if reply is DIED:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 w.proc.wait(2)  # its pipe closed as it ended: its status comes just after
-            self._give_back(w, keep=False)
+            self._give_back(w, False, limits)
             raise died_error(limits, w.proc.returncode)
         if reply is None:  # alive past its time: killed now
-            self._give_back(w, keep=False)
+            self._give_back(w, False, limits)
             raise time_limit_error(limits)
         error = reply.get("error")
-        self._give_back(w, keep=not (error and error.get("fatal")))
+        self._give_back(w, not (error and error.get("fatal")), limits)
         if error:
             raise InvalidRequest(str(error.get("message")), field=error.get("field") or "sql")
         result: dict[str, Any] = reply["ok"]
