@@ -156,7 +156,7 @@ class TrimThresholds:
         # bf16 / fp16 deltas (mixed entries are a few per mille there); None once past the cap.
         self._mixed: list[torch.Tensor] | None = []
         self._mixed_n = 0
-        self._mixed_cap = min(MIXED_CAP, max(1 << 16, numel // 32))
+        self._mixed_cap = min(MIXED_CAP, max(1 << 16, numel // 8))
 
     def release(self) -> None:
         """Drop the histograms and kept entries once resolved (only the results remain)."""
