@@ -183,9 +183,22 @@ INLINE void tie_drop(const Input *e, float *t, Py_ssize_t at, Py_ssize_t i) {
  * then scale_). */
 INLINE void sparsified(const Input *e, const float *b, float *d, float *t, Py_ssize_t at,
                     Py_ssize_t m) {
+    const int hard = e->trim && e->trim != 2;  /* sparsify.trimmed_into's hardshrink */
     decode(e->buf.buf, e->code, at, m, d);
-    if (e->full)
+    if (hard) {  /* delta and hardshrink in one loop (the same operations) */
+        const float l = e->lambd, nl = -e->lambd;
+        if (e->full) {
+            for (Py_ssize_t i = 0; i < m; i++) {
+                const float x = d[i] - b[i];
+                d[i] = x;
+                t[i] = ((x >= nl) & (x <= l)) ? 0.0f : x;
+            }
+        } else {
+            for (Py_ssize_t i = 0; i < m; i++) t[i] = ((d[i] >= nl) & (d[i] <= l)) ? 0.0f : d[i];
+        }
+    } else if (e->full) {
         for (Py_ssize_t i = 0; i < m; i++) d[i] = d[i] - b[i];
+    }
     if (e->trim == 2) {  /* sparsify.dropped_into: delta * keep, then / density */
         const uint64_t start = e->start + (uint64_t)at * 0x9E3779B97F4A7C15ull;
         for (Py_ssize_t i = 0; i < m; i++)  /* the keep mask first: a loop without branches */
@@ -193,10 +206,7 @@ INLINE void sparsified(const Input *e, const float *b, float *d, float *t, Py_ss
         for (Py_ssize_t i = 0; i < m; i++) t[i] = d[i] * t[i];
         if (e->tau != 0.0f)
             for (Py_ssize_t i = 0; i < m; i++) t[i] = t[i] / e->tau;
-    } else if (e->trim) {
-        const float l = e->lambd, nl = -e->lambd;
-        for (Py_ssize_t i = 0; i < m; i++) t[i] = ((d[i] >= nl) & (d[i] <= l)) ? 0.0f : d[i];
-    } else {
+    } else if (!hard) {
         memcpy(t, d, (size_t)m * 4);
     }
     if (e->trim != 2 && e->ties) {  /* |d| == tau (bits; |d| is no NaN there): the tied entries */
@@ -265,11 +275,11 @@ CLONES static int ties_run(Input *out, Input *base, Input *ex, Py_ssize_t k, Py_
     for (Py_ssize_t at = 0; at < n; at += TILE) {
         const Py_ssize_t m = n - at < TILE ? n - at : TILE;
         decode(base->buf.buf, base->code, at, m, b);
-        for (Py_ssize_t j = 0; j < k; j++) sparsified(&ex[j], b, d, w + j * TILE, at, m);
-        memcpy(sign, w, (size_t)m * 4);  /* the ordered sum, then its sign */
-        for (Py_ssize_t j = 1; j < k; j++) {
-            const float *wj = w + j * TILE;
-            for (Py_ssize_t i = 0; i < m; i++) sign[i] = sign[i] + wj[i];
+        for (Py_ssize_t j = 0; j < k; j++) {  /* the ordered sum as each expert comes */
+            float *wj = w + j * TILE;
+            sparsified(&ex[j], b, d, wj, at, m);
+            if (j == 0) memcpy(sign, wj, (size_t)m * 4);
+            else for (Py_ssize_t i = 0; i < m; i++) sign[i] = sign[i] + wj[i];
         }
         for (Py_ssize_t i = 0; i < m; i++) sign[i] = sign[i] < 0.0f ? -1.0f : 1.0f;
         for (Py_ssize_t j = 0; j < k; j++) {  /* branch-free loops: they vectorize */
