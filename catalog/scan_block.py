@@ -221,23 +221,17 @@ def _abs_delta(st: TensorState, i: int, raw: memoryview, reader: RangeReader | N
     plan = st.plan
     n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
     x = _buffers.scratch.get("x", n, torch.float32)
+    if plan.mode == "full" and base_raw is None:
+        assert reader is not None
+        base_raw = _buffers.read(reader, "base", plan.base_span(i))
+    base_dtype = plan.base.dtype if plan.base is not None else "F32"
     if fused.available() and plan.mode in ("full", "delta") and n:  # one C pass, same bits
-        base = None
-        if plan.mode == "full":
-            assert plan.base is not None
-            base = base_raw if base_raw is not None else _buffers.read(
-                reader, "base", plan.base_span(i)) if reader is not None else None
-            assert base is not None
-        return fused.abs_delta_into(x, raw, plan.entry.dtype, base,
-                                    plan.base.dtype if plan.base is not None else "F32")
+        return fused.abs_delta_into(x, raw, plan.entry.dtype,
+                                    base_raw if plan.mode == "full" else None, base_dtype)
     x = decode_into(raw, plan.entry.dtype, x)
     if plan.mode == "full":
-        assert plan.base is not None
-        if base_raw is None:
-            assert reader is not None
-            base_raw = _buffers.read(reader, "base", plan.base_span(i))
-        x.sub_(decode_into(base_raw, plan.base.dtype,
-                           _buffers.scratch.get("y", n, torch.float32)))
+        assert base_raw is not None
+        x.sub_(decode_into(base_raw, base_dtype, _buffers.scratch.get("y", n, torch.float32)))
     elif plan.mode == "lora":
         assert st.lora_a is not None and plan.lora_scale is not None
         start, end = plan.rows[i]
