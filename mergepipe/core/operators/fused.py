@@ -15,7 +15,6 @@ whose output holds a NaN comes back None and the caller recomputes it with the t
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ import numpy as np
 import torch
 
 from mergepipe.core.operators.base import BlockContext, Trim
+from mergepipe.core.operators.keyed_hash import _BITS, _start, _threshold
+from mergepipe.core.operators.sparsify import weight_total
 
 _fused: Any
 try:
@@ -119,15 +120,10 @@ def _divisor(op: str, experts: Sequence[FusedExpert], ctx: BlockContext) -> floa
         weights = list(ctx.all_weights)
     else:
         return None
-    total = np.float32(0)
-    for i, w in enumerate(weights):  # left to right in float32, as sparsify.weight_total
-        total = np.float32(w) if i == 0 else np.float32(total + np.float32(w))
-    return 1.0 if abs(total) < np.float32(1e-8) else float(total)
+    return float(weight_total(weights))
 
 
-_GAMMA = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
-_BITS = 53
 
 
 def _drop_args(e: FusedExpert, flat_offset: int, rescale: str) -> tuple[Any, ...]:
@@ -135,9 +131,7 @@ def _drop_args(e: FusedExpert, flat_offset: int, rescale: str) -> tuple[Any, ...
     if e.density >= 1.0:  # the delta as is
         return (*_head(e), 0, 0.0, 0, 0.0, 0, 0)
     div = e.density if rescale == "density" else 0.0
-    threshold = math.ceil(e.density * 2.0**_BITS)  # keyed_hash._threshold, 1 <= it < 2**53
-    from mergepipe.core.operators.keyed_hash import _start
-
+    threshold = int(_threshold(e.density))  # 1 <= it < 2**53 for 0 < density < 1
     return (*_head(e), 2, 0.0, 0, div, _start(e.key, flat_offset) & _MASK64,
             threshold << (64 - _BITS))
 
@@ -156,13 +150,11 @@ def _ties_args(e: FusedExpert, flat_offset: int) -> tuple[Any, ...]:
     shrink = (True, float(np.nextafter(tau, np.float32(0)))) if tau != 0 else (False, 0.0)
     if trim.k >= trim.above + trim.tied:  # every tied entry is kept
         return (*head, *shrink, 0, 0.0, 0, 0)
-    threshold = math.ceil(min(max((trim.k - trim.above) / trim.tied, 0.0), 1.0) * 2.0**_BITS)
+    threshold = int(_threshold((trim.k - trim.above) / trim.tied))
     if threshold >= 1 << _BITS:
         return (*head, *shrink, 0, 0.0, 0, 0)
     if threshold == 0:
         return (*head, *shrink, 2, float(tau), 0, 0)
-    from mergepipe.core.operators.keyed_hash import _start
-
     return (*head, *shrink, 1, float(tau), _start(e.key, flat_offset) & _MASK64,
             threshold << (64 - _BITS))
 
