@@ -1,4 +1,5 @@
-"""The options of a process that runs jobs (`serve`, `worker`): threads, roots, log level."""
+"""The options of a process that runs jobs (`serve`, `worker`): threads, roots, log level; and
+the engine options of the commands that run one job themselves (`merge`, `ingest`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import argparse
 import dataclasses
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.settings import Settings
+
+if TYPE_CHECKING:  # torch loads with the engine, not with the parser
+    from mergepipe.executor.engine import Engine
 
 
 def add_job_arguments(p: argparse.ArgumentParser, *, data_root_help: str,
@@ -41,3 +46,22 @@ def job_settings(args: argparse.Namespace) -> Settings:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return s
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, *, ray_help: str, job: str) -> None:
+    """--engine and --ray-address; `ray_help` says what runs as Ray tasks, `job` names the job
+    a local Ray runtime is started for."""
+    p.add_argument("--engine", choices=("local", "ray"),
+                   help=f"{ray_help} (pip install mergepipe[cluster]); same result "
+                        "($MERGEPIPE_ENGINE, default local)")
+    p.add_argument("--ray-address", metavar="HOST:PORT",
+                   help="an existing Ray cluster for --engine ray ($MERGEPIPE_RAY_ADDRESS; "
+                        f"default: a local Ray runtime started for the {job})")
+
+
+def engine_of(args: argparse.Namespace) -> Engine:
+    """The engine the options (else the settings) name."""
+    from mergepipe.executor.engine import Engine
+
+    s: Settings = args.settings
+    return Engine(args.engine or s.engine, args.ray_address or s.ray_address)

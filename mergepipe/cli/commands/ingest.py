@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from mergepipe.catalog.kinds import KINDS
 from mergepipe.cli import preload
+from mergepipe.cli.job_options import add_engine_arguments, engine_of
 from mergepipe.cli.main import print_json
 from mergepipe.cli.progress import IngestBar
 from mergepipe.cli.table import human_bytes
@@ -38,12 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stats", action="store_true",
                    help="register an expert without delta statistics (merges then plan it "
                    "tensor by tensor)")
-    p.add_argument("--engine", choices=("local", "ray"),
-                   help="ray: the statistics of a sharded checkpoint as one Ray task per shard "
-                        "file (pip install mergepipe[cluster]); same rows ($MERGEPIPE_ENGINE)")
-    p.add_argument("--ray-address", metavar="HOST:PORT",
-                   help="an existing Ray cluster for --engine ray ($MERGEPIPE_RAY_ADDRESS; "
-                        "default: a local Ray runtime started for the ingestion)")
+    add_engine_arguments(p, job="ingestion", ray_help="ray: the statistics of a sharded "
+                         "checkpoint as one Ray task per shard file")
     p.add_argument("--json", action="store_true", help="print the model as JSON")
     p.set_defaults(func=run)
 
@@ -58,11 +55,10 @@ def run(args: argparse.Namespace) -> int:
     s = args.settings
     with Catalog(s.catalog) as cat, IngestBar(enabled=not args.json) as bar:
         # torch (under the engine and the scan): loaded by now, or loading
-        from mergepipe.executor.engine import Engine
         from mergepipe.jobs.ingest import run_ingestion
 
-        engine = Engine(args.engine or s.engine, args.ray_address or s.ray_address)
-        model = run_ingestion(cat, job, progress=bar.update_for(args.name), engine=engine)
+        model = run_ingestion(cat, job, progress=bar.update_for(args.name),
+                              engine=engine_of(args))
     if args.json:
         print_json(model)
     else:

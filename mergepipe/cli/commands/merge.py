@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.cli import preload
+from mergepipe.cli.job_options import add_engine_arguments, engine_of
 from mergepipe.cli.main import print_json
 from mergepipe.cli.progress import MergeBar
 from mergepipe.cli.table import human_bytes
@@ -36,12 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="read threads (default: 2 x cores, 2..8)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a non-empty --out directory")
-    p.add_argument("--engine", choices=("local", "ray"),
-                   help="local: this process's threads; ray: Ray tasks, one per output region "
-                        "(pip install mergepipe[cluster]); same bytes ($MERGEPIPE_ENGINE, local)")
-    p.add_argument("--ray-address", metavar="HOST:PORT",
-                   help="an existing Ray cluster for --engine ray ($MERGEPIPE_RAY_ADDRESS; "
-                        "default: a local Ray runtime started for the merge)")
+    add_engine_arguments(p, job="merge", ray_help="local: this process's threads; ray: Ray "
+                         "tasks, one per output region")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -111,11 +108,10 @@ def run(args: argparse.Namespace) -> int:
     with Catalog(s.catalog) as cat, MergeBar(enabled=not args.json) as bar:
         # torch, which these import: loaded by now, or loading
         from mergepipe.cli.mergekit_cli import config_request
-        from mergepipe.executor.engine import Engine
         from mergepipe.jobs.merge import merge
         from mergepipe.jobs.recovery import recover_interrupted
 
-        engine = Engine(args.engine or s.engine, args.ray_address or s.ray_address)
+        engine = engine_of(args)
         recover_interrupted(cat)  # merges of a killed `mergepipe merge`: we hold the catalog now
         if request is None:
             request = with_strategy(config_request(cat, args), args)
