@@ -72,18 +72,20 @@ class SqlSnapshot:
         ATTACH or COPY TO one), then rename it into place."""
         tmp = self.dir / f"next-{self.version + 1}.duckdb"
         tmp.unlink(missing_ok=True)
+        # The pooled connection stays checked out until the copy ends: DuckDB closes a
+        # duplicate with its parent, and the pool closes connections it has no room for.
         with self.cat.reader() as conn:
             raw = conn.connection.driver_connection
             assert raw is not None
             src: duckdb.DuckDBPyConnection = raw.duplicate()  # for one consistent read
-        dst = duckdb.connect(str(tmp), config={"threads": 1, "memory_limit": "256MiB"})
-        try:
-            src.execute("BEGIN TRANSACTION READ ONLY")
-            for (name,) in src.execute(SELECT_TABLES).fetchall():
-                _copy_table(src, dst, str(name))
-        finally:
-            dst.close()
-            src.close()
+            dst = duckdb.connect(str(tmp), config={"threads": 1, "memory_limit": "256MiB"})
+            try:
+                src.execute("BEGIN TRANSACTION READ ONLY")
+                for (name,) in src.execute(SELECT_TABLES).fetchall():
+                    _copy_table(src, dst, str(name))
+            finally:
+                dst.close()
+                src.close()
         os.replace(tmp, self.path)
 
 

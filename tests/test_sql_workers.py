@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import duckdb
 import psutil
 import pytest
 import sqlalchemy as sa
@@ -155,3 +156,24 @@ def test_the_snapshot_is_written_whole_then_renamed(cat: Catalog, tmp_path: Path
     path2, version2 = snap.current()
     assert path2 == path and version2 == version + 1
     assert [p.name for p in snap.dir.iterdir()] == ["snapshot.duckdb"]  # no leftovers
+
+
+def test_the_snapshot_copy_survives_the_pool_closing_idle_connections(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DuckDB closes a duplicated connection with its parent, and the pool closes connections
+    it has no room for (many concurrent requests): the copy holds its pooled connection."""
+    from mergepipe.catalog import sql_snapshot
+
+    copy_table = sql_snapshot._copy_table
+
+    def copy_while_the_pool_lets_go(src, dst, name):  # type: ignore[no-untyped-def]
+        c.engine.dispose()  # closes every connection checked in to the pool
+        copy_table(src, dst, name)
+
+    with Catalog(tmp_path / "catalog.duckdb") as c:
+        c.execute(sa.text("INSERT INTO lineage VALUES ('c1', 'p', 'base', 1.0, 'm1')"))
+        monkeypatch.setattr(sql_snapshot, "_copy_table", copy_while_the_pool_lets_go)
+        path, _ = snapshot_for(c).current()
+        monkeypatch.undo()
+        with duckdb.connect(str(path), read_only=True) as snap:
+            assert snap.execute("SELECT count(*) FROM lineage").fetchone() == (1,)
