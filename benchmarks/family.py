@@ -23,10 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from mergepipe.catalog.safetensors_format import (
-    TORCH_DTYPES,
-    encode_header,
-)
+from mergepipe.catalog.safetensors_format import encode_header, torch_dtype
 from mergepipe.core.dtypes import DTYPE_SIZES, normalize_dtype
 
 FAMILY_FILE = "family.json"
@@ -209,7 +206,7 @@ class _ShardedWriter:
         if isinstance(data, bytes):
             f.write(data)
         else:
-            f.write(data.to(TORCH_DTYPES[self.dtype]).contiguous().view(torch.uint8).numpy().data)
+            f.write(data.to(torch_dtype(self.dtype)).contiguous().view(torch.uint8).numpy().data)
 
     def close(self) -> None:
         for f in self.files.values():
@@ -285,7 +282,7 @@ def _write_tensor(writers: dict[str, _ShardedWriter], specs: list[ExpertSpec], s
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         base = _base_chunk(seed, name, shape, r0, r1)
-        raw = base.to(TORCH_DTYPES[dtype])
+        raw = base.to(torch_dtype(dtype))
         base_bytes = raw.contiguous().view(torch.uint8).numpy().tobytes()
         writers["base"].write(name, base_bytes)
         base32 = raw.float()  # experts are fine-tuned from the stored (rounded) base

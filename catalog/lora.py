@@ -6,12 +6,15 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import re2
-import torch
 
 from mergepipe.catalog.safetensors_format import TensorEntry
 from mergepipe.core.errors import InvalidCheckpoint
+
+if TYPE_CHECKING:
+    import torch
 
 # base_model.model.<module>.lora_A.weight (PEFT's saved form; an adapter name may sit before
 # .weight in unsaved state dicts).
@@ -36,8 +39,10 @@ def lora_delta(b_rows: torch.Tensor, a: torch.Tensor, scale: float) -> torch.Ten
     """The float32 delta of some rows of a LoRA tensor: scale * (B[rows] @ A).
 
     Ingestion and the executor both call this, so that statistics, trim thresholds and the merge
-    see bit-identical deltas for the same block.
+    see bit-identical deltas for the same block. Imports torch (only LoRA needs it).
     """
+    import torch
+
     return torch.mm(b_rows, a).mul_(scale)
 
 

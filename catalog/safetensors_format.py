@@ -1,4 +1,6 @@
-"""Parse safetensors headers ourselves and convert raw tensor bytes to and from float32."""
+"""Parse safetensors headers ourselves and convert raw tensor bytes to and from float32.
+
+numpy at import; the torch conversions (the executor's kernels, LoRA) import torch when called."""
 
 from __future__ import annotations
 
@@ -6,13 +8,17 @@ import json
 import os
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from mergepipe.catalog.locations import absolute
 from mergepipe.catalog.storage import RangeReader, open_reader
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
+
+if TYPE_CHECKING:
+    import torch
 
 # Bounds on what a header may make us build (the safetensors library allows 100 MB of header;
 # an 18 MB header of 300k empty tensors took 1.3 GB and 39 s to ingest). A shard of a real
@@ -20,7 +26,15 @@ from mergepipe.core.errors import InvalidCheckpoint
 MAX_HEADER_BYTES = 16 << 20
 MAX_TENSORS_PER_FILE = 65_536
 MAX_NAME_CHARS = 1024
-TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype name (imports torch)."""
+    import torch
+
+    dtype: torch.dtype = getattr(torch, _TORCH_NAMES[name])
+    return dtype
 
 
 @dataclass(frozen=True)
@@ -157,6 +171,8 @@ def _entry(path: str, name: str, info: object, data_start: int, data_len: int) -
 def to_float32(raw: bytes | bytearray | memoryview, dtype: str,
                shape: tuple[int, ...] | None = None) -> torch.Tensor:
     """Raw little-endian tensor bytes -> a float32 torch tensor (a copy, writable)."""
+    import torch
+
     if len(raw) == 0:
         t = torch.zeros(0, dtype=torch.float32)
         return t.reshape(shape) if shape is not None else t
@@ -169,12 +185,14 @@ def to_float32(raw: bytes | bytearray | memoryview, dtype: str,
     elif dtype == "F32":
         t = torch.frombuffer(buf, dtype=torch.float32).clone()
     else:
-        t = torch.frombuffer(buf, dtype=TORCH_DTYPES[dtype]).to(torch.float32)
+        t = torch.frombuffer(buf, dtype=torch_dtype(dtype)).to(torch.float32)
     return t.reshape(shape) if shape is not None else t
 
 
 def decode_into(raw: bytes | bytearray | memoryview, dtype: str, out: torch.Tensor) -> torch.Tensor:
     """Raw little-endian floats -> the flat float32 tensor `out` (same element count), in place."""
+    import torch
+
     if out.numel() == 0:
         return out
     if dtype == "BF16":
@@ -182,13 +200,30 @@ def decode_into(raw: bytes | bytearray | memoryview, dtype: str, out: torch.Tens
         wide.copy_(torch.frombuffer(raw, dtype=torch.int16))
         wide.bitwise_left_shift_(16)
     else:
-        out.copy_(torch.frombuffer(raw, dtype=TORCH_DTYPES[dtype]))
+        out.copy_(torch.frombuffer(raw, dtype=torch_dtype(dtype)))
+    return out
+
+
+def decode_array_into(raw: bytes | bytearray | memoryview, dtype: str, out: np.ndarray
+                      ) -> np.ndarray:
+    """`decode_into` for a flat float32 numpy array: the same bits, without torch (bf16 is the
+    top half of a float32; f16 widens exactly)."""
+    if out.size == 0:
+        return out
+    if dtype == "BF16":
+        wide = out.view(np.uint32)
+        wide[:] = np.frombuffer(raw, dtype=np.uint16)
+        np.left_shift(wide, 16, out=wide)
+    else:
+        out[:] = np.frombuffer(raw, dtype=np.float16 if dtype == "F16" else np.float32)
     return out
 
 
 def from_float32(t: torch.Tensor, dtype: str) -> bytes:
     """A float32 tensor -> raw bytes in `dtype` (round to nearest even, as torch does)."""
-    out = t.to(TORCH_DTYPES[dtype]).contiguous()
+    import torch
+
+    out = t.to(torch_dtype(dtype)).contiguous()
     return out.view(torch.uint8).numpy().tobytes() if out.numel() else b""
 
 

@@ -137,7 +137,7 @@ class _Scan:
         self.source = self._first_pass()
 
     def run(self) -> list[TensorResult]:
-        pin_torch_threads()
+        pin_torch_threads(load=any(p.mode == "lora" for p in self.plans))
         inflight: deque[tuple[Future[Any], Task]] = deque()
         pool: ThreadPoolExecutor | _Inline = (ThreadPoolExecutor(self.workers, "mergepipe-scan")
                                               if self.total >= INLINE_BELOW else _Inline())

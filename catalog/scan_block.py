@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 import xxhash
 
 from mergepipe.catalog.grid import is_element_grid
 from mergepipe.catalog.lora import lora_delta
-from mergepipe.catalog.safetensors_format import TensorEntry, decode_into, to_float32
+from mergepipe.catalog.safetensors_format import TensorEntry, decode_array_into, to_float32
 from mergepipe.catalog.stats import (
     BlockStats,
     Histogram,
@@ -20,14 +21,17 @@ from mergepipe.catalog.stats import (
     scan_block,
 )
 from mergepipe.catalog.storage import RangeReader
+from mergepipe.core import delta_kernels
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
-from mergepipe.core.operators import fused
+
+if TYPE_CHECKING:
+    import torch  # LoRA's lora_A only: a scan of full or delta checkpoints never imports it
 
 SORT_BELOW = 1 << 16  # one-block tensors this small get their thresholds by sorting
 # Exponent bits that mark Inf / NaN, per dtype (checked on raw bytes when no delta is computed).
-_NONFINITE = {"BF16": (torch.int16, 0x7F80), "F16": (torch.int16, 0x7C00),
-              "F32": (torch.int32, 0x7F800000)}
+_NONFINITE: dict[str, tuple[type[np.integer], int]] = {
+    "BF16": (np.int16, 0x7F80), "F16": (np.int16, 0x7C00), "F32": (np.int32, 0x7F800000)}
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ class TensorState:
     stats: list[BlockStats] = field(default_factory=list)
     trim: TrimThresholds | None = None
     remaining: int = 0
-    cached: torch.Tensor | None = None  # |delta| of a one-block tensor, for the refinement
+    cached: np.ndarray | None = None  # |delta| of a one-block tensor, for the refinement
     lora_a: torch.Tensor | None = None
     lora_a_hash: str | None = None
 
@@ -114,16 +118,16 @@ def add_scan(st: TensorState, i: int, out: BlockScan) -> None:
 def close_level(st: TensorState) -> None:
     """Finish the level just fed; a cached one-block tensor resolves every level in memory."""
     assert st.trim is not None
-    if st.cached is not None and st.cached.numel() <= SORT_BELOW:
+    if st.cached is not None and st.cached.size <= SORT_BELOW:
         st.trim.solve_sorted(st.cached)
     st.trim.finish_level()
     while st.trim.pending and st.cached is not None:
-        st.trim.add(st.trim.block_counts(st.cached.view(torch.int32), _buffers.scratch))
+        st.trim.add(st.trim.block_counts(st.cached.view(np.int32), _buffers.scratch))
         st.trim.finish_level()
 
 
 class _Buffers(threading.local):
-    """One worker thread's raw read buffers and tensor scratch, reused block after block."""
+    """One worker thread's raw read buffers and array scratch, reused block after block."""
 
     def __init__(self) -> None:
         self.raw: dict[str, bytearray] = {}
@@ -143,8 +147,8 @@ _buffers = _Buffers()
 
 # What the first pass finds in one block: content hash, delta stats, (level-0 histogram, mixed
 # entries' bits), and the |delta| itself for a one-block tensor (for the threshold refinement).
-BlockScan = tuple[str, BlockStats | None, tuple[Histogram | None, torch.Tensor | None],
-                  torch.Tensor | None]
+BlockScan = tuple[str, BlockStats | None, tuple[Histogram | None, np.ndarray | None],
+                  np.ndarray | None]
 
 
 def scan_own_block(st: TensorState, i: int, reader: RangeReader) -> BlockScan:
@@ -186,15 +190,16 @@ def _scan_delta_block(st: TensorState, i: int, raw: memoryview, digest: str,
             raise
         raise InvalidCheckpoint(f"{_where(plan, i)}: {_nonfinite_cause(plan, raw, str(e))}"
                                 ) from None
-    return digest, stats, (counts, mixed), a.clone() if len(plan.rows) == 1 else None
+    return digest, stats, (counts, mixed), a.copy() if len(plan.rows) == 1 else None
 
 
 def untouched_scan(plan: TensorPlan, i: int, digest: str) -> BlockScan:
     """The first pass over block i of a "full" plan holding the base's very bytes (content
     hash `digest`): a zero delta, known without reading the block."""
     n = plan.span(i).nbytes // DTYPE_SIZES[plan.entry.dtype]
-    return (digest, BlockStats(0.0, 0.0, 0.0, 0), ((torch.tensor([0]), torch.tensor([n])), None),
-            torch.zeros(n) if len(plan.rows) == 1 else None)
+    zero = (np.zeros(1, dtype=np.int64), np.full(1, n, dtype=np.int64))
+    return (digest, BlockStats(0.0, 0.0, 0.0, 0), (zero, None),
+            np.zeros(n, dtype=np.float32) if len(plan.rows) == 1 else None)
 
 
 def _same_as_base(plan: TensorPlan, i: int, digest: str) -> bool:
@@ -206,37 +211,48 @@ def _same_as_base(plan: TensorPlan, i: int, digest: str) -> bool:
 def refine_block(st: TensorState, i: int, reader: RangeReader) -> Histogram:
     assert st.trim is not None
     if _same_as_base(st.plan, i, st.hashes[i]):  # n zeros: n times the counts of one zero
-        one = st.trim.block_counts(torch.zeros(1, dtype=torch.int32))
+        one = st.trim.block_counts(np.zeros(1, dtype=np.int32))
         assert isinstance(one, tuple)
         return one[0], one[1] * (st.plan.span(i).nbytes // DTYPE_SIZES[st.plan.entry.dtype])
     a = _abs_delta(st, i, _buffers.read(reader, "own", st.plan.span(i)), reader)
-    return st.trim.block_counts(a.view(torch.int32), _buffers.scratch)
+    return st.trim.block_counts(a.view(np.int32), _buffers.scratch)
 
 
 def _abs_delta(st: TensorState, i: int, raw: memoryview, reader: RangeReader | None,
-               base_raw: memoryview | None = None) -> torch.Tensor:
-    """|delta| of block i as a flat float32 tensor (a thread-local buffer: use it or copy it).
+               base_raw: memoryview | None = None) -> np.ndarray:
+    """|delta| of block i as a flat float32 array (a thread-local buffer: use it or copy it).
 
     A full plan's base block is `base_raw` when given, else read with `reader`."""
     plan = st.plan
     n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
-    x = _buffers.scratch.get("x", n, torch.float32)
+    x = _buffers.scratch.get("x", n, np.float32)
     if plan.mode == "full" and base_raw is None:
         assert reader is not None
         base_raw = _buffers.read(reader, "base", plan.base_span(i))
     base_dtype = plan.base.dtype if plan.base is not None else "F32"
-    if fused.available() and plan.mode in ("full", "delta") and n:  # one C pass, same bits
-        return fused.abs_delta_into(x, raw, plan.entry.dtype,
-                                    base_raw if plan.mode == "full" else None, base_dtype)
-    x = decode_into(raw, plan.entry.dtype, x)
+    if delta_kernels.available() and plan.mode in ("full", "delta") and n:  # one C pass
+        return delta_kernels.abs_delta_into(x, raw, plan.entry.dtype,
+                                            base_raw if plan.mode == "full" else None, base_dtype)
+    x = decode_array_into(raw, plan.entry.dtype, x)
     if plan.mode == "full":
         assert base_raw is not None
-        x.sub_(decode_into(base_raw, base_dtype, _buffers.scratch.get("y", n, torch.float32)))
+        np.subtract(x, decode_array_into(base_raw, base_dtype,
+                                         _buffers.scratch.get("y", n, np.float32)), out=x)
     elif plan.mode == "lora":
-        assert st.lora_a is not None and plan.lora_scale is not None
-        start, end = plan.rows[i]
-        x = lora_delta(x.view(end - start, -1), st.lora_a, plan.lora_scale).view(-1)
-    return x.abs_()
+        x = _lora_delta(st, i, x)
+    return np.abs(x, out=x)
+
+
+def _lora_delta(st: TensorState, i: int, b_rows: np.ndarray) -> np.ndarray:
+    """The float32 delta of block i of a LoRA plan from its lora_B rows: torch's product, so
+    that it is bit-identical with the executor's (LoRA is the one scan that imports torch)."""
+    import torch
+
+    plan = st.plan
+    assert st.lora_a is not None and plan.lora_scale is not None
+    start, end = plan.rows[i]
+    b = torch.from_numpy(b_rows).view(end - start, -1)
+    return lora_delta(b, st.lora_a, plan.lora_scale).numpy().reshape(-1)
 
 
 def read_lora_a(plan: TensorPlan, reader: RangeReader) -> tuple[torch.Tensor | None, str]:
@@ -263,9 +279,9 @@ def has_nonfinite(raw: bytearray | memoryview, dtype: str) -> bool:
     if len(raw) == 0:
         return False
     int_dtype, mask = _NONFINITE[dtype]
-    t = torch.frombuffer(raw, dtype=int_dtype)
-    exponents = torch.bitwise_and(t, mask, out=_buffers.scratch.get("exp", t.numel(), int_dtype))
-    return int(torch.amax(exponents)) == mask
+    t = np.frombuffer(raw, dtype=int_dtype)
+    exponents = np.bitwise_and(t, mask, out=_buffers.scratch.get("exp", t.size, int_dtype))
+    return int(exponents.max()) == mask
 
 
 def _where(plan: TensorPlan, i: int) -> str:

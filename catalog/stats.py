@@ -1,4 +1,6 @@
-"""Delta statistics: per-block norms and exact per-tensor TIES trim thresholds from bit histograms."""
+"""Delta statistics: per-block norms and exact per-tensor TIES trim thresholds from bit histograms.
+
+numpy and the C pass of mergepipe/core/delta_kernels.py only: no torch."""
 
 from __future__ import annotations
 
@@ -6,9 +8,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from mergepipe.core.operators import fused
+from mergepipe.core import delta_kernels
 
 DENSITY_STEPS = 100  # trim thresholds for densities 0.01, 0.02, ..., 1.00
 # A float32 |x| read as int32 is monotone in x. Its bits are resolved in three levels: the top 16
@@ -20,7 +21,7 @@ SUB_BINS = 1 << 8
 SPARSE_BELOW = 8192  # smaller blocks give (keys, counts): cheaper than 64Ki dense bins
 MIXED_CAP = 1 << 22  # mixed entries kept per tensor at most (16 MiB), else refinement passes
 
-Histogram = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # dense counts, or (keys, counts)
+Histogram = np.ndarray | tuple[np.ndarray, np.ndarray]  # dense int64 counts, or (keys, counts)
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,13 @@ class Scratch:
     """Reusable buffers of one worker thread, so that the block kernels allocate nothing."""
 
     def __init__(self) -> None:
-        self._bufs: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+        self._bufs: dict[tuple[str, np.dtype], np.ndarray] = {}
 
-    def get(self, name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
-        buf = self._bufs.get((name, dtype))
-        if buf is None or buf.numel() < n:
-            buf = self._bufs[(name, dtype)] = torch.empty(max(n, 1), dtype=dtype)
+    def get(self, name: str, n: int, dtype: type[np.generic]) -> np.ndarray:
+        key = (name, np.dtype(dtype))
+        buf = self._bufs.get(key)
+        if buf is None or buf.size < n:
+            buf = self._bufs[key] = np.empty(max(n, 1), dtype=dtype)
         return buf[:n]
 
 
@@ -57,58 +59,60 @@ def trim_ks(numel: int) -> list[int]:
             for j in range(DENSITY_STEPS)]
 
 
-def scan_block(a: torch.Tensor, scratch: Scratch | None = None, *, collect_mixed: bool = False
-               ) -> tuple[BlockStats, Histogram, torch.Tensor | None]:
+def scan_block(a: np.ndarray, scratch: Scratch | None = None, *, collect_mixed: bool = False
+               ) -> tuple[BlockStats, Histogram, np.ndarray | None]:
     """Stats of a block from its flat float32 |delta|, its level-0 threshold histogram and,
     with `collect_mixed`, the bits of its "mixed" entries (lower 16 bits not all zero).
 
     The histogram has 2 * 2**15 counts: for each top-16-bit prefix, the entries whose lower 16
-    bits are zero and those whose lower bits are not. Entries exactly 0 are key 0. Sums are
-    float32 cascade sums (relative error ~1e-7).
+    bits are zero and those whose lower bits are not. Entries exactly 0 are key 0. max_abs and
+    nnz are exact; l1 and l2 = sqrt(sum of squares) are float64 sums in the fixed order that
+    mergepipe/core/delta_kernels.py defines (the same bits on every machine, C or numpy).
     """
-    n = a.numel()
+    n = a.size
     if n == 0:
-        return BlockStats(0.0, 0.0, 0.0, 0), torch.zeros(2 * TOP_BINS, dtype=torch.int64), None
+        return BlockStats(0.0, 0.0, 0.0, 0), np.zeros(2 * TOP_BINS, dtype=np.int64), None
     scratch = scratch or Scratch()
-    max_abs = float(torch.amax(a))
-    if not math.isfinite(max_abs):  # NaN propagates through amax
+    dense = None
+    if delta_kernels.available():  # one C pass: sums, max and (big blocks) the histogram
+        if n >= SPARSE_BELOW:
+            dense = np.zeros(2 * TOP_BINS, dtype=np.int64)
+        buf = scratch.get("k0", n, np.int32) if collect_mixed and dense is not None else None
+        l1, sq, max_abs, k = delta_kernels.block_pass(a, dense, buf)
+    else:
+        (l1, sq), max_abs = delta_kernels.lane_sums(a), float(np.max(a))
+    if not math.isfinite(max_abs):
         raise NonFiniteDelta("NaN" if math.isnan(max_abs) else "Inf")
-    l1 = float(a.sum())
-    sq = torch.mul(a, a, out=scratch.get("sq", n, torch.float32))
-    l2 = math.sqrt(float(sq.sum()))
-    bits = a.view(torch.int32)
-    if fused.available() and n >= SPARSE_BELOW and a.is_contiguous():
-        # one C pass: the same counts and mixed entries as the torch passes below
-        dense, bits_mixed = fused.histogram(
-            a, scratch.get("k0", n, torch.int32) if collect_mixed else None)
-        return BlockStats(l2, l1, max_abs, n - int(dense[0])), dense, bits_mixed
-    key = scratch.get("k0", n, torch.int32)
-    low = scratch.get("k1", n, torch.int32)
-    torch.bitwise_right_shift(bits, 16, out=key).bitwise_left_shift_(1)
-    torch.bitwise_and(bits, 0xFFFF, out=low).clamp_(max=1)
-    key.bitwise_or_(low)
+    l2 = math.sqrt(sq)
+    if dense is not None:
+        mixed = buf[:k].copy() if buf is not None and k else None
+        return BlockStats(l2, l1, max_abs, n - int(dense[0])), dense, mixed
+    bits = a.view(np.int32)
+    key = scratch.get("k0", n, np.int32)
+    low = scratch.get("k1", n, np.int32)
+    np.left_shift(np.right_shift(bits, 16, out=key), 1, out=key)
+    np.minimum(np.bitwise_and(bits, 0xFFFF, out=low), 1, out=low)
+    np.bitwise_or(key, low, out=key)
     counts = _histogram(key, 2 * TOP_BINS)
-    if isinstance(counts, torch.Tensor):
+    if isinstance(counts, np.ndarray):
         zeros, n_mixed = int(counts[0]), int(counts[1::2].sum())
     else:
         zeros, n_mixed = _sparse_count(counts, 0), int(counts[1][counts[0] % 2 == 1].sum())
-    mixed = None
-    if collect_mixed and n_mixed:  # numpy's boolean indexing is several times torch's here
-        mixed = torch.from_numpy(bits.numpy()[low.numpy() != 0])
+    mixed = bits[low != 0] if collect_mixed and n_mixed else None
     return BlockStats(l2, l1, max_abs, n - zeros), counts, mixed
 
 
-def _histogram(key: torch.Tensor, size: int) -> Histogram:
-    if key.numel() < SPARSE_BELOW and key.numel() < size:
-        keys, counts = torch.unique(key, return_counts=True)
-        return keys.long(), counts
-    return torch.bincount(key, minlength=size)
+def _histogram(key: np.ndarray, size: int) -> Histogram:
+    if key.size < SPARSE_BELOW and key.size < size:
+        keys, counts = np.unique(key, return_counts=True)
+        return keys.astype(np.int64), counts.astype(np.int64)
+    return np.bincount(key, minlength=size).astype(np.int64, copy=False)
 
 
-def _sparse_count(h: tuple[torch.Tensor, torch.Tensor], key: int) -> int:
+def _sparse_count(h: tuple[np.ndarray, np.ndarray], key: int) -> int:
     keys, counts = h
     hit = counts[keys == key]
-    return int(hit[0]) if hit.numel() else 0
+    return int(hit[0]) if hit.size else 0
 
 
 class _Queries:
@@ -150,31 +154,31 @@ class TrimThresholds:
         self._q = _Queries(np.flatnonzero(ks > 0), ks[ks > 0])
         # Level L >= 1: int32 table from (slot at L-1, child) to slot at L; entries that lead to
         # no refined bin point at a last "dump" slot whose counts are thrown away.
-        self._luts: list[torch.Tensor] = []
-        self._counts = torch.zeros(2 * TOP_BINS, dtype=torch.int64)
+        self._luts: list[np.ndarray] = []
+        self._counts = np.zeros(2 * TOP_BINS, dtype=np.int64)
         # The bits of every mixed entry, while they are few: with them level 0 is exact for
         # bf16 / fp16 deltas (mixed entries are a few per mille there, 5-6% in a TIES output's
         # bf16 tensors: a cap of numel / 8 spares those the file's refinement passes at register
         # time); None once past the cap.
-        self._mixed: list[torch.Tensor] | None = []
+        self._mixed: list[np.ndarray] | None = []
         self._mixed_n = 0
         self._mixed_cap = min(MIXED_CAP, max(1 << 16, numel // 8))
 
     def release(self) -> None:
         """Drop the histograms and kept entries once resolved (only the results remain)."""
         assert not self.pending
-        self._counts = torch.zeros(0, dtype=torch.int64)
+        self._counts = np.zeros(0, dtype=np.int64)
         self._luts, self._mixed = [], None
 
     @property
     def collecting_mixed(self) -> bool:
         return self._mixed is not None and self.level == 0
 
-    def add_mixed(self, bits: torch.Tensor | None) -> None:
+    def add_mixed(self, bits: np.ndarray | None) -> None:
         """Keep a block's mixed entries (from scan_block) until there are too many of them."""
         if bits is None or self._mixed is None:
             return
-        self._mixed_n += bits.numel()
+        self._mixed_n += bits.size
         if self._mixed_n > self._mixed_cap:
             self._mixed = None
         else:
@@ -186,39 +190,40 @@ class TrimThresholds:
 
     def add(self, counts: Histogram) -> None:
         """Add a block's histogram (from scan_block at level 0, block_counts after)."""
-        if isinstance(counts, torch.Tensor):
-            self._counts += counts[:self._counts.numel()]
+        if isinstance(counts, np.ndarray):
+            self._counts += counts[:self._counts.size]
         else:
             keys, n = counts
-            keep = keys < self._counts.numel()
-            self._counts.index_add_(0, keys[keep], n[keep])
+            keep = keys < self._counts.size
+            np.add.at(self._counts, keys[keep], n[keep])
 
-    def block_counts(self, bits: torch.Tensor, scratch: Scratch | None = None) -> Histogram:
+    def block_counts(self, bits: np.ndarray, scratch: Scratch | None = None) -> Histogram:
         """Histogram of one block for the current refinement level (bits = |delta| as int32)."""
         assert self.level >= 1
         scratch = scratch or Scratch()
         bits = bits.reshape(-1)
-        n = bits.numel()
-        slot, tmp, child = (scratch.get(k, n, torch.int32) for k in ("k0", "k1", "k2"))
-        torch.bitwise_right_shift(bits, LEVEL_SHIFTS[0], out=tmp)
-        torch.index_select(self._luts[0], 0, tmp, out=slot)
+        n = bits.size
+        slot, tmp, child = (scratch.get(k, n, np.int32) for k in ("k0", "k1", "k2"))
+        np.take(self._luts[0], np.right_shift(bits, LEVEL_SHIFTS[0], out=tmp), out=slot,
+                mode="clip")  # every index is in range: clip only skips numpy's buffering
         for lvl in range(2, self.level + 1):  # walk down to the bins refined at this level
-            torch.bitwise_right_shift(bits, LEVEL_SHIFTS[lvl - 1], out=child).bitwise_and_(0xFF)
-            slot.bitwise_left_shift_(8).bitwise_or_(child)
-            torch.index_select(self._luts[lvl - 1], 0, slot, out=tmp)
+            np.bitwise_and(np.right_shift(bits, LEVEL_SHIFTS[lvl - 1], out=child), 0xFF,
+                           out=child)
+            np.bitwise_or(np.left_shift(slot, 8, out=slot), child, out=slot)
+            np.take(self._luts[lvl - 1], slot, out=tmp, mode="clip")
             slot, tmp = tmp, slot
         shift = LEVEL_SHIFTS[self.level]
-        slot.bitwise_left_shift_(9)
-        torch.bitwise_right_shift(bits, shift, out=child).bitwise_and_(0xFF).bitwise_left_shift_(1)
-        slot.bitwise_or_(child)
+        np.left_shift(slot, 9, out=slot)
+        np.bitwise_and(np.right_shift(bits, shift, out=child), 0xFF, out=child)
+        np.bitwise_or(slot, np.left_shift(child, 1, out=child), out=slot)
         if shift:
-            torch.bitwise_and(bits, (1 << shift) - 1, out=child).clamp_(max=1)
-            slot.bitwise_or_(child)
+            np.minimum(np.bitwise_and(bits, (1 << shift) - 1, out=child), 1, out=child)
+            np.bitwise_or(slot, child, out=slot)
         return _histogram(slot, 2 * SUB_BINS * (self.n_slots + 1))
 
-    def solve_sorted(self, a: torch.Tensor) -> None:
+    def solve_sorted(self, a: np.ndarray) -> None:
         """Resolve every pending query from all of the tensor's |delta| at once (small tensors)."""
-        asc = np.sort(a.reshape(-1).numpy())  # same values as torch.sort, several times faster
+        asc = np.sort(a.reshape(-1))
         n = asc.size
         q = self._q
         taus = asc[n - (q.above + q.rank)]
@@ -233,7 +238,7 @@ class TrimThresholds:
         if not len(q):
             return
         children = TOP_BINS if self.level == 0 else SUB_BINS
-        counts = self._counts.view(self.n_slots, children, 2).numpy()
+        counts = self._counts.reshape(self.n_slots, children, 2)
         # the same integers as counts.sum(axis=2), whose reduction over an axis of 2 is ~100x
         # slower: it was most of a tensor's finishing time
         total = counts[:, :, 0] + counts[:, :, 1]
@@ -263,19 +268,18 @@ class TrimThresholds:
             raise AssertionError("trim threshold refinement did not converge")
         keys, q.slot = np.unique(q.slot * children + child[rest], return_inverse=True)
         # Indexed by (parent slot, child); the parent's dump slot (n_slots) leads to the dump too.
-        lut = torch.full(((self.n_slots + (self.level > 0)) * children,), len(keys),
-                         dtype=torch.int32)
-        lut[torch.from_numpy(keys)] = torch.arange(len(keys), dtype=torch.int32)
+        lut = np.full((self.n_slots + (self.level > 0)) * children, len(keys), dtype=np.int32)
+        lut[keys] = np.arange(len(keys), dtype=np.int32)
         self._luts.append(lut)
         self.level += 1
         self.n_slots = len(keys)
-        self._counts = torch.zeros(2 * SUB_BINS * self.n_slots, dtype=torch.int64)
+        self._counts = np.zeros(2 * SUB_BINS * self.n_slots, dtype=np.int64)
 
     def _mixed_in(self, bins: np.ndarray) -> np.ndarray:
         """The kept mixed entries of the level-0 bins `bins`, sorted (the only ones that
         `_resolve_mixed` looks at: sorting a few bins' entries, not all of them)."""
         assert self._mixed is not None
-        mixed = np.concatenate([t.numpy() for t in self._mixed])
+        mixed = np.concatenate(self._mixed)
         wanted = np.zeros(TOP_BINS, dtype=bool)
         wanted[bins] = True
         return np.sort(mixed[wanted[mixed >> LEVEL_SHIFTS[0]]])

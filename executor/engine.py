@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mergepipe.catalog.ingest import ScanFn
 from mergepipe.core.progress import ProgressFn
 from mergepipe.core.settings import Settings
-from mergepipe.executor import stream
-from mergepipe.executor.prepare import Prepared
-from mergepipe.executor.ray_engine import execute_ray
-from mergepipe.executor.ray_ingest import ray_scan
-from mergepipe.executor.stream import ExecutionResult
+
+if TYPE_CHECKING:  # the merge's modules load torch: imported when a merge runs, not an ingestion
+    from mergepipe.executor.prepare import Prepared
+    from mergepipe.executor.stream import ExecutionResult
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class Engine:
     def execute(self, prep: Prepared, out_dir: Path, *, threads: int | None = None,
                 progress: ProgressFn | None = None, first_pass: bool = False
                 ) -> ExecutionResult:
+        from mergepipe.executor import stream
+        from mergepipe.executor.ray_engine import execute_ray
+
         if self.name == "ray":
             return execute_ray(prep, out_dir, address=self.ray_address, threads=threads,
                                progress=progress, first_pass=first_pass)
@@ -38,7 +41,11 @@ class Engine:
 
     def ingest_scan(self) -> ScanFn | None:
         """How an ingestion scans its blocks: one Ray task per shard file, or None (locally)."""
-        return ray_scan(self.ray_address) if self.name == "ray" else None
+        if self.name != "ray":
+            return None
+        from mergepipe.executor.ray_ingest import ray_scan
+
+        return ray_scan(self.ray_address)
 
 
 LOCAL = Engine()

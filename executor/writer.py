@@ -19,12 +19,14 @@ from mergepipe.catalog.checkpoint import INDEX_FILE
 from mergepipe.catalog.fsconfine import current_roots, open_confined
 from mergepipe.catalog.local_store import read_fd
 from mergepipe.catalog.locations import basename, is_url
-from mergepipe.catalog.safetensors_format import TORCH_DTYPES, encode_header
+from mergepipe.catalog.safetensors_format import encode_header, torch_dtype
 from mergepipe.catalog.store import store_for
 from mergepipe.catalog.store_types import FILE
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.executor.writeback import Writeback
+
+TORCH_DTYPES = {name: torch_dtype(name) for name in DTYPE_SIZES}  # torch is loaded here
 
 # Output files are new names in a fresh staging directory: never written through a planted link.
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -1,6 +1,6 @@
 """The one-pass C kernels (core/operators/fused.py) give byte for byte what the torch kernels
 and the writer's encode give, over operator x dtype x storage kind, special values included;
-and the first pass's |delta| and histogram equal the torch passes of catalog/stats.py."""
+and the first pass's |delta| and histogram (core/delta_kernels.py) equal torch's and numpy's."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from mergepipe.catalog.safetensors_format import to_float32
 from mergepipe.catalog.stats import Scratch, scan_block
+from mergepipe.core import delta_kernels
 from mergepipe.core.operators import BlockContext, ExpertBlock, fused
 from mergepipe.core.operators.dare_linear import dare_linear
 from mergepipe.core.operators.dare_ties import dare_ties
@@ -159,24 +160,27 @@ def test_first_pass_abs_delta_and_histogram_equal_the_torch_passes(dtype, base_d
         base = as_raw(special(n, 2), base_dtype)
         x = x - to_float32(bytearray(base), base_dtype)
     ref = x.abs()
-    got = fused.abs_delta_into(torch.empty(n), own, dtype, base, base_dtype or "F32")
-    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+    got = delta_kernels.abs_delta_into(np.empty(n, np.float32), own, dtype, base,
+                                       base_dtype or "F32")
+    assert np.array_equal(got.view(np.int32), ref.view(torch.int32).numpy())
     bits = ref.view(torch.int32)
     key = (bits >> 16) * 2 + (bits & 0xFFFF).clamp(max=1)
-    counts, mixed = fused.histogram(ref, torch.empty(n, dtype=torch.int32))
-    assert torch.equal(counts, torch.bincount(key, minlength=1 << 16))
-    want = bits[(bits & 0xFFFF) != 0]
-    assert torch.equal(mixed, want) if mixed is not None else want.numel() == 0
-    saved, fused._fused = fused._fused, None  # scan_block's torch passes give the same
+    counts = np.zeros(1 << 16, np.int64)
+    buf = np.empty(n, np.int32)
+    *_, k = delta_kernels.block_pass(ref.numpy(), counts, buf)
+    assert np.array_equal(counts, torch.bincount(key, minlength=1 << 16).numpy())
+    want = bits[(bits & 0xFFFF) != 0].numpy()
+    assert np.array_equal(buf[:k], want)
+    ref = torch.where(ref.isfinite(), ref, 0.0).numpy()  # the first pass refuses Inf
+    saved, delta_kernels._fused = delta_kernels._fused, None  # scan_block's numpy passes
     try:
-        ref_scan = scan_block(torch.where(ref.isfinite(), ref, 0.0), Scratch(), collect_mixed=True)
+        ref_scan = scan_block(ref, Scratch(), collect_mixed=True)
     finally:
-        fused._fused = saved
-    ref = torch.where(ref.isfinite(), ref, 0.0)  # the first pass refuses Inf
-    bits = ref.view(torch.int32)
+        delta_kernels._fused = saved
+    bits = ref.view(np.int32)
     stats, counts, mixed = scan_block(ref, Scratch(), collect_mixed=True)
     want = bits[(bits & 0xFFFF) != 0]
-    assert torch.equal(mixed, want) if mixed is not None else want.numel() == 0
+    assert np.array_equal(mixed, want) if mixed is not None else want.size == 0
     assert stats.nnz == int((ref != 0).sum())
-    assert stats == ref_scan[0] and torch.equal(counts, ref_scan[1])
-    assert (mixed is None and ref_scan[2] is None) or torch.equal(mixed, ref_scan[2])
+    assert stats == ref_scan[0] and np.array_equal(counts, ref_scan[1])
+    assert (mixed is None and ref_scan[2] is None) or np.array_equal(mixed, ref_scan[2])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from mergepipe.catalog import stats
 from mergepipe.catalog.stats import Scratch, TrimThresholds, scan_block, trim_ks
+from mergepipe.core import delta_kernels
 from tests.ingest_reference import reference_trims
 
 
@@ -22,16 +24,17 @@ def thresholds(a: torch.Tensor, n_blocks: int, *, collect: bool = True,
     tt = TrimThresholds(a.numel())
     scratch = Scratch()
     for b in blocks:
-        _, counts, mixed = scan_block(b, scratch, collect_mixed=collect and tt.collecting_mixed)
+        _, counts, mixed = scan_block(b.numpy(), scratch,
+                                      collect_mixed=collect and tt.collecting_mixed)
         tt.add(counts)
         tt.add_mixed(mixed)
     if sort_small:
-        tt.solve_sorted(a)
+        tt.solve_sorted(a.numpy())
     tt.finish_level()
     passes = 1
     while tt.pending:
         for b in blocks:
-            tt.add(tt.block_counts(b.view(torch.int32), scratch))
+            tt.add(tt.block_counts(b.view(torch.int32).numpy(), scratch))
         tt.finish_level()
         passes += 1
     return tt, passes
@@ -121,19 +124,51 @@ def test_trim_ks_follow_the_contract() -> None:
 
 def test_scan_block_statistics() -> None:
     d = bf16_delta(20_000, seed=4)
-    a = d.abs()
-    s, counts, mixed = scan_block(a.clone(), collect_mixed=True)
-    assert s.l2 == pytest.approx(float(d.double().norm()), rel=1e-6)
-    assert s.l1 == pytest.approx(float(a.double().sum()), rel=1e-6)
+    a = d.abs().numpy()
+    s, counts, mixed = scan_block(a.copy(), collect_mixed=True)
+    assert s.l2 == pytest.approx(float(d.double().norm()), rel=1e-12)
+    assert s.l1 == pytest.approx(float(a.astype(np.float64).sum()), rel=1e-12)
     assert s.max_abs == float(a.max()) and s.nnz == int(torch.count_nonzero(d))
-    assert isinstance(counts, torch.Tensor) and int(counts.sum()) == d.numel()
-    bits = a.view(torch.int32)
+    assert isinstance(counts, np.ndarray) and int(counts.sum()) == d.numel()
+    bits = a.view(np.int32)
     want = bits[(bits & 0xFFFF) != 0]
-    assert mixed is not None and torch.equal(mixed, want)
+    assert mixed is not None and np.array_equal(mixed, want)
     with pytest.raises(stats.NonFiniteDelta, match="NaN"):
-        scan_block(torch.tensor([1.0, float("nan")]))
+        scan_block(np.array([1.0, float("nan")], np.float32))
     with pytest.raises(stats.NonFiniteDelta, match="Inf"):
-        scan_block(torch.tensor([1.0, float("inf")]))
+        scan_block(np.array([1.0, float("inf")], np.float32))
+
+
+@pytest.mark.parametrize("c_pass", [True, False])
+def test_block_sums_by_hand(c_pass: bool, monkeypatch) -> None:
+    """Float64 lane sums: exact for these values, in C and in numpy alike."""
+    if not c_pass:
+        monkeypatch.setattr(delta_kernels, "_fused", None)
+    elif not delta_kernels.available():
+        pytest.skip("MERGEPIPE_NO_FUSED is set")
+    s, _, _ = scan_block(np.array([1.0, 2.0, 3.5], np.float32))
+    assert (s.l1, s.l2, s.max_abs, s.nnz) == (6.5, math.sqrt(17.25), 3.5, 3)
+    # 2**-24 on its own lane survives next to 1.0 (a float32 sum would round it away); ten
+    # entries: lanes 0 and 1 get two each, 2**-24 + 2**-24 on lane 1
+    x = np.array([1.0, 2.0**-24] * 5, np.float32)
+    s, _, _ = scan_block(x)
+    assert s.l1 == 5.0 + 5 * 2.0**-24 and s.l2 == math.sqrt(5.0 + 5 * 2.0**-48)
+    # the lanes' combination order (s0 + s1) + (s2 + s3): a sequential float64 sum gives 2**53
+    s, _, _ = scan_block(np.array([2.0**53, 0.0, 1.0, 1.0], np.float32))
+    assert s.l1 == 2.0**53 + 2.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(0, 20_000), seed=st.integers(0, 2**31), scale=st.integers(-40, 30))
+def test_c_and_numpy_sums_are_bit_equal(n: int, seed: int, scale: int) -> None:
+    if not delta_kernels.available():
+        pytest.skip("MERGEPIPE_NO_FUSED is set")
+    rng = np.random.default_rng(seed)
+    a = np.abs(rng.standard_normal(n).astype(np.float32) * np.float32(2.0**scale))
+    counts = np.zeros(1 << 16, np.int64)
+    l1, sq, top, _ = delta_kernels.block_pass(a, counts)
+    assert (l1, sq) == delta_kernels.lane_sums(a)
+    assert top == (float(a.max()) if n else 0.0)
 
 
 @settings(max_examples=60, deadline=None)

@@ -415,60 +415,103 @@ static PyObject *py_abs_delta(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* counts[key] += 1 for each |delta| (float32 bits >= 0): key = (bits >> 16) << 1, plus 1 when
- * the lower 16 bits are not all zero (catalog/stats.py's level-0 histogram, 2**16 int64 bins).
- * With `mixed` (int32, one per entry), the bits of those "mixed" entries, in order. Returns
- * how many entries are mixed. */
-static Py_ssize_t histogram_run(const uint32_t *bits, Py_ssize_t n, int64_t *c, int32_t *mixed) {
+/* One pass over a block's float32 |delta| (catalog/stats.py's block statistics, defined in
+ * mergepipe/core/delta_kernels.py, whose numpy twin gives the same bits), tile by tile:
+ *  - sums: entry i (|bits|, as float32, widened to float64) goes to lane i mod 8; each lane adds
+ *    its entries and their float64 squares (exact) in index order from +0.0; l1 and the sum of
+ *    squares are ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) of the lanes.
+ *  - top: the largest |bits| (>= 0x7F800000: an Inf or a NaN).
+ *  - counts (2**16 int64, optional): counts[key] += 1, key = (|bits| >> 16) << 1, plus 1 when
+ *    the lower 16 bits are not all zero (the level-0 threshold histogram);
+ *  - mixed (int32, one per entry, optional): the |bits| of those "mixed" entries, in order.
+ * Returns how many entries are mixed (0 without counts). */
+typedef struct { double s[8], q[8]; uint32_t top; } Sums;
+
+CLONES static Py_ssize_t stats_run(const uint32_t *bits, Py_ssize_t n, Sums *acc, int64_t *c,
+                                   int32_t *mixed) {
     Py_ssize_t k = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const uint32_t u = bits[i] & 0x7FFFFFFFu;
-        const uint32_t low = (u & 0xFFFFu) != 0;
-        c[((u >> 16) << 1) | low]++;
-        if (mixed) mixed[k] = (int32_t)u;  /* branch-free: written always, kept when mixed */
-        k += low;
+    double s[8] = {0}, q[8] = {0};
+    uint32_t top = 0;
+    for (Py_ssize_t at = 0; at < n; at += TILE) {  /* TILE is a multiple of 8: lanes stay i % 8 */
+        const Py_ssize_t m = n - at < TILE ? n - at : TILE;
+        const uint32_t *u = bits + at;
+        Py_ssize_t i = 0;
+        for (; i + 8 <= m; i += 8)
+            for (int j = 0; j < 8; j++) {
+                const double v = (double)bits_f32(u[i + j] & 0x7FFFFFFFu);
+                s[j] = s[j] + v;
+                q[j] = q[j] + v * v;
+            }
+        for (int j = 0; i + j < m; j++) {  /* the last tile's tail: lanes 0.. as always */
+            const double v = (double)bits_f32(u[i + j] & 0x7FFFFFFFu);
+            s[j] = s[j] + v;
+            q[j] = q[j] + v * v;
+        }
+        for (Py_ssize_t t = 0; t < m; t++) {
+            const uint32_t a = u[t] & 0x7FFFFFFFu;
+            top = a > top ? a : top;
+        }
+        if (!c) continue;
+        for (Py_ssize_t t = 0; t < m; t++) {
+            const uint32_t a = u[t] & 0x7FFFFFFFu;
+            const uint32_t low = (a & 0xFFFFu) != 0;
+            c[((a >> 16) << 1) | low]++;
+            if (mixed) mixed[k] = (int32_t)a;  /* branch-free: written always, kept when mixed */
+            k += low;
+        }
     }
+    memcpy(acc->s, s, sizeof s);
+    memcpy(acc->q, q, sizeof q);
+    acc->top = top;
     return k;
 }
 
-static PyObject *py_histogram(PyObject *self, PyObject *args) {
-    PyObject *o_a, *o_counts, *o_mixed = Py_None;
-    Py_buffer a, counts, mixed = {0};
-    if (!PyArg_ParseTuple(args, "OO|O", &o_a, &o_counts, &o_mixed)) return NULL;
+static double lanes_total(const double *x) {
+    return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+}
+
+static PyObject *py_stats(PyObject *self, PyObject *args) {
+    PyObject *o_a, *o_counts = Py_None, *o_mixed = Py_None;
+    Py_buffer a, counts = {0}, mixed = {0};
+    if (!PyArg_ParseTuple(args, "O|OO", &o_a, &o_counts, &o_mixed)) return NULL;
     if (PyObject_GetBuffer(o_a, &a, PyBUF_SIMPLE) < 0) return NULL;
-    if (PyObject_GetBuffer(o_counts, &counts, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&a);
-        return NULL;
+    int bad = a.len % 4 != 0;
+    if (!bad && o_counts != Py_None) {
+        if (PyObject_GetBuffer(o_counts, &counts, PyBUF_WRITABLE) < 0) goto fail;
+        bad = counts.len != (Py_ssize_t)(sizeof(int64_t) << 16);
     }
-    if (o_mixed != Py_None && PyObject_GetBuffer(o_mixed, &mixed, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&a);
-        PyBuffer_Release(&counts);
-        return NULL;
+    if (!bad && o_mixed != Py_None) {
+        if (PyObject_GetBuffer(o_mixed, &mixed, PyBUF_WRITABLE) < 0) goto fail;
+        bad = mixed.len < a.len || !counts.obj;
     }
-    if (a.len % 4 || counts.len != (Py_ssize_t)(sizeof(int64_t) << 16)
-            || (mixed.obj && mixed.len < a.len)) {
-        PyBuffer_Release(&a);
-        PyBuffer_Release(&counts);
-        if (mixed.obj) PyBuffer_Release(&mixed);
+    if (bad) {
         PyErr_SetString(PyExc_ValueError,
-                        "histogram(float32 buffer, 2**16 int64 counts[, int32 mixed of n])");
-        return NULL;
+                        "stats(float32 buffer[, 2**16 int64 counts[, int32 mixed of n]])");
+        goto fail;
     }
+    Sums acc;
     Py_ssize_t k;
     Py_BEGIN_ALLOW_THREADS
-    k = histogram_run(a.buf, a.len / 4, counts.buf, mixed.obj ? mixed.buf : NULL);
+    k = stats_run(a.buf, a.len / 4, &acc, counts.obj ? counts.buf : NULL,
+                  mixed.obj ? mixed.buf : NULL);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&a);
-    PyBuffer_Release(&counts);
+    if (counts.obj) PyBuffer_Release(&counts);
     if (mixed.obj) PyBuffer_Release(&mixed);
-    return PyLong_FromSsize_t(k);
+    return Py_BuildValue("ddkn", lanes_total(acc.s), lanes_total(acc.q),
+                         (unsigned long)acc.top, k);
+fail:
+    PyBuffer_Release(&a);
+    if (counts.obj) PyBuffer_Release(&counts);
+    if (mixed.obj) PyBuffer_Release(&mixed);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"abs_delta", py_abs_delta, METH_VARARGS,
      "abs_delta(out_f32, raw, code, base_or_None, base_code, n)"},
-    {"histogram", py_histogram, METH_VARARGS,
-     "histogram(abs_f32, counts_int64_65536[, mixed_int32]) -> number of mixed entries"},
+    {"stats", py_stats, METH_VARARGS,
+     "stats(abs_f32[, counts_int64_65536[, mixed_int32]]) -> (l1, sum_sq, top_bits, n_mixed)"},
     {"linear", py_linear, METH_VARARGS,
      "linear(out, out_code, base, base_code, experts, n, has_div, div, has_lam, lam) -> nan"},
     {"ties", py_ties, METH_VARARGS,

@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    preload.start("torch")  # while the catalog opens
+    if args.kind == "lora" and not args.no_stats:
+        preload.start("torch")  # LoRA's product is torch's; full and delta scans never load it
     from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
     from mergepipe.catalog.queue import NewIngestJob
 
@@ -54,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
                        not args.no_stats)
     s = args.settings
     with Catalog(s.catalog) as cat, IngestBar(enabled=not args.json) as bar:
-        # torch (under the engine and the scan): loaded by now, or loading
         from mergepipe.jobs.ingest import run_ingestion
 
         model = run_ingestion(cat, job, progress=bar.update_for(args.name),

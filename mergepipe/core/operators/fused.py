@@ -158,23 +158,3 @@ def _ties_args(e: FusedExpert, flat_offset: int) -> tuple[Any, ...]:
     return (*head, *shrink, 1, float(tau), _start(e.key, flat_offset) & _MASK64,
             threshold << (64 - _BITS))
 
-
-def abs_delta_into(out: torch.Tensor, raw: Any, dtype: str, base_raw: Any | None,
-                   base_dtype: str) -> torch.Tensor:
-    """out (flat float32) = |decode(raw) - decode(base_raw)| (|decode(raw)| without a base) in
-    one pass; the bits torch's decode, sub_ and abs_ give."""
-    assert _fused is not None
-    _fused.abs_delta(out.numpy(), raw, CODES[dtype], base_raw, CODES[base_dtype], out.numel())
-    return out
-
-
-def histogram(a: torch.Tensor, mixed: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """catalog.stats' level-0 histogram of a flat float32 |delta| (2**16 int64 counts) and,
-    with an int32 work buffer `mixed` of a's size, a copy of the bits of its entries whose
-    lower 16 bits are not all zero (None when there are none)."""
-    assert _fused is not None
-    counts = torch.zeros(1 << 16, dtype=torch.int64)
-    k = _fused.histogram(a.reshape(-1).numpy(), counts.numpy(),
-                         None if mixed is None else mixed.numpy())
-    return counts, (mixed[:k].clone() if mixed is not None and k else None)
