@@ -4,7 +4,7 @@
 `mib` MiB from a bf16 base and expert (the shape of ingestion's and registration's deltas), and
 prints one JSON object: median wall and CPU milliseconds of `scan_block` plus the level-0
 `finish_level` of that block as a tensor, of `finish_level` alone, of `solve_sorted` of a
-64 Ki-element one-block tensor, and the load average (one torch thread, as the scan pins).
+64 Ki-element one-block tensor, and the load average. numpy and the C pass: no torch.
 """
 
 from __future__ import annotations
@@ -16,17 +16,23 @@ import statistics
 import time
 from collections.abc import Callable
 
-import torch
+import numpy as np
 
 from mergepipe.catalog.stats import Scratch, TrimThresholds, scan_block
 
 
-def abs_delta(numel: int, seed: int = 0) -> torch.Tensor:
+def abs_delta(numel: int, seed: int = 0) -> np.ndarray:
     """|expert - base| in float32 of a bf16 base (std 0.02) and a bf16 expert (+ std 0.002)."""
-    g = torch.Generator().manual_seed(seed)
-    base = (torch.randn(numel, generator=g) * 0.02).to(torch.bfloat16)
-    expert = (base.float() + torch.randn(numel, generator=g) * 0.002).to(torch.bfloat16)
-    return (expert.float() - base.float()).abs_()
+    rng = np.random.default_rng(seed)
+    base = _bf16(rng.standard_normal(numel, dtype=np.float32) * np.float32(0.02))
+    expert = _bf16(base + rng.standard_normal(numel, dtype=np.float32) * np.float32(0.002))
+    return np.abs(expert - base)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 rounded to bfloat16 (nearest even; finite values), as float32."""
+    u = x.view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
 
 
 def _median_ms(fn: Callable[[], float | None], runs: int) -> dict[str, float]:
@@ -45,12 +51,11 @@ def _median_ms(fn: Callable[[], float | None], runs: int) -> dict[str, float]:
 
 
 def run(mib: int, runs: int) -> dict[str, object]:
-    torch.set_num_threads(1)
     a, small, scratch = abs_delta(mib << 18), abs_delta(1 << 16, 1), Scratch()
 
     def block() -> float:
         stats, counts, mixed = scan_block(a, scratch, collect_mixed=True)
-        trim = TrimThresholds(a.numel())
+        trim = TrimThresholds(a.size)
         trim.add(counts)
         trim.add_mixed(mixed)
         t = time.perf_counter()
@@ -58,7 +63,7 @@ def run(mib: int, runs: int) -> dict[str, object]:
         return time.perf_counter() - t
 
     def solve() -> None:
-        TrimThresholds(small.numel()).solve_sorted(small)
+        TrimThresholds(small.size).solve_sorted(small)
 
     return {"block_mib": mib, "runs": runs, "scan_block_and_finish": _median_ms(block, runs),
             "solve_sorted_64ki": _median_ms(solve, max(runs, 11)),

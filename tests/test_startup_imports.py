@@ -68,6 +68,31 @@ def test_catalog_commands_import_neither_torch_nor_the_service(cat_path: str,
     assert not loaded & ({"torch", "numpy", "safetensors"} | SERVICE_ONLY), loaded
 
 
+@pytest.mark.parametrize("kind", ["full", pytest.param("delta", marks=pytest.mark.slow)])
+def test_ingesting_a_full_or_a_delta_checkpoint_never_imports_torch(cat_path: str, kind: str,
+                                                                   tmp_path: Path) -> None:
+    """numpy and the C pass compute their statistics; torch is for LoRA's product only."""
+    base = Path(cat_path).parent / "base"
+    make = factory.make_expert if kind == "full" else factory.make_delta
+    path = make(base, tmp_path / kind, seed=5)
+    loaded = _imports("--catalog", cat_path, "ingest", str(path), "--name", f"np-{kind}",
+                      "--base", "base", "--kind", kind, "--json")
+    assert "numpy" in loaded and not loaded & ({"torch"} | SERVICE_ONLY), loaded
+    with Catalog(cat_path) as cat, cat.engine.connect() as conn:
+        n = conn.execute(sa.text("SELECT count(*) FROM block_stats WHERE model = :m AND l1 > 0"),
+                         {"m": f"np-{kind}"}).scalar_one()
+    assert n > 0  # registered with its statistics
+
+
+@pytest.mark.slow
+def test_a_lora_ingestion_imports_torch_for_its_product(cat_path: str, tmp_path: Path) -> None:
+    base = Path(cat_path).parent / "base"
+    lora = factory.make_lora(base, tmp_path / "lora", seed=7)
+    loaded = _imports("--catalog", cat_path, "ingest", str(lora), "--name", "np-lora",
+                      "--base", "base", "--kind", "lora", "--json")
+    assert "torch" in loaded
+
+
 @pytest.mark.slow
 def test_console_script_ends_with_its_code_and_all_its_output(cat_path: str) -> None:
     """`python -m mergepipe` ends with os._exit after the command (no interpreter teardown):
