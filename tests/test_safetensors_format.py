@@ -6,16 +6,19 @@ import json
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from mergepipe.catalog.checkpoint import open_checkpoint
 from mergepipe.catalog.safetensors_format import (
+    decode_array_into,
     encode_header,
     from_float32,
     read_header,
     to_float32,
+    torch_dtype,
 )
 from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest
@@ -59,6 +62,10 @@ def test_float_round_trip_bit_exact(dtype: str) -> None:
     assert raw == ref.view(torch.uint8).numpy().tobytes()
     back = to_float32(raw, dtype)
     assert torch.equal(back.view(torch.int32), ref.float().view(torch.int32))
+    # the scan's numpy decode (no torch): the same bits, special values included
+    assert np.array_equal(decode_array_into(raw, dtype, np.empty(1000, np.float32)).view(np.int32),
+                          back.view(torch.int32).numpy())
+    assert torch_dtype(dtype) == TORCH[dtype]
     assert to_float32(bytearray(raw), dtype, (10, 100)).shape == (10, 100)
     assert to_float32(b"", dtype, (0, 4)).shape == (0, 4)
 
