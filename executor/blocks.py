@@ -1,26 +1,27 @@
-"""Merge the blocks of a chunk: decode, form each expert's delta by storage kind, apply the operator, encode."""
+"""Merge the blocks of a chunk: each step by the fused C kernels where they cover it, else by
+the torch kernels (executor/torch_path.py, loaded on first need); the output's first scan pass.
+"""
 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING
 
-import torch
-
-from mergepipe.catalog.lora import lora_delta
-from mergepipe.catalog.safetensors_format import TensorEntry, decode_into, to_float32
+from mergepipe.catalog.safetensors_format import TensorEntry
 from mergepipe.catalog.scan import BlockScan, TensorPlan, scan_full_block, untouched_scan
 from mergepipe.catalog.stats import NonFiniteDelta
 from mergepipe.core.dtypes import DTYPE_SIZES
-from mergepipe.core.errors import InvalidCheckpoint
-from mergepipe.core.operators import BlockContext, ExpertBlock, fused
+from mergepipe.core.operators import BlockContext, fused
 from mergepipe.core.operators.keyed_hash import expert_key
-from mergepipe.executor import tensors
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.schedule import Step
-from mergepipe.executor.sources import ModelSource
-from mergepipe.executor.writer import TORCH_DTYPES, encode
+
+if TYPE_CHECKING:
+    import torch
+
+# torch's promotion of the checkpoint float dtypes, by torch name: F16 with BF16 gives F32
+TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 # One merged block: (tensor, flat index of its first element, output bytes (None: a base block
 # never read, see Step.read_base), the first scan pass over it or None).
@@ -49,7 +50,7 @@ class ChunkMerger:
             i = next(i for i, e in enumerate(self.req.experts) if e.model == model)
             self.per_tensor[tensor] = (w[:i] + (v.get("weight", w[i]),) + w[i + 1:], d)
             d[i] = v.get("density", d[i])
-        self.lora_a: dict[tuple[int, str], torch.Tensor] = {}
+        self.lora_a: dict[tuple[int, str], torch.Tensor] = {}  # LoRA only: torch loaded
         self.keys: dict[tuple[int, str], int] = {}
         self.expert_blocks = 0
         # mergekit arithmetic: the kernels see the experts' own values and every block runs
@@ -61,11 +62,11 @@ class ChunkMerger:
     def input_dtype(self, tensor: str) -> str:
         """The promoted dtype of the base's and the full experts' tensor (mergekit's compute
         dtype when a config gives none), as a torch name."""
-        dt = TORCH_DTYPES[self.prep.base.tensors[tensor].dtype]
+        dt = self.prep.base.tensors[tensor].dtype
         for e in self.prep.experts:
-            if e.kind == "full":
-                dt = torch.promote_types(dt, TORCH_DTYPES[e.tensors[tensor].dtype])
-        return str(dt).removeprefix("torch.")
+            if e.kind == "full" and e.tensors[tensor].dtype != dt:
+                dt = "F32"  # F32 with anything, and F16 with BF16
+        return TORCH_NAMES[dt]
 
     def load_lora_a(self, data: Mapping[Hashable, memoryview]) -> None:
         """Decode the lora_A matrices read with this chunk (in the reading order)."""
@@ -74,7 +75,9 @@ class ChunkMerger:
                 _, i, tensor = key
                 spec = self.prep.experts[i].tensors[tensor].lora_a
                 assert spec is not None
-                self.lora_a[(i, tensor)] = _decode(raw, spec.dtype, spec.shape)
+                from mergepipe.executor import torch_path
+
+                self.lora_a[(i, tensor)] = torch_path.decode(raw, spec.dtype, spec.shape)
 
     def release(self, chunk_steps: list[Step]) -> None:
         """Drop what the finished chunk was the last to need; count its expert blocks."""
@@ -87,9 +90,11 @@ class ChunkMerger:
                     ) -> list[MergedBlock]:
         """The merged block of every step of the chunk, in order."""
         if self.whole:
-            return [self.scan_step(st, data, m)
-                    for st, m in zip(chunk_steps, self.merge_tensors(chunk_steps, data),
-                                     strict=True)]
+            from mergepipe.executor import torch_path
+
+            return [self.scan_step(st, data, m) for st, m in
+                    zip(chunk_steps, torch_path.merge_tensors(self, chunk_steps, data),
+                        strict=True)]
         return [self.scan_step(st, data, self.merge_step(st, data)) for st in chunk_steps]
 
     def scan_step(self, st: Step, data: Mapping[Hashable, memoryview],
@@ -126,32 +131,14 @@ class ChunkMerger:
             out = self.fused_step(st, data, t.dtype, out_dtype)
             if out is not None:
                 return st.tensor, st.flat_start, out
-        b32 = _decode(base_raw, t.dtype, st.shape)
-        if not st.experts and not self.mk_arith:
-            return st.tensor, st.flat_start, encode(b32, out_dtype)
-        blocks, ctx = self.step_inputs(st, data, b32)
-        return st.tensor, st.flat_start, encode(self.op(b32, blocks, ctx), out_dtype)
+        from mergepipe.executor import torch_path
 
-    def merge_tensors(self, chunk_steps: list[Step], data: Mapping[Hashable, memoryview]
-                      ) -> list[tuple[str, int, memoryview | None]]:
-        """Every block of a chunk of whole tensors, each tensor by one kernel call."""
-        out: list[tuple[str, int, memoryview | None]] = []
-        for steps in tensors.by_tensor(chunk_steps):
-            t = self.prep.base.tensors[steps[0].tensor]
-            inputs = []
-            for st in steps:
-                b32 = _decode(data[("b", st.tensor, st.block_index)], t.dtype, st.shape)
-                inputs.append((b32, *self.step_inputs(st, data, b32)))
-            merged = tensors.merge_tensor(self.op, t.shape, inputs)
-            out_dtype = self.prep.out_dtype or t.dtype
-            out.extend((st.tensor, st.flat_start, encode(m, out_dtype))
-                       for st, m in zip(steps, merged, strict=True))
-        return out
+        return st.tensor, st.flat_start, torch_path.merge_step(self, st, data, t.dtype, out_dtype)
 
     def fused_step(self, st: Step, data: Mapping[Hashable, memoryview], base_dtype: str,
                    out_dtype: str) -> memoryview | None:
         """The output bytes of a step by the fused kernel, or None (the torch kernels then)."""
-        weights, densities = self.per_tensor.get(st.tensor, (self.weights, self.densities))
+        weights, densities = self.params_of(st.tensor)
         experts = []
         for i, spec in enumerate(self.req.experts):
             if i not in st.experts:
@@ -160,51 +147,36 @@ class ChunkMerger:
             raw: object = data[("e", i, st.tensor, st.block_index)]
             dtype = e.tensors[st.tensor].dtype
             if e.kind == "lora":  # the delta by torch (the same matmul), then the kernel
-                b_shape = tuple(st.shape)
-                d = _delta(e, i, st, torch.empty(b_shape), data, self.lora_a)
-                raw, dtype = d.reshape(-1).numpy(), "F32"
+                from mergepipe.executor import torch_path
+
+                raw, dtype = torch_path.lora_delta_f32(self, i, st, data), "F32"
             elif e.kind not in ("full", "delta"):
                 return None
             experts.append(fused.FusedExpert(
                 raw, dtype, e.kind == "full", weights[i],
-                self.prep.plan.trims.get((spec.model, st.tensor)), self._key(i, st.tensor),
+                self.prep.plan.trims.get((spec.model, st.tensor)), self.key(i, st.tensor),
                 densities[i]))
-        ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
-                           flat_offset=st.flat_start, params=self.req.params,
-                           all_weights=weights, input_dtype=self.input_dtype(st.tensor))
-        numel = math.prod(st.shape)
         assert self.fused is not None
         return fused.merge_block(self.fused, data[("b", st.tensor, st.block_index)],
-                                 base_dtype, experts, ctx, out_dtype, numel)
+                                 base_dtype, experts, self.context(st, weights), out_dtype,
+                                 math.prod(st.shape))
 
-    def _key(self, i: int, tensor: str) -> int:
+    def params_of(self, tensor: str) -> tuple[tuple[float, ...], list[float]]:
+        """The experts' weights and densities for a tensor (per-tensor overrides applied)."""
+        return self.per_tensor.get(tensor, (self.weights, self.densities))
+
+    def context(self, st: Step, weights: tuple[float, ...]) -> BlockContext:
+        return BlockContext(tensor=st.tensor, block_index=st.block_index,
+                            flat_offset=st.flat_start, params=self.req.params,
+                            all_weights=weights, input_dtype=self.input_dtype(st.tensor))
+
+    def key(self, i: int, tensor: str) -> int:
+        """Expert i's keyed-randomness key for a tensor (cached)."""
         key = self.keys.get((i, tensor))
         if key is None:
             key = self.keys[(i, tensor)] = expert_key(self.req.seed, self.req.experts[i].model,
                                                       tensor)
         return key
-
-    def step_inputs(self, st: Step, data: Mapping[Hashable, memoryview], b32: torch.Tensor
-                    ) -> tuple[list[ExpertBlock], BlockContext]:
-        """The operator's view of every expert's block of a step, and the block's context."""
-        blocks = []
-        weights, densities = self.per_tensor.get(st.tensor, (self.weights, self.densities))
-        for i, spec in enumerate(self.req.experts):
-            delta = value = None
-            if i in st.experts:
-                if self.mk_arith and self.prep.experts[i].kind == "full":
-                    value, delta = _value_and_delta(self.prep.experts[i], i, st, b32, data)
-                else:
-                    delta = _delta(self.prep.experts[i], i, st, b32, data, self.lora_a)
-            key = self._key(i, st.tensor)
-            blocks.append(ExpertBlock(
-                index=i, model=spec.model, delta=delta, weight=weights[i],
-                density=densities[i],
-                trim=self.prep.plan.trims.get((spec.model, st.tensor)), key=key, value=value))
-        ctx = BlockContext(tensor=st.tensor, block_index=st.block_index,
-                           flat_offset=st.flat_start, params=self.req.params,
-                           all_weights=weights, input_dtype=self.input_dtype(st.tensor))
-        return blocks, ctx
 
 
 def output_plans(prep: Prepared) -> dict[str, TensorPlan]:
@@ -224,71 +196,3 @@ def output_plans(prep: Prepared) -> dict[str, TensorPlan]:
                              t.data_offset, t.nbytes),
             base_hashes=[b.content_hash for b in blocks])
     return plans
-
-
-def _decode(raw: memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """Raw bytes -> a float32 tensor of `shape` that owns its memory."""
-    if raw.nbytes == 0:
-        return torch.zeros(shape, dtype=torch.float32)
-    return to_float32(raw, dtype, shape)  # bf16 widened by a shift: exact, several times faster
-
-
-class _Deltas(threading.local):
-    """Each compute thread's float32 delta buffers, one per expert position, reused block after
-    block (the operators never return or keep them)."""
-
-    def __init__(self) -> None:
-        self.bufs: dict[int, torch.Tensor] = {}
-
-    def get(self, i: int, numel: int) -> torch.Tensor:
-        buf = self.bufs.get(i)
-        if buf is None or buf.numel() < numel:
-            buf = self.bufs[i] = torch.empty(max(numel, 1), dtype=torch.float32)
-        return buf[:numel]
-
-
-_deltas = _Deltas()
-
-
-def _value_and_delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,
-                     data: Mapping[Hashable, memoryview]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A full expert's block widened exactly to float32, and its float32 delta (new tensors:
-    mergekit arithmetic needs both)."""
-    raw = data[("e", i, st.tensor, st.block_index)]
-    if raw.nbytes == 0:
-        return b32.clone(), torch.zeros_like(b32)
-    value = decode_into(raw, e.tensors[st.tensor].dtype,
-                        torch.empty(b32.numel(), dtype=torch.float32)).view(b32.shape)
-    return value, value - b32
-
-
-def _delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,
-           data: Mapping[Hashable, memoryview], lora_a: dict[tuple[int, str], torch.Tensor]
-           ) -> torch.Tensor:
-    """The float32 delta of expert `e` for this block, by the expert's storage kind."""
-    info = e.tensors[st.tensor]
-    raw = data[("e", i, st.tensor, st.block_index)]
-    if e.kind == "full":
-        if raw.nbytes == 0:
-            return torch.zeros_like(b32)
-        # the expert widened exactly to float32 (bf16: by a shift), then minus the base: the
-        # values torch.sub(expert, base) gives, without its slow mixed-dtype path
-        out = decode_into(raw, info.dtype, _deltas.get(i, b32.numel()))
-        return out.view(b32.shape).sub_(b32)
-    if e.kind == "delta":
-        return _decode(raw, info.dtype, tuple(b32.shape))
-    if e.kind == "lora":
-        a = lora_a[(i, st.tensor)]
-        rows = st.row_end - st.row_start
-        b_rows = _decode(raw, info.dtype, (rows, info.shape[1]))
-        scale = info.lora_scale if info.lora_scale is not None else e.lora_scale
-        if scale is None:
-            raise InvalidCheckpoint(f"LoRA model {e.name!r}: tensor {st.tensor!r} has no scale "
-                                    "in the catalog; re-ingest the adapter")
-        d = lora_delta(b_rows, a, scale)  # bit-identical to the delta ingestion saw
-        if tuple(d.shape) != tuple(b32.shape):
-            raise InvalidCheckpoint(f"LoRA model {e.name!r}: tensor {st.tensor!r}: lora_B @ "
-                                    f"lora_A is {list(d.shape)} for a base block of "
-                                    f"{list(b32.shape)}")
-        return d
-    raise InvalidCheckpoint(f"model {e.name!r} has unknown kind {e.kind!r}")

@@ -19,7 +19,6 @@ from mergepipe.catalog.scan import FirstPass
 from mergepipe.catalog.storage import RangeReader, SourceReader, open_reader
 from mergepipe.core.errors import BudgetViolation
 from mergepipe.core.progress import Progress, ProgressFn
-from mergepipe.core.torch_threads import pin_torch_threads
 from mergepipe.executor.blocks import ChunkMerger, MergedBlock
 from mergepipe.executor.prepare import Prepared, output_layout, prepare
 from mergepipe.executor.reads import BudgetCounter, Prefetcher
@@ -70,7 +69,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     """Write the merged checkpoint into `out_dir` (an existing empty directory).
 
     Reads run `PREFETCH_DEPTH` chunks ahead in `threads` threads, chunks are merged in
-    `compute_threads` threads (one torch thread each), writes go out in order in one more.
+    `compute_threads` threads (torch, when a block needs it, pinned to one thread), writes go out in order in one more.
     `first_pass`: also make ingestion's first scan pass over every output block (content
     hashes, delta statistics against the base, trim threshold histograms) while the merged
     and base blocks are in memory, so that registering the output need not read it again.
@@ -88,7 +87,6 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     merger = ChunkMerger(prep, first_pass=first_pass)
     n_compute = compute_threads or default_compute_threads()
     _reuse_freed_buffers()
-    pin_torch_threads()
     out = _Output(BackgroundWrites(writer), merger, sum(map(len, steps)), progress,
                   expert_reader, base_reader)
     compute = ThreadPoolExecutor(max_workers=n_compute, thread_name_prefix="mergepipe-merge")

@@ -11,8 +11,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import xxhash
 
 from mergepipe.catalog.checkpoint import INDEX_FILE
@@ -26,7 +26,8 @@ from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.executor.writeback import Writeback
 
-TORCH_DTYPES = {name: torch_dtype(name) for name in DTYPE_SIZES}  # torch is loaded here
+if TYPE_CHECKING:
+    import torch
 
 # Output files are new names in a fresh staging directory: never written through a planted link.
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -58,7 +59,9 @@ class _Slot:
 
 def encode(t: torch.Tensor, dtype: str) -> memoryview:
     """A float32 tensor as raw little-endian bytes of `dtype` (no extra copy)."""
-    out = t.to(TORCH_DTYPES[dtype]).contiguous()
+    import torch  # loaded by the caller's tensor already
+
+    out = t.to(torch_dtype(dtype)).contiguous()
     return out.reshape(-1).view(torch.uint8).numpy().data
 
 

@@ -17,7 +17,8 @@ from mergepipe.core.operators.dare_ties import dare_ties
 from mergepipe.core.operators.linear import linear
 from mergepipe.core.operators.task_arithmetic import task_arithmetic
 from mergepipe.core.operators.ties import ties
-from mergepipe.executor.writer import TORCH_DTYPES, encode
+from mergepipe.catalog.safetensors_format import torch_dtype
+from mergepipe.executor.writer import encode
 from tests.operator_helpers import exact_trim
 
 needs_kernels = pytest.mark.skipif(not fused.available(), reason="MERGEPIPE_NO_FUSED is set")
@@ -48,7 +49,7 @@ def special(n: int, seed: int, dtype: str = "F32") -> torch.Tensor:
 
 
 def as_raw(t: torch.Tensor, dtype: str) -> bytes:
-    return t.to(TORCH_DTYPES[dtype]).contiguous().view(torch.uint8).numpy().tobytes()
+    return t.to(torch_dtype(dtype)).contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def inputs(base_dtype: str, exp_dtype: str, kind: str, k: int, seed: int):

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
 from tests import factory
-from tests.catalogs import new_catalog
+from tests.catalogs import copy_catalog, new_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 # Run the CLI in-process in a fresh interpreter, then report which of these it imported.
@@ -91,6 +91,29 @@ def test_a_lora_ingestion_imports_torch_for_its_product(cat_path: str, tmp_path:
     loaded = _imports("--catalog", cat_path, "ingest", str(lora), "--name", "np-lora",
                       "--base", "base", "--kind", "lora", "--json")
     assert "torch" in loaded
+
+
+@pytest.mark.parametrize(("argv", "torch_wanted"), [
+    (["--op", "linear", "--budget", "0.5"], False),
+    (["--op", "ties", "--param", "density=0.5"], False),
+    (["--op", "dare_ties", "--param", "density=0.5", "--budget", "0.4"], False),
+    (["--op", "ties", "--param", "density=0.5", "--param", "semantics=mergekit"], True),
+    (["--op", "della", "--param", "density=0.5"], True),
+])
+def test_merge_loads_torch_only_for_blocks_the_fused_kernels_leave(
+        cat_path: str, tmp_path: Path, argv: list[str], torch_wanted: bool) -> None:
+    """torch (~1.5 s of CPU to import) loads with the first block that needs a torch kernel: a
+    merge that the fused C kernels cover, its output registered with statistics, never does."""
+    from mergepipe.core.operators import fused
+
+    if not fused.available():
+        pytest.skip("the C extension was not built: every merge uses torch")
+    cat = copy_catalog(cat_path, tmp_path)
+    loaded = _imports("--catalog", str(cat), "merge", "--base", "base", "--experts", "e0",
+                      *argv, "--out", str(tmp_path / "out"), "--json")
+    assert "duckdb" in loaded or "sqlalchemy" in loaded  # the probe saw the merge run
+    assert ("torch" in loaded) == torch_wanted, loaded
+    assert (tmp_path / "out" / "model.safetensors").exists()
 
 
 @pytest.mark.slow

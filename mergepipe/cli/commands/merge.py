@@ -101,12 +101,12 @@ def run(args: argparse.Namespace) -> int:
     request = None if args.config else request_from_args(args)
     if args.out is None:
         raise InvalidRequest("--out is required", field="output")
-    preload.start("torch")  # while the catalog opens
+    if request is None or needs_torch(request):
+        preload.start("torch")  # while the catalog opens
     from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
 
     s = args.settings
     with Catalog(s.catalog) as cat, MergeBar(enabled=not args.json) as bar:
-        # torch, which these import: loaded by now, or loading
         from mergepipe.cli.mergekit_cli import config_request
         from mergepipe.jobs.merge import merge
         from mergepipe.jobs.recovery import recover_interrupted
@@ -122,6 +122,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_summary(result)
     return 0
+
+
+def needs_torch(request: MergeRequest) -> bool:
+    """Whether the merge runs torch kernels (not only the fused C ones), as far as the request
+    tells: experts stored as LoRA adapters load torch when their first block is merged."""
+    from mergepipe.core.operators import fused
+
+    return not fused.covers(request.operator, request.params) or request.whole_tensor is not None
 
 
 def print_summary(r: MergeSummary) -> None:

@@ -16,16 +16,15 @@ whose output holds a NaN comes back None and the caller recomputes it with the t
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from mergepipe.core.operators.base import BlockContext, Trim
 from mergepipe.core.operators.keyed_hash import _BITS, _start, _threshold
-from mergepipe.core.operators.sparsify import weight_total
+from mergepipe.core.operators.weight_sum import weight_total
 
 _fused: Any
 try:
@@ -59,6 +58,19 @@ def op_name(kernel: Callable[..., Any]) -> str | None:
             dare_ties.dare_ties: "dare_ties"}.get(kernel)
 
 
+def covers(op: str, params: Mapping[str, Any]) -> bool:
+    """Whether the kernels compute the blocks of operator `op` (a FUSED_OPS name) under these
+    request parameters, for experts stored full or as deltas (a block whose output holds a NaN
+    still goes to the torch kernels)."""
+    if _fused is None or op not in FUSED_OPS or params.get("semantics") == "mergekit":
+        return False
+    if op.startswith("dare"):  # l1: a norm over the whole block
+        return str(params.get("rescale", "density")) in ("density", "none")
+    if op == "ties":
+        return params.get("rescale", "none") == "none"
+    return True
+
+
 @dataclass(frozen=True)
 class FusedExpert:
     """One read expert's block: raw bytes (a full model's values, or a delta) and parameters."""
@@ -76,23 +88,19 @@ def merge_block(op: str, base_raw: Any, base_dtype: str, experts: Sequence[Fused
                 ctx: BlockContext, out_dtype: str, numel: int) -> memoryview | None:
     """The output bytes of one block, or None: no kernel for this case, or a NaN in the output
     (the torch kernels compute it then)."""
-    if _fused is None or op not in FUSED_OPS or not experts or numel == 0:
-        return None
-    if ctx.params.get("semantics") == "mergekit" or ctx.whole_tensor:
+    if not covers(op, ctx.params) or ctx.whole_tensor or not experts or numel == 0:
         return None
     kernel, normalize = FUSED_OPS[op]
     if op.startswith("dare"):
+        if any(e.density <= 0 for e in experts):
+            return None  # density 0: the torch kernels' error
         rescale = str(ctx.params.get("rescale", "density"))
-        if rescale not in ("density", "none") or any(e.density <= 0 for e in experts):
-            return None  # l1: a norm over the whole block; density 0: the torch error
         args = [_drop_args(e, ctx.flat_offset, rescale) for e in experts]
     elif op == "ties":
-        if ctx.params.get("rescale", "none") != "none":
-            return None
         args = [_ties_args(e, ctx.flat_offset) for e in experts]
     else:
         args = [(*_head(e), 0, 0.0, 0, 0.0, 0, 0) for e in experts]
-    out = torch.empty(numel * SIZES[out_dtype], dtype=torch.uint8).numpy()  # not zeroed
+    out = np.empty(numel * SIZES[out_dtype], dtype=np.uint8)
     lam = ctx.lam
     oc, bc = CODES[out_dtype], CODES[base_dtype]
     if kernel == "ties":

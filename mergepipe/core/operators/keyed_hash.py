@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # the torch wrappers below load torch when called: the fused path has none
+    import torch
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)  # splitmix64 increment (golden ratio)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -64,6 +67,8 @@ def _threshold(p: float) -> np.uint64:
 
 def uniform(key: int, flat_offset: int, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
     """float64 uniforms in [0, 1) for a block whose first element has flat index `flat_offset`."""
+    import torch
+
     bits = _bits(key, _range(flat_offset, math.prod(shape)))
     return torch.from_numpy(bits.astype(np.float64) * 2.0**-_BITS).reshape(tuple(shape))
 
@@ -71,6 +76,8 @@ def uniform(key: int, flat_offset: int, shape: tuple[int, ...] | torch.Size) -> 
 def below(key: int, flat_offset: int, shape: tuple[int, ...] | torch.Size,
           p: float) -> torch.Tensor:
     """uniform(key, flat_offset, shape) < p, computed on the integers (no floats made)."""
+    import torch
+
     bits = _bits(key, _range(flat_offset, math.prod(shape)))
     return torch.from_numpy(bits < _threshold(p)).reshape(tuple(shape))
 
@@ -79,6 +86,8 @@ def below_at(key: int, flat_index: torch.Tensor, p: float) -> torch.Tensor:
     """uniform < p at the given flat indexes (int64, >= 0): for sparse draws such as ties."""
     if flat_index.numel() and int(flat_index.min()) < 0:
         raise ValueError("flat indexes must be >= 0")
+    import torch
+
     return torch.from_numpy(below_at_np(key, flat_index.numpy().astype(np.uint64), p))
 
 
