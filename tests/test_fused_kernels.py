@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mergepipe.catalog.safetensors_format import to_float32
+from mergepipe.catalog.safetensors_format import to_float32, torch_dtype
 from mergepipe.catalog.stats import Scratch, scan_block
 from mergepipe.core import delta_kernels
 from mergepipe.core.operators import BlockContext, ExpertBlock, fused
@@ -17,7 +17,6 @@ from mergepipe.core.operators.dare_ties import dare_ties
 from mergepipe.core.operators.linear import linear
 from mergepipe.core.operators.task_arithmetic import task_arithmetic
 from mergepipe.core.operators.ties import ties
-from mergepipe.catalog.safetensors_format import torch_dtype
 from mergepipe.executor.writer import encode
 from tests.operator_helpers import exact_trim
 
