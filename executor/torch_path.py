@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -23,11 +23,28 @@ from mergepipe.executor import tensors
 from mergepipe.executor.writer import encode
 
 if TYPE_CHECKING:
-    from mergepipe.executor.blocks import ChunkMerger
+    from mergepipe.core.request import MergeRequest
+    from mergepipe.executor.prepare import Prepared
     from mergepipe.executor.schedule import Step
     from mergepipe.executor.sources import ModelSource
 
 pin_torch_threads()  # before the first kernel: our compute threads give the parallelism
+
+
+class ChunkMerger(Protocol):
+    """What the torch path reads of executor.blocks.ChunkMerger."""
+
+    prep: Prepared
+    req: MergeRequest
+    op: Any  # the request's kernel
+    mk_arith: bool
+    lora_a: dict[tuple[int, str], torch.Tensor]
+
+    def params_of(self, tensor: str) -> tuple[tuple[float, ...], list[float]]: ...
+
+    def key(self, i: int, tensor: str) -> int: ...
+
+    def context(self, st: Step, weights: tuple[float, ...]) -> BlockContext: ...
 
 
 def merge_step(m: ChunkMerger, st: Step, data: Mapping[Hashable, memoryview], dtype: str,
