@@ -253,7 +253,8 @@ def _physical(res: dict[str, Any]) -> str:
             "`cat` (whole files) and `dd` (partial files) read exactly the byte ranges our "
             "full-read merge read (its touched expert blocks and the base) to /dev/null, then "
             "`dd conv=fsync` writes the output's size (our output is fsync'ed too); cold cache, "
-            "medians.\n\n"
+            "medians. Side by side: each repetition runs `cat`/`dd` and one more full-read merge "
+            "of ours, in alternating order (the merge's own runs, not figure 2's).\n\n"
             + table(["operator", "cat/dd reads", "of which expert", "base", "writes", "cat/dd time",
                      "our merge", "ratio", "our block loop", "ratio"], rows))
 
