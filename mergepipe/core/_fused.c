@@ -175,16 +175,29 @@ INLINE uint64_t mix64(uint64_t z) {
 
 #define GOLDEN 0x9E3779B97F4A7C15ull
 
+/* Where 64-bit vector multiplies exist (x86-64-v4: AVX-512DQ), drawing every entry's keyed
+ * draw in a vector loop is cheaper than drawing the tied ones one by one; set at import. */
+static int dense_draws;
+
 /* The tied entries of a tile (|d| == tau, by bits; |d| is no NaN there) that the keyed draw
  * drops (keyed_hash.not_below_at: the draw is not below the kept fraction; ties 2: every one)
- * become `zero` in t.  The hits come as bit masks of 64 entries and are dropped without a
- * branch on the draw (a tie is kept or dropped at random: a branch would be mispredicted). */
+ * become `zero` in t.  Either every entry's draw in a vector loop, or the hits as bit masks of
+ * 64 entries, each dropped without a branch on its draw (a tie is kept or dropped at random: a
+ * branch would be mispredicted). */
 INLINE void drop_ties(const Input *e, const float *d, float *t, float zero, Py_ssize_t at,
                       Py_ssize_t m) {
     const uint32_t tb = f32_bits(e->tau), zb = f32_bits(zero);
     const uint64_t start = e->start + (uint64_t)at * GOLDEN;
     const uint64_t limit = e->ties == 2 ? 0 : e->limit;  /* z >= 0: always dropped */
     Py_ssize_t i = 0;
+    if (dense_draws) {
+        for (; i < m; i++) {
+            const uint32_t drop = -(uint32_t)((f32_bits(d[i]) & 0x7FFFFFFFu) == tb)
+                                & -(uint32_t)(mix64((uint64_t)i * GOLDEN + start) >= limit);
+            t[i] = bits_f32((f32_bits(t[i]) & ~drop) | (zb & drop));
+        }
+        return;
+    }
 #ifdef __SSE2__
     const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF), want = _mm_set1_epi32((int)tb);
     for (; i + 64 <= m; i += 64) {
@@ -517,6 +530,14 @@ static PyObject *py_histogram(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(k);
 }
 
+/* Test hook: the keyed draws of ties dense (1) or one by one (0); returns the previous mode. */
+static PyObject *py_dense_draws(PyObject *self, PyObject *arg) {
+    const int was = dense_draws, on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    dense_draws = on;
+    return PyBool_FromLong(was);
+}
+
 static PyMethodDef methods[] = {
     {"abs_delta", py_abs_delta, METH_VARARGS,
      "abs_delta(out_f32, raw, code, base_or_None, base_code, n)"},
@@ -524,6 +545,8 @@ static PyMethodDef methods[] = {
      "histogram(abs_f32, counts_int64_65536[, mixed_int32]) -> number of mixed entries"},
     {"linear", py_linear, METH_VARARGS,
      "linear(out, out_code, base, base_code, experts, n, has_div, div, has_lam, lam) -> nan"},
+    {"dense_draws", py_dense_draws, METH_O,
+     "dense_draws(on) -> previous: TIES's keyed draws for every entry, or tie by tie"},
     {"ties", py_ties, METH_VARARGS,
      "ties(out, out_code, base, base_code, experts, n, normalize, has_lam, lam) -> nan"},
     {NULL, NULL, 0, NULL},
@@ -533,4 +556,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused",
                                     "Fused block kernels (see core/operators/fused.py).", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__fused(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fused(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    dense_draws = __builtin_cpu_supports("x86-64-v4");
+#endif
+    return PyModule_Create(&module);
+}
