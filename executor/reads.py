@@ -94,7 +94,7 @@ class Prefetcher:
             self._next += 1
 
     def _read(self, unit: ReadUnit) -> list[tuple[Hashable, memoryview]]:
-        buf = memoryview(np.empty(unit.nbytes, dtype=np.uint8))  # not zeroed: read over next
+        buf = np.empty(unit.nbytes, dtype=np.uint8).data  # not zeroed: read over next
         reader = self._expert_reader if unit.expert else self._base_reader
         reader.read_into(unit.path, unit.offset, buf)
         out = []
