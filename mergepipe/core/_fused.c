@@ -324,6 +324,13 @@ CLONES static int ties_run(Input *out, Input *base, Input *ex, Py_ssize_t k, Py_
     for (Py_ssize_t at = 0; at < n; at += TILE) {
         const Py_ssize_t m = n - at < TILE ? n - at : TILE;
         decode(base->buf.buf, base->code, at, m, b);
+        if (at + 3 * TILE <= n)  /* the tile after next of every input, ahead of its use */
+            for (Py_ssize_t j = -1; j < k; j++) {
+                const Input *e = j < 0 ? base : &ex[j];
+                const char *p = (const char *)e->buf.buf + (at + 2 * TILE) * SIZES[e->code];
+                for (Py_ssize_t o = 0; o < TILE * SIZES[e->code]; o += 64)
+                    __builtin_prefetch(p + o);
+            }
         for (Py_ssize_t j = 0; j < k; j++) {
             if (ex[j].trim == 2) sparsified(&ex[j], b, d, w + j * TILE, at, m);
             else trimmed(&ex[j], b, d, w + j * TILE, at, m);
