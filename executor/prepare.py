@@ -9,7 +9,7 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.locations import absolute, basename
 from mergepipe.catalog.models import BlockRow, TensorRow
 from mergepipe.core.errors import BudgetViolation, InvalidCheckpoint, InvalidRequest, SourceChanged
-from mergepipe.executor.sources import ModelSource, load_model
+from mergepipe.executor.sources import ModelSource, load_models
 from mergepipe.planner.plan import Plan
 
 
@@ -43,11 +43,10 @@ class Prepared:
 def prepare(cat: Catalog, plan: Plan) -> Prepared:
     """Load the inputs, check the files are unchanged and the plan fits the budget."""
     req = plan.request
-    base = load_model(cat, req.base)
+    base, *experts = load_models(cat, [req.base, *(e.model for e in req.experts)])
     if base.base is not None or base.kind != "full":
         raise InvalidRequest(f"model {req.base!r} is not a base model (kind {base.kind}, base "
                              f"{base.base!r})", field="base")
-    experts = [load_model(cat, e.model) for e in req.experts]
     for e in experts:
         if e.base != base.name:
             raise InvalidRequest(f"expert {e.name!r} has base {e.base!r}, not {base.name!r}",

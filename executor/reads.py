@@ -6,6 +6,8 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mergepipe.catalog.storage import RangeReader
 from mergepipe.core.errors import BudgetViolation
 
@@ -92,7 +94,7 @@ class Prefetcher:
             self._next += 1
 
     def _read(self, unit: ReadUnit) -> list[tuple[Hashable, memoryview]]:
-        buf = memoryview(bytearray(unit.nbytes))
+        buf = np.empty(unit.nbytes, dtype=np.uint8).data  # not zeroed: read over next
         reader = self._expert_reader if unit.expert else self._base_reader
         reader.read_into(unit.path, unit.offset, buf)
         out = []

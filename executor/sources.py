@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import xxhash
@@ -12,13 +13,11 @@ from mergepipe.catalog.models import (
     FileRow,
     LoraA,
     TensorRow,
-    get_model,
-    model_blocks,
-    model_files,
-    model_tensors,
+    find_models,
+    models_details,
 )
 from mergepipe.catalog.store import store_for
-from mergepipe.core.errors import InvalidRequest, SourceChanged
+from mergepipe.core.errors import InvalidRequest, NotFound, SourceChanged
 
 
 @dataclass
@@ -92,12 +91,19 @@ class ModelSource:
                 f"the file changed after ingestion; re-ingest {self.name!r}")
 
 
-def load_model(cat: Catalog, name: str) -> ModelSource:
-    """Files, tensors and blocks of a ready model; NotFound / InvalidRequest otherwise."""
-    m = get_model(cat, name)
-    if m.status != "ready":
-        raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
-    return ModelSource(m.name, m.kind, m.path, m.base, m.lora_scale,
-                       {f.index: f for f in model_files(cat, name)},
-                       {t.name: t for t in model_tensors(cat, name)},
-                       {(b.tensor, b.block_index): b for b in model_blocks(cat, name)})
+def load_models(cat: Catalog, names: Sequence[str]) -> list[ModelSource]:
+    """Files, tensors and blocks of each named model, in four catalog queries for all of them;
+    NotFound / InvalidRequest for the first name that is missing or not ready."""
+    rows = find_models(cat, names)
+    for name in names:
+        m = rows.get(name)
+        if m is None:
+            raise NotFound(f"model {name!r} is not in the catalog", field="model")
+        if m.status != "ready":
+            raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
+    files, tensors, blocks = models_details(cat, names)
+    out = {n: ModelSource(m.name, m.kind, m.path, m.base, m.lora_scale,
+                          {f.index: f for f in files[n]}, {t.name: t for t in tensors[n]},
+                          {(b.tensor, b.block_index): b for b in blocks[n]})
+           for n, m in rows.items()}
+    return [out[n] for n in names]

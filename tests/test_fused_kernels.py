@@ -124,9 +124,22 @@ def test_a_nan_in_the_output_hands_the_block_back(op, out_dtype):
     assert fused.merge_block(op, braw, "F32", fe, ctx, out_dtype, N) is None  # inf - inf
 
 
+@pytest.mark.parametrize("dense", [True, False])
+@pytest.mark.parametrize("weights", [(1.0,) * 4, (1.0, 0.3, 1.7, 1.0)])
 @needs_kernels
-def test_ties_tied_entries_follow_the_keyed_rule_at_any_offset():
-    """bf16 deltas tie heavily at the threshold: the keyed draw decides, per flat index."""
+def test_ties_tied_entries_follow_the_keyed_rule_at_any_offset(dense, weights):
+    """bf16 deltas tie heavily at the threshold: the keyed draw decides, per flat index; the
+    draws of every entry in a vector loop (x86-64-v4) or of the tied ones one by one."""
+    from mergepipe.core import _fused  # type: ignore[attr-defined]
+
+    was = _fused.dense_draws(dense)
+    try:
+        _check_tied_entries(weights)
+    finally:
+        _fused.dense_draws(was)
+
+
+def _check_tied_entries(weights: tuple[float, ...]) -> None:
     g = torch.Generator().manual_seed(11)
     b32 = torch.randn(N, generator=g).to(torch.bfloat16).float()
     braw = as_raw(b32, "BF16")
@@ -134,14 +147,13 @@ def test_ties_tied_entries_follow_the_keyed_rule_at_any_offset():
     for _ in range(4):  # deltas a few bf16 ulps wide
         raw = as_raw(b32 + 0.01 * torch.randn(N, generator=g), "BF16")
         exps.append((raw, to_float32(bytearray(raw), "BF16") - b32))
-    weights = (1.0,) * 4
     for offset in (0, 513, 2**40 + 7):
         ctx = BlockContext("t", 0, offset, all_weights=weights)
         trims = [exact_trim(d, 0.1) for _, d in exps]
         assert all(t.k < t.above + t.tied for t in trims)  # the keyed rule is exercised
-        blocks = [ExpertBlock(i, "e", d.clone(), 1.0, 0.1, trims[i], 7 + i)
+        blocks = [ExpertBlock(i, "e", d.clone(), weights[i], 0.1, trims[i], 7 + i)
                   for i, (_, d) in enumerate(exps)]
-        fe = [fused.FusedExpert(raw, "BF16", True, 1.0, trims[i], 7 + i)
+        fe = [fused.FusedExpert(raw, "BF16", True, weights[i], trims[i], 7 + i)
               for i, (raw, _) in enumerate(exps)]
         ref = encode(ties(b32.clone(), blocks, ctx), "BF16").tobytes()
         got = fused.merge_block("ties", braw, "BF16", fe, ctx, "BF16", N)

@@ -18,10 +18,11 @@
 
 #define TILE 512
 #define INLINE static inline __attribute__((always_inline))
-/* The tile loops, compiled twice on x86-64: AVX2 where the CPU has it (picked at load time),
- * the baseline otherwise. Wider vectors change no result (no FMA: -ffp-contract=off). */
+/* The tile loops, compiled three times on x86-64: AVX-512 (x86-64-v4) or AVX2 where the CPU
+ * has it (picked at load time), the baseline otherwise. Wider vectors change no result (no
+ * FMA: -ffp-contract=off). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("avx2", "default")))
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define CLONES
 #endif
@@ -172,11 +173,51 @@ INLINE uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-/* A tied entry: dropped when its keyed draw is not below the kept fraction (ties 1), always
- * (ties 2); keyed_hash.not_below_at. */
-INLINE void tie_drop(const Input *e, float *t, Py_ssize_t at, Py_ssize_t i) {
-    const uint64_t z = mix64((uint64_t)(at + i) * 0x9E3779B97F4A7C15ull + e->start);
-    if (e->ties == 2 || z >= e->limit) t[i] = 0.0f;
+#define GOLDEN 0x9E3779B97F4A7C15ull
+
+/* Where 64-bit vector multiplies exist (x86-64-v4: AVX-512DQ), drawing every entry's keyed
+ * draw in a vector loop is cheaper than drawing the tied ones one by one; set at import. */
+static int dense_draws;
+
+/* The tied entries of a tile (|d| == tau, by bits; |d| is no NaN there) that the keyed draw
+ * drops (keyed_hash.not_below_at: the draw is not below the kept fraction; ties 2: every one)
+ * become `zero` in t.  Either every entry's draw in a vector loop, or the hits as bit masks of
+ * 64 entries, each dropped without a branch on its draw (a tie is kept or dropped at random: a
+ * branch would be mispredicted). */
+INLINE void drop_ties(const Input *e, const float *d, float *t, float zero, Py_ssize_t at,
+                      Py_ssize_t m) {
+    const uint32_t tb = f32_bits(e->tau), zb = f32_bits(zero);
+    const uint64_t start = e->start + (uint64_t)at * GOLDEN;
+    const uint64_t limit = e->ties == 2 ? 0 : e->limit;  /* z >= 0: always dropped */
+    Py_ssize_t i = 0;
+    if (dense_draws) {
+        for (; i < m; i++) {
+            const uint32_t drop = -(uint32_t)((f32_bits(d[i]) & 0x7FFFFFFFu) == tb)
+                                & -(uint32_t)(mix64((uint64_t)i * GOLDEN + start) >= limit);
+            t[i] = bits_f32((f32_bits(t[i]) & ~drop) | (zb & drop));
+        }
+        return;
+    }
+#ifdef __SSE2__
+    const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF), want = _mm_set1_epi32((int)tb);
+    for (; i + 64 <= m; i += 64) {
+        uint64_t hits = 0;
+        for (int g = 0; g < 64; g += 4) {
+            const __m128i v = _mm_and_si128(_mm_loadu_si128((const __m128i *)(d + i + g)),
+                                            abs_mask);
+            hits |= (uint64_t)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(v, want))) << g;
+        }
+        while (hits) {
+            const Py_ssize_t x = i + __builtin_ctzll(hits);
+            hits &= hits - 1;
+            const uint32_t keep = -(uint32_t)(mix64((uint64_t)x * GOLDEN + start) < limit);
+            t[x] = bits_f32((f32_bits(t[x]) & keep) | (zb & ~keep));
+        }
+    }
+#endif
+    for (; i < m; i++)
+        if ((f32_bits(d[i]) & 0x7FFFFFFFu) == tb
+            && mix64((uint64_t)i * GOLDEN + start) >= limit) t[i] = zero;
 }
 
 /* One expert's sparsified, weighted delta of a tile (sparsify.trimmed_into or dropped_into,
@@ -200,33 +241,16 @@ INLINE void sparsified(const Input *e, const float *b, float *d, float *t, Py_ss
         for (Py_ssize_t i = 0; i < m; i++) d[i] = d[i] - b[i];
     }
     if (e->trim == 2) {  /* sparsify.dropped_into: delta * keep, then / density */
-        const uint64_t start = e->start + (uint64_t)at * 0x9E3779B97F4A7C15ull;
+        const uint64_t start = e->start + (uint64_t)at * GOLDEN;
         for (Py_ssize_t i = 0; i < m; i++)  /* the keep mask first: a loop without branches */
-            t[i] = (float)(mix64((uint64_t)i * 0x9E3779B97F4A7C15ull + start) < e->limit);
+            t[i] = (float)(mix64((uint64_t)i * GOLDEN + start) < e->limit);
         for (Py_ssize_t i = 0; i < m; i++) t[i] = d[i] * t[i];
         if (e->tau != 0.0f)
             for (Py_ssize_t i = 0; i < m; i++) t[i] = t[i] / e->tau;
     } else if (!hard) {
         memcpy(t, d, (size_t)m * 4);
     }
-    if (e->trim != 2 && e->ties) {  /* |d| == tau (bits; |d| is no NaN there): the tied entries */
-        const uint32_t tb = f32_bits(e->tau);
-        Py_ssize_t i = 0;
-#ifdef __SSE2__
-        const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF), want = _mm_set1_epi32((int)tb);
-        for (; i + 4 <= m; i += 4) {
-            const __m128i v = _mm_and_si128(_mm_loadu_si128((const __m128i *)(d + i)), abs_mask);
-            int hits = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(v, want)));
-            while (hits) {
-                const int b = __builtin_ctz((unsigned)hits);
-                hits &= hits - 1;
-                tie_drop(e, t, at, i + b);
-            }
-        }
-#endif
-        for (; i < m; i++)
-            if ((f32_bits(d[i]) & 0x7FFFFFFFu) == tb) tie_drop(e, t, at, i);
-    }
+    if (e->trim != 2 && e->ties) drop_ties(e, d, t, 0.0f, at, m);
     if (e->weight != 1.0f)
         for (Py_ssize_t i = 0; i < m; i++) t[i] = t[i] * e->weight;
 }
@@ -267,30 +291,79 @@ CLONES static int linear_run(Input *out, Input *base, Input *ex, Py_ssize_t k, P
     return nan;
 }
 
+/* 1.0f if c else 0.0f, as bits: a select that gcc cannot turn into a branch. */
+INLINE float one_if(int c) { return bits_f32(-(uint32_t)c & 0x3F800000u); }
+
+/* One expert's trimmed, weighted delta of a tile for TIES (sparsify.trimmed_into, then
+ * scale_; a DARE drop goes through `sparsified`): the delta, its hardshrink and weight in one
+ * loop, then the dropped ties (which the weight would have turned into 0 * weight). */
+INLINE void trimmed(const Input *e, const float *b, float *d, float *t, Py_ssize_t at,
+                    Py_ssize_t m) {
+    const float l = e->lambd, nl = -e->lambd, w = e->weight;
+    decode(e->buf.buf, e->code, at, m, d);
+    if (e->full)
+        for (Py_ssize_t i = 0; i < m; i++) d[i] = d[i] - b[i];
+    if (e->trim && w != 1.0f) {
+        for (Py_ssize_t i = 0; i < m; i++)
+            t[i] = (((d[i] >= nl) & (d[i] <= l)) ? 0.0f : d[i]) * w;
+    } else if (e->trim) {
+        for (Py_ssize_t i = 0; i < m; i++) t[i] = ((d[i] >= nl) & (d[i] <= l)) ? 0.0f : d[i];
+    } else if (w != 1.0f) {
+        for (Py_ssize_t i = 0; i < m; i++) t[i] = d[i] * w;
+    } else {
+        memcpy(t, d, (size_t)m * 4);
+    }
+    if (e->ties) drop_ties(e, d, t, 0.0f * w, at, m);
+}
+
 /* TIES: trim, sign election, disjoint (normalized) sum, in sparsify.elect_into's order. */
 CLONES static int ties_run(Input *out, Input *base, Input *ex, Py_ssize_t k, Py_ssize_t n,
                     int normalize, int has_lam, float lam, float *w) {
-    float b[TILE], d[TILE], sign[TILE], keep[TILE], mixed[TILE], div[TILE];
+    float b[TILE], d[TILE], sign[TILE], mixed[TILE], div[TILE];
     int nan = 0;
     for (Py_ssize_t at = 0; at < n; at += TILE) {
         const Py_ssize_t m = n - at < TILE ? n - at : TILE;
         decode(base->buf.buf, base->code, at, m, b);
-        for (Py_ssize_t j = 0; j < k; j++) {  /* the ordered sum as each expert comes */
-            float *wj = w + j * TILE;
-            sparsified(&ex[j], b, d, wj, at, m);
-            if (j == 0) memcpy(sign, wj, (size_t)m * 4);
+        if (at + 3 * TILE <= n)  /* the tile after next of every input, ahead of its use */
+            for (Py_ssize_t j = -1; j < k; j++) {
+                const Input *e = j < 0 ? base : &ex[j];
+                const char *p = (const char *)e->buf.buf + (at + 2 * TILE) * SIZES[e->code];
+                for (Py_ssize_t o = 0; o < TILE * SIZES[e->code]; o += 64)
+                    __builtin_prefetch(p + o);
+            }
+        for (Py_ssize_t j = 0; j < k; j++) {
+            if (ex[j].trim == 2) sparsified(&ex[j], b, d, w + j * TILE, at, m);
+            else trimmed(&ex[j], b, d, w + j * TILE, at, m);
+        }
+        /* the ordered sum of the experts, and its sign */
+        if (k == 1) memcpy(sign, w, (size_t)m * 4);
+        for (Py_ssize_t j = 1; j < k; j++) {  /* (in place: loops over aliased arrays
+                                                  would not vectorize) */
+            const float *wj = w + j * TILE;
+            if (j == 1) for (Py_ssize_t i = 0; i < m; i++) sign[i] = w[i] + wj[i];
             else for (Py_ssize_t i = 0; i < m; i++) sign[i] = sign[i] + wj[i];
         }
         for (Py_ssize_t i = 0; i < m; i++) sign[i] = sign[i] < 0.0f ? -1.0f : 1.0f;
-        for (Py_ssize_t j = 0; j < k; j++) {  /* branch-free loops: they vectorize */
+        for (Py_ssize_t j = 0; j < k; j++) {  /* keep, mixed and divisor in one loop */
             const float *wj = w + j * TILE, a = ex[j].weight;
-            for (Py_ssize_t i = 0; i < m; i++) keep[i] = wj[i] * sign[i] > 0.0f ? 1.0f : 0.0f;
-            if (j == 0) {
-                for (Py_ssize_t i = 0; i < m; i++) mixed[i] = 0.0f + wj[i] * keep[i];
-                if (normalize) for (Py_ssize_t i = 0; i < m; i++) div[i] = 0.0f + a * keep[i];
+            if (!j && normalize) {
+                for (Py_ssize_t i = 0; i < m; i++) {
+                    const float keep = one_if(wj[i] * sign[i] > 0.0f);
+                    mixed[i] = 0.0f + wj[i] * keep;
+                    div[i] = 0.0f + a * keep;
+                }
+            } else if (!j) {
+                for (Py_ssize_t i = 0; i < m; i++)
+                    mixed[i] = 0.0f + wj[i] * one_if(wj[i] * sign[i] > 0.0f);
+            } else if (normalize) {
+                for (Py_ssize_t i = 0; i < m; i++) {
+                    const float keep = one_if(wj[i] * sign[i] > 0.0f);
+                    mixed[i] = mixed[i] + wj[i] * keep;
+                    div[i] = div[i] + a * keep;
+                }
             } else {
-                for (Py_ssize_t i = 0; i < m; i++) mixed[i] = mixed[i] + wj[i] * keep[i];
-                if (normalize) for (Py_ssize_t i = 0; i < m; i++) div[i] = div[i] + a * keep[i];
+                for (Py_ssize_t i = 0; i < m; i++)
+                    mixed[i] = mixed[i] + wj[i] * one_if(wj[i] * sign[i] > 0.0f);
             }
         }
         if (normalize) {
@@ -507,6 +580,14 @@ fail:
     return NULL;
 }
 
+/* Test hook: the keyed draws of ties dense (1) or one by one (0); returns the previous mode. */
+static PyObject *py_dense_draws(PyObject *self, PyObject *arg) {
+    const int was = dense_draws, on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    dense_draws = on;
+    return PyBool_FromLong(was);
+}
+
 static PyMethodDef methods[] = {
     {"abs_delta", py_abs_delta, METH_VARARGS,
      "abs_delta(out_f32, raw, code, base_or_None, base_code, n)"},
@@ -514,6 +595,8 @@ static PyMethodDef methods[] = {
      "stats(abs_f32[, counts_int64_65536[, mixed_int32]]) -> (l1, sum_sq, top_bits, n_mixed)"},
     {"linear", py_linear, METH_VARARGS,
      "linear(out, out_code, base, base_code, experts, n, has_div, div, has_lam, lam) -> nan"},
+    {"dense_draws", py_dense_draws, METH_O,
+     "dense_draws(on) -> previous: TIES's keyed draws for every entry, or tie by tie"},
     {"ties", py_ties, METH_VARARGS,
      "ties(out, out_code, base, base_code, experts, n, normalize, has_lam, lam) -> nan"},
     {NULL, NULL, 0, NULL},
@@ -523,4 +606,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused",
                                     "Fused block kernels (see core/operators/fused.py).", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__fused(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fused(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    dense_draws = __builtin_cpu_supports("x86-64-v4");
+#endif
+    return PyModule_Create(&module);
+}
