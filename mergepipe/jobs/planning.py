@@ -6,7 +6,7 @@ from collections.abc import Collection
 
 from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.models import find_model
+from mergepipe.catalog.models import ModelRow, find_models
 from mergepipe.core.errors import Conflict, NotFound
 from mergepipe.core.request import MergeRequest
 from mergepipe.planner.incremental import choose_plan
@@ -20,16 +20,17 @@ def check_inputs(cat: Catalog, request: MergeRequest, pending: Collection[str] =
     be ingested for this request: the plan validates them when it runs."""
     fields = [("base", request.base)] + [(f"experts[{i}].model", e.model)
                                          for i, e in enumerate(request.experts)]
+    rows = find_models(cat, [name for _, name in fields if name not in pending])
     for field, name in fields:
         if name not in pending:
-            require_ready(cat, name, field)
+            require_ready(cat, name, field, rows.get(name))
     if not pending:
         check_request(cat, request)
 
 
-def require_ready(cat: Catalog, name: str, field: str) -> None:
-    """404 for an unknown model, 409 for one still ingesting, failed, or not ready."""
-    row = find_model(cat, name)
+def require_ready(cat: Catalog, name: str, field: str, row: ModelRow | None) -> None:
+    """404 for an unknown model (`row` None), 409 for one still ingesting, failed, or not
+    ready."""
     if row is None:
         if queue.active_ingest_job(cat, name) is not None:
             raise Conflict(f"model {name!r} is still ingesting; retry when it is ready",
