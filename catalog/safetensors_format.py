@@ -26,14 +26,15 @@ if TYPE_CHECKING:
 MAX_HEADER_BYTES = 16 << 20
 MAX_TENSORS_PER_FILE = 65_536
 MAX_NAME_CHARS = 1024
-_TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# torch's names of the float dtypes
+TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a safetensors dtype name (imports torch)."""
     import torch
 
-    dtype: torch.dtype = getattr(torch, _TORCH_NAMES[name])
+    dtype: torch.dtype = getattr(torch, TORCH_NAMES[name])
     return dtype
 
 

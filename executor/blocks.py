@@ -8,7 +8,7 @@ import math
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING
 
-from mergepipe.catalog.safetensors_format import TensorEntry
+from mergepipe.catalog.safetensors_format import TORCH_NAMES, TensorEntry
 from mergepipe.catalog.scan import BlockScan, TensorPlan, scan_full_block, untouched_scan
 from mergepipe.catalog.stats import NonFiniteDelta
 from mergepipe.core.dtypes import DTYPE_SIZES
@@ -19,9 +19,6 @@ from mergepipe.executor.schedule import Step
 
 if TYPE_CHECKING:
     import torch
-
-# torch's promotion of the checkpoint float dtypes, by torch name: F16 with BF16 gives F32
-TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 # One merged block: (tensor, flat index of its first element, output bytes (None: a base block
 # never read, see Step.read_base), the first scan pass over it or None).

@@ -13,20 +13,14 @@ the lane sums, and the sum of squares the same of theirs.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
-_fused: Any
-try:
-    from mergepipe.core import _fused  # type: ignore[attr-defined,no-redef]
-except ImportError:  # built without a C compiler: numpy serves, same bits
-    _fused = None
-if os.environ.get("MERGEPIPE_NO_FUSED"):  # numpy only (A/B benchmarks, triage, the twin's tests)
-    _fused = None
+from mergepipe.core import native
+from mergepipe.core.native import CODES
 
-CODES = {"F32": 0, "F16": 1, "BF16": 2}
+_fused: Any = native.EXTENSION  # None: numpy serves, same bits
 LANES = 8
 _ROWS = 1 << 15  # lane rows per numpy chunk (1 MiB of float64 per sum)
 HIST_BINS = 1 << 16

@@ -15,30 +15,24 @@ whose output holds a NaN comes back None and the caller recomputes it with the t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from mergepipe.core import native
+from mergepipe.core.native import CODES
 from mergepipe.core.operators.base import BlockContext, Trim
 from mergepipe.core.operators.keyed_hash import _BITS, _start, _threshold
 from mergepipe.core.operators.weight_sum import weight_total
 
-_fused: Any
-try:
-    from mergepipe.core import _fused  # type: ignore[attr-defined,no-redef]
-except ImportError:  # built without a C compiler: the torch kernels serve
-    _fused = None
-if os.environ.get("MERGEPIPE_NO_FUSED"):  # the torch kernels only (A/B benchmarks, triage)
-    _fused = None
+_fused: Any = native.EXTENSION  # None: the torch kernels serve
 
 # kernel name -> (C kernel, normalize default)
 FUSED_OPS = {"linear": ("linear", True), "task_arithmetic": ("linear", False),
              "dare_linear": ("linear", False), "ties": ("ties", True),
              "dare_ties": ("ties", False)}
-CODES = {"F32": 0, "F16": 1, "BF16": 2}
 SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
