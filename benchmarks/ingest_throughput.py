@@ -25,6 +25,7 @@ from typing import Any
 
 from mergepipe.benchmarks.coldcache import files_under, make_cold
 from mergepipe.benchmarks.proc import emit, python_cmd, run_timed
+from mergepipe.catalog.connection import SQL
 
 MODULE = "mergepipe.benchmarks.ingest_throughput"
 
@@ -81,7 +82,7 @@ def _worker(args: argparse.Namespace) -> int:
         t2 = time.perf_counter()
         cpu = time.process_time() - c0
         with cat.transaction() as conn:
-            conn.exec_driver_sql("CHECKPOINT")
+            conn.execute(SQL("CHECKPOINT"))
     emit({"scan_s": t1 - t0, "write_s": t2 - t1, "cpu_s": cpu, "bytes_read": scanned.bytes_read,
           "tensor_bytes": scanned.model.tensor_bytes, "blocks": len(scanned.blocks["tensor"]),
           "catalog_bytes_after": os.path.getsize(args.catalog)})

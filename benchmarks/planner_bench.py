@@ -8,33 +8,32 @@ import tempfile
 import time
 from pathlib import Path
 
-import sqlalchemy as sa
-
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import build_request
 from mergepipe.planner.plan import make_plan
 
 # Synthetic rows, generated inside the database. Sizes are bound parameters; names are fixed.
-_MODELS = sa.text(
+_MODELS = SQL(
     "INSERT INTO models (name, kind, path, base, status, has_stats, block_bytes, n_tensors, "
     "tensor_bytes) SELECT CASE WHEN i = 0 THEN 'base' ELSE 'e' || i END, 'full', '/synthetic', "
     "CASE WHEN i = 0 THEN NULL ELSE 'base' END, 'ready', i > 0, CAST(:block_bytes AS BIGINT), :n_tensors, "
     "CAST(:n_tensors AS BIGINT) * :per_tensor * :block_bytes FROM range(0, :k + 1) AS r(i)")
-_TENSORS = sa.text(
+_TENSORS = SQL(
     "INSERT INTO tensors (model, tensor, ordinal, file_index, dtype, shape, data_offset, nbytes, "
     "n_blocks) SELECT m.name, 't' || t, t, 0, 'BF16', [:per_tensor, :block_bytes // 2], "
     "CAST(t AS BIGINT) * :per_tensor * :block_bytes, CAST(:per_tensor AS BIGINT) * :block_bytes, :per_tensor "
     "FROM models m, range(0, :n_tensors) AS r(t)")
-_BLOCKS = sa.text(
+_BLOCKS = SQL(
     "INSERT INTO blocks (model, tensor, block_index, row_start, row_end, file_index, byte_offset, "
     "nbytes, content_hash) SELECT t.model, t.tensor, b, b, b + 1, 0, t.data_offset + CAST(b AS BIGINT) * "
     ":block_bytes, :block_bytes, md5(t.model || t.tensor || b) "
     "FROM tensors t, range(0, :per_tensor) AS r(b)")
-_BLOCK_STATS = sa.text(
+_BLOCK_STATS = SQL(
     "INSERT INTO block_stats (model, tensor, block_index, l2, l1, max_abs, nnz) "
     "SELECT model, tensor, block_index, h, h * 100, h / 10, 100 FROM (SELECT model, tensor, "
     "block_index, (hash(content_hash) % 1000000) / 1e6 AS h FROM blocks WHERE model <> 'base')")
-_TENSOR_STATS = sa.text(
+_TENSOR_STATS = SQL(
     "INSERT INTO tensor_stats (model, tensor, numel, l2, l1, max_abs, nnz, trim_tau, trim_above, "
     "trim_tied) SELECT model, tensor, nbytes // 2, 1, 1, 1, nbytes // 2, "
     ":tau, :above, :tied FROM tensors WHERE model <> 'base'")

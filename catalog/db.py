@@ -1,4 +1,5 @@
-"""The one seam to the catalog database (SQLAlchemy Core over DuckDB or PostgreSQL)."""
+"""The one seam to the catalog database: a DuckDB file through DuckDB's own API, or PostgreSQL
+through SQLAlchemy, both behind catalog.connection's statements and rows."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ from functools import cache
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
+import duckdb
 
 from mergepipe.catalog import dialect
+from mergepipe.catalog.connection import SQL, Connection, Row
+from mergepipe.catalog.duckdb_database import DuckDBDatabase
 from mergepipe.core.errors import Conflict, MergePipeError
+
+if TYPE_CHECKING:
+    from mergepipe.catalog.postgres_database import PostgresDatabase
 
 MIGRATIONS_PACKAGE = "mergepipe.migrations"  # NNNN_name.sql files and catalog_schema.sql
 SCHEMA_FILE_NAME = "catalog_schema.sql"  # what the migrations, applied in order, produce
@@ -23,23 +29,23 @@ SQL_PACKAGES = ["mergepipe.catalog"]  # packages whose sql/NAME.sql files load_s
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
-CREATE_MIGRATIONS_TABLE = """
+CREATE_MIGRATIONS_TABLE = SQL("""
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
     name        VARCHAR NOT NULL,
     applied_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
-)"""
-SELECT_APPLIED = "SELECT version FROM schema_migrations ORDER BY version"
-INSERT_APPLIED = "INSERT INTO schema_migrations (version, name) VALUES (:version, :name)"
+)""")
+SELECT_APPLIED = SQL("SELECT version FROM schema_migrations ORDER BY version")
+INSERT_APPLIED = SQL("INSERT INTO schema_migrations (version, name) VALUES (:version, :name)")
 
 
 @cache
-def load_sql(name: str) -> sa.TextClause:
+def load_sql(name: str) -> SQL:
     """The named statement from a `sql/NAME.sql` file (bound parameters as `:name`)."""
     for package in SQL_PACKAGES:
         f = files(package).joinpath("sql", f"{name}.sql")
         if f.is_file():
-            return sa.text(f.read_text())
+            return SQL(f.read_text())
     raise KeyError(f"no SQL file named {name!r} in the sql/ folders of {SQL_PACKAGES}")
 
 
@@ -89,8 +95,15 @@ class CatalogUnavailable(MergePipeError):
     code = "catalog_unavailable"
 
 
+class CatalogUnreadable(MergePipeError):
+    """The catalog file cannot be opened as a DuckDB database (another kind of file, a newer
+    DuckDB's format, no permission)."""
+
+    code = "catalog_unreadable"
+
+
 # Migrations of several servers starting at once on one PostgreSQL catalog run one at a time.
-MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(7305218116)"
+MIGRATION_LOCK = SQL("SELECT pg_advisory_xact_lock(7305218116)")
 
 
 class Catalog:
@@ -103,30 +116,37 @@ class Catalog:
         self.postgres = dialect.is_postgres(location)
         self.path = Path(location) if not self.postgres else None
         self.url = dialect.engine_url(location)
-        self.engine = dialect.create_engine(location, pool_size=8, max_overflow=16)
         # DuckDB: one writer at a time in this process; PostgreSQL takes row locks itself.
         self._write_lock = threading.RLock()
+        self.database: DuckDBDatabase | PostgresDatabase
+        if self.path is not None:
+            self.database = _open_duckdb(self.path)
+        else:
+            from mergepipe.catalog.postgres_database import PostgresDatabase
+
+            self.database = PostgresDatabase(str(location), pool_size=8, max_overflow=16)
         if migrate:
             try:
                 if not self.up_to_date():
                     self.migrate()
-            except sa.exc.OperationalError as e:
-                self.engine.dispose()
-                if self.postgres:
-                    first = str(e.orig).strip().splitlines()[0] if str(e.orig).strip() else ""
+            except Exception as e:
+                self.close()
+                if self.postgres and _unreachable(e):
                     raise CatalogUnavailable(
                         f"cannot use the PostgreSQL catalog {dialect.display(location)}: "
-                        f"{first}") from None
-                if "lock" not in str(e.orig).lower():
-                    raise
-                raise CatalogInUse(
-                    f"catalog {self.path} is in use by another process "
-                    f"({_lock_holder(str(e.orig))}; a running `mergepipe serve` or merge?): "
-                    "DuckDB lets one process open it; use that process's API, or wait for it "
-                    "to end") from None
+                        f"{_first_line(getattr(e, 'orig', e))}") from None
+                raise
+
+    @property
+    def engine(self) -> Any:
+        """The SQLAlchemy engine of a PostgreSQL catalog (its reader role's sessions use it)."""
+        from mergepipe.catalog.postgres_database import PostgresDatabase
+
+        assert isinstance(self.database, PostgresDatabase), "a DuckDB catalog has no engine"
+        return self.database.engine
 
     def close(self) -> None:
-        self.engine.dispose()
+        self.database.dispose()
 
     def __enter__(self) -> Catalog:
         return self
@@ -136,15 +156,12 @@ class Catalog:
 
     # -- migrations ---------------------------------------------------------------------------
     def up_to_date(self) -> bool:
-        """Whether every shipped migration is applied: one read-only query, no transaction
-        (what opening a current catalog costs)."""
-        try:
-            with self.engine.connect() as conn:
-                done = {r[0] for r in conn.execute(sa.text(SELECT_APPLIED))}
-        except sa.exc.OperationalError:
-            raise  # the file is locked or unreadable: reported by the caller
-        except sa.exc.DBAPIError:
-            return False  # a new catalog: no schema_migrations table yet
+        """Whether every shipped migration is applied: two read-only queries (what opening a
+        current catalog costs)."""
+        with self.reader() as conn:
+            if not conn.execute(HAS_MIGRATIONS_TABLE).rows:
+                return False  # a new catalog
+            done = {r[0] for r in conn.execute(SELECT_APPLIED)}
         return all(version in done for version, _, _ in migrations())
 
     def migrate(self) -> list[int]:
@@ -152,45 +169,89 @@ class Catalog:
         applied_now = []
         with self.transaction() as conn:
             if self.postgres:
-                conn.execute(sa.text(MIGRATION_LOCK))
+                conn.execute(MIGRATION_LOCK)
                 for stmt in dialect.POSTGRES_PRELUDE:
-                    conn.execute(sa.text(stmt))
-            conn.execute(sa.text(CREATE_MIGRATIONS_TABLE))
-            done = {r[0] for r in conn.execute(sa.text(SELECT_APPLIED))}
+                    conn.execute(SQL(stmt))
+            conn.execute(CREATE_MIGRATIONS_TABLE)
+            done = {r[0] for r in conn.execute(SELECT_APPLIED)}
             for version, name, path in migrations():
                 if version in done:
                     continue
                 for stmt in split_statements(path.read_text()):
-                    conn.execute(sa.text(stmt))
-                conn.execute(sa.text(INSERT_APPLIED), {"version": version, "name": name})
+                    conn.execute(SQL(stmt))
+                conn.execute(INSERT_APPLIED, {"version": version, "name": name})
                 applied_now.append(version)
         return applied_now
 
     # -- access -------------------------------------------------------------------------------
     @contextmanager
-    def transaction(self) -> Iterator[sa.Connection]:
+    def transaction(self) -> Iterator[Connection]:
         """One atomic unit of work: commits on success, rolls back on any error."""
         if self.postgres:
-            with self.engine.begin() as conn:
+            with self.database.begin() as conn:
                 yield conn
             return
-        with self._write_lock, self.engine.begin() as conn:
+        with self._write_lock, self.database.begin() as conn:
             yield conn
 
     @contextmanager
-    def reader(self) -> Iterator[sa.Connection]:
-        with self.engine.connect() as conn:
+    def reader(self) -> Iterator[Connection]:
+        """A read transaction: one consistent view of the catalog."""
+        with self.database.connect() as conn:
             yield conn
 
-    def query(self, statement: str | sa.TextClause, params: Mapping[str, Any] | None = None
-              ) -> list[sa.Row[Any]]:
-        """Rows of a named statement (`load_sql` name) or a TextClause, with bound parameters."""
+    @contextmanager
+    def duckdb_reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """DuckDB's own connection in a read transaction (user SQL and its snapshot copies)."""
+        assert isinstance(self.database, DuckDBDatabase), "a PostgreSQL catalog has none"
+        with self.database.connect() as conn:
+            yield conn.raw
+
+    def duckdb_connection(self) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection of its own, for the caller to close (or closed with the catalog)."""
+        assert isinstance(self.database, DuckDBDatabase), "a PostgreSQL catalog has none"
+        return self.database.cursor()
+
+    def query(self, statement: str | SQL, params: Mapping[str, Any] | None = None
+              ) -> list[Row]:
+        """Rows of a named statement (`load_sql` name) or an SQL, with bound parameters."""
         stmt = load_sql(statement) if isinstance(statement, str) else statement
         with self.reader() as conn:
-            return list(conn.execute(stmt, dict(params or {})))
+            return conn.execute(stmt, dict(params or {})).rows
 
-    def execute(self, statement: str | sa.TextClause,
+    def execute(self, statement: str | SQL,
                 params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> None:
         stmt = load_sql(statement) if isinstance(statement, str) else statement
         with self.transaction() as conn:
             conn.execute(stmt, params if params is not None else {})
+
+
+# The migrations table exists (a new catalog has none), asked the same way on both engines.
+HAS_MIGRATIONS_TABLE = SQL("SELECT 1 FROM information_schema.tables "
+                           "WHERE table_name = 'schema_migrations' AND table_schema = current_schema()")
+
+
+def _open_duckdb(path: Path) -> DuckDBDatabase:
+    try:
+        return DuckDBDatabase(path)
+    except duckdb.Error as e:
+        first = _first_line(e)
+        if "lock" in first.lower():
+            raise CatalogInUse(
+                f"catalog {path} is in use by another process "
+                f"({_lock_holder(str(e))}; a running `mergepipe serve` or merge?): "
+                "DuckDB lets one process open it; use that process's API, or wait for it "
+                "to end") from None
+        raise CatalogUnreadable(f"cannot open the catalog {path}: {first}") from None
+
+
+def _unreachable(e: Exception) -> bool:
+    """Whether a PostgreSQL catalog's error says the server cannot be used (down, refused)."""
+    from sqlalchemy.exc import OperationalError  # only PostgreSQL catalogs use SQLAlchemy
+
+    return isinstance(e, OperationalError)
+
+
+def _first_line(e: object) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

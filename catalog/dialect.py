@@ -1,9 +1,9 @@
 """Every difference between the DuckDB and PostgreSQL catalogs, in one place.
 
 The SQL files and migrations are written once, in the common subset plus a few DuckDB spellings;
-on PostgreSQL every statement passes through `to_postgres` just before it is sent, a handful of
-DuckDB functions the planner uses exist as SQL functions (`POSTGRES_PRELUDE`), and results are
-read back as DuckDB returns them (sums of integers as int)."""
+on PostgreSQL every statement passes through `to_postgres` just before it is sent
+(postgres_database.py), and a handful of DuckDB functions the planner uses exist as SQL
+functions (`POSTGRES_PRELUDE`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
-from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.settings import CATALOG_URL_SCHEMES as POSTGRES_SCHEMES
 
 # Statement rewrites (compiled SQL, after parameters became %(name)s).
@@ -55,6 +52,8 @@ def display(location: str | Path) -> str:
     """The location without a password, for messages and logs."""
     if not is_postgres(location):
         return str(location)
+    import sqlalchemy as sa  # only PostgreSQL catalogs go through SQLAlchemy
+
     return sa.engine.make_url(engine_url(location)).render_as_string(hide_password=True)
 
 
@@ -77,25 +76,6 @@ def to_postgres(statement: str) -> tuple[list[str], str]:
     return before, _DOUBLE.sub("DOUBLE PRECISION", statement)
 
 
-def create_engine(location: str | Path, **pool: Any) -> sa.Engine:
-    """The engine of a catalog: DuckDB without file or network access from SQL, or PostgreSQL
-    through psycopg 3 with the rewrites and loaders above, in UTC."""
-    if not is_postgres(location):
-        return sa.create_engine(engine_url(location),
-                                connect_args={"config": {"enable_external_access": False}},
-                                **pool)
-    try:
-        import psycopg  # noqa: F401 - the optional `cluster` extra
-    except ImportError:
-        raise InvalidRequest("a PostgreSQL catalog needs psycopg 3: pip install "
-                             "'mergepipe[cluster]'", field="catalog") from None
-    engine = sa.create_engine(engine_url(location), pool_pre_ping=True,
-                              connect_args={"options": "-c timezone=UTC"}, **pool)
-    sa.event.listen(engine, "connect", _register_loaders)
-    sa.event.listen(engine, "before_cursor_execute", _rewrite, retval=True)
-    return engine
-
-
 def unnest_rows(statement: str, parameters: Any) -> tuple[str, list[tuple[Any, ...]]] | None:
     """(INSERT ... VALUES statement, rows) for a columnar unnest insert, else None."""
     m = _UNNEST_INSERT.match(statement)
@@ -110,29 +90,3 @@ def unnest_rows(statement: str, parameters: Any) -> tuple[str, list[tuple[Any, .
             for k in range(n)]
     values = ", ".join(["%s"] * len(columns))
     return f"INSERT INTO {m.group(1)} ({m.group(2)}) VALUES ({values})", rows
-
-
-def _rewrite(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
-             executemany: bool) -> tuple[str, Any]:
-    bulk = None if executemany else unnest_rows(statement, parameters)
-    if bulk is not None:
-        cursor.executemany(*bulk)
-        return "SELECT 1 WHERE false", {}
-    before, statement = to_postgres(statement)
-    for first in before:
-        cursor.execute(first)
-    return statement, parameters
-
-
-def _register_loaders(dbapi_conn: Any, _record: Any) -> None:
-    """Read results as DuckDB gives them: NUMERIC (sums of BIGINT) as int when whole (float
-    otherwise)."""
-    from psycopg.adapt import Loader
-
-    class WholeNumericLoader(Loader):
-        def load(self, data: Any) -> int | float:
-            text = bytes(data).decode()
-            return int(text) if text.lstrip("-").isdigit() else float(text)
-
-    adapters = dbapi_conn.adapters
-    adapters.register_loader("numeric", WholeNumericLoader)

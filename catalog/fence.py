@@ -6,8 +6,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import sqlalchemy as sa
-
+from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import load_sql
 from mergepipe.core.errors import MergePipeError
 
@@ -35,19 +34,19 @@ def utc_now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def hold(conn: sa.Connection, merge_id: str, fence: Fence | None) -> None:
+def hold(conn: Connection, merge_id: str, fence: Fence | None) -> None:
     """In the caller's transaction: check that `fence` still holds the merge's lease and lock
     its row until the transaction ends (a takeover skips locked rows); LeaseLost if not, so
     the caller's writes roll back. No fence (a single-process runner): nothing to check."""
     _hold(conn, "merge", merge_id, fence)
 
 
-def hold_ingest(conn: sa.Connection, job_id: str, fence: Fence | None) -> None:
+def hold_ingest(conn: Connection, job_id: str, fence: Fence | None) -> None:
     """`hold` for an ingestion job."""
     _hold(conn, "ingestion", job_id, fence)
 
 
-def _hold(conn: sa.Connection, kind: str, job_id: str, fence: Fence | None) -> None:
+def _hold(conn: Connection, kind: str, job_id: str, fence: Fence | None) -> None:
     if fence is None:
         return
     sql, key = ("merge_fence", "merge_id") if kind == "merge" else ("ingest_job_fence", "job_id")

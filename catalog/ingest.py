@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
 from mergepipe.catalog.checkpoint import Checkpoint, open_checkpoint
+from mergepipe.catalog.connection import Connection, IntegrityError
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.catalog.grid import DEFAULT_BLOCK_BYTES, block_rows, is_element_grid
 from mergepipe.catalog.lora import lora_targets
@@ -82,7 +81,7 @@ def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None 
                  kind: str = "full", block_bytes: int = DEFAULT_BLOCK_BYTES,
                  with_stats: bool = True, progress: ProgressFn | None = None,
                  source_merge: str | None = None,
-                 guard: Callable[[sa.Connection], None] | None = None,
+                 guard: Callable[[Connection], None] | None = None,
                  scan: ScanFn | None = None) -> ModelRow:
     """Register a checkpoint as model `name` (a base when `base` is None); its models row.
     `guard` runs first in the transaction that writes the rows (a job's fence); `scan` reads
@@ -170,7 +169,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     )
 
 
-def write_model(conn: sa.Connection, scanned: ScannedModel) -> None:
+def write_model(conn: Connection, scanned: ScannedModel) -> None:
     """Write every row of a scanned model in the caller's transaction; Conflict if it exists."""
     name = scanned.name
     if find_model(conn, name) is not None:
@@ -188,7 +187,7 @@ def write_model(conn: sa.Connection, scanned: ScannedModel) -> None:
                             ("tensor_stats_insert", scanned.tensor_stats)):
             if cols and next(iter(cols.values())):
                 conn.execute(load_sql(table), {"model": name, **cols})
-    except sa.exc.IntegrityError:
+    except IntegrityError:
         raise Conflict(f"model {name!r} already exists", field="name") from None
 
 

@@ -8,14 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-
+from mergepipe.catalog.connection import Connection, Row
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.catalog.kinds import KINDS as KINDS  # re-exported
 from mergepipe.catalog.store_types import Stamp
 from mergepipe.core.errors import NotFound
 
-Connectable = Catalog | sa.Connection
+Connectable = Catalog | Connection
 
 
 @dataclass(frozen=True)
@@ -163,12 +162,12 @@ def models_details(cat: Connectable, names: Sequence[str]
     return files, tensors, blocks
 
 
-def _file_row(r: sa.Row[Any]) -> FileRow:
+def _file_row(r: Row) -> FileRow:
     return FileRow(int(r.file_index), str(r.path), int(r.size), int(r.mtime_ns),
                    int(r.header_len), r.etag, r.version_id)
 
 
-def _tensor_row(r: sa.Row[Any]) -> TensorRow:
+def _tensor_row(r: Row) -> TensorRow:
     lora_a = None
     if r.lora_a_offset is not None:
         lora_a = LoraA(int(r.lora_a_file_index), int(r.lora_a_offset), int(r.lora_a_nbytes),
@@ -179,12 +178,12 @@ def _tensor_row(r: sa.Row[Any]) -> TensorRow:
                      lora_a, None if r.lora_scale is None else float(r.lora_scale))
 
 
-def _block_row(r: sa.Row[Any]) -> BlockRow:
+def _block_row(r: Row) -> BlockRow:
     return BlockRow(str(r.tensor), int(r.block_index), int(r.row_start), int(r.row_end),
                     int(r.file_index), int(r.byte_offset), int(r.nbytes), str(r.content_hash))
 
 
-def model_row(r: sa.Row[Any]) -> ModelRow:
+def model_row(r: Row) -> ModelRow:
     m = r._mapping
     created = m["created_at"]
     return ModelRow(
@@ -198,7 +197,7 @@ def model_row(r: sa.Row[Any]) -> ModelRow:
         created_at=created.isoformat() if isinstance(created, datetime) else created)
 
 
-def _query(cat: Connectable, name: str, params: dict[str, Any]) -> list[sa.Row[Any]]:
+def _query(cat: Connectable, name: str, params: dict[str, Any]) -> list[Row]:
     if isinstance(cat, Catalog):
         return cat.query(name, params)
     return list(cat.execute(load_sql(name), params))

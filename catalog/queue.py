@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-
+from mergepipe.catalog.connection import Connection, IntegrityError, Row
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.catalog.fence import Fence, hold_ingest
 from mergepipe.catalog.records import new_merge_id
@@ -120,17 +119,17 @@ def enqueue(cat: Catalog, *, ingests: Sequence[NewIngestJob] = (), merge: NewMer
     return Queued(job_ids, merge_id)
 
 
-def _reserve(conn: sa.Connection, name: str, job_id: str, field: str) -> None:
+def _reserve(conn: Connection, name: str, job_id: str, field: str) -> None:
     """The name's row in name_claims: its primary key refuses a name another server or worker
     claimed at the same moment (the checks of `_claim` cannot see an uncommitted claim)."""
     try:  # the whole enqueue rolls back
         conn.execute(load_sql("name_claim_insert"), {"name": name, "job_id": job_id})
-    except sa.exc.IntegrityError:
+    except IntegrityError:
         raise Conflict(f"model name {name!r} is claimed by another queued job",
                        field=field) from None
 
 
-def _claim(conn: sa.Connection, name: str, field: str) -> None:
+def _claim(conn: Connection, name: str, field: str) -> None:
     """Conflict when `name` is a model, is being ingested, or is a pending merge's output."""
     if conn.execute(load_sql("model_exists"), {"name": name}).scalar_one():
         raise Conflict(f"model name {name!r} is taken", field=field)
@@ -141,7 +140,7 @@ def _claim(conn: sa.Connection, name: str, field: str) -> None:
         raise Conflict(f"{name!r} is the output of pending merge {pending[0]}", field=field)
 
 
-def _insert_ingest(conn: sa.Connection, j: NewIngestJob) -> str:
+def _insert_ingest(conn: Connection, j: NewIngestJob) -> str:
     job_id = f"ing-{uuid.uuid4().hex[:16]}"
     conn.execute(load_sql("ingest_job_insert"), {
         "job_id": job_id, "model": j.model, "kind": j.kind, "path": j.path, "base": j.base,
@@ -149,7 +148,7 @@ def _insert_ingest(conn: sa.Connection, j: NewIngestJob) -> str:
     return job_id
 
 
-def _insert_merge(conn: sa.Connection, m: NewMerge) -> str:
+def _insert_merge(conn: Connection, m: NewMerge) -> str:
     merge_id = new_merge_id()
     r = m.request
     conn.execute(load_sql("merge_insert"), {
@@ -234,7 +233,7 @@ def ping(cat: Catalog) -> None:
     cat.query("catalog_ping")
 
 
-def ingest_job_row(r: sa.Row[Any]) -> IngestJobRow:
+def ingest_job_row(r: Row) -> IngestJobRow:
     m = dict(r._mapping)
     for k in ("created_at", "started_at", "finished_at"):
         if isinstance(m.get(k), datetime):
@@ -243,5 +242,5 @@ def ingest_job_row(r: sa.Row[Any]) -> IngestJobRow:
     return IngestJobRow(**{k: v for k, v in m.items() if k in names})
 
 
-def _job(rows: list[sa.Row[Any]]) -> IngestJobRow | None:
+def _job(rows: list[Row]) -> IngestJobRow | None:
     return ingest_job_row(rows[0]) if rows else None

@@ -50,15 +50,10 @@ def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dic
 def sandbox_connection(cat: Catalog, sql: str, limits: SqlLimits) -> duckdb.DuckDBPyConnection:
     """A connection of its own to the catalog's database, after every check of `sql`, with the
     engine limits set (DuckDB's memory_limit, threads and temp size are database-wide)."""
-    with cat.reader() as conn:
-        raw = conn.connection.driver_connection
-        assert raw is not None
-        try:
-            tables = {str(r[0]).lower() for r in conn.exec_driver_sql(SELECT_TABLES)}
-        finally:
-            conn.rollback()
+    with cat.duckdb_reader() as raw:
+        tables = {str(r[0]).lower() for r in raw.execute(SELECT_TABLES).fetchall()}
         check_all(raw, sql, tables)
-        own: duckdb.DuckDBPyConnection = raw.duplicate()
+    own = cat.duckdb_connection()
     try:
         set_engine_limits(own, limits)
     except BaseException:

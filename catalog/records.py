@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-import sqlalchemy as sa
-
+from mergepipe.catalog.connection import Connection, Row
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.catalog.fence import Fence, hold
 from mergepipe.core.errors import Conflict, NotFound
@@ -192,7 +191,7 @@ def record_progress(cat: Catalog, merge_id: str, p: Progress, fence: Fence | Non
             "expert_bytes_read": p.expert_bytes_read, "base_bytes_read": p.base_bytes_read})
 
 
-def record_success(conn: sa.Connection, merge_id: str, outcome: OutcomeRecord) -> None:
+def record_success(conn: Connection, merge_id: str, outcome: OutcomeRecord) -> None:
     """Realized I/O, output tensor hashes, lineage and status 'succeeded' (caller's transaction,
     which holds the merge's fence)."""
     conn.execute(load_sql("merge_succeeded"), {
@@ -295,7 +294,7 @@ def lineage(cat: Catalog, name: str) -> tuple[list[LineageEdge], list[LineageEdg
             [_edge(r) for r in cat.query("lineage_descendants", p)])
 
 
-def merge_row(r: sa.Row[Any]) -> MergeRow:
+def merge_row(r: Row) -> MergeRow:
     m = dict(r._mapping)
     for k in ("request", "params", "plan"):
         if isinstance(m.get(k), str):
@@ -307,12 +306,12 @@ def merge_row(r: sa.Row[Any]) -> MergeRow:
     return MergeRow(**{k: v for k, v in m.items() if k in names})
 
 
-def _touched(r: sa.Row[Any]) -> TouchedBlock:
+def _touched(r: Row) -> TouchedBlock:
     return TouchedBlock(str(r.model), str(r.tensor), int(r.block_index), int(r.nbytes),
                         float(r.utility), int(r.rank))
 
 
-def _edge(r: sa.Row[Any]) -> LineageEdge:
+def _edge(r: Row) -> LineageEdge:
     return LineageEdge(str(r.child), str(r.parent), str(r.role),
                        None if r.weight is None else float(r.weight), str(r.merge_id),
                        int(r.depth))

@@ -72,11 +72,9 @@ class SqlSnapshot:
         ATTACH or COPY TO one), then rename it into place."""
         tmp = self.dir / f"next-{self.version + 1}.duckdb"
         tmp.unlink(missing_ok=True)
-        # The pooled connection stays checked out until the copy ends: DuckDB closes a
-        # duplicate with its parent, and the pool closes connections it has no room for.
-        with self.cat.reader() as conn:
-            raw = conn.connection.driver_connection
-            assert raw is not None
+        # The reader's connection stays open until the copy ends: DuckDB closes a duplicate
+        # with its parent.
+        with self.cat.duckdb_reader() as raw:
             src: duckdb.DuckDBPyConnection = raw.duplicate()  # for one consistent read
             dst = duckdb.connect(str(tmp), config={"threads": 1, "memory_limit": "256MiB"})
             try:

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-
+from mergepipe.catalog.connection import Connection, Row
 from mergepipe.catalog.db import load_sql
 from mergepipe.core.errors import BudgetViolation, InvalidRequest
 from mergepipe.planner.validate import ModelInfo
@@ -25,7 +24,7 @@ class ExpertTotals:
     omitted_utility: float
 
 
-def load_request(conn: sa.Connection, experts: list[ModelInfo], rank_weights: list[float],
+def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[float],
                  trim_js: list[int | None], utility: str = "l2",
                  tensor_rows: Sequence[dict[str, Any]] = ()) -> None:
     """Put the request's experts in this connection's temp table (bound parameters only).
@@ -42,7 +41,7 @@ def load_request(conn: sa.Connection, experts: list[ModelInfo], rank_weights: li
         conn.execute(load_sql("planner_tensor_params_insert"), list(tensor_rows))
 
 
-def build_candidates(conn: sa.Connection, region: str | None = None) -> int:
+def build_candidates(conn: Connection, region: str | None = None) -> int:
     """Create the ranked candidate units; returns C_full, the operator's full-read bytes.
     region ("tensor" | "block"): rank coherent groups, all experts' units of one output region
     together (PLANNING_UNITS); None: (expert, block) units one by one.
@@ -59,7 +58,7 @@ def build_candidates(conn: sa.Connection, region: str | None = None) -> int:
     return int(conn.execute(load_sql("planner_full_read")).scalar_one())
 
 
-def select(conn: sa.Connection, budget: int, grouped: bool = False) -> int:
+def select(conn: Connection, budget: int, grouped: bool = False) -> int:
     """Greedy knapsack in rank order under `budget`: the prefix whose running cost fits, then
     fill passes over the leftover until one adds nothing (grouped: whole groups only, as
     `build_candidates(region=...)` ranked them). Returns the bytes planned."""
@@ -77,62 +76,60 @@ def select(conn: sa.Connection, budget: int, grouped: bool = False) -> int:
         conn.execute(fill, {"pass": n, "budget": budget, "remaining": budget - spent})
 
 
-def totals(conn: sa.Connection, budget: int) -> dict[int, ExpertTotals]:
+def totals(conn: Connection, budget: int) -> dict[int, ExpertTotals]:
     """Per expert position: candidate/selected blocks, full-read and planned bytes, omitted
     utility. Experts without any candidate are absent."""
     return {int(r[0]): ExpertTotals(int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]))
             for r in conn.execute(load_sql("planner_totals"), {"budget": budget})}
 
 
-def omission_l2(conn: sa.Connection, budget: int) -> float | None:
+def omission_l2(conn: Connection, budget: int) -> float | None:
     """sqrt of the sum over (tensor, block) of the squared omitted utility at that block: the
     tighter omitted-update bound (None when an omitted unit has no statistics)."""
     v = conn.execute(load_sql("planner_omission_l2"), {"budget": budget}).scalar_one()
     return None if v is None else float(v)
 
 
-def access_set(conn: sa.Connection, budget: int) -> tuple[Sequence[tuple[Any, ...]], str]:
+def access_set(conn: Connection, budget: int) -> tuple[Sequence[tuple[Any, ...]], str]:
     """(model, tensor, block_index, nbytes, utility) of the selected blocks in rank order, and
     the sha256 of the access set with the blocks' content hashes."""
     conn.execute(load_sql("planner_access_create"), {"budget": budget})
     # Plain DB-API tuples: a full-budget plan has 10^5+ rows, and Row objects cost 2x.
-    result = conn.execute(load_sql("planner_access"))
-    rows = result.cursor.fetchall()
-    result.close()
+    rows = conn.execute(load_sql("planner_access")).tuples()
     digest = conn.execute(load_sql("planner_access_digest")).scalar_one()
     return rows, str(digest)
 
 
-def trim_rows(conn: sa.Connection) -> list[tuple[Any, ...]]:
+def trim_rows(conn: Connection) -> list[tuple[Any, ...]]:
     """(model, tensor, numel, trim_j, tau, above, tied) of every ties expert tensor."""
     return [tuple(r) for r in conn.execute(load_sql("planner_trims"))]
 
 
-def base_tensors(conn: sa.Connection, model: str) -> list[tuple[str, int]]:
+def base_tensors(conn: Connection, model: str) -> list[tuple[str, int]]:
     """(name, numel) of the base's tensors in checkpoint order."""
     return [(str(r[0]), math.prod(int(d) for d in r[1]))
             for r in conn.execute(load_sql("planner_base_tensors"), {"model": model})]
 
 
-def trim_grid_rows(conn: sa.Connection) -> list[tuple[Any, ...]]:
+def trim_grid_rows(conn: Connection) -> list[tuple[Any, ...]]:
     """(position, model, tensor, numel, trim_tau[], trim_above[], trim_tied[]) of every expert
     tensor with statistics: the whole 1% threshold grid (band operators, planner.bands)."""
     return [tuple(r) for r in conn.execute(load_sql("planner_trim_grid"))]
 
 
-def content_digest(conn: sa.Connection, model: str) -> str:
+def content_digest(conn: Connection, model: str) -> str:
     """sha256 of a model's block content hashes in checkpoint order."""
     return str(conn.execute(load_sql("planner_content_digest"), {"model": model}).scalar_one())
 
 
-def candidate_list(conn: sa.Connection) -> Sequence[sa.Row[Any]]:
+def candidate_list(conn: Connection) -> Sequence[Row]:
     """Candidate units after `build_candidates`, in rank order: model, tensor, block_index (None
     for a fallback tensor), nbytes, lora_a_nbytes, utility (None for fallback), fallback,
     unit_rank."""
     return conn.execute(load_sql("planner_candidate_list")).all()
 
 
-def lora_identity(conn: sa.Connection) -> dict[int, list[list[Any]]]:
+def lora_identity(conn: Connection) -> dict[int, list[list[Any]]]:
     """Per expert position: [tensor, lora_scale, lora_a dtype, shape, nbytes, l2, l1, max_abs,
     lora_a content hash] of each LoRA-adapted tensor (what block content hashes do not cover).
     The hash is left out where the catalog has none (ingested before migration 0004), so such

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-
+from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.catalog.models import ModelRow, model_row
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
@@ -30,7 +29,7 @@ def _ready(row: ModelRow, role: str, field: str) -> ModelInfo:
     return ModelInfo(row.name, row.kind, row.base, row.has_stats, row.lora_scale)
 
 
-def load_models(conn: sa.Connection, request: MergeRequest) -> tuple[ModelInfo, list[ModelInfo]]:
+def load_models(conn: Connection, request: MergeRequest) -> tuple[ModelInfo, list[ModelInfo]]:
     """The base and the experts of `request` as catalog facts; NotFound / Conflict / InvalidRequest
     naming the model when one is missing, not ready, or not an expert of the request's base."""
     names = [request.base] + [e.model for e in request.experts]

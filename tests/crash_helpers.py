@@ -12,8 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 
 # Rows an ingestion writes, per table (all or nothing).
@@ -109,7 +108,7 @@ def timed(proc: subprocess.Popen[bytes], trigger: Callable[[], bool]) -> float:
 def model_rows(db: Path, name: str) -> dict[str, int]:
     """Rows of model `name` per ingestion table (opening the catalog replays its WAL)."""
     with Catalog(db) as cat:
-        return {t: int(cat.query(sa.text(f"SELECT count(*) FROM {t} WHERE {col} = :n"),
+        return {t: int(cat.query(SQL(f"SELECT count(*) FROM {t} WHERE {col} = :n"),
                                  {"n": name})[0][0])
                 for t, col in MODEL_TABLES.items()}
 
@@ -117,7 +116,7 @@ def model_rows(db: Path, name: str) -> dict[str, int]:
 def block_fingerprint(db: Path, name: str) -> list[tuple[Any, ...]]:
     """What ingestion computed for a model, without its name: blocks, hashes and statistics."""
     with Catalog(db) as cat:
-        rows = cat.query(sa.text(
+        rows = cat.query(SQL(
             "SELECT b.tensor, b.block_index, b.byte_offset, b.nbytes, b.content_hash, "
             "s.l2, s.l1, s.max_abs, s.nnz FROM blocks b LEFT JOIN block_stats s "
             "ON s.model = b.model AND s.tensor = b.tensor AND s.block_index = b.block_index "
@@ -128,6 +127,6 @@ def block_fingerprint(db: Path, name: str) -> list[tuple[Any, ...]]:
 def merge_rows(db: Path) -> dict[str, dict[str, Any]]:
     """merge_id -> {status, error, output_name, output_path} of every merge."""
     with Catalog(db) as cat:
-        rows = cat.query(sa.text("SELECT merge_id, status, error, output_name, output_path "
+        rows = cat.query(SQL("SELECT merge_id, status, error, output_name, output_path "
                                  "FROM merges"))
         return {str(r.merge_id): dict(r._mapping) for r in rows}

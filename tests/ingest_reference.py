@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 import torch
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from tests import factory
 
@@ -15,7 +15,7 @@ TABLES = ("models", "files", "tensors", "blocks", "block_stats", "tensor_stats")
 
 
 def rows(cat: Catalog, sql: str, **params: Any) -> list[dict[str, Any]]:
-    return [dict(r._mapping) for r in cat.query(sa.text(sql), params)]
+    return [dict(r._mapping) for r in cat.query(SQL(sql), params)]
 
 
 def registered(cat: Catalog, name: str) -> dict[str, int]:

@@ -6,27 +6,26 @@ import hashlib
 import math
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 
-INSERT_MODEL = sa.text(
+INSERT_MODEL = SQL(
     "INSERT INTO models (name, kind, path, base, status, error, has_stats, block_bytes, "
     "n_tensors, tensor_bytes, lora_scale, source_merge) VALUES (:name, :kind, :path, :base, "
     ":status, :error, :has_stats, 100, :n_tensors, :tensor_bytes, :lora_scale, :source_merge)")
-INSERT_TENSOR = sa.text(
+INSERT_TENSOR = SQL(
     "INSERT INTO tensors (model, tensor, ordinal, file_index, dtype, shape, data_offset, nbytes, "
     "n_blocks, lora_a_file_index, lora_a_offset, lora_a_nbytes, lora_a_dtype, lora_a_shape) "
     "VALUES (:model, :tensor, :ordinal, 0, 'BF16', :shape, :data_offset, :nbytes, :n_blocks, "
     ":lora_a_file_index, :lora_a_offset, :lora_a_nbytes, :lora_a_dtype, :lora_a_shape)")
-INSERT_BLOCK = sa.text(
+INSERT_BLOCK = SQL(
     "INSERT INTO blocks (model, tensor, block_index, row_start, row_end, file_index, "
     "byte_offset, nbytes, content_hash) VALUES (:model, :tensor, :block_index, :block_index, "
     ":row_end, 0, :byte_offset, :nbytes, :content_hash)")
-INSERT_BLOCK_STATS = sa.text(
+INSERT_BLOCK_STATS = SQL(
     "INSERT INTO block_stats (model, tensor, block_index, l2, l1, max_abs, nnz) "
     "VALUES (:model, :tensor, :block_index, :l2, :l1, :max_abs, :nnz)")
-INSERT_TENSOR_STATS = sa.text(
+INSERT_TENSOR_STATS = SQL(
     "INSERT INTO tensor_stats (model, tensor, numel, l2, l1, max_abs, nnz, trim_tau, trim_above, "
     "trim_tied) VALUES (:model, :tensor, :numel, :l2, :l1, :max_abs, :nnz, :trim_tau, "
     ":trim_above, :trim_tied)")

@@ -272,10 +272,10 @@ def test_sigkill_merges_at_many_points(ready_big: dict[str, Any],
 
 
 def model_path(db: Path, name: str) -> str:
-    import sqlalchemy as sa
+    from mergepipe.catalog.connection import SQL
 
     with Catalog(db) as cat:
-        return str(cat.query(sa.text("SELECT path FROM files WHERE model = :n"),
+        return str(cat.query(SQL("SELECT path FROM files WHERE model = :n"),
                              {"n": name})[0][0])
 
 

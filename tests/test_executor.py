@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 import torch
 
 from mergepipe.catalog.checkpoint import open_checkpoint
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import BudgetViolation, Conflict, SourceChanged
 from mergepipe.core.operators import BlockContext
@@ -102,10 +102,10 @@ def test_unread_blocks_are_the_base_bit_for_bit(shared: dict, tmp_path: Path) ->
     catalog, paths = shared["cat"], shared["full"]
     req = build_request(base="base", experts=EXPERTS, operator="linear", budget=0.05)
     r = merge(catalog, req, tmp_path / "out", output_name="sparse").to_dict()
-    touched = {(row.tensor, row.block_index) for row in catalog.query(sa.text(
+    touched = {(row.tensor, row.block_index) for row in catalog.query(SQL(
         "SELECT tensor, block_index FROM touched_blocks WHERE merge_id = :m"),
         {"m": r["merge_id"]})}
-    grid = catalog.query(sa.text("SELECT tensor, block_index, row_start, row_end FROM blocks "
+    grid = catalog.query(SQL("SELECT tensor, block_index, row_start, row_end FROM blocks "
                                  "WHERE model = 'base'"))
     base, out = factory.load(paths["base"]), factory.load(tmp_path / "out")
     untouched = [g for g in grid if (g.tensor, g.block_index) not in touched]
@@ -119,7 +119,7 @@ def test_budget_is_never_exceeded_and_checked_before_reading(shared: dict,
                                                             tmp_path: Path) -> None:
     catalog = shared["cat"]
     req = build_request(base="base", experts=EXPERTS, operator="linear", budget=1.0)
-    rows = catalog.query(sa.text("SELECT model, tensor, block_index, nbytes FROM blocks "
+    rows = catalog.query(SQL("SELECT model, tensor, block_index, nbytes FROM blocks "
                                  "WHERE model IN ('e0', 'e1', 'e2') ORDER BY model, tensor, block_index"))
     blocks = [PlannedBlock(r.model, r.tensor, r.block_index, r.nbytes, 1.0, i)
               for i, r in enumerate(rows)]
@@ -142,7 +142,7 @@ def test_changed_expert_file_is_refused_naming_model_and_file(catalog: Catalog,
     with pytest.raises(SourceChanged, match=rf"model 'e1': file {f} changed after ingestion"):
         merge(catalog, req, tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    row = catalog.query(sa.text("SELECT status, error FROM merges"))[0]
+    row = catalog.query(SQL("SELECT status, error FROM merges"))[0]
     assert row.status == "failed" and "re-ingest 'e1'" in row.error
 
 
@@ -180,10 +180,10 @@ def test_failure_mid_way_leaves_no_output_and_no_temp_dir(shared: dict, tmp_path
     with pytest.raises(RuntimeError, match="disk on fire"):
         merge(catalog, req, tmp_path / "out", output_name="fails")
     assert list(tmp_path.iterdir()) == []
-    row = catalog.query(sa.text("SELECT status, error FROM merges WHERE output_name = 'fails'"))[0]
+    row = catalog.query(SQL("SELECT status, error FROM merges WHERE output_name = 'fails'"))[0]
     assert (row.status, row.error) == (
         "failed", "internal error during the merge (RuntimeError: disk on fire)")
-    assert catalog.query(sa.text("SELECT count(*) FROM models WHERE name = 'fails'"))[0][0] == 0
+    assert catalog.query(SQL("SELECT count(*) FROM models WHERE name = 'fails'"))[0][0] == 0
 
 
 def test_existing_output_is_refused(shared: dict, tmp_path: Path) -> None:
@@ -216,7 +216,7 @@ def test_output_is_registered_and_can_be_merged_again(shared: dict, tmp_path: Pa
     req = build_request(base="base", experts=EXPERTS, operator="ties", budget=0.5,
                         params={"density": 0.5})
     r = merge(catalog, req, tmp_path / "m1", output_name="m1").to_dict()
-    m = catalog.query(sa.text("SELECT kind, base, source_merge, has_stats, status FROM models "
+    m = catalog.query(SQL("SELECT kind, base, source_merge, has_stats, status FROM models "
                               "WHERE name = 'm1'"))[0]
     assert tuple(m) == ("full", "base", r["merge_id"], True, "ready")
     again = build_request(base="base", experts="m1,e2", operator="linear", budget=0.5)

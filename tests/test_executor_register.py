@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from mergepipe.catalog import stats
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ScannedModel, scan_model
 from mergepipe.core.request import build_request
@@ -83,7 +83,7 @@ def test_a_merge_registers_its_output_with_the_rows_of_a_rescan(families, tmp_pa
     ref = scan_model(families, tmp_path / "m", "m-rescan", base="base", source_merge=r["merge_id"])
     for table in ("blocks", "block_stats", "tensor_stats"):
         cols = list(getattr(ref, table))
-        stored = families.query(sa.text(
+        stored = families.query(SQL(
             f"SELECT {', '.join(cols)} FROM {table} WHERE model = 'm' "  # noqa: S608 - test
             f"ORDER BY {'tensor, block_index' if table != 'tensor_stats' else 'tensor'}"))
         want = sorted(zip(*getattr(ref, table).values(), strict=True),

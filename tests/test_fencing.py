@@ -13,9 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from mergepipe.catalog import leases, records
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.fence import Fence, LeaseLost
 from mergepipe.catalog.ingest import ingest_model
@@ -56,7 +56,7 @@ def _wait(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-d
 
 
 def _count(cat: Catalog, sql: str, **p: object) -> int:
-    return int(cat.query(sa.text(sql), p)[0][0])
+    return int(cat.query(SQL(sql), p)[0][0])
 
 
 def test_final_records_of_a_taken_over_run_are_refused(tmp_path: Path, postgres_url: str,
@@ -87,7 +87,7 @@ def test_final_records_of_a_taken_over_run_are_refused(tmp_path: Path, postgres_
         a = threading.Thread(target=run_a)
         a.start()
         _wait(lambda: (hold / "pid").exists(), 30, "run A to stage its output")
-        cat.execute(sa.text("UPDATE merges SET lease_until = :t WHERE merge_id = :m"),
+        cat.execute(SQL("UPDATE merges SET lease_until = :t WHERE merge_id = :m"),
                     {"t": leases.utc_now() - timedelta(seconds=1), "m": merge_id})
         taken = leases.claim(cat, "B", lease_s=30)
         assert taken is not None and taken.taken_over
@@ -168,7 +168,7 @@ def test_sigstopped_worker_resumes_after_takeover(tmp_path: Path, postgres_url: 
         assert _count(cat, "SELECT count(*) FROM output_tensors WHERE merge_id = :m",
                       m=merge_id) == len(records.output_tensors(cat, merge_id))
         assert _count(cat, "SELECT count(*) FROM lineage WHERE merge_id = :m", m=merge_id) == 3
-        assert not cat.query(sa.text("SELECT * FROM name_claims"))
+        assert not cat.query(SQL("SELECT * FROM name_claims"))
         assert _files(out) == _files(want)
         assert sorted(p.name for p in out.parent.iterdir()) == ["merged"]
 
@@ -190,7 +190,7 @@ def test_ingestion_of_a_taken_over_job_writes_nothing(tmp_path: Path,
 
         def take_over(_: Progress) -> None:
             if not taken:
-                cat.execute(sa.text("UPDATE ingest_jobs SET lease_until = :t WHERE job_id = :j"),
+                cat.execute(SQL("UPDATE ingest_jobs SET lease_until = :t WHERE job_id = :j"),
                             {"t": leases.utc_now() - timedelta(seconds=1), "j": job_id})
                 got = leases.claim(cat, "B", lease_s=30)
                 taken.append(got is not None and got.taken_over)

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 import torch
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.request import MergeRequest, build_request
@@ -128,9 +128,9 @@ def test_adding_one_expert_to_k8_reads_the_stored_merge_and_the_new_expert(
     assert_within(tmp_path / "m9", tmp_path / "s9", bound, dtype)
     # records: the merges row, lineage (role previous), manifest and model card
     with cat.reader() as conn:
-        row = conn.execute(sa.text("SELECT strategy, previous_merge FROM merges WHERE "
+        row = conn.execute(SQL("SELECT strategy, previous_merge FROM merges WHERE "
                                    "merge_id = :m"), {"m": inc.merge_id}).one()
-        edges = conn.execute(sa.text("SELECT parent, role, weight FROM lineage WHERE "
+        edges = conn.execute(SQL("SELECT parent, role, weight FROM lineage WHERE "
                                      "child = 'm9' ORDER BY role, parent")).fetchall()
     assert tuple(row) == ("incremental", m8.merge_id)
     assert ("m8", "previous", pytest.approx(K / (K + 1))) in [tuple(e) for e in edges]

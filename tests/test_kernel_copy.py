@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 import xxhash
 
 from mergepipe.catalog.checkpoint import open_checkpoint
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.request import build_request
@@ -47,7 +47,7 @@ def _never_read(cat: Catalog, op: str, budget: float, **params: float) -> int:
     """Bytes of the base's one-block tensors in which the plan reads no expert block."""
     req = build_request(base="base", experts=EXPERTS, operator=op, budget=budget, params=params)
     touched = {b.tensor for b in make_plan(cat, req).blocks}
-    rows = cat.query(sa.text("SELECT tensor, sum(nbytes) FROM blocks WHERE model = 'base' "
+    rows = cat.query(SQL("SELECT tensor, sum(nbytes) FROM blocks WHERE model = 'base' "
                              "GROUP BY tensor HAVING count(*) = 1"))
     return sum(int(n) for t, n in rows if t not in touched)
 
@@ -102,8 +102,8 @@ def test_registered_output_statistics_match_a_fresh_ingestion(fam: dict,
                                          "trim_above, trim_tied"),
                         ("blocks", "tensor, block_index, nbytes, content_hash")):
         q = f"SELECT {cols} FROM {table} WHERE model = :m ORDER BY 1, 2"
-        a = [tuple(r) for r in cat.query(sa.text(q), {"m": "kc"})]
-        b = [tuple(r) for r in cat.query(sa.text(q), {"m": "kc-again"})]
+        a = [tuple(r) for r in cat.query(SQL(q), {"m": "kc"})]
+        b = [tuple(r) for r in cat.query(SQL(q), {"m": "kc-again"})]
         assert a == b, table
 
 

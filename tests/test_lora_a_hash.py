@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 import xxhash
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.errors import SourceChanged
@@ -79,7 +79,7 @@ def test_changed_lora_a_with_same_size_and_mtime_fails_the_merge(catalog: Catalo
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("out")] == []
     assert rows(catalog, "SELECT name FROM models WHERE name = 'merged'") == []
-    row = catalog.query(sa.text("SELECT status, error FROM merges"))[0]
+    row = catalog.query(SQL("SELECT status, error FROM merges"))[0]
     assert row.status == "failed" and "re-ingest 'lora'" in row.error
 
 
@@ -89,10 +89,10 @@ def test_a_catalog_row_without_a_hash_is_not_checked(catalog: Catalog, tmp_path:
     _family(catalog, tmp_path)
     with_hash = make_plan(catalog, _request()).plan_hash
     with catalog.transaction() as conn:
-        conn.execute(sa.text("UPDATE tensors SET lora_a_hash = 'stale' WHERE model = 'lora'"))
+        conn.execute(SQL("UPDATE tensors SET lora_a_hash = 'stale' WHERE model = 'lora'"))
     assert make_plan(catalog, _request()).plan_hash != with_hash
     with catalog.transaction() as conn:
-        conn.execute(sa.text("UPDATE tensors SET lora_a_hash = NULL WHERE model = 'lora'"))
+        conn.execute(SQL("UPDATE tensors SET lora_a_hash = NULL WHERE model = 'lora'"))
     without = make_plan(catalog, _request()).plan_hash
     assert without != with_hash
     r = merge(catalog, _request(), tmp_path / "out", output_name="merged").to_dict()

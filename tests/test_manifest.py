@@ -6,10 +6,10 @@ import json
 from collections.abc import Iterator
 
 import pytest
-import sqlalchemy as sa
 import xxhash
 from safetensors import safe_open
 
+from mergepipe.catalog.connection import SQL, Row
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import Conflict
 from mergepipe.core.progress import Progress
@@ -30,7 +30,7 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                         budget=0.4, seed=3)
     mid = submit_merge(catalog, req, "child", tmp_path / "out").merge_id
     assert mid is not None
-    assert catalog.query(sa.text("SELECT status FROM merges"))[0][0] == "queued"
+    assert catalog.query(SQL("SELECT status FROM merges"))[0][0] == "queued"
     seen: list[Progress] = []
     summary = run_merge(catalog, mid, progress=seen.append).to_dict()
     yield {"cat": catalog, "summary": summary, "progress": seen, "out": tmp_path / "out",
@@ -42,8 +42,8 @@ def _json(v: object) -> dict:
     return v if isinstance(v, dict) else json.loads(str(v))
 
 
-def _rows(cat: Catalog, sql: str, **params: object) -> list[sa.Row]:
-    return cat.query(sa.text(sql), params)
+def _rows(cat: Catalog, sql: str, **params: object) -> list[Row]:
+    return cat.query(SQL(sql), params)
 
 
 def test_merge_row_records_the_run(merged: dict) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import (
     MIGRATIONS_PACKAGE,
     Catalog,
@@ -85,9 +86,8 @@ def test_migrations_are_recorded_and_applied_once(tmp_path: Path) -> None:
     cat = Catalog(path)
     try:
         assert cat.migrate() == []
-        from sqlalchemy import text
         recorded = [(r.version, r.name) for r in
-                    cat.query(text("SELECT version, name FROM schema_migrations ORDER BY 1"))]
+                    cat.query(SQL("SELECT version, name FROM schema_migrations ORDER BY 1"))]
         assert recorded == [(v, n) for v, n, _ in migrations()]
     finally:
         cat.close()

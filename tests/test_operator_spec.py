@@ -9,9 +9,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 import torch
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_config import parse_config
@@ -96,7 +96,7 @@ def test_plan_merge_and_model_card(toy: OperatorSpec, family, tmp_path: Path) ->
     # the bound sums |alpha_i| * ||D_itb|| over the omitted blocks, alpha from the spec
     alpha = {"e0": 0.25, "e1": 0.5}
     read = {(b.model, b.tensor, b.block_index) for b in plan.blocks}
-    rows = cat.query(sa.text("SELECT model, tensor, block_index, l2 FROM block_stats "
+    rows = cat.query(SQL("SELECT model, tensor, block_index, l2 FROM block_stats "
                              "WHERE model IN ('e0', 'e1')"))
     omitted = math.fsum(alpha[r.model] * r.l2 for r in rows
                         if (r.model, r.tensor, r.block_index) not in read)

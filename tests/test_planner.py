@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-import sqlalchemy as sa
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.core.request import Budget, build_request
@@ -261,7 +261,7 @@ def test_merged_output_of_the_same_base_is_an_expert(cat: Catalog) -> None:
 def test_missing_statistics_are_refused(catalog: Catalog) -> None:
     add_model(catalog, base_like("B", E0))
     add_model(catalog, Model("e0", E0, base="B"))
-    catalog.execute(sa.text(
+    catalog.execute(SQL(
         "DELETE FROM block_stats WHERE model = 'e0' AND tensor = 't1' AND block_index = 0"))
     with pytest.raises(InvalidRequest, match="'e0' .* no block_stats rows for tensor 't1'"):
         make_plan(catalog, build_request(base="B", experts="e0", operator="linear"))

@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 import torch
 
+from mergepipe.catalog.connection import SQL, Row
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.request import build_request
@@ -18,7 +18,7 @@ from tests.catalogs import new_catalog
 
 BLOCK = 512  # bytes: several blocks per tensor of the tiny family
 
-STATS = sa.text("""
+STATS = SQL("""
 SELECT s.model, s.tensor, s.block_index, b.nbytes, s.l2, s.max_abs, ts.trim_tau[CAST(:j AS INTEGER)] AS tau
 FROM block_stats s
 JOIN blocks b USING (model, tensor, block_index)
@@ -32,7 +32,7 @@ def ingest_family(cat: Catalog, family: dict[str, Path], *, stats: bool = True) 
         ingest_model(cat, family[name], name, base="base", block_bytes=BLOCK, with_stats=stats)
 
 
-def blocks_of(cat: Catalog, model: str, density: float = 0.5) -> list[sa.Row]:
+def blocks_of(cat: Catalog, model: str, density: float = 0.5) -> list[Row]:
     return cat.query(STATS, {"model": model, "j": round(density * 100)})
 
 
@@ -109,7 +109,7 @@ def test_lora_adapter_reads_lora_a_once_per_tensor(catalog: Catalog,
     lora = factory.make_lora(family["base"], family["base"].parent / "lora", seed=7)
     ingest_model(catalog, lora, "lo", base="base", kind="lora", block_bytes=BLOCK)
     p = plan(catalog, "task_arithmetic", experts="lo")
-    tensors = catalog.query(sa.text(
+    tensors = catalog.query(SQL(
         "SELECT tensor, lora_a_nbytes, nbytes FROM tensors WHERE model = 'lo'"))
     assert len(tensors) == 4  # q_proj and v_proj of two layers
     assert p.planned_expert_bytes == sum(t.lora_a_nbytes + t.nbytes for t in tensors)
@@ -126,7 +126,7 @@ def test_expert_without_statistics_falls_back(catalog: Catalog, family: dict[str
     assert p.fallback_experts == ["e1"] and p.omission_bound is None
     fb = [b for b in p.blocks if b.model == "e1"]
     assert fb and all(b.rank > max(x.rank for x in p.blocks if x.model == "e0") for b in fb)
-    n_blocks = {r.tensor: r.n_blocks for r in catalog.query(sa.text(
+    n_blocks = {r.tensor: r.n_blocks for r in catalog.query(SQL(
         "SELECT tensor, n_blocks FROM tensors WHERE model = 'e1'"))}
     for tensor, idx in p.selected().items():  # whole tensors only
         if tensor[0] == "e1":

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import sqlalchemy as sa
 
 from mergepipe.benchmarks import planner_bench as bench
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import build_request
 from mergepipe.planner.plan import make_plan
@@ -19,7 +19,7 @@ def experts(k: int) -> str:
 
 def check(cat: Catalog, k: int, blocks_per_expert: int) -> None:
     full = make_plan(cat, build_request(base="base", experts=experts(k), operator="linear"))
-    nonzero = cat.query(sa.text("SELECT count(*) FROM block_stats WHERE l2 > 0"))[0][0]
+    nonzero = cat.query(SQL("SELECT count(*) FROM block_stats WHERE l2 > 0"))[0][0]
     assert len(full.blocks) == full.candidate_blocks == nonzero
     assert full.full_read_bytes == full.planned_expert_bytes == nonzero * BLOCK
     tenth = make_plan(cat, build_request(base="base", experts=experts(k), operator="linear",
@@ -33,7 +33,7 @@ def check(cat: Catalog, k: int, blocks_per_expert: int) -> None:
     # ties at density 0.5: tau = 0.05 in the synthetic trim grid, max|delta| = l2 / 10.
     ties = make_plan(cat, build_request(base="base", experts=experts(k), operator="ties",
                                         params={"density": 0.5}))
-    kept = cat.query(sa.text("SELECT count(*) FROM block_stats WHERE l2 > 0 AND "
+    kept = cat.query(SQL("SELECT count(*) FROM block_stats WHERE l2 > 0 AND "
                              "max_abs >= 0.05"))[0][0]
     assert 0 < len(ties.blocks) == kept < nonzero
 

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from mergepipe.catalog import records
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog, CatalogUnavailable
 from mergepipe.core.request import build_request
 from mergepipe.jobs.merge import merge
@@ -24,11 +24,11 @@ PG_TYPES = {"character varying": "VARCHAR", "bigint": "BIGINT", "integer": "INTE
             "double precision": "DOUBLE", "boolean": "BOOLEAN", "json": "JSON",
             "timestamp without time zone": "TIMESTAMP", "_int8": "BIGINT[]",
             "_float8": "DOUBLE[]"}
-COLUMNS = sa.text("""SELECT table_name, column_name, data_type, udt_name, is_nullable,
+COLUMNS = SQL("""SELECT table_name, column_name, data_type, udt_name, is_nullable,
                             column_default IS NOT NULL AS has_default
                      FROM information_schema.columns
                      WHERE table_schema = CAST(:schema AS VARCHAR)""")
-KEYS = sa.text("""SELECT tc.table_name, tc.constraint_type, kcu.column_name
+KEYS = SQL("""SELECT tc.table_name, tc.constraint_type, kcu.column_name
                   FROM information_schema.table_constraints tc
                   JOIN information_schema.key_column_usage kcu
                     ON kcu.constraint_name = tc.constraint_name
@@ -54,8 +54,8 @@ def test_migrations_give_the_same_schema_on_both(tmp_path: Path, postgres_url: s
         assert p_keys == d_keys
         assert ("tensors", "shape", "BIGINT[]", "NO", False) in p_cols
         assert ("blocks", "PRIMARY KEY", "block_index") in p_keys
-        versions = [r[0] for r in pg.query(sa.text("SELECT version FROM schema_migrations"))]
-        assert versions == [r[0] for r in duck.query(sa.text(
+        versions = [r[0] for r in pg.query(SQL("SELECT version FROM schema_migrations"))]
+        assert versions == [r[0] for r in duck.query(SQL(
             "SELECT version FROM schema_migrations"))]
 
 
@@ -137,7 +137,7 @@ def test_user_sql_is_read_only_limited_and_sandboxed(postgres_url: str) -> None:
     from mergepipe.core.sql_limits import SqlLimits
 
     with Catalog(postgres_url) as cat:
-        cat.execute(sa.text("INSERT INTO lineage VALUES ('c', 'p', 'base', 1.5, 'm-1')"))
+        cat.execute(SQL("INSERT INTO lineage VALUES ('c', 'p', 'base', 1.5, 'm-1')"))
         got = run_user_sql(cat, "SELECT child, weight, 'a%' AS pct FROM lineage",
                            SqlLimits())
         assert got == {"columns": ["child", "weight", "pct"], "rows": [["c", 1.5, "a%"]],
@@ -159,7 +159,7 @@ def test_user_sql_is_read_only_limited_and_sandboxed(postgres_url: str) -> None:
             with pytest.raises(InvalidRequest) as e:
                 run_user_sql(cat, sql, SqlLimits(timeout_s=0.3, result_bytes=1000))
             assert why in str(e.value), (sql, str(e.value))
-        assert cat.query(sa.text("SELECT count(*) FROM lineage"))[0][0] == 1
+        assert cat.query(SQL("SELECT count(*) FROM lineage"))[0][0] == 1
 
 
 def test_dialect_rewrites_are_the_documented_ones() -> None:

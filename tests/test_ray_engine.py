@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import model_blocks
 from mergepipe.cli.main import main
@@ -127,7 +127,7 @@ def test_ray_merge_records_and_registers_like_local(ray_runtime: Path, fam: dict
     assert blocks == [{k: v for k, v in vars(blk).items() if k not in ("model", "file_index")}
                       for blk in model_blocks(cat, "ray-b")]
     with cat.reader() as conn:
-        stats = [conn.execute(sa.text(
+        stats = [conn.execute(SQL(
             "SELECT tensor, block_index, l2, l1, max_abs, nnz FROM block_stats WHERE model = :m "
             "ORDER BY tensor, block_index"), {"m": m}).all() for m in ("ray-a", "ray-b")]
     assert stats[0] and stats[0] == stats[1]

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 from mergepipe.catalog.checkpoint import open_checkpoint
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.fsconfine import confined
 from mergepipe.catalog.grid import block_rows
@@ -56,7 +56,7 @@ def rows(cat: Catalog) -> dict[str, list[dict[str, Any]]]:
     with cat.reader() as conn:
         for t in TABLES:
             got = [{k: v for k, v in r.items() if k not in TIMING}
-                   for r in conn.execute(sa.text(f"SELECT * FROM {t}")).mappings()]
+                   for r in conn.execute(SQL(f"SELECT * FROM {t}")).mappings()]
             out[t] = sorted(got, key=lambda r: (r.get("model") or r["name"], r.get("tensor", ""),
                                                 r.get("block_index", r.get("file_index", 0))))
     return out

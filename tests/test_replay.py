@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import main
 from mergepipe.core.errors import Conflict, NotFound
@@ -70,7 +70,7 @@ def test_replay_of_a_per_tensor_plan_keeps_its_bounds(catalog: Catalog, tmp_path
 def test_replay_uses_the_stored_access_set_not_a_new_plan(catalog: Catalog, done: dict) -> None:
     # Drop half the access set from the record: replay must follow the record (and differ).
     with catalog.transaction() as conn:
-        conn.execute(sa.text("DELETE FROM touched_blocks WHERE merge_id = :m AND rank % 2 = 1"),
+        conn.execute(SQL("DELETE FROM touched_blocks WHERE merge_id = :m AND rank % 2 = 1"),
                      {"m": done["merge_id"]})
     r = replay(catalog, done["merge_id"]).to_dict()
     assert not r["match"] and r["mismatched_tensors"]
@@ -86,7 +86,7 @@ def test_cli_replay_exit_status(catalog: Catalog, done: dict, capsys: pytest.Cap
     assert out["match"] is True and out["merge_id"] == done["merge_id"]
     cat = Catalog(db)
     with cat.transaction() as conn:
-        conn.execute(sa.text("UPDATE output_tensors SET content_hash = 'x' WHERE merge_id = :m "
+        conn.execute(SQL("UPDATE output_tensors SET content_hash = 'x' WHERE merge_id = :m "
                              "AND tensor = 'lm_head.weight'"), {"m": done["merge_id"]})
     cat.close()
     assert main(["--catalog", db, "replay", done["merge_id"]]) == 1
@@ -100,7 +100,7 @@ def test_replay_refuses_unknown_and_unfinished_merges(catalog: Catalog, done: di
     with pytest.raises(NotFound):
         replay(catalog, "m-nope")
     with catalog.transaction() as conn:
-        conn.execute(sa.text("UPDATE merges SET status = 'failed' WHERE merge_id = :m"),
+        conn.execute(SQL("UPDATE merges SET status = 'failed' WHERE merge_id = :m"),
                      {"m": done["merge_id"]})
     with pytest.raises(Conflict, match="only succeeded merges"):
         replay(catalog, done["merge_id"])

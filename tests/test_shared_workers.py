@@ -92,9 +92,9 @@ def test_a_single_worker_runs_a_base_queued_after_its_expert(tmp_path: Path,
 
 
 def _sql(text: str):  # type: ignore[no-untyped-def]
-    import sqlalchemy as sa
+    from mergepipe.catalog.connection import SQL
 
-    return sa.text(text)
+    return SQL(text)
 
 
 def _worker(url: str, tmp_path: Path, log: Path) -> subprocess.Popen[bytes]:

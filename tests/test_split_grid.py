@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.grid import block_rows, is_element_grid, unit_numel
 from mergepipe.catalog.ingest import ingest_model
@@ -63,7 +63,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 def _q(cat: Catalog, sql: str) -> list[tuple]:
-    return [tuple(r) for r in cat.query(sa.text(sql))]
+    return [tuple(r) for r in cat.query(SQL(sql))]
 
 
 def test_small_grid_has_element_blocks_and_same_statistics(two: dict) -> None:

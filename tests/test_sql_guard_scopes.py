@@ -24,8 +24,8 @@ NAMES = ["pg_settings", "duckdb_settings", "duckdb_databases", "pragma_database_
 @pytest.fixture(scope="module")
 def cat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Catalog, set[str]]]:
     with Catalog(tmp_path_factory.mktemp("scopes") / "catalog.duckdb") as c:
-        with c.reader() as conn:
-            tables = {str(r[0]).lower() for r in conn.exec_driver_sql(SELECT_TABLES)}
+        with c.duckdb_reader() as raw:
+            tables = {str(r[0]).lower() for r in raw.execute(SELECT_TABLES).fetchall()}
         yield c, tables
 
 
@@ -81,8 +81,7 @@ def test_names_resolve_by_scope(cat: tuple[Catalog, set[str]], q: tuple[str, boo
     c, tables = cat
     sql, in_scope = q
     assert _refused(check_readonly, sql, tables) == (not in_scope), sql
-    with c.reader() as conn:
-        raw = conn.connection.driver_connection
+    with c.duckdb_reader() as raw:
         assert _refused(check_duckdb_tree, raw, sql, tables) == (not in_scope), sql
     if in_scope:  # DuckDB agrees: every name bound to its CTE (a system view has no `m`)
         try:

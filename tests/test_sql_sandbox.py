@@ -151,8 +151,8 @@ def test_duckdb_syntax_over_the_catalog_is_allowed(cat: tuple[Catalog, Path], sq
 
 def test_nothing_was_changed_by_the_refused_statements(cat: tuple[Catalog, Path]) -> None:
     c, secret = cat
-    with c.reader() as conn:
-        tables = {r[0] for r in conn.exec_driver_sql(readonly_sql.SELECT_TABLES)}
+    with c.duckdb_reader() as raw:
+        tables = {r[0] for r in raw.execute(readonly_sql.SELECT_TABLES).fetchall()}
     assert {"models", "merges"} <= tables and "t" not in tables
     assert secret.read_text() == f"x\n{SECRET}\n"
     assert not (secret.parent / "x.csv").exists()

@@ -16,9 +16,9 @@ from pathlib import Path
 import duckdb
 import psutil
 import pytest
-import sqlalchemy as sa
 
 from mergepipe.catalog import sql_procs
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.sql_snapshot import snapshot_for
 from mergepipe.catalog.user_sql import run_user_sql_async
@@ -60,7 +60,7 @@ def workers() -> list[psutil.Process]:
 def test_queries_run_in_worker_processes_over_a_fresh_snapshot(cat: Catalog) -> None:
     assert run(cat, "SELECT count(*) FROM lineage")["rows"] == [[0]]
     assert workers() and all(p.pid != os.getpid() for p in workers())
-    cat.execute(sa.text(
+    cat.execute(SQL(
         "INSERT INTO lineage VALUES ('c', 'p', 'base', 0.5, 'm1')"))
     # the catalog changed: the next query sees the new row
     assert run(cat, "SELECT child, weight FROM lineage")["rows"] == [["c", 0.5]]
@@ -151,29 +151,35 @@ def test_the_snapshot_is_written_whole_then_renamed(cat: Catalog, tmp_path: Path
     snap = snapshot_for(cat)
     path, version = snap.current()
     assert snap.current() == (path, version)  # unchanged catalog: no new copy
-    cat.execute(sa.text(
+    cat.execute(SQL(
         "INSERT INTO lineage VALUES ('c2', 'p', 'base', 1.0, 'm2')"))
     path2, version2 = snap.current()
     assert path2 == path and version2 == version + 1
     assert [p.name for p in snap.dir.iterdir()] == ["snapshot.duckdb"]  # no leftovers
 
 
-def test_the_snapshot_copy_survives_the_pool_closing_idle_connections(
+def test_the_snapshot_copy_survives_other_connections_ending(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DuckDB closes a duplicated connection with its parent, and the pool closes connections
-    it has no room for (many concurrent requests): the copy holds its pooled connection."""
+    """DuckDB closes a duplicated connection with its parent: while the copy runs, other
+    requests' transactions and readers open and end their connections (many concurrent
+    requests), and the copy still reads every table through its own."""
     from mergepipe.catalog import sql_snapshot
 
     copy_table = sql_snapshot._copy_table
+    ended = []
 
-    def copy_while_the_pool_lets_go(src, dst, name):  # type: ignore[no-untyped-def]
-        c.engine.dispose()  # closes every connection checked in to the pool
+    def copy_while_others_come_and_go(src, dst, name):  # type: ignore[no-untyped-def]
+        for _ in range(3):
+            with c.transaction() as conn:
+                conn.execute(SQL("SELECT count(*) FROM models"))
+            ended.append(len(c.query(SQL("SELECT 1"))))
         copy_table(src, dst, name)
 
     with Catalog(tmp_path / "catalog.duckdb") as c:
-        c.execute(sa.text("INSERT INTO lineage VALUES ('c1', 'p', 'base', 1.0, 'm1')"))
-        monkeypatch.setattr(sql_snapshot, "_copy_table", copy_while_the_pool_lets_go)
+        c.execute(SQL("INSERT INTO lineage VALUES ('c1', 'p', 'base', 1.0, 'm1')"))
+        monkeypatch.setattr(sql_snapshot, "_copy_table", copy_while_others_come_and_go)
         path, _ = snapshot_for(c).current()
         monkeypatch.undo()
+        assert ended  # the others ran during the copy
         with duckdb.connect(str(path), read_only=True) as snap:
             assert snap.execute("SELECT count(*) FROM lineage").fetchone() == (1,)

@@ -196,8 +196,8 @@ def test_wheel_runs_without_the_checkout(installed: Installed, outside: Path) ->
         [str(installed.python), "-c",
          "import sys; from mergepipe.catalog.db import Catalog;"
          "c = Catalog(sys.argv[1]);"
-         "print(c.engine.connect().exec_driver_sql("
-         "'SELECT count(*) FROM schema_migrations').scalar())", str(outside / "catalog.duckdb")],
+         "from mergepipe.catalog.connection import SQL;"
+         "print(len(c.query(SQL('SELECT version FROM schema_migrations'))))", str(outside / "catalog.duckdb")],
         cwd=outside, capture_output=True, text=True, env=clean_env())
     assert applied.returncode == 0, applied.stderr[-3000:]
     assert int(applied.stdout) == len(list((REPO / "migrations").glob("[0-9]*.sql")))

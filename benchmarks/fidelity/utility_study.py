@@ -23,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 import torch
 from safetensors.torch import load_file
 
@@ -32,6 +31,7 @@ from mergepipe.benchmarks.fidelity.family import build_family
 from mergepipe.benchmarks.fidelity.random_plan import Candidate, _first_fit, candidates
 from mergepipe.benchmarks.fidelity.run import Evaluator, FidelityConfig, OperatorRun
 from mergepipe.benchmarks.fidelity.tasks import eval_set
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.planner.plan import Plan, make_plan
@@ -48,10 +48,10 @@ class Norms:
         for f in sorted(base_dir.glob("*.safetensors")):
             state.update(load_file(f))
         with cat.reader() as conn:
-            grid = conn.execute(sa.text(
+            grid = conn.execute(SQL(
                 "SELECT tensor, block_index, row_start, row_end FROM blocks "
                 "WHERE model = 'base'")).all()
-            tstats = conn.execute(sa.text("SELECT model, tensor, l2 FROM tensor_stats")).all()
+            tstats = conn.execute(SQL("SELECT model, tensor, l2 FROM tensor_stats")).all()
         self.base_block: dict[tuple[str, int], float] = {}
         self.base_tensor: dict[str, float] = {}
         for tensor, bi, r0, r1 in grid:

@@ -7,9 +7,8 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import sqlalchemy as sa
-
 from mergepipe.catalog import queue
+from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.fence import Fence, LeaseLost, hold_ingest
 from mergepipe.catalog.fsconfine import confined
@@ -31,7 +30,7 @@ log = logging.getLogger("mergepipe.jobs.ingest")
 def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path] = (),
                   remote_roots: Sequence[str] | None = None,
                   progress: ProgressFn | None = None,
-                  guard: Callable[[sa.Connection], None] | None = None,
+                  guard: Callable[[Connection], None] | None = None,
                   engine: Engine = LOCAL) -> ModelRow:
     """Register `job.path` (a local path or a URL) as model `job.model`. The service passes
     its roots: the path must still lie inside them when the job starts, and every file is

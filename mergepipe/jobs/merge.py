@@ -15,9 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import sqlalchemy
-
 from mergepipe.catalog import records
+from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.fence import Fence, LeaseLost, hold
 from mergepipe.catalog.fsconfine import confined
@@ -180,7 +179,7 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
 
 @contextlib.contextmanager
 def _fenced(cat: Catalog, merge_id: str, fence: Fence | None
-            ) -> Iterator[sqlalchemy.Connection | None]:
+            ) -> Iterator[Connection | None]:
     """No fence: nothing (None). A fence: a transaction holding it (LeaseLost if lost), the
     merge's row locked until the block ends (committed then, rolled back on an error)."""
     if fence is None:

@@ -1,0 +1,143 @@
+"""What the layers above see of a catalog connection, the same over DuckDB and PostgreSQL:
+statements with `:name` parameters, rows read by name or position, and the one database error
+they handle (a broken unique or key constraint)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache, cached_property
+from typing import Any, Protocol
+
+# `:name` binds a parameter; `::` (a cast) and `\:` (a literal colon) do not, nor does a name
+# followed by a colon (write CAST(:x AS T)): SQLAlchemy's text() rule, which PostgreSQL uses.
+_PARAM = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
+
+Params = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SQL:
+    """One SQL statement whose parameters are written `:name`."""
+
+    text: str
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        """The parameter names, in order of first use."""
+        return tuple(dict.fromkeys(_PARAM.findall(self.text)))
+
+    @cached_property
+    def numbered(self) -> str:
+        """The statement with `$1, $2, ...` in place of the names (DuckDB's numbered style)."""
+        index = {name: i + 1 for i, name in enumerate(self.names)}
+        return _PARAM.sub(lambda m: f"${index[m.group(1)]}", self.text).replace("\\:", ":")
+
+    def values(self, params: Params) -> list[Any]:
+        """The parameter values in the order of `names`."""
+        try:
+            return [params[name] for name in self.names]
+        except KeyError as e:
+            raise KeyError(f"no value for the parameter :{e.args[0]} of {self.text[:200]!r}"
+                           ) from None
+
+
+class IntegrityError(Exception):
+    """A statement broke a unique, primary-key or foreign-key constraint."""
+
+
+class Row(tuple[Any, ...]):
+    """A result row: a tuple whose values can also be read as attributes named by column."""
+
+    __slots__ = ()
+    _index: Mapping[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[self._index[name]]
+        except KeyError:
+            raise AttributeError(f"the row has no column {name!r} (it has "
+                                 f"{', '.join(self._index)})") from None
+
+    @property
+    def _mapping(self) -> dict[str, Any]:
+        return dict(zip(self._index, self, strict=True))
+
+
+@cache
+def row_type(columns: tuple[str, ...]) -> type[Row]:
+    """The Row class of one list of columns (the first of two equal names wins)."""
+    index: dict[str, int] = {}
+    for i, c in enumerate(columns):
+        index.setdefault(c, i)
+    return type("Row", (Row,), {"__slots__": (), "_index": index})
+
+
+class Result:
+    """The rows of one executed statement, all read, and the rows it changed."""
+
+    def __init__(self, columns: Sequence[str], rows: list[tuple[Any, ...]],
+                 rowcount: int = -1) -> None:
+        self.columns = list(columns)
+        self.rowcount = rowcount
+        self._tuples = rows
+
+    def tuples(self) -> list[tuple[Any, ...]]:
+        """The rows as plain tuples (no per-row object: for results of 10^5 rows)."""
+        return self._tuples
+
+    @cached_property
+    def rows(self) -> list[Row]:
+        make = row_type(tuple(self.columns))
+        return [make(r) for r in self._tuples]
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows)
+
+    def fetchall(self) -> list[Row]:
+        return self.rows
+
+    def all(self) -> list[Row]:
+        return self.rows
+
+    def first(self) -> Row | None:
+        return self.rows[0] if self.rows else None
+
+    def one(self) -> Row:
+        if len(self.rows) != 1:
+            raise LookupError(f"expected one row, the statement returned {len(self.rows)}")
+        return self.rows[0]
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+    def scalar(self) -> Any:
+        return self.rows[0][0] if self.rows else None
+
+    def mappings(self) -> Mappings:
+        return Mappings([r._mapping for r in self.rows])
+
+
+class Mappings(list[dict[str, Any]]):
+    """The rows as dicts of column to value."""
+
+    def one(self) -> dict[str, Any]:
+        if len(self) != 1:
+            raise LookupError(f"expected one row, the statement returned {len(self)}")
+        return self[0]
+
+    def first(self) -> dict[str, Any] | None:
+        return self[0] if self else None
+
+    def all(self) -> list[dict[str, Any]]:
+        return list(self)
+
+
+class Connection(Protocol):
+    """A catalog connection inside one transaction (a writer's or a reader's)."""
+
+    def execute(self, statement: SQL, params: Params | Sequence[Params] | None = None
+                ) -> Result:
+        """Run `statement` once with `params`, or once per mapping of a sequence of them."""
+        ...

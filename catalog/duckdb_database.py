@@ -1,0 +1,80 @@
+"""A DuckDB catalog file through DuckDB's own Python API (what a command opens in 0.02 s; the
+SQLAlchemy engine and its DuckDB dialect took 0.4 s to import and connect)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import duckdb
+
+from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result
+
+
+class DuckDBConnection:
+    """One DuckDB connection to the catalog, in one transaction."""
+
+    def __init__(self, raw: duckdb.DuckDBPyConnection) -> None:
+        self.raw = raw
+
+    def execute(self, statement: SQL, params: Params | Sequence[Params] | None = None
+                ) -> Result:
+        try:
+            if params is None or isinstance(params, dict) or not isinstance(params, Sequence):
+                self.raw.execute(statement.numbered, statement.values(params or {}))
+            elif not params:
+                return Result([], [], 0)
+            else:
+                self.raw.executemany(statement.numbered, [statement.values(p) for p in params])
+        except duckdb.IntegrityError as e:
+            raise IntegrityError(str(e)) from e
+        description = self.raw.description
+        if not description:
+            return Result([], [], self.raw.rowcount)
+        return Result([d[0] for d in description], self.raw.fetchall(), self.raw.rowcount)
+
+
+class DuckDBDatabase:
+    """The catalog file, opened once; each transaction gets a connection of its own."""
+
+    def __init__(self, path: Path) -> None:
+        # No file or network access from SQL: the catalog's SQL reads only the catalog.
+        self.db = duckdb.connect(str(path), config={"enable_external_access": False})
+        self._lock = threading.Lock()  # DuckDB's parent connection is not for threads
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new connection to the database (it closes with the database at the latest)."""
+        with self._lock:
+            return self.db.cursor()
+
+    @contextmanager
+    def begin(self) -> Iterator[DuckDBConnection]:
+        """A write transaction: committed when the block ends, rolled back if it raises."""
+        raw = self.cursor()
+        try:
+            raw.begin()
+            try:
+                yield DuckDBConnection(raw)
+            except BaseException:
+                # (a fatal error may have ended the transaction already: report that one)
+                with suppress(duckdb.Error):
+                    raw.rollback()
+                raise
+            raw.commit()
+        finally:
+            raw.close()
+
+    @contextmanager
+    def connect(self) -> Iterator[DuckDBConnection]:
+        """A read transaction: one consistent view of the catalog, nothing written."""
+        raw = self.cursor()
+        try:
+            raw.begin()
+            yield DuckDBConnection(raw)
+        finally:
+            raw.close()  # rolls back whatever was begun
+
+    def dispose(self) -> None:
+        self.db.close()

@@ -1,0 +1,96 @@
+"""A PostgreSQL catalog through SQLAlchemy and psycopg 3, with dialect.py's rewrites applied to
+every statement and results read back as DuckDB returns them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import cache
+from typing import Any
+
+import sqlalchemy as sa
+
+from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result
+from mergepipe.catalog.dialect import engine_url, to_postgres, unnest_rows
+from mergepipe.core.errors import InvalidRequest
+
+OperationalError = sa.exc.OperationalError  # the server cannot be reached
+DBAPIError = sa.exc.DBAPIError
+
+
+@cache
+def _text(statement: SQL) -> sa.TextClause:
+    return sa.text(statement.text)
+
+
+class PostgresConnection:
+    """One pooled connection, in one transaction."""
+
+    def __init__(self, conn: sa.Connection) -> None:
+        self.sa = conn
+
+    def execute(self, statement: SQL, params: Params | Sequence[Params] | None = None
+                ) -> Result:
+        if isinstance(params, Sequence) and not isinstance(params, dict) and not params:
+            return Result([], [], 0)
+        try:
+            res = self.sa.execute(_text(statement), params if params is not None else {})
+        except sa.exc.IntegrityError as e:
+            raise IntegrityError(str(e.orig)) from e
+        if not res.returns_rows:
+            return Result([], [], res.rowcount)
+        return Result(list(res.keys()), [tuple(r) for r in res], res.rowcount)
+
+
+class PostgresDatabase:
+    """A pool of connections to the catalog database, in UTC."""
+
+    def __init__(self, location: str, **pool: Any) -> None:
+        try:
+            import psycopg  # noqa: F401 - the optional `cluster` extra
+        except ImportError:
+            raise InvalidRequest("a PostgreSQL catalog needs psycopg 3: pip install "
+                                 "'mergepipe[cluster]'", field="catalog") from None
+        self.engine = sa.create_engine(engine_url(location), pool_pre_ping=True,
+                                       connect_args={"options": "-c timezone=UTC"}, **pool)
+        sa.event.listen(self.engine, "connect", _register_loaders)
+        sa.event.listen(self.engine, "before_cursor_execute", _rewrite, retval=True)
+
+    @contextmanager
+    def begin(self) -> Iterator[PostgresConnection]:
+        with self.engine.begin() as conn:
+            yield PostgresConnection(conn)
+
+    @contextmanager
+    def connect(self) -> Iterator[PostgresConnection]:
+        with self.engine.connect() as conn:
+            yield PostgresConnection(conn)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _rewrite(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+             executemany: bool) -> tuple[str, Any]:
+    bulk = None if executemany else unnest_rows(statement, parameters)
+    if bulk is not None:
+        cursor.executemany(*bulk)
+        return "SELECT 1 WHERE false", {}
+    before, statement = to_postgres(statement)
+    for first in before:
+        cursor.execute(first)
+    return statement, parameters
+
+
+def _register_loaders(dbapi_conn: Any, _record: Any) -> None:
+    """Read results as DuckDB gives them: NUMERIC (sums of BIGINT) as int when whole (float
+    otherwise)."""
+    from psycopg.adapt import Loader
+
+    class WholeNumericLoader(Loader):
+        def load(self, data: Any) -> int | float:
+            text = bytes(data).decode()
+            return int(text) if text.lstrip("-").isdigit() else float(text)
+
+    adapters = dbapi_conn.adapters
+    adapters.register_loader("numeric", WholeNumericLoader)
