@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import threading
@@ -59,6 +58,8 @@ class SqlSlots:
 
     async def acquire_async(self, deadline: float) -> None:
         """acquire() on the event loop: a waiting request holds no thread."""
+        import asyncio  # the server's; the CLI's `sql` does not load it (0.05 s)
+
         if self._free.acquire(blocking=False):
             return
         with self._in_queue():

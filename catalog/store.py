@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 from mergepipe.catalog.fsconfine import current_roots
-from mergepipe.catalog.http_store import HttpStore
 from mergepipe.catalog.local_store import LocalStore
 from mergepipe.catalog.locations import is_url, parse_url
 from mergepipe.catalog.remote_io import RemoteConfig
@@ -35,8 +34,15 @@ def remote_store(path: str) -> RemoteStore:
     with _lock:
         store = _remote.get(key)
         if store is None:
-            store = _remote[key] = S3Store(cfg) if s3 else HttpStore(cfg)
+            store = _remote[key] = S3Store(cfg) if s3 else _http_store(cfg)
         return store
+
+
+def _http_store(cfg: RemoteConfig) -> RemoteStore:
+    # urllib3 and http.client (0.07 s) load with the first http(s):// location, not for local files
+    from mergepipe.catalog.http_store import HttpStore
+
+    return HttpStore(cfg)
 
 
 def s3_store(path: str) -> S3Store:

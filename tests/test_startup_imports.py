@@ -27,7 +27,7 @@ try:
 except SystemExit as e:
     rc = e.code
 watched = {"torch", "fastapi", "starlette", "uvicorn", "pydantic", "transformers", "numpy",
-           "sqlalchemy", "duckdb", "safetensors", "yaml", "boto3", "xxhash"}
+           "sqlalchemy", "duckdb", "safetensors", "yaml", "boto3", "xxhash", "urllib3"}
 loaded = sorted({m.split(".")[0] for m in sys.modules} & watched)
 print(json.dumps({"rc": rc, "loaded": loaded}), file=sys.stderr)
 """
@@ -90,6 +90,7 @@ def test_ingesting_a_full_or_a_delta_checkpoint_never_imports_torch(cat_path: st
     loaded = _imports("--catalog", cat_path, "ingest", str(path), "--name", f"np-{kind}",
                       "--base", "base", "--kind", kind, "--json")
     assert "numpy" in loaded and not loaded & ({"torch"} | SERVICE_ONLY), loaded
+    assert "urllib3" not in loaded, loaded  # the HTTP client loads for http(s):// locations
     with Catalog(cat_path) as cat, cat.reader() as conn:
         n = conn.execute(SQL("SELECT count(*) FROM block_stats WHERE model = :m AND l1 > 0"),
                          {"m": f"np-{kind}"}).scalar_one()
