@@ -43,6 +43,16 @@ class SQL:
                            ) from None
 
 
+def parameter_sets(params: Params | Sequence[Params] | None) -> Params | list[Params]:
+    """One mapping for a single run of a statement ({} for none), or the list of mappings of an
+    executemany (given as a sequence of them)."""
+    if params is None:
+        return {}
+    if isinstance(params, Mapping):
+        return params
+    return list(params)
+
+
 class IntegrityError(Exception):
     """A statement broke a unique, primary-key or foreign-key constraint."""
 
@@ -112,9 +122,6 @@ class Result:
     def scalar_one(self) -> Any:
         return self.one()[0]
 
-    def scalar(self) -> Any:
-        return self.rows[0][0] if self.rows else None
-
     def mappings(self) -> Mappings:
         return Mappings([r._mapping for r in self.rows])
 
@@ -126,12 +133,6 @@ class Mappings(list[dict[str, Any]]):
         if len(self) != 1:
             raise LookupError(f"expected one row, the statement returned {len(self)}")
         return self[0]
-
-    def first(self) -> dict[str, Any] | None:
-        return self[0] if self else None
-
-    def all(self) -> list[dict[str, Any]]:
-        return list(self)
 
 
 class Connection(Protocol):

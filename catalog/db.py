@@ -246,10 +246,9 @@ def _open_duckdb(path: Path) -> DuckDBDatabase:
 
 
 def _unreachable(e: Exception) -> bool:
-    """Whether a PostgreSQL catalog's error says the server cannot be used (down, refused)."""
-    from sqlalchemy.exc import OperationalError  # only PostgreSQL catalogs use SQLAlchemy
+    from mergepipe.catalog.postgres_database import unreachable  # only PostgreSQL's
 
-    return isinstance(e, OperationalError)
+    return unreachable(e)
 
 
 def _first_line(e: object) -> str:

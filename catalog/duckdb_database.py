@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 
-from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result
+from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result, parameter_sets
 
 
 class DuckDBConnection:
@@ -21,13 +21,14 @@ class DuckDBConnection:
 
     def execute(self, statement: SQL, params: Params | Sequence[Params] | None = None
                 ) -> Result:
+        sets = parameter_sets(params)
+        if sets == []:
+            return Result([], [], 0)
         try:
-            if params is None or isinstance(params, dict) or not isinstance(params, Sequence):
-                self.raw.execute(statement.numbered, statement.values(params or {}))
-            elif not params:
-                return Result([], [], 0)
+            if isinstance(sets, list):
+                self.raw.executemany(statement.numbered, [statement.values(p) for p in sets])
             else:
-                self.raw.executemany(statement.numbered, [statement.values(p) for p in params])
+                self.raw.execute(statement.numbered, statement.values(sets))
         except duckdb.IntegrityError as e:
             raise IntegrityError(str(e)) from e
         description = self.raw.description

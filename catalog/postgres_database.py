@@ -10,12 +10,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result
+from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result, parameter_sets
 from mergepipe.catalog.dialect import engine_url, to_postgres, unnest_rows
 from mergepipe.core.errors import InvalidRequest
-
-OperationalError = sa.exc.OperationalError  # the server cannot be reached
-DBAPIError = sa.exc.DBAPIError
 
 
 @cache
@@ -31,10 +28,11 @@ class PostgresConnection:
 
     def execute(self, statement: SQL, params: Params | Sequence[Params] | None = None
                 ) -> Result:
-        if isinstance(params, Sequence) and not isinstance(params, dict) and not params:
+        sets = parameter_sets(params)
+        if sets == []:
             return Result([], [], 0)
         try:
-            res = self.sa.execute(_text(statement), params if params is not None else {})
+            res = self.sa.execute(_text(statement), sets)
         except sa.exc.IntegrityError as e:
             raise IntegrityError(str(e.orig)) from e
         if not res.returns_rows:
@@ -68,6 +66,11 @@ class PostgresDatabase:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def unreachable(e: Exception) -> bool:
+    """Whether an error of the catalog says the server cannot be used (down, refused login)."""
+    return isinstance(e, sa.exc.OperationalError)
 
 
 def _rewrite(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,

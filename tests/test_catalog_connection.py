@@ -48,7 +48,7 @@ def test_rows_read_by_column_name_and_position(cat: Catalog) -> None:
         _ = rows[0].y
     with cat.reader() as conn:
         res = conn.execute(ALL)
-        assert res.mappings().first() == {"k": 1, "name": "a", "x": 0.5}
+        assert res.mappings()[0] == {"k": 1, "name": "a", "x": 0.5}
         assert res.tuples() == [(1, "a", 0.5), (2, None, 2.0)]
         assert type(res.tuples()[0]) is tuple
         assert conn.execute(SQL("SELECT count(*) FROM t")).scalar_one() == 2
