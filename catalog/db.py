@@ -13,11 +13,10 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import duckdb
-
 from mergepipe.catalog import dialect
 from mergepipe.catalog.connection import SQL, Connection, Row
 from mergepipe.catalog.duckdb_database import DuckDBDatabase
+from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import Conflict, MergePipeError
 
 if TYPE_CHECKING:

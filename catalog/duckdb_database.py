@@ -8,9 +8,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-import duckdb
-
 from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result, parameter_sets
+from mergepipe.catalog.duckdb_module import duckdb
 
 
 class DuckDBConnection:

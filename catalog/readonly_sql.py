@@ -6,9 +6,8 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-import duckdb
-
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.catalog.sql_exec import (
     FETCH_ROWS,
     MIN_RUN_S,

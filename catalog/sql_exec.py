@@ -10,8 +10,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-import duckdb
-
+from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.catalog.sql_guard import check_duckdb_tree, check_readonly, check_with_duckdb
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.jsonable import jsonable

@@ -6,11 +6,11 @@ import json
 from collections.abc import Collection
 from typing import Any, cast
 
-import duckdb
 import sqlglot
 import sqlglot.expressions as exp
 from sqlglot.errors import ParseError
 
+from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import InvalidRequest
 
 # Functions that read files or the network, touch settings or state, or reveal the server's

@@ -15,8 +15,7 @@ import sys
 import time
 from typing import IO, Any
 
-import duckdb
-
+from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.catalog.sql_exec import SELECT_TABLES, check_all, run_on, set_engine_limits
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.sql_limits import SqlLimits

@@ -11,7 +11,6 @@ from mergepipe.catalog.readonly_sql import DEADLINE_GRACE_S, run_readonly
 from mergepipe.catalog.sql_exec import check_time_left, time_limit_error
 from mergepipe.catalog.sql_procs import POOL
 from mergepipe.catalog.sql_slots import slots_for
-from mergepipe.catalog.sql_snapshot import snapshot_for
 from mergepipe.core.sql_limits import SqlLimits
 
 
@@ -30,6 +29,10 @@ def run_user_sql(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
 
 def _isolated(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
     """A DuckDB query in a worker process, over a snapshot of the catalog's tables."""
+    # the server's: the snapshot's Arrow copy needs the whole duckdb package, which the
+    # CLI's `sql` does not load (0.05 s)
+    from mergepipe.catalog.sql_snapshot import snapshot_for
+
     check_time_left(deadline, limits)
     path, version = snapshot_for(cat).current()
     return POOL.run(str(path), version, sql, limits, deadline)
