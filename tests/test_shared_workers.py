@@ -18,6 +18,7 @@ from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.errors import Conflict
 from mergepipe.core.request import build_request
 from mergepipe.core.settings import Settings
+from mergepipe.jobs import ingest as ingest_job
 from mergepipe.jobs.merge import merge, submit_merge
 from mergepipe.jobs.shared_runner import SharedJobRunner
 from tests import factory
@@ -97,9 +98,10 @@ def _sql(text: str):  # type: ignore[no-untyped-def]
     return SQL(text)
 
 
-def _worker(url: str, tmp_path: Path, log: Path) -> subprocess.Popen[bytes]:
+def _worker(url: str, tmp_path: Path, log: Path, **more_env: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, MERGEPIPE_CATALOG=url, MERGEPIPE_LEASE_S="3", MERGEPIPE_WORKERS="1",
-               MERGEPIPE_DATA_ROOTS=str(tmp_path), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "out"))
+               MERGEPIPE_DATA_ROOTS=str(tmp_path), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "out"),
+               **more_env)
     return subprocess.Popen([sys.executable, "-m", "mergepipe", "worker"], env=env,
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
@@ -199,10 +201,13 @@ def test_kill_9_worker_mid_ingestion_is_taken_over(tmp_path: Path, postgres_url:
         (job_id,) = queue.enqueue(cat, ingests=[queue.NewIngestJob(
             "base", "full", str(dirs["base"]), None)]).ingest_ids
         log = tmp_path / "workers.log"
-        a = _worker(postgres_url, tmp_path, log)
+        hold = tmp_path / "hold"  # worker A waits in the running job until it is killed
+        hold.mkdir()
+        (hold / "hold").touch()
+        a = _worker(postgres_url, tmp_path, log, **{ingest_job.HOLD_ENV: str(hold)})
         try:
-            _wait(lambda: queue.get_ingest_job(cat, job_id).status == "running", 120,
-                  "worker A to start the ingestion")
+            _wait(lambda: (hold / "pid").exists(), 120, "worker A to start the ingestion")
+            assert queue.get_ingest_job(cat, job_id).status == "running"
             a.send_signal(signal.SIGKILL)
             a.wait(10)
         finally:

@@ -20,11 +20,13 @@ from mergepipe.catalog.paths import recheck_input
 from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.catalog.remote_paths import confine_url
 from mergepipe.core.errors import MergePipeError
+from mergepipe.core.fault_hooks import wait_while_held
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.executor.engine import LOCAL, Engine
 from mergepipe.jobs.failure import failure_message
 
 log = logging.getLogger("mergepipe.jobs.ingest")
+HOLD_ENV = "MERGEPIPE_TEST_INGEST_HOLD"
 
 
 def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path] = (),
@@ -59,6 +61,7 @@ def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
     if row is None or row.status != "queued":
         return
     queue.start_ingest_job(cat, job_id, fence)
+    wait_while_held(HOLD_ENV)  # the fault tests' hook: the job is running, nothing scanned
     last = Progress(0, 0, "bytes", model=row.model)
 
     def track(p: Progress) -> None:
