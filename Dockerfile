@@ -4,14 +4,14 @@
 #          without it torch comes from pip's configured index)
 # Run:    docker compose up   (see docker-compose.yml for volumes and settings)
 
-# -- builder: the wheel, from the build context (the top-level folders enter it through the
-#    links in mergepipe/; the schema, migrations and SQL files travel inside it as package data)
+# -- builder: the wheel, from the build context (the package is src/mergepipe/; the schema,
+#    migrations and SQL files travel inside it as package data)
 FROM python:3.11-slim AS builder
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# gcc builds the fused block kernels (mergepipe/core/_fused.c) into the wheel; the final image
+# gcc builds the fused block kernels (src/mergepipe/core/_fused.c) into the wheel; the final image
 # needs no compiler. The slim image already has Python's headers.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \

@@ -9,18 +9,18 @@ TORCH := torch==2.13.0
 
 .PHONY: demo test test-pg test-all lint bench bench-quick clean
 
-# A plain editable install: the top-level folders are linked into mergepipe/, so modules and
-# subpackages added there later import without reinstalling. Both stamps depend on
+# A plain editable install of src/mergepipe/ (a path entry: modules and subpackages added later
+# import without reinstalling). Both stamps depend on
 # pyproject.toml: a changed dependency list reinstalls; a changed C kernel (setup.py compiles
-# mergepipe/core/_fused.c at install) rebuilds. The sources are byte-compiled as a wheel's
+# src/mergepipe/core/_fused.c at install) rebuilds. The sources are byte-compiled as a wheel's
 # install does (an editable install is not, and where PYTHONDONTWRITEBYTECODE is set every
 # command would compile them again: 0.15 s of `mergepipe models`).
-$(VENV)/.installed: pyproject.toml setup.py mergepipe/core/_fused.c
+$(VENV)/.installed: pyproject.toml setup.py src/mergepipe/core/_fused.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q $(TORCH) -e .
-	$(PY) -m compileall -q mergepipe catalog planner executor service benchmarks migrations
+	$(PY) -m compileall -q src
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml

@@ -1,4 +1,4 @@
-"""The fused block kernels (mergepipe/core/_fused.c), compiled when the package is installed.
+"""The fused block kernels (src/mergepipe/core/_fused.c), compiled when the package is installed.
 
 -ffp-contract=off: no fused multiply-add, so every float operation rounds as torch's do.
 optional: where no C compiler exists the package still installs and the executor uses the
@@ -8,6 +8,6 @@ torch kernels (slower, same bytes).
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension(
-    "mergepipe.core._fused", ["mergepipe/core/_fused.c"],
+    "mergepipe.core._fused", ["src/mergepipe/core/_fused.c"],
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c11"],
     optional=True)])

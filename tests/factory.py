@@ -156,5 +156,5 @@ def _pattern_value(pattern: dict[str, int] | None, module: str, default: int) ->
 
 
 def _dtype_of(path: Path) -> str:
-    from mergepipe.catalog.checkpoint import open_checkpoint
+    from mergepipe.storage.checkpoint import open_checkpoint
     return open_checkpoint(path).tensors[0].dtype

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from mergepipe.catalog.paths import check_name, confine_input, output_dir, temp_dirs
 from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
+from mergepipe.storage.paths import check_name, confine_input, output_dir, temp_dirs
 from tests.api_helpers import assert_error, client_for, settings_for
 
 TOKEN = "s3cret-token"

@@ -1,74 +1,65 @@
-"""Product code stays in small pieces: no module over 400 lines, no function over 80.
+"""One real tree: every product module lives under src/mergepipe/ and loads under one name.
 
-Product code is every .py file of the mergepipe package, the top-level folders linked into it
-included (the links are followed); tests are not product code."""
+The repository root keeps the product owner's names (service/, planner/, executor/, migrations/,
+catalog_schema.sql) as links into that tree; a plain walk or `grep -r` of src/ sees every module
+once, and importing a linked folder under its short name is a loud error."""
 
 from __future__ import annotations
 
-import ast
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
-PACKAGE = REPO / "mergepipe"
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 80  # from the `def` line to the function's last line
+PACKAGE = REPO / "src" / "mergepipe"
+LINKED = ("service", "planner", "executor", "migrations")
 
 
 def product_modules() -> list[Path]:
-    """The .py files under mergepipe/, following links (each real directory walked once)."""
-    seen: set[str] = set()
+    """The .py files under src/mergepipe/, walked without following any link."""
     out = []
-    for top, dirs, files in os.walk(PACKAGE, followlinks=True):
-        real = os.path.realpath(top)
-        if real in seen:
-            dirs[:] = []
-            continue
-        seen.add(real)
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+    for top, dirs, files in os.walk(PACKAGE):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         out += [Path(top, f) for f in sorted(files) if f.endswith(".py")]
     return out
 
 
-Function = ast.FunctionDef | ast.AsyncFunctionDef
+def test_the_package_is_one_real_tree() -> None:
+    links = [str(p) for p in PACKAGE.rglob("*") if p.is_symlink()]
+    assert links == []
+    names = {str(p.relative_to(PACKAGE)) for p in product_modules()}
+    for sub in ("catalog", "storage", "sandbox", "planner", "executor", "service", "migrations",
+                "benchmarks", "core", "jobs", "cli"):
+        assert f"{sub}/__init__.py" in names, sub
+    # no product module lies outside the tree
+    stray = [str(p.relative_to(REPO)) for p in REPO.glob("*/*.py")
+             if not p.is_relative_to(REPO / "tests") and not p.parent.is_symlink()]
+    assert stray == []
 
 
-def functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, Function]]:
-    """(qualified name, node) of every function and method, nested ones included."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, Function):
-            yield prefix + node.name, node
-            yield from functions(node, f"{prefix}{node.name}.")
-        elif isinstance(node, ast.ClassDef):
-            yield from functions(node, f"{prefix}{node.name}.")
-        else:
-            yield from functions(node, prefix)
+def test_root_names_point_into_the_tree() -> None:
+    for name in (*LINKED, "catalog_schema.sql"):
+        path = REPO / name
+        assert path.is_symlink(), name
+        assert path.resolve().is_relative_to(PACKAGE.resolve()), name
 
 
-def _rel(path: Path) -> str:
-    return str(path.relative_to(REPO))
-
-
-def test_the_walk_sees_the_linked_folders() -> None:
-    names = {_rel(p) for p in product_modules()}
-    for sub in ("catalog", "planner", "executor", "service", "migrations", "benchmarks", "core",
-                "jobs", "cli"):
-        assert f"mergepipe/{sub}/__init__.py" in names, sub
-    assert not any(n.startswith("tests/") for n in names)
-
-
-def test_no_module_over_400_lines() -> None:
-    long = {_rel(p): n for p in product_modules()
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
-    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: {long}"
-
-
-def test_no_function_over_80_lines() -> None:
-    long = {}
-    for path in product_modules():
-        for name, node in functions(ast.parse(path.read_text(), str(path))):
-            lines = (node.end_lineno or node.lineno) - node.lineno + 1
-            if lines > MAX_FUNCTION_LINES:
-                long[f"{_rel(path)}:{name}"] = lines
-    assert long == {}, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+@pytest.mark.parametrize("short", [*LINKED, "catalog", "storage", "core"])
+def test_no_module_loads_under_two_names(short: str) -> None:
+    """With the repository root (or the package folder) on sys.path, a short name fails loudly."""
+    code = (f"import sys; sys.path[:0] = [{str(REPO)!r}, {str(PACKAGE)!r}]\n"
+            f"import mergepipe.{short}\n"
+            "try:\n"
+            f"    import {short}\n"
+            "except ImportError as e:\n"
+            "    print('refused:', e)\n"
+            "else:\n"
+            "    print('loaded twice')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("refused:"), proc.stdout
+    assert f"import mergepipe.{short}" in proc.stdout

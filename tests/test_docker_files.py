@@ -143,15 +143,15 @@ def test_dockerignore_keeps_what_the_wheel_is_built_from() -> None:
     patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
     assert not any(p.startswith("!") for p in patterns)  # _ignored does not do exceptions
-    for out in (".git/config", ".venv/bin/python", "catalog/__pycache__/db.cpython-311.pyc",
+    for out in (".git/config", ".venv/bin/python",
+                "src/mergepipe/catalog/__pycache__/db.cpython-311.pyc",
                 "mergepipe.egg-info/PKG-INFO", "build/lib/x.py", "demo.duckdb"):
         assert _ignored(out, patterns), out
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
                             cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    needed = [f for f in listed if f.startswith(("mergepipe/", "catalog/", "planner/", "executor/",
-                                                 "service/", "migrations/", "benchmarks/"))]
-    needed += ["pyproject.toml", "README.md", "catalog_schema.sql"]
-    assert "mergepipe/catalog" in needed and "migrations/catalog_schema.sql" in needed
+    needed = [f for f in listed if f.startswith("src/")]
+    needed += ["pyproject.toml", "setup.py", "README.md"]
+    assert "src/mergepipe/migrations/catalog_schema.sql" in needed
     assert [f for f in needed if _ignored(f, patterns)] == []
 
 

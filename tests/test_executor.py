@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from mergepipe.catalog.checkpoint import open_checkpoint
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import BudgetViolation, Conflict, SourceChanged
@@ -20,6 +19,7 @@ from mergepipe.core.request import build_request
 from mergepipe.executor import stream
 from mergepipe.jobs.merge import execute_plan, merge
 from mergepipe.planner.plan import Plan, PlannedBlock, make_plan
+from mergepipe.storage.checkpoint import open_checkpoint
 from tests import factory
 from tests.catalogs import new_catalog
 from tests.executor_family import additive_reference, ingest_family

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mergepipe.benchmarks.family import generate_family, read_family, shape_for_size
-from mergepipe.catalog.checkpoint import open_checkpoint
 from mergepipe.cli.main import main
+from mergepipe.storage.checkpoint import open_checkpoint
 from tests.factory import load
 
 

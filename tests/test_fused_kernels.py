@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from mergepipe.catalog.safetensors_format import to_float32, torch_dtype
 from mergepipe.catalog.stats import Scratch, scan_block
 from mergepipe.core import delta_kernels
 from mergepipe.core.operators import BlockContext, ExpertBlock, fused
@@ -18,6 +17,7 @@ from mergepipe.core.operators.linear import linear
 from mergepipe.core.operators.task_arithmetic import task_arithmetic
 from mergepipe.core.operators.ties import ties
 from mergepipe.executor.writer import encode
+from mergepipe.storage.safetensors_format import to_float32, torch_dtype
 from tests.operator_helpers import exact_trim
 
 needs_kernels = pytest.mark.skipif(not fused.available(), reason="MERGEPIPE_NO_FUSED is set")

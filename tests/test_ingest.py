@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from mergepipe.catalog import scan, stats, storage
-from mergepipe.catalog.grid import block_rows
+from mergepipe.catalog import scan, stats
 from mergepipe.catalog.ingest import ingest_model, scan_model
 from mergepipe.catalog.models import ModelRow, get_model, list_models
+from mergepipe.storage import storage
+from mergepipe.storage.grid import block_rows
 from tests import factory
 from tests.ingest_reference import (
     check_block_stats,

@@ -11,7 +11,7 @@ import xxhash
 from safetensors.torch import load_file
 
 from mergepipe.catalog.ingest import ingest_model, scan_model
-from mergepipe.catalog.lora import lora_delta
+from mergepipe.storage.lora import lora_delta
 from tests import factory
 from tests.ingest_reference import check_block_stats, check_tensor_stats, rows
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from mergepipe.catalog.checkpoint import open_checkpoint
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
@@ -21,6 +20,7 @@ from mergepipe.executor.prepare import prepare
 from mergepipe.executor.stream import ExecutionResult, execute
 from mergepipe.jobs.merge import merge
 from mergepipe.planner.plan import make_plan
+from mergepipe.storage.checkpoint import open_checkpoint
 from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 

@@ -95,7 +95,7 @@ def test_output_tensor_hashes_are_those_of_the_file_bytes(merged: dict) -> None:
     with safe_open(str(f), "pt") as st:
         names = list(st.keys())
     assert set(stored) == set(names)
-    from mergepipe.catalog.safetensors_format import read_header
+    from mergepipe.storage.safetensors_format import read_header
     raw = f.read_bytes()
     for t in read_header(f).tensors:
         assert stored[t.name] == xxhash.xxh3_128_hexdigest(

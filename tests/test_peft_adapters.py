@@ -146,10 +146,10 @@ def test_several_adapters_sparse_under_budget(op: str, adapters: dict[str, Path]
 def test_block_cost_of_a_lora_expert_is_what_is_read(adapters: dict[str, Path],
                                                      tmp_path: Path) -> None:
     """C(A) = the lora_B rows of the selected blocks + lora_A once per touched tensor."""
-    from mergepipe.catalog.checkpoint import open_checkpoint
     from mergepipe.catalog.models import model_tensors
     from mergepipe.jobs.merge import merge
     from mergepipe.planner.plan import make_plan
+    from mergepipe.storage.checkpoint import open_checkpoint
     adapter_bytes = sum(t.nbytes for t in open_checkpoint(adapters["a1"]).tensors)
     with Catalog(new_catalog(tmp_path, "c")) as cat:
         ingest(cat, adapters, ("a1",))

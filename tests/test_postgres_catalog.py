@@ -132,9 +132,9 @@ def test_unreachable_postgres_is_one_clear_error(tmp_path: Path) -> None:
 
 
 def test_user_sql_is_read_only_limited_and_sandboxed(postgres_url: str) -> None:
-    from mergepipe.catalog.user_sql import run_user_sql
     from mergepipe.core.errors import InvalidRequest
     from mergepipe.core.sql_limits import SqlLimits
+    from mergepipe.sandbox.user_sql import run_user_sql
 
     with Catalog(postgres_url) as cat:
         cat.execute(SQL("INSERT INTO lineage VALUES ('c', 'p', 'base', 1.5, 'm-1')"))

@@ -17,11 +17,8 @@ from typing import Any
 
 import pytest
 
-from mergepipe.catalog.checkpoint import open_checkpoint
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.fsconfine import confined
-from mergepipe.catalog.grid import block_rows
 from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.catalog.scan import TensorPlan
 from mergepipe.cli.main import main
@@ -29,6 +26,9 @@ from mergepipe.core.errors import Forbidden
 from mergepipe.executor.engine import LOCAL, Engine
 from mergepipe.executor.ray_ingest import ray_scan
 from mergepipe.jobs.ingest import run_ingestion
+from mergepipe.storage.checkpoint import open_checkpoint
+from mergepipe.storage.fsconfine import confined
+from mergepipe.storage.grid import block_rows
 from tests import factory
 from tests.api_helpers import EXPERTS, client_for, register_family, settings_for
 from tests.crash_helpers import alive

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from mergepipe.catalog.storage import open_reader
-from mergepipe.catalog.store_types import Stamp
 from mergepipe.cli.main import main
 from mergepipe.core.errors import SourceChanged
+from mergepipe.storage.storage import open_reader
+from mergepipe.storage.store_types import Stamp
 from tests.api_helpers import EXPERTS
 from tests.catalogs import new_catalog
 from tests.remote_family import cli_merge, ingest_all, s3_family, weights

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from mergepipe.catalog.locations import absolute, basename, is_url, join, parent, parse_url
-from mergepipe.catalog.remote_io import RemoteConfig, Transient, with_retries
-from mergepipe.catalog.remote_paths import confine_url
-from mergepipe.catalog.store_types import FetchStats, Stamp
 from mergepipe.core.errors import Forbidden, InvalidRequest, RemoteUnavailable
+from mergepipe.storage.locations import absolute, basename, is_url, join, parent, parse_url
+from mergepipe.storage.remote_io import RemoteConfig, Transient, with_retries
+from mergepipe.storage.remote_paths import confine_url
+from mergepipe.storage.store_types import FetchStats, Stamp
 
 
 def test_urls_are_parsed_to_one_canonical_form() -> None:

@@ -11,8 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mergepipe.catalog.checkpoint import open_checkpoint
-from mergepipe.catalog.safetensors_format import (
+from mergepipe.core.dtypes import normalize_dtype
+from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest
+from mergepipe.storage.checkpoint import open_checkpoint
+from mergepipe.storage.safetensors_format import (
     decode_array_into,
     encode_header,
     from_float32,
@@ -20,8 +22,6 @@ from mergepipe.catalog.safetensors_format import (
     to_float32,
     torch_dtype,
 )
-from mergepipe.core.dtypes import normalize_dtype
-from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest
 from tests import factory
 
 TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

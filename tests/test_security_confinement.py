@@ -14,18 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from mergepipe.catalog import fsconfine, queue
+from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.fsconfine import confined, open_confined
 from mergepipe.catalog.models import find_model
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, enqueue
-from mergepipe.catalog.storage import open_reader
-from mergepipe.catalog.store import store_for
 from mergepipe.core.errors import Forbidden, MergePipeError
 from mergepipe.core.progress import Progress
 from mergepipe.core.request import build_request
 from mergepipe.jobs.ingest import run_ingest_job
 from mergepipe.jobs.merge import run_merge
+from mergepipe.storage import fsconfine
+from mergepipe.storage.fsconfine import confined, open_confined
+from mergepipe.storage.storage import open_reader
+from mergepipe.storage.store import store_for
 from tests import factory
 from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family

@@ -18,14 +18,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from mergepipe.catalog import checkpoint, safetensors_format
-from mergepipe.catalog.checkpoint import open_checkpoint
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
-from mergepipe.catalog.lora import adapter_scale, configured_rank
-from mergepipe.catalog.safetensors_format import read_header
 from mergepipe.core.errors import MAX_MESSAGE_CHARS, InvalidCheckpoint, InvalidRequest
 from mergepipe.core.mergekit_config import parse_config
+from mergepipe.storage import checkpoint, safetensors_format
+from mergepipe.storage.checkpoint import open_checkpoint
+from mergepipe.storage.lora import adapter_scale, configured_rank
+from mergepipe.storage.safetensors_format import read_header
 from tests import factory
 from tests.catalogs import new_catalog
 

@@ -10,11 +10,11 @@ import pytest
 
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.grid import block_rows, is_element_grid, unit_numel
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.core.request import build_request
 from mergepipe.jobs.merge import merge
+from mergepipe.storage.grid import block_rows, is_element_grid, unit_numel
 from tests import factory
 from tests.catalogs import new_catalog
 

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.readonly_sql import SELECT_TABLES, SqlLimits, run_readonly
-from mergepipe.catalog.sql_guard import check_duckdb_tree, check_readonly
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.sandbox.readonly_sql import SELECT_TABLES, SqlLimits, run_readonly
+from mergepipe.sandbox.sql_guard import check_duckdb_tree, check_readonly
 
 pytestmark = pytest.mark.duckdb_only("the guard over DuckDB's parse tree and system views")
 

@@ -13,15 +13,15 @@ from typing import Any
 import duckdb
 import pytest
 
-from mergepipe.catalog import readonly_sql
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.readonly_sql import (
+from mergepipe.core.errors import Busy, InvalidRequest
+from mergepipe.sandbox import readonly_sql
+from mergepipe.sandbox.readonly_sql import (
     ALLOWED_TABLE_FUNCTIONS,
     SqlLimits,
     check_readonly,
     run_readonly,
 )
-from mergepipe.core.errors import Busy, InvalidRequest
 from tests.api_helpers import assert_error, client_for, settings_for
 
 pytestmark = pytest.mark.duckdb_only(

@@ -17,13 +17,13 @@ import duckdb
 import psutil
 import pytest
 
-from mergepipe.catalog import sql_procs
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.sql_snapshot import snapshot_for
-from mergepipe.catalog.user_sql import run_user_sql_async
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.sql_limits import SqlLimits
+from mergepipe.sandbox import sql_procs
+from mergepipe.sandbox.sql_snapshot import snapshot_for
+from mergepipe.sandbox.user_sql import run_user_sql_async
 
 pytestmark = pytest.mark.duckdb_only(
     "user SQL in DuckDB worker processes over a snapshot file, with rlimits")
@@ -52,7 +52,7 @@ def workers() -> list[psutil.Process]:
     for p in psutil.Process().children():
         with contextlib.suppress(psutil.Error):  # one just killed (a zombie, or gone)
             if p.status() != psutil.STATUS_ZOMBIE \
-                    and "mergepipe.catalog.sql_worker" in " ".join(p.cmdline()):
+                    and "mergepipe.sandbox.sql_worker" in " ".join(p.cmdline()):
                 out.append(p)
     return out
 
@@ -163,7 +163,7 @@ def test_the_snapshot_copy_survives_other_connections_ending(
     """DuckDB closes a duplicated connection with its parent: while the copy runs, other
     requests' transactions and readers open and end their connections (many concurrent
     requests), and the copy still reads every table through its own."""
-    from mergepipe.catalog import sql_snapshot
+    from mergepipe.sandbox import sql_snapshot
 
     copy_table = sql_snapshot._copy_table
     ended = []

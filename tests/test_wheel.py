@@ -152,8 +152,8 @@ def test_wheel_installs_only_mergepipe(installed: Installed) -> None:
     added = {p.name for p in installed.site.iterdir()} - installed.bare_top
     assert added == {"mergepipe", f"mergepipe-{version}.dist-info"}, sorted(added)
     pkg = installed.site / "mergepipe"
-    for sub in ("catalog", "planner", "executor", "service", "migrations", "benchmarks",
-                "core", "jobs", "cli"):
+    for sub in ("catalog", "storage", "sandbox", "planner", "executor", "service", "migrations",
+                "benchmarks", "core", "jobs", "cli"):
         assert (pkg / sub / "__init__.py").is_file(), sub
         assert not (pkg / sub).is_symlink(), sub  # real copies, not links into a checkout
     schema = pkg / "migrations" / "catalog_schema.sql"

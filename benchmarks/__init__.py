@@ -1,1 +1,0 @@
-"""Benchmarks: checkpoint family generator and the benchmark suite."""

@@ -1,1 +1,0 @@
-"""Catalog: database access, checkpoint reading and ingestion."""

@@ -1,1 +1,0 @@
-"""Streaming executor: reads the planned expert blocks, merges block by block, publishes atomically."""

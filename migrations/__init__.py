@@ -1,1 +1,0 @@
-"""Numbered catalog migrations (NNNN_name.sql), package data applied in order by mergepipe.catalog.db."""

@@ -1,1 +1,0 @@
-../catalog_schema.sql

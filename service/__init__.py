@@ -1,1 +1,0 @@
-"""The HTTP API (FastAPI): ingestion and merge jobs, manifests, lineage, read-only SQL."""

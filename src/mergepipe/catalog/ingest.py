@@ -1,0 +1,384 @@
+"""Ingestion: register a checkpoint's files, tensors and blocks, with delta statistics for experts.
+
+Two phases: `scan_model` reads the checkpoint (and the base, for a full expert's delta) and
+computes every row in memory without writing to the catalog; `write_model` writes them in the
+caller's transaction. `ingest_model` does both, so that on any error nothing is registered.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mergepipe.catalog.connection import Connection, IntegrityError
+from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.models import (
+    KINDS,
+    FileRow,
+    ModelRow,
+    find_model,
+    get_model,
+    model_blocks,
+    model_files,
+    model_tensors,
+)
+from mergepipe.catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_pinned
+from mergepipe.core.errors import (
+    Conflict,
+    InvalidCheckpoint,
+    InvalidRequest,
+    NotFound,
+    SourceChanged,
+)
+from mergepipe.core.progress import ProgressFn
+from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
+from mergepipe.storage.grid import DEFAULT_BLOCK_BYTES, block_rows, is_element_grid
+from mergepipe.storage.lora import lora_targets
+from mergepipe.storage.safetensors_format import TensorEntry
+from mergepipe.storage.store import store_for
+from mergepipe.storage.store_types import Stamp
+
+__all__ = ["DEFAULT_BLOCK_BYTES", "KINDS", "ScanFn", "ScannedModel", "ingest_model",
+           "scan_model", "write_model"]
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@-]{0,127}")  # fullmatch, never match
+MIN_BLOCK_BYTES = 64
+MAX_BLOCK_BYTES = 64 << 20  # a merge holds about K x block size; 1 GiB blocks were accepted
+# How the blocks are scanned: (plans, the checkpoint's files with their stamps, progress) ->
+# (one result per plan, in order; bytes read). `scan_pinned` by default; an engine may spread it
+# (executor.ray_ingest: one Ray task per shard file).
+ScanFn = Callable[[list[TensorPlan], list[tuple[str, Stamp]], ProgressFn | None],
+                  tuple[list[TensorResult], int]]
+
+
+@dataclass
+class ScannedModel:
+    """Every catalog row of one model, computed by `scan_model` and written by `write_model`.
+
+    Row tables are column-wise: one list per column, one entry per row.
+    """
+
+    model: ModelRow
+    files: dict[str, list[Any]]
+    tensors: dict[str, list[Any]]
+    blocks: dict[str, list[Any]]
+    block_stats: dict[str, list[Any]] | None
+    tensor_stats: dict[str, list[Any]] | None
+    bytes_read: int = 0
+    file_stamps: list[Stamp] = field(default_factory=list)  # of each file, as read
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+
+def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = None,
+                 kind: str = "full", block_bytes: int = DEFAULT_BLOCK_BYTES,
+                 with_stats: bool = True, progress: ProgressFn | None = None,
+                 source_merge: str | None = None,
+                 guard: Callable[[Connection], None] | None = None,
+                 scan: ScanFn | None = None) -> ModelRow:
+    """Register a checkpoint as model `name` (a base when `base` is None); its models row.
+    `guard` runs first in the transaction that writes the rows (a job's fence); `scan` reads
+    the blocks (`scan_pinned` by default)."""
+    scanned = scan_model(cat, path, name, base=base, kind=kind, block_bytes=block_bytes,
+                         with_stats=with_stats, progress=progress, source_merge=source_merge,
+                         scan=scan)
+    with cat.transaction() as conn:
+        if guard is not None:
+            guard(conn)
+        write_model(conn, scanned)
+    return get_model(cat, name)
+
+
+def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = None,
+               kind: str = "full", block_bytes: int = DEFAULT_BLOCK_BYTES,
+               with_stats: bool = True, progress: ProgressFn | None = None,
+               source_merge: str | None = None,
+               first_passes: Mapping[str, FirstPass] | None = None,
+               scan: ScanFn | None = None) -> ScannedModel:
+    """Read and check the checkpoint, compute all rows; writes nothing to the catalog.
+
+    `first_passes`: the first scan pass of some tensors, already made from the same bytes (a
+    merge's output, by the executor while it wrote them); those tensors are not read again,
+    except for threshold refinement passes. `scan`: see ScanFn (not with `first_passes`).
+    """
+    t0 = time.perf_counter()
+    _check_args(name, kind, base, block_bytes)
+    if find_model(cat, name) is not None:
+        raise Conflict(f"model {name!r} already exists", field="name")
+    ckpt = _open(path, kind)
+    stamps = _file_stamps(ckpt)
+    if base is None:
+        plans = [TensorPlan(t.name, "hash", t, block_rows(t.shape, t.itemsize, block_bytes))
+                 for t in ckpt.tensors]
+        scales: list[float | None] = [None] * len(plans)
+        grid_bytes = block_bytes
+    else:
+        layout = _BaseLayout.load(cat, base)
+        if block_bytes not in (DEFAULT_BLOCK_BYTES, layout.block_bytes):
+            raise InvalidRequest(
+                f"experts use the block grid of their base: {base!r} has blocks of "
+                f"{layout.block_bytes} bytes, not {block_bytes}", field="block_bytes")
+        grid_bytes = layout.block_bytes
+        if kind == "lora":
+            plans, scales = _lora_plans(ckpt, layout, with_stats)
+        else:
+            plans = _expert_plans(ckpt, layout, kind, with_stats)
+            scales = [None] * len(plans)
+        if with_stats and kind == "full":
+            layout.check_unchanged()
+    pins = [(h.path, stamp) for h, stamp in zip(ckpt.files, stamps, strict=True)]
+    if scan is None or first_passes:
+        results, bytes_read = scan_pinned(plans, pins, progress, resume=first_passes)
+    else:
+        results, bytes_read = scan(plans, pins, progress)
+    if _file_stamps(ckpt) != stamps:
+        raise InvalidCheckpoint(f"{ckpt.path}: files changed while being ingested; try again")
+    model = ModelRow(
+        name=name, kind=kind, path=ckpt.path, base=base, status="ready", error=None,
+        has_stats=bool(with_stats and base is not None), block_bytes=grid_bytes,
+        n_tensors=len(plans), tensor_bytes=sum(t.nbytes for t in ckpt.tensors),
+        lora_scale=_common_scale(scales), source_merge=source_merge,
+        ingest_seconds=time.perf_counter() - t0)
+    files = {h.path: i for i, h in enumerate(ckpt.files)}
+    # Checkpoint order; a LoRA adapter's tensors keep their base's ordinals.
+    ordinals = ([layout.ordinals[p.name] for p in plans] if kind == "lora"
+                else list(range(len(plans))))
+    has_stats = model.has_stats
+    return ScannedModel(
+        model=model,
+        files=_columns([{"file_index": i, "path": h.path, "size": stamps[i].size,
+                         "mtime_ns": stamps[i].mtime_ns, "header_len": h.header_len,
+                         "etag": stamps[i].etag, "version_id": stamps[i].version_id}
+                        for i, h in enumerate(ckpt.files)]),
+        tensors=_columns([_tensor_row(p, results[k], files, scales[k], ordinals[k])
+                          for k, p in enumerate(plans)]),
+        blocks=_columns([_block_row(p, r, i, files) for p, r in zip(plans, results, strict=True)
+                         for i in range(len(p.rows))]),
+        block_stats=_columns([_block_stats_row(r, i) for r in results
+                              for i in range(len(r.hashes))]) if has_stats else None,
+        tensor_stats=_columns([_tensor_stats_row(r) for r in results]) if has_stats else None,
+        bytes_read=bytes_read,
+        file_stamps=stamps,
+    )
+
+
+def write_model(conn: Connection, scanned: ScannedModel) -> None:
+    """Write every row of a scanned model in the caller's transaction; Conflict if it exists."""
+    name = scanned.name
+    if find_model(conn, name) is not None:
+        raise Conflict(f"model {name!r} already exists", field="name")
+    base = scanned.model.base
+    if base is not None:
+        row = find_model(conn, base)
+        if row is None or row.status != "ready":
+            raise NotFound(f"base model {base!r} is not in the catalog (any more)", field="base")
+    try:
+        conn.execute(load_sql("model_insert"), scanned.model.to_dict())
+        for table, cols in (("files_insert", scanned.files), ("tensors_insert", scanned.tensors),
+                            ("blocks_insert", scanned.blocks),
+                            ("block_stats_insert", scanned.block_stats),
+                            ("tensor_stats_insert", scanned.tensor_stats)):
+            if cols and next(iter(cols.values())):
+                conn.execute(load_sql(table), {"model": name, **cols})
+    except IntegrityError:
+        raise Conflict(f"model {name!r} already exists", field="name") from None
+
+
+# -- checks --------------------------------------------------------------------------------------
+
+def _check_args(name: str, kind: str, base: str | None, block_bytes: int) -> None:
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise InvalidRequest(f"model name {name!r} must be 1-128 characters of letters, digits "
+                             "and . _ - + @, starting with a letter or digit", field="name")
+    if kind not in KINDS:
+        raise InvalidRequest(f"kind {kind!r} is not one of {', '.join(KINDS)}", field="kind")
+    if kind != "full" and base is None:
+        raise InvalidRequest(f"a {kind} checkpoint needs --base (the model it applies to)",
+                             field="base")
+    if base is not None and base == name:
+        raise InvalidRequest(f"model {name!r} cannot be its own base", field="base")
+    if (isinstance(block_bytes, bool) or not isinstance(block_bytes, int)
+            or not MIN_BLOCK_BYTES <= block_bytes <= MAX_BLOCK_BYTES):
+        raise InvalidRequest(f"block size {block_bytes!r} must be an integer number of bytes "
+                             f"in [{MIN_BLOCK_BYTES}, {MAX_BLOCK_BYTES}]", field="block_bytes")
+
+
+def _open(path: str | Path, kind: str) -> Checkpoint:
+    ckpt = open_checkpoint(path)
+    if kind == "lora" and ckpt.adapter_config is None:
+        raise InvalidCheckpoint(f"{ckpt.path}: not a PEFT LoRA adapter directory (no "
+                                "adapter_config.json)", field="kind")
+    if kind != "lora" and ckpt.adapter_config is not None:
+        raise InvalidCheckpoint(f"{ckpt.path}: is a PEFT LoRA adapter; ingest it with kind lora",
+                                field="kind")
+    if not ckpt.tensors:
+        raise InvalidCheckpoint(f"{ckpt.path}: the checkpoint has no tensors")
+    return ckpt
+
+
+def _file_stamps(ckpt: Checkpoint) -> list[Stamp]:
+    out = []
+    for h in ckpt.files:
+        try:
+            out.append(store_for(h.path).stat(h.path))
+        except OSError as e:
+            raise InvalidCheckpoint(f"{h.path}: cannot stat ({e.strerror})") from None
+    return out
+
+
+@dataclass
+class _BaseLayout:
+    """The base model as the catalog has it: files, tensors and the block grid."""
+
+    name: str
+    block_bytes: int
+    files: list[FileRow]
+    tensors: dict[str, TensorEntry]
+    ordinals: dict[str, int]
+    rows: dict[str, list[tuple[int, int]]]
+    hashes: dict[str, list[str]]
+
+    @staticmethod
+    def load(cat: Catalog, name: str) -> _BaseLayout:
+        row = find_model(cat, name)
+        if row is None:
+            raise NotFound(f"base model {name!r} is not in the catalog; ingest it first",
+                           field="base")
+        if row.status != "ready":
+            raise InvalidRequest(f"base model {name!r} is {row.status}, not ready", field="base")
+        if row.base is not None:
+            raise InvalidRequest(f"model {name!r} is an expert of {row.base!r}, not a base; "
+                                 f"use {row.base!r} as the base", field="base")
+        files = model_files(cat, name)
+        paths = {f.index: f.path for f in files}
+        tensors, ordinals = {}, {}
+        for t in model_tensors(cat, name):
+            tensors[t.name] = TensorEntry(t.name, t.dtype, t.shape, paths[t.file_index],
+                                          t.data_offset, t.nbytes)
+            ordinals[t.name] = t.ordinal
+        rows: dict[str, list[tuple[int, int]]] = {n: [] for n in tensors}
+        hashes: dict[str, list[str]] = {n: [] for n in tensors}
+        for b in model_blocks(cat, name):
+            rows[b.tensor].append((b.row_start, b.row_end))
+            hashes[b.tensor].append(b.content_hash)
+        return _BaseLayout(name, row.block_bytes, files, tensors, ordinals, rows, hashes)
+
+    def check_unchanged(self) -> None:
+        """SourceChanged if a base file was modified since the base was ingested."""
+        for f in self.files:
+            try:
+                st = store_for(f.path).stat(f.path)
+            except OSError as e:
+                raise SourceChanged(f"base model {self.name!r}: file {f.path} is not "
+                                    f"readable ({e.strerror}); re-ingest the base") from None
+            if st.change_from(f.stamp) is not None:
+                raise SourceChanged(f"base model {self.name!r}: file {f.path} changed after "
+                                    "it was ingested; re-ingest the base first")
+
+
+def _expert_plans(ckpt: Checkpoint, base: _BaseLayout, kind: str,
+                  with_stats: bool) -> list[TensorPlan]:
+    """Plans for a full or delta checkpoint: exactly the base's tensors and shapes."""
+    mine = ckpt.by_name()
+    missing = [n for n in base.tensors if n not in mine]
+    extra = [n for n in mine if n not in base.tensors]
+    if missing:
+        raise InvalidCheckpoint(f"{ckpt.path}: {len(missing)} tensor(s) of base {base.name!r} "
+                                f"missing, e.g. {_names(missing)}")
+    if extra:
+        raise InvalidCheckpoint(f"{ckpt.path}: {len(extra)} tensor(s) not in base "
+                                f"{base.name!r}, e.g. {_names(extra)}")
+    plans = []
+    for t in ckpt.tensors:
+        b = base.tensors[t.name]
+        if t.shape != b.shape:
+            raise InvalidCheckpoint(f"{t.file}: tensor {t.name!r} has shape {list(t.shape)}, "
+                                    f"the base {base.name!r} has {list(b.shape)}")
+        mode = kind if with_stats else "hash"
+        plans.append(TensorPlan(t.name, mode, t, base.rows[t.name],
+                                base=b if mode == "full" else None,
+                                base_hashes=base.hashes[t.name] if mode == "full" else None))
+    return plans
+
+
+def _lora_plans(ckpt: Checkpoint, base: _BaseLayout,
+                with_stats: bool) -> tuple[list[TensorPlan], list[float | None]]:
+    """Plans for a LoRA adapter: the covered base tensors in base order, lora_B on the grid."""
+    assert ckpt.adapter_config is not None
+    targets = lora_targets(ckpt.adapter_config, ckpt.tensors,
+                           {n: t.shape for n, t in base.tensors.items()}, ckpt.path)
+    targets.sort(key=lambda tg: base.ordinals[tg.tensor])
+    for tg in targets:
+        grid = base.rows[tg.tensor]
+        if grid and is_element_grid(base.tensors[tg.tensor].shape, grid[-1][1]):
+            raise InvalidCheckpoint(
+                f"{ckpt.path}: LoRA on tensor {tg.tensor!r} is not supported: a row of it is "
+                f"larger than the base {base.name!r}'s block size ({base.block_bytes} bytes), "
+                "so its blocks are element ranges, not rows of lora_B")
+    plans = [TensorPlan(tg.tensor, "lora" if with_stats else "hash", tg.b, base.rows[tg.tensor],
+                        lora_a=Span(tg.a.file, tg.a.data_offset, tg.a.nbytes),
+                        lora_a_dtype=tg.a.dtype, lora_a_shape=tg.a.shape, lora_scale=tg.scale)
+             for tg in targets]
+    return plans, [tg.scale for tg in targets]
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:3])
+    return shown + (", ..." if len(names) > 3 else "")
+
+
+def _common_scale(scales: list[float | None]) -> float | None:
+    distinct = {s for s in scales if s is not None}
+    return distinct.pop() if len(distinct) == 1 else None
+
+
+# -- rows ----------------------------------------------------------------------------------------
+
+def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    if not rows:
+        return {}
+    return {k: [r[k] for r in rows] for k in rows[0]}
+
+
+def _tensor_row(p: TensorPlan, r: TensorResult, files: dict[str, int], scale: float | None,
+                ordinal: int) -> dict[str, Any]:
+    a = p.lora_a
+    return {"tensor": p.name, "ordinal": ordinal, "file_index": files[p.entry.file],
+            "dtype": p.entry.dtype, "shape": list(p.entry.shape),
+            "data_offset": p.entry.data_offset, "nbytes": p.entry.nbytes,
+            "n_blocks": len(p.rows),
+            "lora_a_file_index": files[a.path] if a else None,
+            "lora_a_offset": a.offset if a else None, "lora_a_nbytes": a.nbytes if a else None,
+            "lora_a_dtype": p.lora_a_dtype if a else None,
+            "lora_a_shape": list(p.lora_a_shape) if a and p.lora_a_shape is not None else None,
+            "lora_scale": scale, "lora_a_hash": r.lora_a_hash if a else None}
+
+
+def _block_row(p: TensorPlan, r: TensorResult, i: int, files: dict[str, int]) -> dict[str, Any]:
+    span = p.span(i)
+    return {"tensor": p.name, "block_index": i, "row_start": p.rows[i][0],
+            "row_end": p.rows[i][1], "file_index": files[span.path], "byte_offset": span.offset,
+            "nbytes": span.nbytes, "content_hash": r.hashes[i]}
+
+
+def _block_stats_row(r: TensorResult, i: int) -> dict[str, Any]:
+    assert r.stats is not None
+    s = r.stats[i]
+    return {"tensor": r.name, "block_index": i, "l2": s.l2, "l1": s.l1, "max_abs": s.max_abs,
+            "nnz": s.nnz}
+
+
+def _tensor_stats_row(r: TensorResult) -> dict[str, Any]:
+    assert r.stats is not None and r.trim is not None
+    return {"tensor": r.name, "numel": r.trim.numel,
+            "l2": math.sqrt(sum(s.l2 * s.l2 for s in r.stats)),
+            "l1": sum(s.l1 for s in r.stats), "max_abs": max(s.max_abs for s in r.stats),
+            "nnz": sum(s.nnz for s in r.stats), "trim_tau": r.trim.tau,
+            "trim_above": r.trim.above, "trim_tied": r.trim.tied}

@@ -1,0 +1,113 @@
+"""Check a plan against the catalog and the files on disk before anything is read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import BlockRow, TensorRow
+from mergepipe.core.errors import BudgetViolation, InvalidCheckpoint, InvalidRequest, SourceChanged
+from mergepipe.executor.sources import ModelSource, load_models
+from mergepipe.planner.plan import Plan
+from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
+from mergepipe.storage.locations import absolute, basename
+
+
+@dataclass
+class Prepared:
+    """A plan checked against the catalog and the files on disk, ready to execute."""
+
+    plan: Plan
+    base: ModelSource
+    experts: list[ModelSource]
+    checkpoint: Checkpoint
+    selected: dict[tuple[int, str], list[BlockRow]]  # (expert position, tensor) -> blocks
+    planned_by_model: dict[str, int]
+    out_dtype: str | None  # None: each tensor keeps the base's dtype
+
+    @property
+    def mergekit_arith(self) -> bool:
+        """mergekit's arithmetic (a config's compute dtype), or an operator of whole tensors:
+        every block runs through the operator, untouched ones too (its casts can change the
+        base's own values; a whole-tensor operator changes blocks no expert was read for)."""
+        params = self.plan.request.params
+        return (params.get("semantics") == "mergekit"
+                or params.get("compute_dtype", "float32") != "float32"
+                or self.plan.request.whole_tensor is not None)
+
+    @property
+    def planned_bytes(self) -> int:
+        return sum(self.planned_by_model.values())
+
+
+def prepare(cat: Catalog, plan: Plan) -> Prepared:
+    """Load the inputs, check the files are unchanged and the plan fits the budget."""
+    req = plan.request
+    base, *experts = load_models(cat, [req.base, *(e.model for e in req.experts)])
+    if base.base is not None or base.kind != "full":
+        raise InvalidRequest(f"model {req.base!r} is not a base model (kind {base.kind}, base "
+                             f"{base.base!r})", field="base")
+    for e in experts:
+        if e.base != base.name:
+            raise InvalidRequest(f"expert {e.name!r} has base {e.base!r}, not {base.name!r}",
+                                 field="experts")
+    for m in (base, *experts):
+        m.check_files()
+    position = {e.name: i for i, e in enumerate(experts)}
+    selected: dict[tuple[int, str], list[BlockRow]] = {}
+    for pb in plan.blocks:
+        i = position.get(pb.model)
+        if i is None:
+            raise InvalidRequest(f"plan reads model {pb.model!r}, which is not an expert of the "
+                                 "request", field="plan")
+        blk = experts[i].blocks.get((pb.tensor, pb.block_index))
+        bblk = base.blocks.get((pb.tensor, pb.block_index))
+        if blk is None or bblk is None:
+            raise SourceChanged(f"model {pb.model!r}: tensor {pb.tensor!r} block "
+                                f"{pb.block_index} of the plan is not in the catalog; the model "
+                                "was re-ingested since planning: plan again")
+        if blk.nbytes != pb.nbytes:
+            raise SourceChanged(f"model {pb.model!r}: tensor {pb.tensor!r} block "
+                                f"{pb.block_index} is {blk.nbytes} bytes in the catalog, "
+                                f"{pb.nbytes} in the plan; re-ingested since planning: plan again")
+        if (blk.row_start, blk.row_end) != (bblk.row_start, bblk.row_end):
+            raise InvalidCheckpoint(f"model {pb.model!r}: tensor {pb.tensor!r} block "
+                                    f"{pb.block_index} covers rows {blk.row_start}..{blk.row_end}"
+                                    f", the base's block {bblk.row_start}..{bblk.row_end}")
+        selected.setdefault((i, pb.tensor), []).append(blk)
+    planned = {e.name: 0 for e in experts}
+    for (i, tensor), blks in selected.items():
+        blks.sort(key=lambda b: b.block_index)
+        if len({b.block_index for b in blks}) != len(blks):
+            raise InvalidRequest(f"plan lists a block of {experts[i].name!r} tensor {tensor!r} "
+                                 "twice", field="plan")
+        planned[experts[i].name] += sum(b.nbytes for b in blks)
+        if experts[i].kind == "lora":
+            lora_a = experts[i].tensors[tensor].lora_a
+            if lora_a is None:
+                raise InvalidCheckpoint(f"LoRA model {experts[i].name!r}: tensor {tensor!r} has "
+                                        "no lora_A in the catalog; re-ingest it")
+            planned[experts[i].name] += lora_a.nbytes
+    total = sum(planned.values())
+    if total > plan.budget_bytes:
+        raise BudgetViolation(f"plan {plan.plan_hash[:12]} needs {total} expert bytes, over its "
+                              f"budget of {plan.budget_bytes}")
+    ckpt = open_checkpoint(base.path)
+    on_disk = {absolute(h.path) for h in ckpt.files}
+    if on_disk != {absolute(f.path) for f in base.files.values()}:
+        raise SourceChanged(f"model {base.name!r}: the files at {base.path} are not the ones "
+                            f"ingested; re-ingest {base.name!r}")
+    return Prepared(plan, base, experts, ckpt, selected, planned, req.output_dtype)
+
+
+def output_layout(prep: Prepared) -> list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]]:
+    """Output files named like the base's, each with its tensors in checkpoint order."""
+    by_file: dict[int, list[TensorRow]] = {}
+    for t in prep.base.tensors.values():
+        by_file.setdefault(t.file_index, []).append(t)
+    out = []
+    for index in sorted(by_file):
+        name = basename(prep.base.file_path(index))
+        tensors = sorted(by_file[index], key=lambda t: t.ordinal)
+        out.append((name, [(t.name, prep.out_dtype or t.dtype, t.shape) for t in tensors]))
+    return out

@@ -1,0 +1,176 @@
+"""Output regions: a merge cut into runs of whole tensors of one output file, each executed alone.
+
+An engine that spreads a merge over processes or machines (executor.ray_engine) creates the
+output files first (headers written, sized), cuts the output into regions, runs each region
+where it likes with `run_region` (which reads the region's planned blocks itself and pwrites its
+tensors into the shared files), then checks and joins the regions' results with `combine`. The
+blocks, their order within a tensor and the kernels are the local engine's, so the bytes are too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import xxhash
+
+from mergepipe.core.dtypes import DTYPE_SIZES
+from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.core.fault_hooks import wait_while_held
+from mergepipe.executor.prepare import Prepared
+from mergepipe.executor.stream import ExecutionResult, execute, output_hash
+from mergepipe.executor.writeback import Writeback
+from mergepipe.executor.writer import CheckpointWriter, _Slot
+from mergepipe.storage.fsconfine import confined
+from mergepipe.storage.safetensors_format import encode_header
+
+# (file name, [(tensor, dtype, shape), ...]) in output order: prepare.output_layout's shape
+Layout = list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]]
+# test hook: region 0 appends its pid to <dir>/starts; while <dir>/hold exists, it writes its
+# pid to <dir>/pid and waits
+HOLD_ENV = "MERGEPIPE_TEST_REGION_HOLD"
+
+
+@dataclass(frozen=True)
+class Region:
+    """A run of whole tensors of one output file, written by one task."""
+
+    index: int
+    file: str
+    tensors: tuple[str, ...]
+    nbytes: int  # output bytes of its tensors
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def split_regions(layout: Layout, parts: int) -> list[Region]:
+    """About `parts` regions of similar output bytes; at least one per file, whole tensors in
+    file order (a tensor is never cut: its hash runs over its bytes in order)."""
+    total = sum(_numel(s) * DTYPE_SIZES[d] for _, specs in layout for _, d, s in specs)
+    target = max(1, total // max(1, parts))
+    regions: list[Region] = []
+    for fname, specs in layout:
+        cur: list[str] = []
+        cur_bytes = 0
+        for name, dtype, shape in specs:
+            cur.append(name)
+            cur_bytes += _numel(shape) * DTYPE_SIZES[dtype]
+            if cur_bytes >= target:
+                regions.append(Region(len(regions), fname, tuple(cur), cur_bytes))
+                cur, cur_bytes = [], 0
+        if cur or not specs:
+            regions.append(Region(len(regions), fname, tuple(cur), cur_bytes))
+    return regions
+
+
+def create_files(out_dir: Path, layout: Layout, metadata: dict[str, dict[str, str]]) -> int:
+    """The output files with their headers, sized to their data; their data bytes in all."""
+    writer = CheckpointWriter(out_dir, layout, metadata=metadata)
+    writer.abort()  # closes them: the regions write the data
+    return writer.total_bytes
+
+
+class RegionWriter(CheckpointWriter):
+    """Writes the tensors of one region into output files `create_files` made and sized."""
+
+    def __init__(self, out_dir: Path, layout: Layout, metadata: dict[str, dict[str, str]],
+                 region: Region) -> None:
+        self.out_dir, self.write_index = Path(out_dir), False
+        self._slots, self._order, self._fds, self._sources = {}, [], [], {}
+        self.total_bytes = self.kernel_copied = 0
+        self.writeback = Writeback()
+        mine = set(region.tensors)
+        try:
+            for fname, specs in layout:
+                if fname != region.file:
+                    continue
+                header, spans = encode_header(specs, metadata.get(fname))
+                fd = os.open(self.out_dir / fname, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                self._fds.append(fd)
+                size = len(header) + (spans[-1][1] if spans else 0)
+                if os.fstat(fd).st_size != size:
+                    raise InvalidCheckpoint(f"output file {fname} is {os.fstat(fd).st_size} "
+                                            f"bytes, not the {size} its layout needs")
+                for (name, dtype, shape), (begin, end) in zip(specs, spans, strict=True):
+                    if name in mine:
+                        self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
+                                                  _numel(shape), 0, xxhash.xxh3_128())
+                        self._order.append(name)
+                        self.total_bytes += end - begin
+        except BaseException:
+            self.abort()
+            raise
+
+
+def region_prepared(prep: Prepared, region: Region) -> Prepared:
+    """The prepared merge restricted to the region's tensors (no index, no side files)."""
+    keep = set(region.tensors)
+    base = replace(prep.base, tensors={n: t for n, t in prep.base.tensors.items() if n in keep})
+    return replace(prep, base=base,
+                   selected={k: v for k, v in prep.selected.items() if k[1] in keep},
+                   checkpoint=replace(prep.checkpoint, extra_files=[], has_index=False))
+
+
+def run_region(prep: Prepared, out_dir: str, layout: Layout,
+               metadata: dict[str, dict[str, str]], region: Region, *, first_pass: bool,
+               threads: int | None, roots: Sequence[str] | None
+               ) -> tuple[int, int, ExecutionResult]:
+    """Execute one region (in any process that sees the inputs and `out_dir` at the same
+    paths): (region index, this process's id, what it read and wrote)."""
+    if region.index == 0:  # the fault tests hold the first region (HOLD_ENV)
+        wait_while_held(HOLD_ENV)
+    sub = region_prepared(prep, region)
+    with confined(roots) if roots else contextlib.nullcontext():
+        writer = RegionWriter(Path(out_dir), layout, metadata, region)
+        result = execute(sub, Path(out_dir), threads=threads, compute_threads=1,
+                         first_pass=first_pass, writer=writer)
+    return region.index, os.getpid(), result
+
+
+def combine(layout: Layout, regions: Sequence[Region], results: dict[int, ExecutionResult],
+            exec_seconds: float) -> ExecutionResult:
+    """One result from the regions': every output tensor written once, in its region, with
+    its layout's dtype, shape and bytes; counters summed."""
+    if set(results) != {r.index for r in regions}:
+        raise RuntimeError(f"output regions {sorted(set(range(len(regions))) - set(results))} "
+                           "returned no result")
+    by_name = {}
+    for reg in regions:
+        res = results[reg.index]
+        got = [t.name for t in res.tensors]
+        if got != list(reg.tensors) or any(t.file != reg.file for t in res.tensors):
+            raise RuntimeError(f"output region {reg.index} wrote tensors {got[:3]}.. of "
+                               f"{reg.file}, not its own")
+        by_name.update({t.name: t for t in res.tensors})
+    tensors = []
+    for fname, specs in layout:
+        for name, dtype, shape in specs:
+            t = by_name[name]
+            if (t.dtype, tuple(t.shape), t.file) != (dtype, tuple(shape), fname):
+                raise RuntimeError(f"output tensor {name!r} came back as {t.dtype} "
+                                   f"{list(t.shape)} in {t.file}")
+            tensors.append(t)
+    parts = list(results.values())
+    fetched: dict[str, dict[str, int]] = {}
+    by_model: dict[str, int] = {}
+    for r in parts:
+        for m, st in r.expert_fetch_by_model.items():
+            acc = fetched.setdefault(m, {})
+            for k, v in st.items():
+                acc[k] = acc.get(k, 0) + v
+        for m, n in r.expert_bytes_by_model.items():
+            by_model[m] = by_model.get(m, 0) + n
+    passes = {k: v for r in parts for k, v in r.first_passes.items()}
+    return ExecutionResult(tensors, output_hash(tensors), sum(r.expert_bytes_read for r in parts),
+                           by_model, fetched, sum(r.base_bytes_read for r in parts),
+                           sum(r.blocks_total for r in parts),
+                           sum(r.expert_blocks_read for r in parts), exec_seconds, [], passes,
+                           sum(r.kernel_copied_bytes for r in parts))

@@ -1,0 +1,109 @@
+"""What the executor knows of each input model, loaded from the catalog, and drift checks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import xxhash
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import (
+    BlockRow,
+    FileRow,
+    LoraA,
+    TensorRow,
+    find_models,
+    models_details,
+)
+from mergepipe.core.errors import InvalidRequest, NotFound, SourceChanged
+from mergepipe.storage.store import store_for
+
+
+@dataclass
+class ModelSource:
+    """A catalog model as the executor reads it."""
+
+    name: str
+    kind: str
+    path: str
+    base: str | None
+    lora_scale: float | None
+    files: dict[int, FileRow]
+    tensors: dict[str, TensorRow]  # in checkpoint order
+    blocks: dict[tuple[str, int], BlockRow] = field(default_factory=dict)
+
+    def file_path(self, index: int) -> str:
+        return self.files[index].path
+
+    def tensor_blocks(self, tensor: str) -> list[BlockRow]:
+        """The blocks of one tensor in row order."""
+        info = self.tensors[tensor]
+        out = []
+        i = 0
+        while (tensor, i) in self.blocks:
+            out.append(self.blocks[(tensor, i)])
+            i += 1
+        if not out:
+            raise InvalidRequest(f"model {self.name!r}: tensor {info.name!r} has no blocks in the "
+                                 "catalog; re-ingest the model", field="base")
+        return out
+
+    def check_files(self) -> None:
+        """Raise SourceChanged if a file is gone or differs from ingestion: size and mtime of
+        a local file, the version id or ETag (else size and Last-Modified) of a remote one."""
+        for f in self.files.values():
+            try:
+                st = store_for(f.path).stat(f.path)
+            except OSError as e:
+                raise SourceChanged(
+                    f"model {self.name!r}: file {f.path} is not readable ({e.strerror}); it was "
+                    f"moved or deleted after ingestion: restore it or re-ingest {self.name!r}"
+                ) from None
+            change = st.change_from(f.stamp)
+            if change is not None:
+                raise SourceChanged(
+                    f"model {self.name!r}: file {f.path} changed after ingestion ({change}); "
+                    f"re-ingest {self.name!r} before merging it")
+
+    def verify_block(self, block: BlockRow, raw: bytes | bytearray | memoryview) -> None:
+        """Raise SourceChanged unless `raw` has the block's catalogued xxh3-128 content hash."""
+        got = xxhash.xxh3_128_hexdigest(raw)
+        if got != block.content_hash:
+            raise SourceChanged(
+                f"model {self.name!r}: tensor {block.tensor!r} block {block.block_index} in "
+                f"{self.file_path(block.file_index)} (bytes {block.byte_offset}.."
+                f"{block.byte_offset + block.nbytes}) does not match the catalog's content hash: "
+                f"the file changed after ingestion; re-ingest {self.name!r}")
+
+    def verify_lora_a(self, tensor: str, spec: LoraA, raw: bytes | bytearray | memoryview
+                      ) -> None:
+        """Raise SourceChanged unless `raw` has lora_A's catalogued xxh3-128 content hash (no
+        check for a catalog row from before migration 0004, which has no hash)."""
+        if spec.content_hash is None:
+            return
+        got = xxhash.xxh3_128_hexdigest(raw)
+        if got != spec.content_hash:
+            raise SourceChanged(
+                f"model {self.name!r}: tensor {tensor!r} lora_A in "
+                f"{self.file_path(spec.file_index)} (bytes {spec.offset}.."
+                f"{spec.offset + spec.nbytes}) does not match the catalog's content hash: "
+                f"the file changed after ingestion; re-ingest {self.name!r}")
+
+
+def load_models(cat: Catalog, names: Sequence[str]) -> list[ModelSource]:
+    """Files, tensors and blocks of each named model, in four catalog queries for all of them;
+    NotFound / InvalidRequest for the first name that is missing or not ready."""
+    rows = find_models(cat, names)
+    for name in names:
+        m = rows.get(name)
+        if m is None:
+            raise NotFound(f"model {name!r} is not in the catalog", field="model")
+        if m.status != "ready":
+            raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
+    files, tensors, blocks = models_details(cat, names)
+    out = {n: ModelSource(m.name, m.kind, m.path, m.base, m.lora_scale,
+                          {f.index: f for f in files[n]}, {t.name: t for t in tensors[n]},
+                          {(b.tensor, b.block_index): b for b in blocks[n]})
+           for n, m in rows.items()}
+    return [out[n] for n in names]

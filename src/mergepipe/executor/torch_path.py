@@ -1,0 +1,168 @@
+"""The torch side of merging a block: decode to float32, each expert's delta by storage kind,
+the operator's torch kernel, encode.
+
+Blocks the fused C kernels do not cover come here (other operators, mergekit arithmetic,
+whole-tensor operators, LoRA experts' deltas, a NaN in a fused output, no C extension). Imported
+on first need: a merge that the fused kernels cover never loads torch (~1.5 s of CPU).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.core.operators import BlockContext, ExpertBlock
+from mergepipe.core.torch_threads import pin_torch_threads
+from mergepipe.executor import tensors
+from mergepipe.executor.writer import encode
+from mergepipe.storage.lora import lora_delta
+from mergepipe.storage.safetensors_format import decode_into, to_float32
+
+if TYPE_CHECKING:
+    from mergepipe.core.request import MergeRequest
+    from mergepipe.executor.prepare import Prepared
+    from mergepipe.executor.schedule import Step
+    from mergepipe.executor.sources import ModelSource
+
+pin_torch_threads()  # before the first kernel: our compute threads give the parallelism
+
+
+class ChunkMerger(Protocol):
+    """What the torch path reads of executor.blocks.ChunkMerger."""
+
+    prep: Prepared
+    req: MergeRequest
+    op: Any  # the request's kernel
+    mk_arith: bool
+    lora_a: dict[tuple[int, str], torch.Tensor]
+
+    def params_of(self, tensor: str) -> tuple[tuple[float, ...], list[float]]: ...
+
+    def key(self, i: int, tensor: str) -> int: ...
+
+    def context(self, st: Step, weights: tuple[float, ...]) -> BlockContext: ...
+
+
+def merge_step(m: ChunkMerger, st: Step, data: Mapping[Hashable, memoryview], dtype: str,
+               out_dtype: str) -> memoryview:
+    """The output bytes of one step by the torch kernels (`dtype`: the base tensor's)."""
+    b32 = decode(data[("b", st.tensor, st.block_index)], dtype, st.shape)
+    if not st.experts and not m.mk_arith:
+        return encode(b32, out_dtype)
+    blocks, ctx = step_inputs(m, st, data, b32)
+    return encode(m.op(b32, blocks, ctx), out_dtype)
+
+
+def merge_tensors(m: ChunkMerger, chunk_steps: list[Step], data: Mapping[Hashable, memoryview]
+                  ) -> list[tuple[str, int, memoryview | None]]:
+    """Every block of a chunk of whole tensors, each tensor by one kernel call."""
+    out: list[tuple[str, int, memoryview | None]] = []
+    for steps in tensors.by_tensor(chunk_steps):
+        t = m.prep.base.tensors[steps[0].tensor]
+        inputs = []
+        for st in steps:
+            b32 = decode(data[("b", st.tensor, st.block_index)], t.dtype, st.shape)
+            inputs.append((b32, *step_inputs(m, st, data, b32)))
+        merged = tensors.merge_tensor(m.op, t.shape, inputs)
+        out_dtype = m.prep.out_dtype or t.dtype
+        out.extend((st.tensor, st.flat_start, encode(x, out_dtype))
+                   for st, x in zip(steps, merged, strict=True))
+    return out
+
+
+def step_inputs(m: ChunkMerger, st: Step, data: Mapping[Hashable, memoryview],
+                b32: torch.Tensor) -> tuple[list[ExpertBlock], BlockContext]:
+    """The operator's view of every expert's block of a step, and the block's context."""
+    blocks = []
+    weights, densities = m.params_of(st.tensor)
+    for i, spec in enumerate(m.req.experts):
+        delta = value = None
+        if i in st.experts:
+            if m.mk_arith and m.prep.experts[i].kind == "full":
+                value, delta = _value_and_delta(m.prep.experts[i], i, st, b32, data)
+            else:
+                delta = expert_delta(m.prep.experts[i], i, st, b32, data, m.lora_a)
+        blocks.append(ExpertBlock(
+            index=i, model=spec.model, delta=delta, weight=weights[i], density=densities[i],
+            trim=m.prep.plan.trims.get((spec.model, st.tensor)), key=m.key(i, st.tensor),
+            value=value))
+    return blocks, m.context(st, weights)
+
+
+def lora_delta_f32(m: ChunkMerger, i: int, st: Step, data: Mapping[Hashable, memoryview]
+                   ) -> object:
+    """A LoRA expert's float32 delta of a step as a flat numpy array (for the fused kernels)."""
+    d = expert_delta(m.prep.experts[i], i, st, torch.empty(tuple(st.shape)), data, m.lora_a)
+    return d.reshape(-1).numpy()
+
+
+def decode(raw: memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Raw bytes -> a float32 tensor of `shape` that owns its memory."""
+    if raw.nbytes == 0:
+        return torch.zeros(shape, dtype=torch.float32)
+    return to_float32(raw, dtype, shape)  # bf16 widened by a shift: exact, several times faster
+
+
+class _Deltas(threading.local):
+    """Each compute thread's float32 delta buffers, one per expert position, reused block after
+    block (the operators never return or keep them)."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[int, torch.Tensor] = {}
+
+    def get(self, i: int, numel: int) -> torch.Tensor:
+        buf = self.bufs.get(i)
+        if buf is None or buf.numel() < numel:
+            buf = self.bufs[i] = torch.empty(max(numel, 1), dtype=torch.float32)
+        return buf[:numel]
+
+
+_deltas = _Deltas()
+
+
+def _value_and_delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,
+                     data: Mapping[Hashable, memoryview]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A full expert's block widened exactly to float32, and its float32 delta (new tensors:
+    mergekit arithmetic needs both)."""
+    raw = data[("e", i, st.tensor, st.block_index)]
+    if raw.nbytes == 0:
+        return b32.clone(), torch.zeros_like(b32)
+    value = decode_into(raw, e.tensors[st.tensor].dtype,
+                        torch.empty(b32.numel(), dtype=torch.float32)).view(b32.shape)
+    return value, value - b32
+
+
+def expert_delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,
+                 data: Mapping[Hashable, memoryview],
+                 lora_a: Mapping[tuple[int, str], torch.Tensor]) -> torch.Tensor:
+    """The float32 delta of expert `e` for this block, by the expert's storage kind."""
+    info = e.tensors[st.tensor]
+    raw = data[("e", i, st.tensor, st.block_index)]
+    if e.kind == "full":
+        if raw.nbytes == 0:
+            return torch.zeros_like(b32)
+        # the expert widened exactly to float32 (bf16: by a shift), then minus the base: the
+        # values torch.sub(expert, base) gives, without its slow mixed-dtype path
+        out = decode_into(raw, info.dtype, _deltas.get(i, b32.numel()))
+        return out.view(b32.shape).sub_(b32)
+    if e.kind == "delta":
+        return decode(raw, info.dtype, tuple(b32.shape))
+    if e.kind == "lora":
+        a = lora_a[(i, st.tensor)]
+        rows = st.row_end - st.row_start
+        b_rows = decode(raw, info.dtype, (rows, info.shape[1]))
+        scale = info.lora_scale if info.lora_scale is not None else e.lora_scale
+        if scale is None:
+            raise InvalidCheckpoint(f"LoRA model {e.name!r}: tensor {st.tensor!r} has no scale "
+                                    "in the catalog; re-ingest the adapter")
+        d = lora_delta(b_rows, a, scale)  # bit-identical to the delta ingestion saw
+        if tuple(d.shape) != tuple(b32.shape):
+            raise InvalidCheckpoint(f"LoRA model {e.name!r}: tensor {st.tensor!r}: lora_B @ "
+                                    f"lora_A is {list(d.shape)} for a base block of "
+                                    f"{list(b32.shape)}")
+        return d
+    raise InvalidCheckpoint(f"model {e.name!r} has unknown kind {e.kind!r}")

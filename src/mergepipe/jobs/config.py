@@ -1,0 +1,224 @@
+"""A mergekit config resolved against the catalog: models matched by name or path, or to ingest.
+
+Resolving never ingests: models the config names by an unregistered path come back as
+ingestion jobs to run (the CLI runs them in turn; the service queues them with the merge).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mergepipe.catalog import queue
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import ModelRow, list_models
+from mergepipe.catalog.queue import NewIngestJob
+from mergepipe.core.errors import InvalidRequest, MergePipeError
+from mergepipe.core.mergekit_config import BudgetSpec, MergekitConfig, ModelRef, parse_config
+from mergepipe.core.request import MergeRequest, build_request
+from mergepipe.storage.checkpoint import ADAPTER_CONFIG
+from mergepipe.storage.locations import basename, is_url, join, parse_url
+from mergepipe.storage.store import store_for
+
+_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+Locate = Callable[[str, str], str]  # (path or URL as written, YAML key) -> real path or URL
+
+
+@dataclass
+class ResolvedConfig:
+    """A config whose models are catalog names; `to_ingest` are those to register first."""
+
+    config: MergekitConfig
+    base: str
+    experts: list[str]
+    to_ingest: list[NewIngestJob] = field(default_factory=list)
+
+    def request(self, *, budget: BudgetSpec = None, seed: int | None = 0) -> MergeRequest:
+        """The validated merge request; errors name the YAML key."""
+        args = self.config.request_args(self.base, self.experts)
+        try:
+            return build_request(**args, budget=budget, seed=seed)
+        except InvalidRequest as e:
+            key = self.config.yaml_key(e.field)
+            if key == e.field:
+                raise
+            raise InvalidRequest(f"{key}: {e.message}", field=key) from None
+
+
+@dataclass
+class _Known:
+    """The models a config may match: registered ones, and those queued for ingestion."""
+
+    models: list[ModelRow]
+    pending: dict[str, NewIngestJob]  # by name: queued ingestions, and this config's own
+    taken: set[str]
+
+
+def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
+            reserved: Iterable[str] = ()) -> ResolvedConfig:
+    """Match every model to a registered one (by name or path), to one queued for ingestion
+    from the same path, or make it an ingestion job of its own, the base first.
+
+    `locate(text, key)` turns a path from the config into a real path or a canonical URL
+    (default: local paths relative to the working directory, as mergekit, and any URL); the
+    service confines them to its data and remote roots. `reserved` names are not given to models ingested for the config.
+    """
+    locate = locate or local_path
+    pending = {j.model: NewIngestJob(j.model, j.kind, j.path, j.base, j.block_bytes,
+                                     j.with_stats) for j in queue.unfinished_ingest_models(cat)
+               if j.status != "failed"}
+    models = list_models(cat)
+    # a queued merge's output name is claimed too: an ingestion named after it would be refused
+    taken = {m.name for m in models} | set(pending) | set(reserved) | queue.pending_outputs(cat)
+    known = _Known(models, pending, taken)
+    to_ingest: list[NewIngestJob] = []
+
+    def find(ref: ModelRef, base: str | None, kind: str) -> str:
+        found = _match(ref, known.models, base=base)
+        if found is not None:
+            return found
+        path = locate(ref.text, ref.key)
+        found = _match(ref, known.models, base=base, path=path) or _pending(known, path, base)
+        if found is not None:
+            return found
+        if _has_adapter_config(path):
+            kind = "lora"
+        job = NewIngestJob(_free_name(path, known.taken), kind, path, base, field=ref.key)
+        known.taken.add(job.model)
+        known.pending[job.model] = job
+        to_ingest.append(job)
+        return job.model
+
+    base_name = (find(cfg.base, None, "full") if cfg.base is not None
+                 else _infer_base(cfg, known.models, locate))
+    names: list[str] = []
+    for e in cfg.experts:
+        if e.ref.lora is None:
+            found = find(e.ref, base_name, "full")
+        elif cfg.base is not None and e.ref.same_model(cfg.base):
+            found = find(ModelRef(e.ref.key, e.ref.lora), base_name, "lora")
+        else:
+            raise InvalidRequest(
+                f"{e.ref.key}: {e.ref.text}+{e.ref.lora} applies the adapter to {e.ref.text}, "
+                "which is not base_model; an adapter merges onto the base it was trained on",
+                field=e.ref.key)
+        if found in names:
+            raise InvalidRequest(f"{e.ref.key}: {found!r} is listed twice", field=e.ref.key)
+        names.append(found)
+    return ResolvedConfig(cfg, base_name, names, to_ingest)
+
+
+def load_config(cat: Catalog, text: str | bytes, *, budget: BudgetSpec = None,
+                seed: int | None = 0, locate: Locate | None = None,
+                reserved: Iterable[str] = ()) -> tuple[MergeRequest, ResolvedConfig]:
+    """Parse and resolve a mergekit config and build its merge request (models to ingest
+    first are in the ResolvedConfig)."""
+    resolved = resolve(cat, parse_config(text), locate=locate, reserved=reserved)
+    return resolved.request(budget=budget, seed=seed), resolved
+
+
+def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> str:
+    """No base_model (mergekit linear): use the base all experts are registered against."""
+    bases: set[str | None] = set()
+    for e in cfg.experts:
+        found = None
+        if e.ref.lora is None:
+            try:
+                found = _match(e.ref, models, base=None, any_base=True) or _match(
+                    e.ref, models, base=None, path=locate(e.ref.text, e.ref.key), any_base=True)
+            except MergePipeError:
+                found = None
+        row = next((m for m in models if m.name == found), None)
+        bases.add(row.base if row else None)
+    if len(bases) == 1 and None not in bases:
+        return str(bases.pop())
+    in_average = cfg.base_weight is not None or cfg.operator == "linear"
+    raise InvalidRequest(
+        "base_model: missing. MergePipe stores experts as deltas against the base they were "
+        "fine-tuned from; add base_model: PATH" + (
+            " and list it under models: with weight: 0 so that, as in mergekit, it stays out of "
+            "the average" if in_average else ""), field="base_model")
+
+
+def _same_path(a: str, b: str) -> bool:
+    if is_url(a) or is_url(b):
+        return a == b  # both canonical (as recorded and as located)
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _has_adapter_config(path: str) -> bool:
+    """Whether the checkpoint at `path` is a PEFT adapter directory (it has adapter_config.json)."""
+    target = join(path, ADAPTER_CONFIG)
+    try:
+        return store_for(target).kind(target) is not None
+    except OSError:
+        return False
+
+
+def _match(ref: ModelRef, models: list[ModelRow], *, base: str | None,
+           path: str | None = None, any_base: bool = False) -> str | None:
+    """The registered model named `ref` (or, given `path`, ingested from it) with base `base`."""
+    if path is None:
+        cands = [m for m in models if m.name == ref.text]
+    else:
+        cands = [m for m in models if _same_path(m.path, path)]
+    right = [m for m in cands if any_base or m.base == base]
+    if not right:
+        if cands and path is None:
+            m = cands[0]
+            role = "a base model" if m.base is None else f"an expert of {m.base!r}"
+            want = "a base model" if base is None else f"an expert of {base!r}"
+            raise InvalidRequest(f"{ref.key}: model {ref.text!r} is registered as {role}, but "
+                                 f"the config uses it as {want}", field=ref.key)
+        return None
+    ready = [m for m in right if m.status == "ready"]
+    if not ready:
+        m = right[0]
+        raise InvalidRequest(f"{ref.key}: model {m.name!r} is {m.status}"
+                             + (f" ({m.error})" if m.error else "")
+                             + "; wait for it or register it again", field=ref.key)
+    return sorted(ready, key=lambda m: m.name)[0].name
+
+
+def _pending(known: _Known, path: str, base: str | None) -> str | None:
+    """A model already queued for ingestion from `path` with base `base`."""
+    for name, job in sorted(known.pending.items()):
+        if job.base == base and _same_path(job.path, path):
+            return name
+    return None
+
+
+def local_path(text: str, key: str) -> str:
+    """A checkpoint from the config: a URL (canonical), or a local path (relative to the
+    working directory) that exists."""
+    if is_url(text):
+        return str(parse_url(text, key))
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise not_found(text, key)
+    return str(path.resolve())
+
+
+def not_found(text: str, key: str) -> InvalidRequest:
+    """The error for a model that is neither registered nor on disk (with the fix)."""
+    hub = re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None
+    hint = (f"; MergePipe never downloads - fetch it first (hf download {text} --local-dir DIR) "
+            "and give the directory" if hub else "")
+    return InvalidRequest(f"{key}: {text!r} is neither a registered model nor a local path{hint}",
+                          field=key)
+
+
+def _free_name(path: str, taken: set[str]) -> str:
+    stem = _NAME_CHARS.sub("-", basename(path).removesuffix(".safetensors")).strip("-._")[:100]
+    stem = stem or "model"
+    name, n = stem, 2
+    while name in taken:
+        name, n = f"{stem}-{n}", n + 1
+    return name

@@ -1,0 +1,244 @@
+"""One merge end to end: validate and queue it; then plan it once, execute, publish, record, register.
+
+The request is validated when the merge is accepted (4xx then, for the caller), and planned once,
+by the worker that runs it, against the catalog as it is then: a merge queued behind the
+ingestion of its own inputs cannot be planned earlier, and a plan made at acceptance could be
+stale by the time it runs. The plan is recorded before any weight is read, and replay
+re-executes exactly that record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from mergepipe.catalog import records
+from mergepipe.catalog.connection import Connection
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.fence import Fence, LeaseLost, hold
+from mergepipe.catalog.ingest import scan_model, write_model
+from mergepipe.catalog.models import find_model
+from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
+from mergepipe.core.errors import InvalidRequest, MergePipeError
+from mergepipe.core.fault_hooks import wait_while_held
+from mergepipe.core.progress import Progress, ProgressFn
+from mergepipe.core.request import MergeRequest
+from mergepipe.executor import publish, stream
+from mergepipe.executor.engine import LOCAL, Engine
+from mergepipe.executor.manifest import build_manifest, io_figures, write_manifest
+from mergepipe.executor.model_card import CARD_FILE, render_model_card
+from mergepipe.executor.outputs import LocalOutput, output_for
+from mergepipe.executor.s3_output import S3Output
+from mergepipe.executor.stream import ExecutionResult, Prepared
+from mergepipe.jobs.failure import failure_message
+from mergepipe.jobs.planning import check_inputs
+from mergepipe.jobs.report import MergeSummary, outcome_record, plan_record, summary
+from mergepipe.planner.incremental import choose_plan, previous_of, strategy_of, user_request
+from mergepipe.planner.plan import Plan
+from mergepipe.storage.fsconfine import confined
+from mergepipe.storage.locations import basename
+from mergepipe.storage.paths import recheck_input
+
+__all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
+
+# test hook: a merge appends its pid to <dir>/starts when its output is staged; while
+# <dir>/hold exists, it writes its pid to <dir>/pid and waits (the fencing fault tests)
+HOLD_ENV = "MERGEPIPE_TEST_MERGE_HOLD"
+
+
+def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
+                 output_dir: Path | str, *,
+                 overwrite: bool = False, ingests: Sequence[NewIngestJob] = (),
+                 max_queued: int | None = None) -> Queued:
+    """Check the request against the catalog and the output, and queue the merge (with the
+    ingestions of its inputs that are not registered yet, in one transaction)."""
+    if not output_name or "/" in output_name:
+        raise InvalidRequest(f"output name {output_name!r} must be a non-empty name without '/'",
+                             field="output.name")
+    out = output_for(output_dir)
+    out.check(overwrite=overwrite)
+    check_inputs(cat, request, pending={j.model for j in ingests})
+    return enqueue(cat, ingests=ingests, merge=NewMerge(request, output_name, out.location),
+                   max_queued=max_queued)
+
+
+def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None,
+              threads: int | None = None, overwrite: bool = False,
+              data_roots: Sequence[Path] = (), output_root: Path | None = None,
+              engine: Engine = LOCAL, fence: Fence | None = None) -> MergeSummary:
+    """Plan, record the plan, execute, publish (output + manifest.json atomically), register the
+    output as a model and record success; any failure is recorded once and raised. With data
+    roots (the service), the inputs must still lie inside them, and every input file is opened
+    beneath its root (the data roots, and the output root for earlier outputs). `engine`
+    executes the plan (local threads or Ray tasks: the same bytes). `fence` (a worker on a
+    shared catalog): every write is made only while its lease holds (docs/scale-out.md)."""
+    roots = [*data_roots, *([output_root] if output_root is not None else [])]
+    with confined(roots) if data_roots else contextlib.nullcontext():
+        return _run_merge(cat, merge_id, progress=progress, threads=threads,
+                          overwrite=overwrite, data_roots=data_roots, engine=engine,
+                          fence=fence)
+
+
+def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
+               threads: int | None, overwrite: bool,
+               data_roots: Sequence[Path], engine: Engine, fence: Fence | None) -> MergeSummary:
+    wall0 = time.perf_counter()
+    row = records.mark_running(cat, merge_id, fence)
+    out, name = output_for(str(row.output_path)), str(row.output_name)
+    result: ExecutionResult | None = None
+    try:
+        request = MergeRequest.from_dict(row.request)
+        if data_roots:
+            _recheck_inputs(cat, request, data_roots)
+        t0 = time.perf_counter()
+        prep = _prepare(cat, request)
+        plan_seconds = time.perf_counter() - t0
+        records.record_plan(cat, merge_id, plan_record(prep, plan_seconds), fence)
+        previous = previous_of(prep.plan)
+        records.record_strategy(cat, merge_id, strategy_of(prep.plan),
+                                previous[0] if previous else None, fence)
+        result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
+                                      progress=progress, threads=threads, overwrite=overwrite,
+                                      engine=engine, fence=fence)
+    except LeaseLost:
+        raise  # another worker owns the merge now: record nothing
+    except BaseException as e:
+        records.record_failure(cat, merge_id, failure_message(e, "merge"),
+                               result.exec_seconds if result is not None else None, fence)
+        raise
+    return summary(merge_id, prep, result, output=out.location, output_name=name,
+                   plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
+
+
+def _prepare(cat: Catalog, request: MergeRequest) -> Prepared:
+    """Plan by the request's strategy and check the plan against the files; with auto, an
+    incremental plan whose stored merge cannot be read any more (moved, changed) falls back to
+    scratch, saying why in the plan."""
+    plan = choose_plan(cat, request)
+    try:
+        return stream.prepare(cat, plan)
+    except MergePipeError as e:
+        previous = previous_of(plan)
+        if request.strategy != "auto" or previous is None:
+            raise
+        why = f"merge {previous[0]}'s output {previous[1]!r} cannot be read: {e}"
+    plan = choose_plan(cat, replace(request, strategy="scratch"))
+    plan.request = request
+    assert plan.strategy is not None
+    plan.strategy.update(requested="auto", incremental={"available": False, "reason": why})
+    return stream.prepare(cat, plan)
+
+
+def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
+                         out: LocalOutput | S3Output, name: str,
+                         plan_seconds: float, wall0: float, *, progress: ProgressFn | None,
+                         threads: int | None, overwrite: bool, engine: Engine,
+                         fence: Fence | None) -> ExecutionResult:
+    """Execute into a staging directory, publish it, then register the output and record the
+    outcome in one transaction; an output is never left published without its record. With
+    a fence, the merge's row stays locked from before the publish to the record: a stalled
+    run whose merge was taken over publishes nothing and removes only its own staging."""
+    stage: Path | None = out.stage(merge_id[2:] + (fence.tag if fence else ""),
+                                   overwrite=overwrite)
+    published = False
+    try:
+        assert stage is not None
+        result = engine.execute(prep, stage, threads=threads, first_pass=True,
+                                progress=_recorder(cat, merge_id, progress, fence))
+        wait_while_held(HOLD_ENV)  # the fault tests' hook
+        write_manifest(stage, build_manifest(
+            merge_id=merge_id, prep=prep, result=result, output_name=name,
+            output_path=out.location, plan_seconds=plan_seconds,
+            wall_seconds=time.perf_counter() - wall0))
+        (stage / CARD_FILE).write_text(render_model_card(
+            user_request(prep.plan), io_figures(prep, result), name=name, merge_id=merge_id,
+            plan_hash=prep.plan.plan_hash))
+        with _fenced(cat, merge_id, fence) as held:
+            out.publish(stage, overwrite=overwrite)
+            stage, published = None, True
+            scanned = scan_model(cat, out.location, name, base=prep.plan.request.base,
+                                 kind="full", with_stats=True, source_merge=merge_id,
+                                 first_passes=result.first_passes)
+            result.first_passes.clear()
+            with contextlib.nullcontext(held) if held else cat.transaction() as conn:
+                write_model(conn, scanned)
+                records.record_success(conn, merge_id,
+                                       outcome_record(prep, result, name, out.location))
+        return result
+    except BaseException:
+        if stage is not None:
+            publish.discard(stage)  # this run's own staging (per claim with a fence)
+        if published:
+            with _fenced(cat, merge_id, fence):  # lease lost: the output may be the new owner's
+                out.discard()
+        raise
+
+
+@contextlib.contextmanager
+def _fenced(cat: Catalog, merge_id: str, fence: Fence | None
+            ) -> Iterator[Connection | None]:
+    """No fence: nothing (None). A fence: a transaction holding it (LeaseLost if lost), the
+    merge's row locked until the block ends (committed then, rolled back on an error)."""
+    if fence is None:
+        yield None
+        return
+    with cat.transaction() as conn:
+        hold(conn, merge_id, fence)
+        yield conn
+
+
+def merge(cat: Catalog, request: MergeRequest, output_dir: Path | str, *,
+          output_name: str | None = None, progress: ProgressFn | None = None,
+          threads: int | None = None, overwrite: bool = False,
+          engine: Engine = LOCAL) -> MergeSummary:
+    """submit_merge + run_merge: the CLI's merge into a directory or an s3:// prefix. The
+    output name defaults to the directory's name."""
+    out = output_for(output_dir)
+    merge_id = submit_merge(cat, request, output_name or basename(out.location), out.location,
+                            overwrite=overwrite).merge_id
+    assert merge_id is not None
+    return run_merge(cat, merge_id, progress=progress, threads=threads, overwrite=overwrite,
+                     engine=engine)
+
+
+def execute_plan(cat: Catalog, plan: Plan, output_dir: Path, *, threads: int | None = None,
+                 progress: ProgressFn | None = None, overwrite: bool = False,
+                 engine: Engine = LOCAL) -> MergeSummary:
+    """Execute any plan (e.g. a benchmark's random plan of equal bytes) into `output_dir`,
+    atomically with its manifest.json; no catalog rows are written."""
+    wall0 = time.perf_counter()
+    target = Path(output_dir).absolute()
+    prep = stream.prepare(cat, plan)
+    tag = "x-" + records.new_merge_id()[2:]
+    with publish.staged(target, tag, overwrite=overwrite) as stage:
+        result = engine.execute(prep, stage, threads=threads, progress=progress)
+        write_manifest(stage, build_manifest(
+            merge_id=None, prep=prep, result=result, output_name=None, output_path=target,
+            plan_seconds=None, wall_seconds=time.perf_counter() - wall0))
+    return summary(None, prep, result, output=target, output_name=None, plan_seconds=None,
+                   wall_seconds=time.perf_counter() - wall0)
+
+
+def _recheck_inputs(cat: Catalog, request: MergeRequest, data_roots: Sequence[Path]) -> None:
+    """The directories of the merge's models inside the data roots still hold no link out of
+    them (the merge reads the experts and copies the base's config files)."""
+    fields = [("base", request.base)] + [(f"experts[{i}].model", e.model)
+                                         for i, e in enumerate(request.experts)]
+    for field_name, name in fields:
+        m = find_model(cat, name)
+        if m is not None:
+            recheck_input(m.path, data_roots, field=field_name)
+
+
+def _recorder(cat: Catalog, merge_id: str, user: ProgressFn | None,
+              fence: Fence | None) -> ProgressFn:
+    """Record progress in the merges row (the executor calls it at most every 0.5 s); a lost
+    lease stops the run there."""
+    def report(p: Progress) -> None:
+        records.record_progress(cat, merge_id, p, fence)
+        if user is not None:
+            user(p)
+    return report

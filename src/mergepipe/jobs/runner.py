@@ -1,0 +1,160 @@
+"""Worker threads that take queued ingestions and merges from the catalog and run them."""
+
+from __future__ import annotations
+
+import logging
+import queue as fifo
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+
+from mergepipe.catalog import queue, records
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.fence import Fence
+from mergepipe.catalog.models import find_model
+from mergepipe.catalog.queue import Job
+from mergepipe.core.errors import MergePipeError
+from mergepipe.core.progress import Progress
+from mergepipe.core.settings import Settings
+from mergepipe.executor.engine import Engine
+from mergepipe.jobs.ingest import run_ingest_job
+from mergepipe.jobs.merge import run_merge
+from mergepipe.jobs.recovery import recover_interrupted
+from mergepipe.storage.paths import temp_dirs
+
+log = logging.getLogger("mergepipe.jobs.runner")
+
+_STOP = Job("stop", "")
+
+
+class JobRunner:
+    """A FIFO of jobs and N worker threads; live progress is kept in memory while jobs run."""
+
+    def __init__(self, cat: Catalog, settings: Settings) -> None:
+        self.cat = cat
+        self.settings = settings
+        self.queue: fifo.Queue[Job] = fifo.Queue()
+        self.threads: list[threading.Thread] = []
+        self.stopping = threading.Event()
+        self.changed = threading.Condition()   # notified whenever a job finishes
+        self.progress: dict[Job, Progress] = {}
+        self.running: set[Job] = set()
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Recover from a previous crash, resume queued jobs, start the workers."""
+        self.recover()
+        for job in queue.queued_jobs(self.cat):
+            self.queue.put(job)
+        for i in range(max(1, self.settings.workers)):
+            t = threading.Thread(target=self._work, name=f"mergepipe-worker-{i}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def recover(self) -> None:
+        """Jobs that were running when the server died: failed; their temp outputs: removed."""
+        recover_interrupted(self.cat, error=None)  # disk only; queue.recover says why it failed
+        queue.recover(self.cat)
+        for tmp in temp_dirs(self.settings.output_root):
+            log.warning("removing the temporary output %s of an interrupted merge", tmp)
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+
+    def stop(self, grace_s: float | None = None) -> bool:
+        """Stop taking jobs; wait up to `grace_s` for running ones. True if all workers ended.
+
+        Jobs still queued stay queued in the catalog and resume at the next start-up."""
+        self.stopping.set()
+        self._wake_workers()
+        deadline = time.monotonic() + (self.settings.shutdown_grace_s if grace_s is None
+                                       else grace_s)
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        with self.changed:
+            self.changed.notify_all()
+        return not any(t.is_alive() for t in self.threads)
+
+    def _wake_workers(self) -> None:
+        """Tell every worker thread to stop waiting for a job."""
+        for _ in self.threads:
+            self.queue.put(_STOP)
+
+    # -- submitting and watching --------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        self.queue.put(job)
+
+    def live_progress(self, job: Job) -> Progress | None:
+        return self.progress.get(job)
+
+    # -- the workers ------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job = self.queue.get()
+            try:
+                if job == _STOP:
+                    return
+                if self.stopping.is_set():
+                    continue  # left queued in the catalog for the next start
+                with self.changed:
+                    self.running.add(job)
+                try:
+                    self._run(job)
+                except Exception:  # noqa: BLE001 - a worker must survive any job
+                    log.exception("job %s %s crashed", job.kind, job.id)
+                finally:
+                    with self.changed:
+                        self.running.discard(job)
+                        self.progress.pop(job, None)
+                        self.changed.notify_all()
+            finally:
+                self.queue.task_done()
+
+    def _run(self, job: Job) -> None:
+        def track(p: Progress) -> None:
+            self.progress[job] = p
+
+        if job.kind == "ingest":
+            row = queue.get_ingest_job(self.cat, job.id)
+            if row is not None and row.status == "queued" and self._inputs_ready(job, [row.base]):
+                run_ingest_job(self.cat, job.id, data_roots=self.settings.data_roots,
+                               remote_roots=self.settings.remote_roots,
+                               progress=track, fence=self._fence(job),
+                               engine=Engine.of(self.settings))
+            return
+        merge = records.find_merge(self.cat, job.id)
+        if merge is None or merge.status != "queued":
+            return
+        names = [merge.base] + [str(e.get("model")) for e in merge.request.get("experts", [])]
+        if not self._inputs_ready(job, names):
+            return
+        try:
+            run_merge(self.cat, job.id, progress=track, data_roots=self.settings.data_roots,
+                      output_root=self.settings.output_root, engine=Engine.of(self.settings),
+                      fence=self._fence(job))
+        except Exception as e:  # noqa: BLE001 - recorded on the merge by run_merge
+            if not isinstance(e, MergePipeError):
+                log.exception("merge %s failed", job.id)
+
+    def _fence(self, job: Job) -> Fence | None:
+        """The lease a shared catalog's worker holds `job` under; none in a single process."""
+        return None
+
+    def _inputs_ready(self, job: Job, names: Sequence[str | None]) -> bool:
+        """Wait while an input of `job` is being ingested. False (and the job goes back to the
+        end of the queue) while such an ingestion has not started, so that a worker never waits
+        on a job queued behind it; False too when stopping."""
+        for name in names:
+            while name is not None and not self.stopping.is_set():
+                active = queue.active_ingest_job(self.cat, name)
+                if active is None or find_model(self.cat, name) is not None:
+                    break
+                if active.status == "queued" and Job("ingest", active.job_id) not in self.running:
+                    self.queue.put(job)
+                    return False
+                with self.changed:
+                    self.changed.wait(0.2)
+        return not self.stopping.is_set()
+

@@ -1,0 +1,99 @@
+"""One checked user query on a DuckDB connection: engine limits, interrupt at the deadline,
+rows fetched in batches under the row and byte limits (in-process and in the SQL workers)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Collection
+from typing import Any
+
+from mergepipe.catalog.duckdb_module import duckdb
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.jsonable import jsonable
+from mergepipe.core.sql_limits import SqlLimits
+from mergepipe.sandbox.sql_guard import check_duckdb_tree, check_readonly, check_with_duckdb
+
+# A query that gets its slot with less time than this left is not started.
+MIN_RUN_S = 0.05
+# Rows fetched from DuckDB at a time; the row and byte limits are checked after each batch.
+FETCH_ROWS = 64
+SELECT_TABLES = ("SELECT table_name FROM information_schema.tables "
+                 "WHERE table_schema = 'main' AND table_catalog = current_database()")
+
+
+def time_limit_error(limits: SqlLimits) -> InvalidRequest:
+    return InvalidRequest(f"query failed: query exceeded the {limits.timeout_s:g}s time limit",
+                          field="sql")
+
+
+def check_time_left(deadline: float, limits: SqlLimits) -> None:
+    if deadline - time.monotonic() < MIN_RUN_S:  # a slot came too late to start the query
+        raise time_limit_error(limits)
+
+
+def check_all(raw: duckdb.DuckDBPyConnection, sql: str, tables: Collection[str]) -> None:
+    """Every check of the guard: sqlglot's reading, then DuckDB's own parser and tree."""
+    check_readonly(sql, tables)
+    check_with_duckdb(raw, sql)
+    check_duckdb_tree(raw, sql, tables)
+
+
+def set_engine_limits(own: duckdb.DuckDBPyConnection, limits: SqlLimits) -> None:
+    """DuckDB's memory_limit, threads and temp size (database-wide settings)."""
+    own.execute("SET enable_progress_bar = false")  # none on the server's stdout
+    # numbers from SqlLimits (ints), not user text
+    own.execute(f"SET memory_limit = '{int(limits.memory_bytes) >> 20}MiB'")
+    own.execute(f"SET threads = {int(limits.threads)}")
+    own.execute(f"SET max_temp_directory_size = '{int(limits.temp_bytes) >> 20}MiB'")
+
+
+def run_on(own: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, deadline: float
+           ) -> dict[str, Any]:
+    """{columns, rows, truncated} of an already checked `sql` on `own` (engine limits set),
+    interrupted at `deadline` (time.monotonic)."""
+    fired = threading.Event()
+
+    def interrupt() -> None:
+        fired.set()
+        with contextlib.suppress(duckdb.Error):  # the query ended (its connection closed)
+            own.interrupt()
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), interrupt)
+    timer.daemon = True
+    try:
+        own.execute("BEGIN TRANSACTION READ ONLY")
+        timer.start()
+        cur = own.execute(sql)
+        return fetch(cur, limits, deadline)
+    except duckdb.Error as e:  # a user's query failing is the user's error
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise (time_limit_error(limits) if fired.is_set()
+               else InvalidRequest(f"query failed: {msg}", field="sql")) from None
+    finally:
+        timer.cancel()
+        with contextlib.suppress(duckdb.Error):
+            own.execute("ROLLBACK")
+
+
+def fetch(cur: duckdb.DuckDBPyConnection, limits: SqlLimits, deadline: float) -> dict[str, Any]:
+    """Rows in batches of FETCH_ROWS; stop at row_limit, refuse past result_bytes."""
+    columns = [d[0] for d in cur.description or []]
+    rows: list[Any] = []
+    size = 2
+    while len(rows) <= limits.row_limit:
+        batch = cur.fetchmany(min(FETCH_ROWS, limits.row_limit + 1 - len(rows)))
+        if not batch:
+            break
+        out = [jsonable(list(r)) for r in batch]
+        size += sum(len(json.dumps(r, default=str)) + 1 for r in out)
+        if size > limits.result_bytes:
+            raise InvalidRequest(f"the result is over the {limits.result_bytes} byte limit "
+                                 "(as JSON); select fewer rows or columns", field="sql")
+        if time.monotonic() > deadline:
+            raise time_limit_error(limits)
+        rows.extend(out)
+    truncated = len(rows) > limits.row_limit
+    return {"columns": columns, "rows": rows[:limits.row_limit], "truncated": truncated}

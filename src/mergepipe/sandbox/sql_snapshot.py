@@ -1,0 +1,121 @@
+"""A read-only copy of the catalog's tables for the SQL worker processes (DuckDB lets one
+process open the catalog file; the workers open this copy instead)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import duckdb
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.sandbox.sql_exec import SELECT_TABLES
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _stamp(path: Path) -> tuple[int, ...]:
+    """What changes when the catalog does: mtime and size of the file and its write-ahead log
+    (every commit appends to the log; a checkpoint rewrites the file)."""
+    out: list[int] = []
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            st = p.stat()
+            out += [st.st_mtime_ns, st.st_size, st.st_ino]
+        except FileNotFoundError:
+            out += [0, 0, 0]
+    return tuple(out)
+
+
+class SqlSnapshot:
+    """The catalog's tables and views (their rows, as tables) in a DuckDB file of its own, in a
+    private temporary folder: written under a temporary name, then renamed into place, again
+    whenever the catalog has changed since. Nothing else (settings, paths) is in it."""
+
+    def __init__(self, cat: Catalog) -> None:
+        assert cat.path is not None, "PostgreSQL catalogs run user SQL in their reader role"
+        self.cat = cat
+        self.dir = Path(tempfile.mkdtemp(prefix="mergepipe-sql-"))
+        self.path = self.dir / "snapshot.duckdb"
+        self.version = 0
+        self._stamp: tuple[int, ...] | None = None
+        self._begun = -1.0  # time.monotonic() when the current copy's catalog state was read
+        self._lock = threading.Lock()
+        weakref.finalize(self, shutil.rmtree, self.dir, True)
+
+    def current(self) -> tuple[Path, int]:
+        """(path, version) of a copy no older than the catalog at the time of the call: the
+        last copy if the catalog has not changed since, or one begun after the call (callers
+        waiting together share one copy)."""
+        assert self.cat.path is not None
+        arrived = time.monotonic()
+        with self._lock:
+            if self._begun < arrived:
+                begun, stamp = time.monotonic(), _stamp(self.cat.path)
+                if stamp != self._stamp:
+                    self._write()
+                    self._stamp = stamp
+                    self.version += 1
+                self._begun = begun
+            return self.path, self.version
+
+    def _write(self) -> None:
+        """Copy every table and view, in one read transaction of the catalog, into a new file
+        (a DuckDB database of its own: the catalog's runs without file access, so it cannot
+        ATTACH or COPY TO one), then rename it into place."""
+        tmp = self.dir / f"next-{self.version + 1}.duckdb"
+        tmp.unlink(missing_ok=True)
+        # The reader's connection stays open until the copy ends: DuckDB closes a duplicate
+        # with its parent.
+        with self.cat.duckdb_reader() as raw:
+            src: duckdb.DuckDBPyConnection = raw.duplicate()  # for one consistent read
+            dst = duckdb.connect(str(tmp), config={"threads": 1, "memory_limit": "256MiB"})
+            try:
+                src.execute("BEGIN TRANSACTION READ ONLY")
+                for (name,) in src.execute(SELECT_TABLES).fetchall():
+                    _copy_table(src, dst, str(name))
+            finally:
+                dst.close()
+                src.close()
+        os.replace(tmp, self.path)
+
+
+class _Stream:
+    """A query's rows as an Arrow C stream (the PyCapsule interface; no pyarrow needed), which
+    the other database reads by its Python name."""
+
+    def __init__(self, rel: duckdb.DuckDBPyRelation) -> None:
+        self.rel = rel
+
+    def __arrow_c_stream__(self, requested_schema: object = None) -> object:
+        return self.rel.__arrow_c_stream__(requested_schema)
+
+
+def _copy_table(src: duckdb.DuckDBPyConnection, dst: duckdb.DuckDBPyConnection,
+                name: str) -> None:
+    """One table's (or view's) columns, with their types, and rows."""
+    cols = [(str(r[0]), str(r[1])) for r in src.execute(f"DESCRIBE main.{_quote(name)}").fetchall()]
+    dst.execute(f"CREATE TABLE {_quote(name)} ("
+                + ", ".join(f"{_quote(c)} {t}" for c, t in cols) + ")")
+    rows = _Stream(src.sql(f"SELECT * FROM main.{_quote(name)}"))  # noqa: F841 - read by name
+    dst.execute(f"INSERT INTO {_quote(name)} SELECT * FROM rows")
+
+
+_snapshots: weakref.WeakKeyDictionary[Catalog, SqlSnapshot] = weakref.WeakKeyDictionary()
+_snapshots_lock = threading.Lock()
+
+
+def snapshot_for(cat: Catalog) -> SqlSnapshot:
+    """The one snapshot of this catalog in this process."""
+    with _snapshots_lock:
+        snap = _snapshots.get(cat)
+        if snap is None:
+            snap = _snapshots[cat] = SqlSnapshot(cat)
+        return snap

@@ -1,0 +1,59 @@
+"""The merge request of a plan or merge body: its JSON fields, or its mergekit config resolved
+against the catalog (models are registered names or paths inside the data roots)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from mergepipe.catalog.queue import NewIngestJob
+from mergepipe.core.dtypes import normalize_dtype
+from mergepipe.core.errors import MergePipeError
+from mergepipe.core.request import MergeRequest, build_request
+from mergepipe.jobs.config import load_config, not_found
+from mergepipe.service.schemas import PlanIn
+from mergepipe.service.state import AppState
+from mergepipe.storage.paths import confine_source
+
+
+@dataclass(frozen=True)
+class BodyRequest:
+    """A validated request, and the ingestions its config needs first (paths not registered)."""
+
+    request: MergeRequest
+    to_ingest: list[NewIngestJob] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
+
+
+def body_request(st: AppState, body: PlanIn, output_dtype: str | None = None) -> BodyRequest:
+    """The request of a body (422 naming the field). `budget`, `seed` and `output.dtype` of the
+    body apply on top of a config; relative config paths are relative to the first data root."""
+    budget = body.budget.model_dump(exclude_none=True) if body.budget is not None else None
+    if body.config_yaml is None:
+        assert body.base and body.experts and body.operator  # PlanIn checks them
+        return BodyRequest(build_request(
+            base=body.base, experts=[e.model_dump(exclude_none=True) for e in body.experts],
+            operator=body.operator, params=body.params, budget=budget, seed=body.seed,
+            output_dtype=output_dtype, strategy=body.strategy))
+
+    def locate(text: str, key: str) -> str:
+        try:
+            return confine_source(text, st.settings.data_roots, st.settings.remote_roots,
+                                  field=key)
+        except MergePipeError as e:
+            if "does not exist" in e.message:
+                raise not_found(text, key) from None
+            raise
+
+    try:
+        request, resolved = load_config(st.cat, body.config_yaml, budget=budget, seed=body.seed,
+                                        locate=locate)
+    except MergePipeError as e:
+        if e.field in ("budget", "seed"):
+            raise
+        key = f"config_yaml.{e.field}" if e.field else "config_yaml"
+        raise type(e)(f"config_yaml: {e.message}", field=key) from None
+    if output_dtype:
+        request = replace(request, output_dtype=normalize_dtype(output_dtype))
+    request = replace(request, strategy=body.strategy)
+    jobs = [replace(j, field=f"config_yaml.{j.field}") for j in resolved.to_ingest]
+    return BodyRequest(request, jobs, resolved.config.notes)

@@ -1,0 +1,100 @@
+"""POST /v1/models (an ingestion job); GET models, one model, model statistics, ingestion jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Response
+
+from mergepipe.catalog import queue, summaries
+from mergepipe.catalog.models import find_model, list_models
+from mergepipe.catalog.queue import Job, NewIngestJob, enqueue
+from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
+from mergepipe.core.jsonable import jsonable
+from mergepipe.service.auth import require_token
+from mergepipe.service.schemas import IngestJobOut, ModelIn, ModelList, ModelOut, ModelStatsList
+from mergepipe.service.state import AppState, State
+from mergepipe.service.views import job_out, model_out
+from mergepipe.storage.paths import check_name, confine_source
+
+router = APIRouter(prefix="/v1", tags=["models"])
+
+
+@router.post("/models", status_code=202, response_model=IngestJobOut,
+             dependencies=[Depends(require_token)],
+             summary="Register a checkpoint: starts an ingestion job")
+def register_model(body: ModelIn, response: Response, st: State) -> dict[str, Any]:
+    name = check_name(body.name, "name")
+    if body.base is None and body.kind != "full":
+        raise InvalidRequest(f"a {body.kind} checkpoint needs a base model", field="base")
+    if body.base is not None:
+        if body.block_bytes is not None:
+            raise InvalidRequest("block_bytes applies to bases only; experts use their base's "
+                                 "block grid", field="block_bytes")
+        _check_base(st, body.base)
+    path = confine_source(body.path, st.settings.data_roots, st.settings.remote_roots)
+    queued = enqueue(st.cat, ingests=[NewIngestJob(
+        name, body.kind, path, body.base, body.block_bytes, body.stats)],
+        max_queued=st.settings.max_queued_jobs)
+    (job_id,) = queued.ingest_ids
+    st.runner.submit(Job("ingest", job_id))
+    response.headers["Location"] = f"/v1/models/{name}"
+    job = queue.get_ingest_job(st.cat, job_id)
+    assert job is not None
+    return job_out(job, st.runner)
+
+
+def _check_base(st: AppState, base: str) -> None:
+    """The base must be ready or still being ingested (the job then waits for it)."""
+    row = find_model(st.cat, base)
+    if row is not None:
+        if row.base:
+            raise InvalidRequest(f"model {base!r} is itself an expert of {row.base!r}; "
+                                 "register experts against the base", field="base")
+        return
+    if queue.active_ingest_job(st.cat, base) is not None:
+        return
+    job = queue.latest_ingest_job(st.cat, base)
+    if job is not None and job.status == "failed":
+        raise Conflict(f"base model {base!r} failed to ingest: {job.error}", field="base")
+    raise NotFound(f"base model {base!r} not found", field="base")
+
+
+@router.get("/models", response_model=ModelList, summary="All models, ingesting and failed too")
+def list_all(st: State) -> dict[str, Any]:
+    # Jobs before models (as in get_one): an ingestion ending between the two reads shows as
+    # its model, never as missing from both.
+    jobs = queue.unfinished_ingest_models(st.cat)
+    rows = [model_out(r, None, st.runner) for r in list_models(st.cat)]
+    named = {m["name"] for m in rows}
+    rows += [model_out(None, j, st.runner) for j in jobs if j.model not in named]
+    rows.sort(key=lambda m: m["name"])
+    return {"models": rows}
+
+
+@router.get("/models/{name}", response_model=ModelOut, summary="One model and its last ingestion")
+def get_one(name: str, st: State) -> dict[str, Any]:
+    # The job first: an ingestion commits its model row before its job's end, so a job read as
+    # succeeded has its row. Read the other way round, an ingestion ending between the two
+    # reads (another replica's worker, a busy machine) gave no row and a finished job: a 404.
+    job = queue.latest_ingest_job(st.cat, name)
+    row = find_model(st.cat, name)
+    if row is None and (job is None or job.status == "succeeded"):
+        raise NotFound(f"model {name!r} not found", field="name")
+    if row is not None and job is not None and job.status != "succeeded":
+        job = job if job.status in ("queued", "running") else None
+    return model_out(row, job, st.runner)
+
+
+@router.get("/model-stats", response_model=ModelStatsList,
+            summary="Per registered model: blocks, delta statistics, lineage depth")
+def model_stats(st: State) -> dict[str, Any]:
+    return {"models": jsonable(summaries.model_summaries(st.cat))}
+
+
+@router.get("/ingestions/{job_id}", response_model=IngestJobOut, summary="One ingestion job")
+def get_ingestion(job_id: str, st: State) -> dict[str, Any]:
+    job = queue.get_ingest_job(st.cat, job_id)
+    if job is None:
+        raise NotFound(f"ingestion job {job_id!r} not found", field="job_id")
+    return job_out(job, st.runner)

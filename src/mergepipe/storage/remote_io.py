@@ -1,0 +1,111 @@
+"""Remote storage settings (from the environment) and the one retry loop, with backoff."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from mergepipe.core.errors import InvalidCheckpoint, RemoteUnavailable
+from mergepipe.core.settings import env_number
+from mergepipe.storage.store_types import FetchStats
+
+T = TypeVar("T")
+MAX_BACKOFF_S = 8.0
+CHUNK_BYTES = 1 << 20  # a response body is copied into the caller's buffer this much at a time
+# AWS variables that select the S3 client (its credentials are read by boto3 itself).
+AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION",
+                 "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_SESSION_TOKEN", "AWS_ALLOW_HTTP", "AWS_CONFIG_FILE",
+                 "AWS_SHARED_CREDENTIALS_FILE")
+
+
+class Transient(Exception):
+    """A failure worth retrying: a timeout, a reset connection, a truncated body, 429 or 5xx."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """How remote stores are reached: attempts per request, backoff, timeout, the HTTP bearer
+    token, and the AWS variables that pick the S3 client (kept in memory only)."""
+
+    attempts: int = 5
+    backoff_s: float = 0.25
+    timeout_s: float = 30.0
+    http_token: str | None = field(default=None, repr=False)
+    aws: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @staticmethod
+    def from_env(env: Mapping[str, str] | None = None) -> RemoteConfig:
+        e = dict(os.environ if env is None else env)
+        return RemoteConfig(
+            attempts=env_number(e, "MERGEPIPE_REMOTE_ATTEMPTS", int, 5, 1),
+            backoff_s=env_number(e, "MERGEPIPE_REMOTE_BACKOFF_S", float, 0.25, 0.0),
+            timeout_s=env_number(e, "MERGEPIPE_REMOTE_TIMEOUT_S", float, 30.0, 0.01),
+            http_token=e.get("MERGEPIPE_HTTP_TOKEN") or None,
+            aws=tuple((k, e[k]) for k in AWS_VARIABLES if e.get(k)))
+
+    def aws_value(self, name: str) -> str | None:
+        return dict(self.aws).get(name)
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after `failures` failures in a row: exponential, full jitter."""
+        return random.uniform(0, min(MAX_BACKOFF_S, self.backoff_s * 2 ** (failures - 1)))
+
+
+def with_retries(what: str, cfg: RemoteConfig, stats: FetchStats, attempt: Callable[[], T],
+                 progress: Callable[[], int] = lambda: 0) -> T:
+    """Run `attempt` (one request; it counts itself) until it succeeds, retrying Transient
+    failures after a backoff. An attempt that made `progress` (bytes received) resets the count
+    of failures in a row; `cfg.attempts` failures in a row give up with RemoteUnavailable."""
+    failures, seen = 0, progress()
+    while True:
+        try:
+            return attempt()
+        except Transient as e:
+            now = progress()
+            failures = 1 if now > seen else failures + 1
+            seen = now
+            if failures >= cfg.attempts:
+                raise RemoteUnavailable(f"{what}: {e.reason}; gave up after {failures} "
+                                        "attempts in a row") from None
+            stats.add(retries=1)
+            time.sleep(cfg.backoff(failures))
+
+
+
+def copy_body(read: Callable[[int], bytes], out: memoryview, done: list[int],
+              stats: FetchStats) -> None:
+    """Copy a response body into `out[done[0]:]` as it arrives, counting every byte; a body
+    that ends early is Transient (the retry resumes at `done[0]`)."""
+    n = len(out)
+    while done[0] < n:
+        chunk = read(min(CHUNK_BYTES, n - done[0]))
+        if not chunk:
+            raise Transient(f"the body ended after {done[0]} of {n} bytes")
+        out[done[0]: done[0] + len(chunk)] = chunk
+        done[0] += len(chunk)
+        stats.add(nbytes=len(chunk))
+
+
+def check_content_range(path: str, content_range: str | None, start: int, end: int) -> None:
+    """The response to a ranged GET covers [start, end): `bytes start-(end-1)/total`."""
+    unit, _, rest = (content_range or "").partition(" ")
+    span, _, total = rest.partition("/")
+    first, _, last = span.partition("-")
+    if not (unit == "bytes" and first.isdigit() and last.isdigit()):
+        raise InvalidCheckpoint(f"{path}: the store answered a ranged GET without a valid "
+                                f"Content-Range ({content_range!r})")
+    if total.isdigit() and int(total) < end:
+        raise InvalidCheckpoint(f"{path}: truncated: wanted bytes up to {end}, the object has "
+                                f"{total}")
+    if int(first) != start or int(last) != end - 1:
+        raise InvalidCheckpoint(f"{path}: the store answered bytes {span} to a request for "
+                                f"{start}..{end - 1}")

@@ -1,0 +1,232 @@
+"""S3-compatible object storage through boto3: stat, list, ranged GETs (resumed on retry), uploads."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import threading
+from typing import Any, NoReturn
+
+from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChanged
+from mergepipe.storage.locations import Url, parse_url
+from mergepipe.storage.remote_io import (
+    RemoteConfig,
+    Transient,
+    check_content_range,
+    copy_body,
+    with_retries,
+)
+from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
+
+
+class _NoBotocore(Exception):
+    """Stands for botocore's exceptions where the extra is not installed (never raised)."""
+
+
+@functools.cache
+def _botocore_errors() -> tuple[type[Exception], type[Exception]]:
+    """botocore's (BotoCoreError, ClientError), imported when an S3 call fails (an `except`
+    clause is evaluated only then): boto3 takes 0.1-0.3 s to import, only S3 users pay it."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:  # pragma: no cover - exercised by an install without the extra
+        return _NoBotocore, _NoBotocore
+    return BotoCoreError, ClientError
+
+TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                   "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
+                   "RequestLimitExceeded", "TooManyRequests"}
+DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
+                "InvalidToken", "ExpiredToken"}
+MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"}
+
+
+class S3Store:
+    """Objects of any S3-compatible store. The endpoint, region and credentials come from the
+    standard AWS environment and profile (boto3's chain); boto3's own retries are off so that
+    every attempt is counted and a broken body resumes at its first missing byte."""
+
+    def __init__(self, cfg: RemoteConfig) -> None:
+        self.cfg = cfg
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self._make_client()
+            return self._client
+
+    def _make_client(self) -> Any:
+        try:  # the optional extra `remote`
+            import boto3
+            from botocore.config import Config
+        except ImportError:  # pragma: no cover - exercised by an install without the extra
+            raise InvalidRequest("s3:// checkpoints need the remote extra: pip install "
+                                 "'mergepipe[remote]'", field="path") from None
+        endpoint = self.cfg.aws_value("AWS_ENDPOINT_URL_S3") or self.cfg.aws_value(
+            "AWS_ENDPOINT_URL")
+        allow_http = (self.cfg.aws_value("AWS_ALLOW_HTTP") or "").lower() in ("1", "true", "yes")
+        if endpoint and endpoint.lower().startswith("http://") and not allow_http:
+            raise InvalidRequest(f"AWS_ENDPOINT_URL {endpoint} is plain HTTP; set "
+                                 "AWS_ALLOW_HTTP=true to use it", field="AWS_ENDPOINT_URL")
+        config = Config(retries={"total_max_attempts": 1}, connect_timeout=self.cfg.timeout_s,
+                        read_timeout=self.cfg.timeout_s, max_pool_connections=32,
+                        request_checksum_calculation="when_required",
+                        response_checksum_validation="when_required")
+        return boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    def stat(self, path: str) -> Stamp:
+        url = parse_url(path)
+        r = self._call(path, FetchStats(), "head_object", Bucket=url.authority, Key=url.key)
+        return Stamp(int(r["ContentLength"]), int(r["LastModified"].timestamp() * 1e9),
+                     r.get("ETag"), r.get("VersionId"))
+
+    def kind(self, path: str) -> str | None:
+        url = parse_url(path)
+        if url.key:
+            try:
+                self.stat(path)
+                return FILE
+            except FileNotFoundError:
+                pass
+        r = self._call(path, FetchStats(), "list_objects_v2", Bucket=url.authority,
+                       Prefix=_prefix(url), MaxKeys=1)
+        return DIR if r.get("KeyCount", 0) or not url.key else None
+
+    def entries(self, path: str) -> dict[str, str]:
+        url = parse_url(path)
+        prefix, out, token = _prefix(url), {}, None
+        while True:
+            kw: dict[str, str] = {"ContinuationToken": token} if token else {}
+            r = self._call(path, FetchStats(), "list_objects_v2", Bucket=url.authority,
+                           Prefix=prefix, Delimiter="/", **kw)
+            out.update({o["Key"][len(prefix):]: FILE for o in r.get("Contents", [])})
+            out.update({p["Prefix"][len(prefix):].rstrip("/"): DIR
+                        for p in r.get("CommonPrefixes", [])})
+            token = r.get("NextContinuationToken")
+            if not r.get("IsTruncated") or not token:
+                out.pop("", None)  # a "directory marker" object
+                return out
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        size = self.stat(path).size
+        if size > limit:
+            raise OSError(errno.EFBIG, f"{size} bytes, over the limit of {limit}")
+        buf = bytearray(size)
+        self.read_range(path, 0, memoryview(buf), None, FetchStats())
+        return bytes(buf)
+
+    # -- byte ranges -------------------------------------------------------------------------
+
+    def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
+                   stats: FetchStats) -> None:
+        """Fill `out` from `offset` with ranged GETs of the pinned version (VersionId, else
+        If-Match on the ETag); a broken or truncated body is resumed where it stopped."""
+        if not len(out):
+            return
+        url, n, done = parse_url(path), len(out), [0]
+        pinned = ({"VersionId": pin.version_id} if pin and pin.version_id
+                  else {"IfMatch": pin.etag} if pin and pin.etag else {})
+
+        def attempt() -> None:
+            start = offset + done[0]
+            stats.add(requests=1)
+            r = self._request(path, "get_object", Bucket=url.authority, Key=url.key,
+                              Range=f"bytes={start}-{offset + n - 1}", **pinned)
+            body = r["Body"]
+            try:
+                check_content_range(path, r.get("ContentRange"), start, offset + n)
+                copy_body(lambda k: self._read_body(body, k), out, done, stats)
+            finally:
+                body.close()
+
+        with_retries(f"{path} (bytes {offset}..{offset + n})", self.cfg, stats, attempt,
+                     lambda: done[0])
+
+    @staticmethod
+    def _read_body(body: Any, nbytes: int) -> bytes:
+        try:
+            return bytes(body.read(nbytes))
+        except (_botocore_errors()[0], OSError) as e:
+            raise Transient(f"reading the body: {e}") from None
+
+    # -- uploads (outputs) -------------------------------------------------------------------
+
+    def any_under(self, path: str) -> bool:
+        url = parse_url(path)
+        r = self._call(path, FetchStats(), "list_objects_v2", Bucket=url.authority,
+                       Prefix=_prefix(url), MaxKeys=1)
+        return bool(r.get("KeyCount", 0))
+
+    def start_upload(self, path: str) -> str:
+        url = parse_url(path)
+        return str(self._call(path, FetchStats(), "create_multipart_upload",
+                              Bucket=url.authority, Key=url.key)["UploadId"])
+
+    def upload_part(self, path: str, upload_id: str, number: int, data: bytes) -> str:
+        url = parse_url(path)
+        return str(self._call(path, FetchStats(), "upload_part", Bucket=url.authority,
+                              Key=url.key, UploadId=upload_id, PartNumber=number,
+                              Body=data)["ETag"])
+
+    def complete_upload(self, path: str, upload_id: str, etags: list[str]) -> None:
+        url = parse_url(path)
+        parts = [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]
+        self._call(path, FetchStats(), "complete_multipart_upload", Bucket=url.authority,
+                   Key=url.key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+
+    def abort_upload(self, path: str, upload_id: str) -> None:
+        url = parse_url(path)
+        self._call(path, FetchStats(), "abort_multipart_upload", Bucket=url.authority,
+                   Key=url.key, UploadId=upload_id)
+
+    def delete(self, path: str) -> None:
+        url = parse_url(path)
+        self._call(path, FetchStats(), "delete_object", Bucket=url.authority, Key=url.key)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _call(self, path: str, stats: FetchStats, op: str, **kw: Any) -> Any:
+        """One S3 operation with retries (each attempt counted in `stats`)."""
+        def attempt() -> Any:
+            stats.add(requests=1)
+            return self._request(path, op, **kw)
+        return with_retries(path, self.cfg, stats, attempt)
+
+    def _request(self, path: str, op: str, **kw: Any) -> Any:
+        try:
+            return getattr(self.client(), op)(**kw)
+        except _botocore_errors()[1] as e:
+            _raise_for(path, e, kw)
+        except (_botocore_errors()[0], OSError) as e:
+            raise Transient(f"{type(e).__name__}: {e}") from None
+
+
+def _prefix(url: Url) -> str:
+    return f"{url.key}/" if url.key else ""
+
+
+def _raise_for(path: str, e: Any, kw: dict[str, Any]) -> NoReturn:
+    """The error for an S3 error response: retried, missing, refused, changed or invalid."""
+    err = e.response.get("Error", {})
+    code = str(err.get("Code", ""))
+    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    label = f"HTTP {status}" + (f" {code}" if code and code != str(status) else "")
+    if code in TRANSIENT_CODES or status == 429 or status >= 500:
+        raise Transient(label)
+    if code in MISSING_CODES or status == 404:
+        what = "bucket" if code == "NoSuchBucket" else "object"
+        raise FileNotFoundError(errno.ENOENT, f"no such {what} ({label})", path)
+    if code in DENIED_CODES or status == 403:
+        raise PermissionError(errno.EACCES, f"access denied ({label}): the credentials "
+                              "in the environment may not read it", path)
+    if code == "PreconditionFailed" or status == 412:
+        raise SourceChanged(f"{path} changed while it was being read (it no longer has ETag "
+                            f"{kw.get('IfMatch')}); re-ingest it")
+    if code == "InvalidRange" or status == 416:
+        raise InvalidCheckpoint(f"{path}: truncated: the object ends before {kw.get('Range')}")
+    raise InvalidCheckpoint(f"{path}: S3 error {label}: {err.get('Message', '')}")
+

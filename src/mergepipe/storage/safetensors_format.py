@@ -1,0 +1,248 @@
+"""Parse safetensors headers ourselves and convert raw tensor bytes to and from float32.
+
+numpy at import; the torch conversions (the executor's kernels, LoRA) import torch when called."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mergepipe.core.dtypes import DTYPE_SIZES
+from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.storage.locations import absolute
+from mergepipe.storage.storage import RangeReader, open_reader
+
+if TYPE_CHECKING:
+    import torch
+
+# Bounds on what a header may make us build (the safetensors library allows 100 MB of header;
+# an 18 MB header of 300k empty tensors took 1.3 GB and 39 s to ingest). A shard of a real
+# checkpoint has at most a few thousand tensors and a header of well under 1 MB.
+MAX_HEADER_BYTES = 16 << 20
+MAX_TENSORS_PER_FILE = 65_536
+MAX_NAME_CHARS = 1024
+# torch's names of the float dtypes
+TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype name (imports torch)."""
+    import torch
+
+    dtype: torch.dtype = getattr(torch, TORCH_NAMES[name])
+    return dtype
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a safetensors file: where its bytes are and how to read them."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str  # absolute path
+    data_offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_SIZES[self.dtype]
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    path: str
+    header_len: int  # 8 + JSON bytes: where the data section starts
+    size: int
+    metadata: dict[str, str]
+    tensors: list[TensorEntry]  # in data-offset order
+
+
+def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
+                ) -> SafetensorsHeader:
+    """Parse and validate the header of one safetensors file, reading only the header bytes
+    (through `reader`, whose counters then include them; default: a reader of its own)."""
+    path = absolute(path)
+    own = reader is None
+    reader = reader if reader is not None else open_reader(random_access=True)
+    try:
+        size = reader.size(path)
+        if size < 8:
+            raise InvalidCheckpoint(f"{path}: file too short for a safetensors header")
+        (n,) = struct.unpack("<Q", reader.read(path, 0, 8))
+        if n > MAX_HEADER_BYTES:
+            raise InvalidCheckpoint(f"{path}: header length {n} exceeds the {MAX_HEADER_BYTES} limit")
+        if 8 + n > size:
+            raise InvalidCheckpoint(f"{path}: header length {n} is larger than the file ({size} bytes)")
+        raw = bytes(reader.read(path, 8, n))
+    finally:
+        if own:
+            reader.close()
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidCheckpoint(f"{path}: header is not valid JSON ({e})") from None
+    except RecursionError:
+        raise InvalidCheckpoint(f"{path}: header JSON is nested too deeply") from None
+    if not isinstance(header, dict):
+        raise InvalidCheckpoint(f"{path}: header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise InvalidCheckpoint(f"{path}: __metadata__ is not an object")
+    if len(header) > MAX_TENSORS_PER_FILE:
+        raise InvalidCheckpoint(f"{path}: {len(header)} tensors in one file, over the limit of "
+                                f"{MAX_TENSORS_PER_FILE}")
+    data_start = 8 + n
+    data_len = size - data_start
+    entries = []
+    for name, info in header.items():
+        entries.append(_entry(path, name, info, data_start, data_len))
+    entries.sort(key=lambda t: (t.data_offset, t.nbytes, t.name))
+    _check_tiling(path, entries, data_start, size)
+    return SafetensorsHeader(path, data_start, size, {str(k): str(v) for k, v in metadata.items()},
+                             entries)
+
+
+def _check_tiling(path: str, entries: list[TensorEntry], data_start: int, size: int) -> None:
+    """The tensors tile the data section exactly, as the safetensors library requires: each
+    starts where the one before ends (no overlap, no gap) and the last ends the file."""
+    end = data_start
+    for t in entries:
+        if t.data_offset < end:
+            raise InvalidCheckpoint(f"{path}: tensor {_name(t.name)} overlaps the previous tensor")
+        if t.data_offset > end:
+            raise InvalidCheckpoint(f"{path}: {t.data_offset - end} bytes of gap before tensor "
+                                    f"{_name(t.name)} (the tensors must tile the data section)")
+        end = t.data_offset + t.nbytes
+    if end != size:
+        raise InvalidCheckpoint(f"{path}: {size - end} trailing bytes after the last tensor "
+                                "(the tensors must tile the data section)")
+
+
+def _name(name: str) -> str:
+    r = repr(name)
+    return r if len(r) <= 120 else r[:117] + "..."
+
+
+def _entry(path: str, name: str, info: object, data_start: int, data_len: int) -> TensorEntry:
+    if len(name) > MAX_NAME_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InvalidCheckpoint(f"{path}: tensor {_name(name)}: a name of over "
+                                f"{MAX_NAME_CHARS} characters or with control characters")
+    if not isinstance(info, dict):
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: entry is not an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        raise InvalidCheckpoint(
+            f"{path}: tensor {name!r}: dtype {dtype!r} unsupported (F32, F16, BF16)")
+    if (not isinstance(shape, list) or len(shape) > 8
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**48
+                       for d in shape)):
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: invalid shape {shape!r}")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: invalid data_offsets {offsets!r}")
+    begin, end = offsets
+    numel = 1
+    for d in shape:
+        numel *= d
+    if not 0 <= begin <= end:
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: data_offsets {offsets} out of order")
+    if end > data_len:
+        raise InvalidCheckpoint(
+            f"{path}: tensor {name!r}: data_offsets {offsets} run past the end of the file "
+            f"(data section is {data_len} bytes; truncated file?)")
+    if end - begin != numel * DTYPE_SIZES[dtype]:
+        raise InvalidCheckpoint(
+            f"{path}: tensor {name!r}: {end - begin} bytes for shape {shape} of {dtype}")
+    return TensorEntry(name, dtype, tuple(shape), path, data_start + begin, end - begin)
+
+
+def to_float32(raw: bytes | bytearray | memoryview, dtype: str,
+               shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Raw little-endian tensor bytes -> a float32 torch tensor (a copy, writable)."""
+    import torch
+
+    if len(raw) == 0:
+        t = torch.zeros(0, dtype=torch.float32)
+        return t.reshape(shape) if shape is not None else t
+    buf = bytearray(raw) if isinstance(raw, bytes) else raw
+    if dtype == "BF16":
+        # bf16 is the top half of a float32: widening by a shift is exact and several times
+        # faster than torch's bf16 -> f32 conversion on CPU.
+        t = torch.frombuffer(buf, dtype=torch.int16).to(torch.int32).bitwise_left_shift_(16)
+        t = t.view(torch.float32)
+    elif dtype == "F32":
+        t = torch.frombuffer(buf, dtype=torch.float32).clone()
+    else:
+        t = torch.frombuffer(buf, dtype=torch_dtype(dtype)).to(torch.float32)
+    return t.reshape(shape) if shape is not None else t
+
+
+def decode_into(raw: bytes | bytearray | memoryview, dtype: str, out: torch.Tensor) -> torch.Tensor:
+    """Raw little-endian floats -> the flat float32 tensor `out` (same element count), in place."""
+    import torch
+
+    if out.numel() == 0:
+        return out
+    if dtype == "BF16":
+        wide = out.view(torch.int32)
+        wide.copy_(torch.frombuffer(raw, dtype=torch.int16))
+        wide.bitwise_left_shift_(16)
+    else:
+        out.copy_(torch.frombuffer(raw, dtype=torch_dtype(dtype)))
+    return out
+
+
+def decode_array_into(raw: bytes | bytearray | memoryview, dtype: str, out: np.ndarray
+                      ) -> np.ndarray:
+    """`decode_into` for a flat float32 numpy array: the same bits, without torch (bf16 is the
+    top half of a float32; f16 widens exactly)."""
+    if out.size == 0:
+        return out
+    if dtype == "BF16":
+        wide = out.view(np.uint32)
+        wide[:] = np.frombuffer(raw, dtype=np.uint16)
+        np.left_shift(wide, 16, out=wide)
+    else:
+        out[:] = np.frombuffer(raw, dtype=np.float16 if dtype == "F16" else np.float32)
+    return out
+
+
+def from_float32(t: torch.Tensor, dtype: str) -> bytes:
+    """A float32 tensor -> raw bytes in `dtype` (round to nearest even, as torch does)."""
+    import torch
+
+    out = t.to(torch_dtype(dtype)).contiguous()
+    return out.view(torch.uint8).numpy().tobytes() if out.numel() else b""
+
+
+def encode_header(entries: list[tuple[str, str, tuple[int, ...]]],
+                  metadata: dict[str, str] | None = None) -> tuple[bytes, list[tuple[int, int]]]:
+    """Header bytes (length prefix + JSON, padded to 8) and each tensor's (begin, end)."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = metadata
+    spans = []
+    pos = 0
+    for name, dtype, shape in entries:
+        n = DTYPE_SIZES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + n]}
+        spans.append((pos, pos + n))
+        pos += n
+    js = json.dumps(header, separators=(",", ":")).encode()
+    js += b" " * (-(len(js) + 8) % 8)
+    return struct.pack("<Q", len(js)) + js, spans
