@@ -15,6 +15,7 @@ from mergepipe.catalog.fence import Fence, hold_ingest
 from mergepipe.catalog.records import new_merge_id
 from mergepipe.core.errors import Conflict, MergePipeError
 from mergepipe.core.jsonable import dumps
+from mergepipe.core.logs import REQUEST_ID
 from mergepipe.core.request import MergeRequest
 
 
@@ -36,6 +37,7 @@ class IngestJobRow:
     created_at: str | None
     started_at: str | None
     finished_at: str | None
+    request_id: str | None = None  # X-Request-ID of the HTTP request that queued it
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -144,7 +146,8 @@ def _insert_ingest(conn: Connection, j: NewIngestJob) -> str:
     job_id = f"ing-{uuid.uuid4().hex[:16]}"
     conn.execute(load_sql("ingest_job_insert"), {
         "job_id": job_id, "model": j.model, "kind": j.kind, "path": j.path, "base": j.base,
-        "block_bytes": j.block_bytes, "with_stats": j.with_stats})
+        "block_bytes": j.block_bytes, "with_stats": j.with_stats,
+        "request_id": REQUEST_ID.get()})
     return job_id
 
 
@@ -154,7 +157,8 @@ def _insert_merge(conn: Connection, m: NewMerge) -> str:
     conn.execute(load_sql("merge_insert"), {
         "merge_id": merge_id, "operator": r.operator, "base": r.base,
         "request": dumps(r.to_dict()), "params": dumps(r.params), "seed": r.seed,
-        "output_name": m.output_name, "output_path": m.output_path})
+        "output_name": m.output_name, "output_path": m.output_path,
+        "request_id": REQUEST_ID.get()})
     return merge_id
 
 
@@ -202,6 +206,21 @@ def job_counts(cat: Catalog) -> tuple[int, int]:
     """(queued, running) ingestions and merges."""
     row = cat.query("jobs_count")[0]._mapping
     return int(row["queued"]), int(row["running"])
+
+
+@dataclass(frozen=True)
+class JobStatusCount:
+    """How many jobs of one kind are in one status, and how old the oldest of them is."""
+
+    kind: str        # ingest | merge
+    status: str
+    count: int
+    oldest_s: float  # seconds since the oldest was queued
+
+
+def jobs_by_status(cat: Catalog) -> list[JobStatusCount]:
+    return [JobStatusCount(str(r.kind), str(r.status), int(r.n), max(0.0, float(r.oldest_s or 0)))
+            for r in cat.query("jobs_by_status")]
 
 
 def name_free(cat: Catalog, name: str, field: str) -> None:

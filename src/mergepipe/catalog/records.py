@@ -97,6 +97,7 @@ class MergeRow:
     finished_at: str | None
     strategy: str | None = None        # scratch | incremental (docs/incremental.md)
     previous_merge: str | None = None  # incremental: the merge whose output it reused
+    request_id: str | None = None      # X-Request-ID of the HTTP request that queued it
 
     def to_dict(self) -> dict[str, Any]:
         return dict(jsonable(dataclasses.asdict(self)))

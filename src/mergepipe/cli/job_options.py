@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mergepipe.core import logs
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.settings import Settings
 
@@ -43,8 +43,7 @@ def job_settings(args: argparse.Namespace) -> Settings:
     s = dataclasses.replace(s, output_root=Path(args.output_root or s.output_root).resolve(),
                             catalog=s.catalog if isinstance(s.catalog, str)
                             else s.catalog.resolve())
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_level, s.log_format)
     return s
 
 

@@ -14,6 +14,7 @@ DEFAULT_CATALOG = "./mergepipe.duckdb"
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "testserver")
 CATALOG_URL_SCHEMES = ("postgresql://", "postgresql+psycopg://", "postgres://")
 ENGINES = ("local", "ray")  # how merges execute: this process's threads, or Ray tasks
+LOG_FORMATS = ("text", "json")
 
 
 def catalog_location(raw: str | Path) -> str | Path:
@@ -47,6 +48,7 @@ class Settings:
     lease_s: float = 30.0                # shared catalog: a dead worker's job is taken over after
     engine: str = "local"                # merges run on "local" threads or as "ray" tasks
     ray_address: str | None = None       # an existing Ray cluster (None: a local Ray runtime)
+    log_format: str = "text"             # "json": one JSON object per log line
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None, **overrides: object) -> Settings:
@@ -76,6 +78,7 @@ class Settings:
             lease_s=env_number(e, "MERGEPIPE_LEASE_S", float, 30.0, minimum=1.0),
             engine=e.get("MERGEPIPE_ENGINE") or "local",
             ray_address=e.get("MERGEPIPE_RAY_ADDRESS") or None,
+            log_format=(e.get("MERGEPIPE_LOG_FORMAT") or "text").lower(),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         if "catalog" in given:  # a command-line option: text
@@ -84,6 +87,9 @@ class Settings:
         if s.engine not in ENGINES:
             raise InvalidRequest(f"engine {s.engine!r} is not one of {', '.join(ENGINES)} "
                                  "(MERGEPIPE_ENGINE, --engine)", field="engine")
+        if s.log_format not in LOG_FORMATS:
+            raise InvalidRequest(f"MERGEPIPE_LOG_FORMAT={s.log_format!r} is not one of "
+                                 f"{', '.join(LOG_FORMATS)}", field="MERGEPIPE_LOG_FORMAT")
         return s
 
 

@@ -7,7 +7,7 @@ import queue as fifo
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mergepipe.catalog import queue, records
 from mergepipe.catalog.db import Catalog
@@ -15,6 +15,7 @@ from mergepipe.catalog.fence import Fence
 from mergepipe.catalog.models import find_model
 from mergepipe.catalog.queue import Job
 from mergepipe.core.errors import MergePipeError
+from mergepipe.core.logs import request_context
 from mergepipe.core.progress import Progress
 from mergepipe.core.settings import Settings
 from mergepipe.executor.engine import Engine
@@ -40,6 +41,8 @@ class JobRunner:
         self.changed = threading.Condition()   # notified whenever a job finishes
         self.progress: dict[Job, Progress] = {}
         self.running: set[Job] = set()
+        # called after each job that ran, with its run time (the service's metrics)
+        self.observers: list[Callable[[Job, float], None]] = []
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -113,30 +116,47 @@ class JobRunner:
                 self.queue.task_done()
 
     def _run(self, job: Job) -> None:
+        """Run `job` if it is still queued and its inputs are ready, then tell the observers."""
+        started = time.monotonic()
+        if self._execute(job):
+            elapsed = time.monotonic() - started
+            log.info("%s %s ran for %.2f s", job.kind, job.id, elapsed)
+            for observe in self.observers:
+                observe(job, elapsed)
+
+    def _execute(self, job: Job) -> bool:
+        """Run `job` under the request id that queued it; False if it did not run (not queued
+        any more, or sent back to the queue to wait for an input)."""
         def track(p: Progress) -> None:
             self.progress[job] = p
 
         if job.kind == "ingest":
             row = queue.get_ingest_job(self.cat, job.id)
-            if row is not None and row.status == "queued" and self._inputs_ready(job, [row.base]):
+            if row is None or row.status != "queued" or not self._inputs_ready(job, [row.base]):
+                return False
+            with request_context(row.request_id):
+                log.info("ingestion %s of %r started", job.id, row.model)
                 run_ingest_job(self.cat, job.id, data_roots=self.settings.data_roots,
                                remote_roots=self.settings.remote_roots,
                                progress=track, fence=self._fence(job),
                                engine=Engine.of(self.settings))
-            return
+            return True
         merge = records.find_merge(self.cat, job.id)
         if merge is None or merge.status != "queued":
-            return
+            return False
         names = [merge.base] + [str(e.get("model")) for e in merge.request.get("experts", [])]
         if not self._inputs_ready(job, names):
-            return
-        try:
-            run_merge(self.cat, job.id, progress=track, data_roots=self.settings.data_roots,
-                      output_root=self.settings.output_root, engine=Engine.of(self.settings),
-                      fence=self._fence(job))
-        except Exception as e:  # noqa: BLE001 - recorded on the merge by run_merge
-            if not isinstance(e, MergePipeError):
-                log.exception("merge %s failed", job.id)
+            return False
+        with request_context(merge.request_id):
+            log.info("merge %s started", job.id)
+            try:
+                run_merge(self.cat, job.id, progress=track, data_roots=self.settings.data_roots,
+                          output_root=self.settings.output_root,
+                          engine=Engine.of(self.settings), fence=self._fence(job))
+            except Exception as e:  # noqa: BLE001 - recorded on the merge by run_merge
+                if not isinstance(e, MergePipeError):
+                    log.exception("merge %s failed", job.id)
+        return True
 
     def _fence(self, job: Job) -> Fence | None:
         """The lease a shared catalog's worker holds `job` under; none in a single process."""

@@ -125,7 +125,8 @@ CREATE TABLE merges (
     lease_until          TIMESTAMP,            -- UTC; an expired lease lets another worker take over
     attempts             INTEGER DEFAULT 0,
     strategy             VARCHAR,              -- scratch | incremental (NULL: not planned yet)
-    previous_merge       VARCHAR               -- incremental: the merge whose output it reused
+    previous_merge       VARCHAR,              -- incremental: the merge whose output it reused
+    request_id           VARCHAR               -- X-Request-ID of the request that queued it
 );
 
 CREATE TABLE merge_experts (
@@ -186,7 +187,8 @@ CREATE TABLE ingest_jobs (
     finished_at  TIMESTAMP,
     worker       VARCHAR,                      -- the worker holding a running job's lease
     lease_until  TIMESTAMP,                    -- UTC; an expired lease lets another worker take over
-    attempts     INTEGER DEFAULT 0
+    attempts     INTEGER DEFAULT 0,
+    request_id   VARCHAR                       -- X-Request-ID of the request that queued it
 );
 
 CREATE TABLE name_claims (

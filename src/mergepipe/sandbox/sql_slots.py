@@ -29,10 +29,22 @@ class SqlSlots:
     def __init__(self, n: int, queue: int) -> None:
         self.n, self.queue = n, queue
         self._free = threading.BoundedSemaphore(n)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _busy() also counts under it
         self._waiting = 0
+        self.in_use = 0     # slots taken now
+        self.refusals = 0   # callers sent away with Busy since the process started
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def _taken(self, n: int) -> None:
+        with self._lock:
+            self.in_use += n
 
     def _busy(self) -> Busy:
+        with self._lock:
+            self.refusals += 1
         return Busy(f"{self.n} SQL queries are running and {self._waiting} waiting; retry later",
                     field="sql")
 
@@ -50,23 +62,23 @@ class SqlSlots:
 
     def acquire(self, deadline: float) -> None:
         """Take a slot, waiting until `deadline` (time.monotonic) at most; else Busy."""
-        if self._free.acquire(blocking=False):
-            return
-        with self._in_queue():
-            if not self._free.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                raise self._busy()
+        if not self._free.acquire(blocking=False):
+            with self._in_queue():
+                if not self._free.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    raise self._busy()
+        self._taken(1)
 
     async def acquire_async(self, deadline: float) -> None:
         """acquire() on the event loop: a waiting request holds no thread."""
         import asyncio  # the server's; the CLI's `sql` does not load it (0.05 s)
 
-        if self._free.acquire(blocking=False):
-            return
-        with self._in_queue():
-            while not self._free.acquire(blocking=False):
-                if time.monotonic() >= deadline:
-                    raise self._busy()
-                await asyncio.sleep(POLL_S)
+        if not self._free.acquire(blocking=False):
+            with self._in_queue():
+                while not self._free.acquire(blocking=False):
+                    if time.monotonic() >= deadline:
+                        raise self._busy()
+                    await asyncio.sleep(POLL_S)
+        self._taken(1)
 
     def start(self, work: Callable[[], dict[str, Any]]) -> Future[dict[str, Any]]:
         """Run `work` in a thread of its own on a slot taken with acquire(); frees it after."""
@@ -83,6 +95,7 @@ class SqlSlots:
             except BaseException as e:  # noqa: BLE001 - handed over to the caller
                 error = e
             finally:
+                self._taken(-1)
                 self._free.release()  # before the caller hears: its next query finds it free
             if error is not None:
                 fut.set_exception(error)
@@ -92,6 +105,7 @@ class SqlSlots:
         try:
             threading.Thread(target=run, name="mergepipe-sql", daemon=True).start()
         except BaseException:
+            self._taken(-1)
             self._free.release()
             raise
         return fut

@@ -10,10 +10,11 @@ from fastapi import FastAPI
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.dialect import display
+from mergepipe.core import logs
 from mergepipe.core.settings import Settings
 from mergepipe.jobs.runner import JobRunner
 from mergepipe.jobs.shared_runner import SharedJobRunner
-from mergepipe.service import errors
+from mergepipe.service import errors, telemetry
 from mergepipe.service.access import AccessGuard
 from mergepipe.service.limits import BodyLimit
 from mergepipe.service.routes import (
@@ -34,7 +35,9 @@ DESCRIPTION = """Budgeted, catalog-planned merging of LLM checkpoint families.
 
 Register checkpoints with `POST /v1/models` (an ingestion job), dry-run a plan with
 `POST /v1/plans`, run a merge with `POST /v1/merges` and follow it with `GET /v1/merges/{id}`.
-Every error is `{"error": {"code", "message", "field"?}}`. When the server has an API token,
+Every error is `{"error": {"code", "message", "field"?}}`. Every response carries an
+`X-Request-ID` (the client's, else a new one), also recorded on the jobs a request queues.
+Prometheus metrics are at `/metrics`. When the server has an API token,
 `POST /v1/models` and `POST /v1/merges` need `Authorization: Bearer <token>`. A web console
 over this API is served at `/`."""
 
@@ -48,6 +51,8 @@ def create_app(settings: Settings) -> FastAPI:
         # a PostgreSQL catalog is shared with other servers and workers: claim jobs from it
         runner = (SharedJobRunner if cat.postgres else JobRunner)(cat, settings)
         app.state.mergepipe = AppState(settings=settings, cat=cat, runner=runner)
+        metrics.attach(cat, settings)
+        runner.observers.append(metrics.observe_job)
         runner.start()
         log.info("catalog %s, output root %s, %d worker(s), data roots %s",
                  display(settings.catalog), settings.output_root, settings.workers,
@@ -60,12 +65,16 @@ def create_app(settings: Settings) -> FastAPI:
                             "next start-up", settings.shutdown_grace_s)
             cat.close()
 
+    logs.install_record_factory()  # log lines carry the request id (core/logs.py)
     app = FastAPI(title="MergePipe", version="1", description=DESCRIPTION, lifespan=lifespan)
+    metrics = app.state.metrics = telemetry.Metrics()
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(AccessGuard, settings=settings)  # outermost: before the body is read
+    app.add_middleware(AccessGuard, settings=settings)  # before the body is read
+    # outermost: every response, refusals included, carries the request id and is counted
+    app.add_middleware(telemetry.RequestTelemetry, metrics=metrics)
     for r in (health.router, models.router, plans.router, merges.router, lineage.router,
-              sql.router, operators.router):
+              sql.router, operators.router, telemetry.router):
         app.include_router(r)
     console.install(app)
     return app

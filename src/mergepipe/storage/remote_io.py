@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from mergepipe.core.errors import InvalidCheckpoint, RemoteUnavailable
 from mergepipe.core.settings import env_number
-from mergepipe.storage.store_types import FetchStats
+from mergepipe.storage.store_types import NETWORK, FetchStats
 
 T = TypeVar("T")
 MAX_BACKOFF_S = 8.0
@@ -93,6 +93,7 @@ def copy_body(read: Callable[[int], bytes], out: memoryview, done: list[int],
         out[done[0]: done[0] + len(chunk)] = chunk
         done[0] += len(chunk)
         stats.add(nbytes=len(chunk))
+        NETWORK.add(nbytes=len(chunk))
 
 
 def check_content_range(path: str, content_range: str | None, start: int, end: int) -> None:

@@ -52,6 +52,10 @@ class FetchStats:
         return {"bytes": self.bytes, "requests": self.requests, "retries": self.retries}
 
 
+# Every body byte this process fetched from remote storage (the service's metrics read it).
+NETWORK = FetchStats()
+
+
 class Store(Protocol):
     """What discovering a checkpoint needs of the place it lives in. Missing objects raise
     FileNotFoundError, refused ones PermissionError (both OSError, with a strerror)."""

@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
         s = dataclasses.replace(s, allowed_hosts=("*",))
     s.output_root.mkdir(parents=True, exist_ok=True)
     config = uvicorn.Config(create_app(s), host=args.host, port=args.port,
-                            log_level=args.log_level, timeout_graceful_shutdown=5,
+                            log_level=args.log_level, log_config=None,  # our handler (logs.py)
+                            timeout_graceful_shutdown=5,
                             proxy_headers=False, server_header=False)
     server = uvicorn.Server(config)
     # uvicorn shuts down gracefully on SIGTERM / SIGINT, then re-raises the signal to the
