@@ -1,0 +1,250 @@
+"""The Python API: `mergepipe.Catalog`, the operations of the CLI and the service from a script
+or a notebook, returning typed results and raising `mergepipe.MergePipeError` subclasses.
+
+    import mergepipe
+    with mergepipe.Catalog("family.duckdb") as cat:
+        cat.ingest("ckpt/base", "base")
+        cat.ingest("ckpt/math", "math", base="base")
+        result = cat.merge(base="base", experts=["math"], operator="ties",
+                           params={"density": 0.5}, budget=0.3, out="out/ties-30")
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+from mergepipe.catalog.db import Catalog as CatalogDatabase
+from mergepipe.catalog.models import ModelRow, get_model, list_models
+from mergepipe.core.dtypes import normalize_dtype
+from mergepipe.core.errors import InvalidRequest, MergePipeError
+from mergepipe.core.progress import Progress, ProgressFn
+from mergepipe.core.request import MergeRequest, build_request
+from mergepipe.core.settings import Settings
+from mergepipe.core.sql_limits import SqlLimits
+
+if TYPE_CHECKING:  # the executor, the planner and torch load with the first merge or plan
+    from mergepipe.catalog.records import LineageEdge
+    from mergepipe.executor.engine import Engine
+    from mergepipe.jobs.replay import ReplayResult
+    from mergepipe.jobs.report import MergeSummary
+    from mergepipe.planner.plan import Plan
+
+__all__ = ["Catalog", "Lineage", "SqlResult"]
+
+
+@dataclass(frozen=True)
+class SqlResult:
+    """A read-only query's result: column names, rows, and whether rows were cut at the limit."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """A model's ancestors and descendants, each edge with its depth from the model."""
+
+    ancestors: list[LineageEdge]
+    descendants: list[LineageEdge]
+
+
+class Catalog:
+    """A MergePipe catalog: a DuckDB file (created on first use) or a `postgresql://` URL.
+
+    Without `location`, $MERGEPIPE_CATALOG, else ./mergepipe.duckdb. The settings (data roots,
+    SQL limits, engine) come from the environment unless given. Use it as a context manager,
+    or call close()."""
+
+    def __init__(self, location: str | Path | None = None, *,
+                 settings: Settings | None = None) -> None:
+        s = settings or Settings.from_env()
+        if location is not None:
+            s = replace(s, catalog=Settings.from_env({}, catalog=str(location)).catalog)
+        self.settings = s
+        self.db = CatalogDatabase(s.catalog)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- models -----------------------------------------------------------------------------
+    def ingest(self, path: str | Path, name: str, *, base: str | None = None,
+               kind: str = "full", block_bytes: int | None = None, stats: bool = True,
+               progress: bool | ProgressFn = True) -> ModelRow:
+        """Register a checkpoint (a directory, a .safetensors file or an s3:// / https:// URL)
+        as `name`; with `base`, an expert of that base with delta statistics."""
+        from mergepipe.catalog.queue import NewIngestJob
+        from mergepipe.jobs.ingest import run_ingestion
+
+        job = NewIngestJob(name, kind, str(path), base, block_bytes, stats)
+        with _Bars(progress, f"ingesting {name}", unit="B") as bar:
+            return run_ingestion(self.db, job, progress=bar.report, engine=self._engine())
+
+    def models(self) -> list[ModelRow]:
+        """Every registered model, as `mergepipe models` lists them."""
+        return list_models(self.db)
+
+    def model(self, name: str) -> ModelRow:
+        """One model; NotFound when no model has that name."""
+        return get_model(self.db, name)
+
+    # -- plans and merges -------------------------------------------------------------------
+    def request(self, *, base: str,
+                experts: str | Sequence[str | tuple[str, float] | dict[str, Any]],
+                operator: str, params: dict[str, Any] | None = None,
+                budget: float | int | str | None = None, seed: int = 0,
+                dtype: str | None = None, strategy: str | None = None) -> MergeRequest:
+        """A validated merge request. `experts`: names, (name, weight) pairs, dicts of the
+        HTTP API ({"model", "weight", "density"}) or the CLI's 'a,b:0.5' text; `budget`: a fraction of the full read (0.3), bytes (int) or '2GiB'."""
+        return build_request(base=base, experts=_experts(experts), operator=operator,
+                             params=params or {}, budget=_budget_text(budget), seed=seed,
+                             output_dtype=dtype, strategy=strategy)
+
+    def config(self, config: str | Path, *, budget: float | int | str | None = None,
+               seed: int = 0, dtype: str | None = None,
+               progress: bool | ProgressFn = True) -> MergeRequest:
+        """The request of a mergekit YAML config (a path or the YAML text); local checkpoints
+        it names that are not registered yet are ingested first."""
+        from mergepipe.jobs.config import load_config
+        from mergepipe.jobs.ingest import run_ingestion
+
+        text, where = _config_text(config)
+        try:
+            request, resolved = load_config(self.db, text, budget=_budget_text(budget), seed=seed)
+            for job in resolved.to_ingest:
+                with _Bars(progress, f"ingesting {job.model}", unit="B") as bar:
+                    try:
+                        run_ingestion(self.db, job, progress=bar.report)
+                    except MergePipeError as e:
+                        raise type(e)(f"{job.field}: {e.message}", field=job.field) from None
+        except MergePipeError as e:
+            raise type(e)(f"{where}: {e.message}", field=e.field) from None
+        return replace(request, output_dtype=normalize_dtype(dtype)) if dtype else request
+
+    def plan(self, request: MergeRequest | None = None, **fields: Any) -> Plan:
+        """Plan a merge without running it: the request, or the fields of request()."""
+        from mergepipe.jobs.planning import plan_merge
+
+        return plan_merge(self.db, request or self.request(**fields))
+
+    def merge(self, request: MergeRequest | None = None, *, out: str | Path,
+              name: str | None = None, overwrite: bool = False, threads: int | None = None,
+              progress: bool | ProgressFn = True, **fields: Any) -> MergeSummary:
+        """Plan, execute and publish a merge into `out` (a directory or s3:// prefix) and
+        register the output as model `name` (default: the directory's name)."""
+        from mergepipe.jobs.merge import merge
+
+        req = request or self.request(**fields)
+        with _Bars(progress, "merging", unit="block") as bar:
+            return merge(self.db, req, out, output_name=name, progress=bar.report,
+                         threads=threads, overwrite=overwrite, engine=self._engine())
+
+    def replay(self, merge_id: str, out: str | Path | None = None, *,
+               threads: int | None = None) -> ReplayResult:
+        """Re-run a stored merge's plan and compare every output tensor's hash."""
+        from mergepipe.jobs.replay import replay
+
+        return replay(self.db, merge_id, Path(out) if out is not None else None,
+                      threads=threads)
+
+    # -- queries ----------------------------------------------------------------------------
+    def sql(self, query: str) -> SqlResult:
+        """One read-only SELECT over the catalog's tables, under the SQL sandbox's limits."""
+        from mergepipe.sandbox.user_sql import run_user_sql
+
+        r = run_user_sql(self.db, query, SqlLimits.from_settings(self.settings))
+        return SqlResult(list(r["columns"]), [list(row) for row in r["rows"]],
+                         bool(r.get("truncated", False)))
+
+    def lineage(self, name: str) -> Lineage:
+        """What `name` was merged from, and what was merged from it (NotFound if unknown)."""
+        from mergepipe.catalog.records import lineage
+
+        get_model(self.db, name)
+        ancestors, descendants = lineage(self.db, name)
+        return Lineage(ancestors, descendants)
+
+    def _engine(self) -> Engine:
+        from mergepipe.executor.engine import Engine
+
+        return Engine.of(self.settings)
+
+
+class _Bars:
+    """Progress as tqdm.auto bars (widgets in a notebook), a caller's callback, or nothing."""
+
+    def __init__(self, progress: bool | ProgressFn, label: str, unit: str) -> None:
+        self.callback = progress if callable(progress) else None
+        self.enabled = progress is True
+        self.label, self.unit = label, unit
+        self._bar: Any = None
+
+    def report(self, p: Progress) -> None:
+        if self.callback is not None:
+            self.callback(p)
+        if not self.enabled:
+            return
+        if self._bar is None:
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=p.total, desc=self.label, unit=self.unit, leave=False,
+                             unit_scale=self.unit == "B", file=sys.stderr)
+        self._bar.total = p.total
+        self._bar.n = p.done
+        self._bar.refresh()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _experts(experts: str | Sequence[str | tuple[str, float] | dict[str, Any]]
+             ) -> str | list[dict[str, Any]]:
+    """The CLI's text as it is; names, (name, weight) pairs and request dicts as dicts."""
+    if isinstance(experts, str):
+        return experts
+    out: list[dict[str, Any]] = []
+    for e in experts:
+        if isinstance(e, str):
+            out.append({"model": e})
+        elif isinstance(e, dict):
+            out.append(e)
+        else:
+            out.append({"model": e[0], "weight": e[1]})
+    return out
+
+
+def _budget_text(budget: float | int | str | None) -> str | None:
+    """0.3 -> '0.3' (a fraction); 2_000_000 -> '2000000B' (bytes); text as it is."""
+    if budget is None or isinstance(budget, str):
+        return budget
+    if isinstance(budget, bool):
+        raise InvalidRequest("budget must be a fraction, a byte count or a size", field="budget")
+    if isinstance(budget, int) and budget > 1:
+        return f"{budget}B"
+    return repr(float(budget))
+
+
+def _config_text(config: str | Path) -> tuple[str, str]:
+    """(YAML text, how errors name it): a path to a file, or the YAML itself."""
+    if isinstance(config, Path) or ("\n" not in config and config.endswith((".yml", ".yaml"))):
+        path = Path(config)
+        try:
+            return path.read_text(), str(path)
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+            raise InvalidRequest(f"{path}: cannot read the config ({why})",
+                                 field="config") from None
+    return config, "config"
