@@ -106,12 +106,15 @@ def test_adding_one_expert_to_k8_reads_the_stored_merge_and_the_new_expert(
     paths = fam[1]
     m8 = run(cat, tmp_path, "m8", req(experts(K), output_dtype=dtype))
     assert m8.strategy == "scratch" and m8.previous_merge is None
-    plan = plan_merge(cat, req(experts(K + 1), output_dtype=dtype))
+    # the default never reuses a stored merge; auto (asked for) takes the complete increment
+    assert plan_merge(cat, req(experts(K + 1), output_dtype=dtype)).strategy["chosen"] == "scratch"
+    plan = plan_merge(cat, req(experts(K + 1), output_dtype=dtype, strategy="auto"))
     st = plan.summary()["strategy"]
     assert st["chosen"] == "incremental" and st["incremental"]["previous_merge"] == m8.merge_id
+    assert st["incremental"]["complete"]
     assert [c["change"] for c in st["incremental"]["changes"]] == ["added"]
     assert st["incremental"]["c"] == pytest.approx(K / (K + 1))
-    inc = run(cat, tmp_path, "m9", req(experts(K + 1), output_dtype=dtype))
+    inc = run(cat, tmp_path, "m9", req(experts(K + 1), output_dtype=dtype, strategy="auto"))
     scratch = run(cat, tmp_path, "s9", req(experts(K + 1), output_dtype=dtype,
                                            strategy="scratch"))
     assert (inc.strategy, inc.previous_merge) == ("incremental", m8.merge_id)
@@ -174,12 +177,13 @@ def test_a_chain_of_increments_stays_within_the_accumulated_bound(
     run(cat, tmp_path, "k3", req(experts(3), output_dtype=dtype))
     prev, bound = "k3", None
     for k in (4, 5, 6):
-        r = run(cat, tmp_path, f"k{k}", req(experts(k), output_dtype=dtype))
+        r = run(cat, tmp_path, f"k{k}", req(experts(k), output_dtype=dtype,
+                                            strategy="incremental"))
         assert r.strategy == "incremental" and {e.model for e in r.experts} == {prev, f"e{k - 1}"}
         bound = error_bound(paths, req(experts(k)), tmp_path / prev, (k - 1) / k, bound,
                             dtype, dtype)
         prev = f"k{k}"
-    plan = plan_merge(cat, req(experts(7), output_dtype=dtype))
+    plan = plan_merge(cat, req(experts(7), output_dtype=dtype, strategy="auto"))
     assert plan.summary()["strategy"]["incremental"]["chain_depth"] == 4
     run(cat, tmp_path, "s6", req(experts(6), output_dtype=dtype, strategy="scratch"))
     assert bound is not None
@@ -234,7 +238,7 @@ def test_incremental_is_refused_where_it_is_not_exact(cat: Catalog, tmp_path: Pa
     with pytest.raises(InvalidRequest, match="strategy 'fastest' must be one of"):
         req(experts(3), strategy="fastest")
     # auto with nothing stored: scratch, and the plan says why not incremental
-    st = plan_merge(cat, req(experts(3))).summary()["strategy"]
+    st = plan_merge(cat, req(experts(3), strategy="auto")).summary()["strategy"]
     assert st["chosen"] == "scratch" and not st["incremental"]["available"]
 
 
@@ -247,9 +251,11 @@ def test_cli_plan_shows_both_strategies_and_refuses_with_one_line(
     assert main(["--catalog", db, "merge", *common, "--experts", "e0,e1,e2",
                  "--out", str(tmp_path / "m3"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["strategy"] == "scratch"
-    assert main(["--catalog", db, "plan", *common, "--experts", "e0,e1,e2,e3"]) == 0
+    assert main(["--catalog", db, "plan", *common, "--experts", "e0,e1,e2,e3",
+                 "--strategy", "auto"]) == 0
     out = capsys.readouterr().out
     assert "strategy        incremental (asked: auto)" in out
+    assert "linear of 4 expert(s) on base 'base'" in out  # the request's, not M_old + 1
     assert "(m3, c=0.75) + added e3" in out and "    scratch       " in out
     config = tmp_path / "linear.yml"  # a mergekit config: the same request, the same increment
     config.write_text("merge_method: linear\nbase_model: base\ndtype: float32\nmodels: "
@@ -261,7 +267,7 @@ def test_cli_plan_shows_both_strategies_and_refuses_with_one_line(
                  "--json"]) != 0
     err = capsys.readouterr().err.strip()
     assert "mergekit's own arithmetic" in err and len(err.splitlines()) == 1
-    assert main(["--catalog", db, "plan", str(config), "--json"]) == 0
+    assert main(["--catalog", db, "plan", str(config), "--strategy", "auto", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["strategy"]["chosen"] == "scratch"
     assert main(["--catalog", db, "plan", "--base", "base", "--op", "ties", "--experts",
                  "e0,e1,e2,e3", "--param", "density=0.5", "--strategy", "incremental"]) != 0
@@ -274,7 +280,7 @@ def test_auto_falls_back_to_scratch_when_the_stored_output_changed(
     run(cat, tmp_path, "m3", req(experts(3)))
     weights = next((tmp_path / "m3").glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes())  # same bytes, new mtime: the catalog's stamp differs
-    r = run(cat, tmp_path, "m4", req(experts(4)))
+    r = run(cat, tmp_path, "m4", req(experts(4), strategy="auto"))
     assert r.strategy == "scratch" and r.previous_merge is None
     doc = json.loads((tmp_path / "m4" / "manifest.json").read_text())["plan"]["strategy"]
     assert doc["requested"] == "auto" and "cannot be read" in doc["incremental"]["reason"]

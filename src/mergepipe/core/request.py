@@ -18,7 +18,10 @@ from mergepipe.core.tensor_params import check_request_settings, numbers
 # (default, DESIGN section 2): |alpha_i| * ||D_itb||_2. per_tensor: |alpha_i| * ||D_itb|| / ||D_it||,
 # the block's share of its (expert, tensor) delta. Only the order changes: block utilities, the
 # omission bounds and the output at full budget do not.
-STRATEGIES = ("auto", "incremental", "scratch")  # how a merge is computed (docs/incremental.md)
+# How a merge is computed (docs/incremental.md). The default, scratch, never depends on which
+# merges the catalog holds; incremental and auto reuse a stored merge only when asked.
+STRATEGIES = ("scratch", "incremental", "auto")
+DEFAULT_STRATEGY = "scratch"
 NORMALIZE = Param("normalize", bool, False, help="divide by the sum of the weights")
 LAMBDA = Param("lambda", float, 1.0, help="scale of the merged delta")
 UTILITY = Param("utility", str, "l2", ("l2", "per_tensor"), help="the planner's block ranking")
@@ -137,13 +140,13 @@ class MergeRequest:
     budget: Budget = field(default_factory=lambda: Budget(fraction=1.0))
     seed: int = 0
     output_dtype: str | None = None  # F32 | F16 | BF16; None = the base's
-    strategy: str = "auto"  # auto | incremental | scratch (docs/incremental.md)
+    strategy: str = DEFAULT_STRATEGY  # scratch | incremental | auto (docs/incremental.md)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["budget"] = self.budget.to_dict()
         d["experts"] = [asdict(e) for e in self.experts]
-        if self.strategy == "auto":  # the default leaves stored requests and plan hashes as they were
+        if self.strategy == DEFAULT_STRATEGY:  # stored requests and plan hashes as they were
             del d["strategy"]
         return d
 
@@ -153,7 +156,7 @@ class MergeRequest:
         return build_request(base=d["base"], experts=list(d["experts"]), operator=d["operator"],
                              params=d.get("params"), budget=d.get("budget"),
                              seed=d.get("seed", 0), output_dtype=d.get("output_dtype"),
-                             strategy=d.get("strategy", "auto"))
+                             strategy=d.get("strategy", DEFAULT_STRATEGY))
 
     def weights(self) -> list[float]:
         return [e.weight for e in self.experts]
@@ -188,7 +191,8 @@ class MergeRequest:
 def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] | str,
                   operator: str, params: dict[str, Any] | None = None,
                   budget: str | float | dict[str, Any] | Budget | None = None, seed: int | None = 0,
-                  output_dtype: str | None = None, strategy: str | None = "auto") -> MergeRequest:
+                  output_dtype: str | None = None, strategy: str | None = DEFAULT_STRATEGY
+                  ) -> MergeRequest:
     """Validate everything that can be checked without the catalog; raise InvalidRequest."""
     if not isinstance(base, str) or not base:
         raise InvalidRequest("base model name is required", field="base")
@@ -221,7 +225,7 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
         raise InvalidRequest(f"seed {_short(seed)} must be an integer in [0, 2^63)", field="seed")
     out_dtype = normalize_dtype(output_dtype) if output_dtype else None
     if strategy is None:
-        strategy = "auto"
+        strategy = DEFAULT_STRATEGY
     if strategy not in STRATEGIES:
         raise InvalidRequest(f"strategy {_short(strategy)} must be one of {', '.join(STRATEGIES)}",
                              field="strategy")

@@ -12,6 +12,8 @@ from mergepipe.catalog.records import LineageEdge, lineage_edges
 from mergepipe.core.jsonable import jsonable
 from mergepipe.executor.stream import ExecutionResult, Prepared
 from mergepipe.executor.writer import write_json
+from mergepipe.planner.incremental import previous_of, strategy_of, user_request
+from mergepipe.planner.plan import Plan
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "mergepipe-manifest/1"
@@ -42,22 +44,40 @@ def io_figures(prep: Prepared, result: ExecutionResult) -> dict[str, Any]:
     }
 
 
+def merge_lineage(plan: Plan, output_name: str) -> list[LineageEdge]:
+    """The lineage rows of a merge's output, as the catalog records them: the user's base and
+    experts (their weights as asked); an incremental merge also the merge it reused (role
+    previous, weight c)."""
+    edges = lineage_edges(user_request(plan), output_name)
+    previous = previous_of(plan)
+    if previous is not None:
+        edges.append(LineageEdge(output_name, previous[1], "previous", previous[2]))
+    return edges
+
+
 def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionResult,
                    output_name: str | None, output_path: Path | str, plan_seconds: float | None,
                    wall_seconds: float | None = None) -> dict[str, Any]:
-    """The manifest.json document: request, plan, access set, realized I/O, outputs, lineage."""
+    """The manifest.json document: request, plan, access set, realized I/O, outputs, lineage.
+
+    `request` is the user's request (the catalog's merges.request, the lineage); `executed` is
+    the request the plan executed (replay re-executes it): the same for a scratch merge, the
+    stored merge times c plus the changed experts for an incremental one, whose terms are
+    `experts` (the catalog's merge_experts rows)."""
     plan = prep.plan
     req = plan.request
+    asked = user_request(plan)
     densities = req.densities()
     fallback = set(plan.fallback_experts)
-    lineage: list[LineageEdge] = lineage_edges(req, output_name) if output_name else []
+    lineage: list[LineageEdge] = merge_lineage(plan, output_name) if output_name else []
     return dict(jsonable({
         "format": MANIFEST_FORMAT,
         "merge_id": merge_id,
-        "request": req.to_dict(),
-        "operator": req.operator,
-        "params": req.params,
-        "seed": req.seed,
+        "request": asked.to_dict(),
+        "executed": {"strategy": strategy_of(plan), "request": req.to_dict()},
+        "operator": asked.operator,
+        "params": asked.params,
+        "seed": asked.seed,
         "plan_hash": plan.plan_hash,
         "plan": plan.document(),
         **io_figures(prep, result),

@@ -114,9 +114,9 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
 
 
 def _prepare(cat: Catalog, request: MergeRequest) -> Prepared:
-    """Plan by the request's strategy and check the plan against the files; with auto, an
-    incremental plan whose stored merge cannot be read any more (moved, changed) falls back to
-    scratch, saying why in the plan."""
+    """Plan by the request's strategy and check the plan against the files; with auto (asked
+    for: never the default), an incremental plan whose stored merge cannot be read any more
+    (moved, changed) falls back to scratch, saying why in the plan."""
     plan = choose_plan(cat, request)
     try:
         return stream.prepare(cat, plan)

@@ -10,14 +10,16 @@ from mergepipe.catalog.models import ModelRow, find_models
 from mergepipe.core.errors import Conflict, NotFound
 from mergepipe.core.request import MergeRequest
 from mergepipe.planner.incremental import choose_plan
-from mergepipe.planner.plan import Plan
+from mergepipe.planner.plan import Plan, check_budget_reads
 from mergepipe.planner.validate import check_request
 
 
-def check_inputs(cat: Catalog, request: MergeRequest, pending: Collection[str] = ()) -> None:
-    """Every input model exists and is ready (the error names the field), and the experts are
-    experts of the request's base (the planner's validation). Models in `pending` are about to
-    be ingested for this request: the plan validates them when it runs."""
+def check_inputs(cat: Catalog, request: MergeRequest, pending: Collection[str] = (), *,
+                 budget: bool = True) -> None:
+    """Every input model exists and is ready (the error names the field), the experts are
+    experts of the request's base (the planner's validation) and, with `budget`, the budget
+    reads at least one expert byte. Models in `pending` are about to be ingested for this
+    request: the plan validates them when it runs."""
     fields = [("base", request.base)] + [(f"experts[{i}].model", e.model)
                                          for i, e in enumerate(request.experts)]
     rows = find_models(cat, [name for _, name in fields if name not in pending])
@@ -26,6 +28,8 @@ def check_inputs(cat: Catalog, request: MergeRequest, pending: Collection[str] =
             require_ready(cat, name, field, rows.get(name))
     if not pending:
         check_request(cat, request)
+        if budget:  # the plan itself refuses it too (plan_merge: no need to check twice)
+            check_budget_reads(cat, request)
 
 
 def require_ready(cat: Catalog, name: str, field: str, row: ModelRow | None) -> None:
@@ -46,5 +50,5 @@ def require_ready(cat: Catalog, name: str, field: str, row: ModelRow | None) -> 
 def plan_merge(cat: Catalog, request: MergeRequest) -> Plan:
     """The plan a merge of `request` would execute now (a dry run: nothing is read or recorded),
     by its strategy (`planner.incremental`)."""
-    check_inputs(cat, request)
+    check_inputs(cat, request, budget=False)
     return choose_plan(cat, request)

@@ -12,12 +12,11 @@ from mergepipe.catalog.records import (
     OutcomeRecord,
     OutputTensorRow,
     PlanRecord,
-    lineage_edges,
 )
 from mergepipe.core.jsonable import jsonable
-from mergepipe.executor.manifest import io_figures
+from mergepipe.executor.manifest import io_figures, merge_lineage
 from mergepipe.executor.stream import ExecutionResult, Prepared
-from mergepipe.planner.incremental import previous_of, strategy_of, user_request
+from mergepipe.planner.incremental import previous_of, strategy_of
 
 
 @dataclass(frozen=True)
@@ -106,9 +105,5 @@ def outcome_record(prep: Prepared, result: ExecutionResult, output_name: str,
 
 def lineage(prep: Prepared, output_name: str) -> list[LineageEdge]:
     """The user's base and experts; an incremental merge also the merge it reused (role
-    previous, weight c)."""
-    edges = lineage_edges(user_request(prep.plan), output_name)
-    previous = previous_of(prep.plan)
-    if previous is not None:
-        edges.append(LineageEdge(output_name, previous[1], "previous", previous[2]))
-    return edges
+    previous, weight c): the manifest's lineage too."""
+    return merge_lineage(prep.plan, output_name)

@@ -1,7 +1,9 @@
 """Strategy of a merge: from scratch, or incremental from a stored merge (docs/incremental.md).
 
-`choose_plan` prices both in expert-side bytes (M_old's included) under the request's budget,
-and returns the plan of the chosen one with both prices in `plan.strategy`.
+`choose_plan` plans by the request's strategy (scratch by default: the output never depends on
+the catalog's history), prices incremental when asked, in expert-side bytes (M_old's included)
+under the budget resolved against the scratch full read, and returns the chosen plan with both
+prices in `plan.strategy`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.core.errors import InvalidRequest, MergePipeError
-from mergepipe.core.request import MergeRequest
+from mergepipe.core.request import DEFAULT_STRATEGY, MergeRequest
 from mergepipe.planner.increments import (
     Increment,
     Previous,
@@ -22,7 +24,7 @@ from mergepipe.planner.increments import (
     increment_request,
     rounding_note,
 )
-from mergepipe.planner.plan import Plan, make_plan
+from mergepipe.planner.plan import Plan, empty_plan_error, make_plan
 
 # stored merges planned in full, fewest changed experts first (each plan is one more knapsack)
 MAX_PRICED = 1
@@ -43,10 +45,14 @@ def _previous(row: Any) -> Previous | None:
     if strategy.get("chosen") == "incremental":
         depth = int((strategy.get("incremental") or {}).get("chain_depth") or 0)
     full, planned = row.full_read_bytes, row.planned_expert_bytes
+    if strategy.get("chosen") == "incremental":  # its own reads' full read, not scratch's
+        full = (strategy.get("incremental") or {}).get("full_read_bytes", full)
     return Previous(
         merge_id=str(row.merge_id), model=str(row.model), request=req,
         omission_bound=row.omission_bound, omission_bound_l2=doc.get("omission_bound_l2"),
-        budgeted=full is not None and planned is not None and planned < full,
+        # omitted something itself, or carries an earlier merge's omission
+        budgeted=(full is not None and planned is not None and planned < full)
+        or (row.omission_bound or 0.0) > 0.0,
         dtype=row.dtype_min if row.dtype_min == row.dtype_max else "mixed", chain_depth=depth)
 
 
@@ -66,9 +72,11 @@ def _increments(cat: Catalog, request: MergeRequest) -> list[Increment]:
     return sorted(found, key=lambda i: (len(i.changes), i.previous.budgeted))
 
 
-def _incremental_plan(cat: Catalog, request: MergeRequest, budget_bytes: int
-                      ) -> tuple[Plan | None, Increment | None, str | None]:
-    """The cheapest incremental plan, its increment, or why there is none."""
+def _incremental_plan(cat: Catalog, request: MergeRequest, budget_bytes: int, *,
+                      complete: bool) -> tuple[Plan | None, Increment | None, str | None]:
+    """The cheapest incremental plan, its increment, or why there is none. `complete`: only a
+    plan equal to the standard merge up to rounding: a stored merge that omitted nothing, and
+    every block of it and of the changed experts read under the budget."""
     why = request.spec.incremental_note(request.params)
     if why is not None:
         return None, None, f"not exact for {why}"
@@ -77,6 +85,12 @@ def _incremental_plan(cat: Catalog, request: MergeRequest, budget_bytes: int
         return None, None, (f"no stored {request.operator} merge of base {request.base!r} whose "
                             "experts differ from this request by added, dropped or reweighted "
                             "experts (same parameters, seed and densities)")
+    if complete:
+        whole = [i for i in incs if not i.previous.budgeted]
+        if not whole:
+            return None, None, (f"merge {incs[0].previous.merge_id} was read under a budget: "
+                                "an increment of it is not the standard merge")
+        incs = whole
     best: tuple[Plan, Increment] | None = None
     reason = None
     for inc in incs[:MAX_PRICED]:
@@ -89,6 +103,11 @@ def _incremental_plan(cat: Catalog, request: MergeRequest, budget_bytes: int
         except MergePipeError as e:  # e.g. M_old's statistics or files changed
             reason = f"merge {inc.previous.merge_id}: {e}"
             continue
+        if complete and plan.planned_expert_bytes < plan.full_read_bytes:
+            reason = (f"the increment from merge {inc.previous.merge_id} needs "
+                      f"{plan.full_read_bytes} expert bytes (its output and the changed "
+                      f"experts), over the budget of {budget_bytes}: it would leave blocks out")
+            continue
         plan.omission_bound, plan.omission_bound_l2 = carried_bounds(
             inc, plan.omission_bound, plan.omission_bound_l2)
         if best is None or plan.planned_expert_bytes < best[0].planned_expert_bytes:
@@ -99,11 +118,8 @@ def _incremental_plan(cat: Catalog, request: MergeRequest, budget_bytes: int
 
 
 def _cheaper(inc: Plan, scratch: Plan) -> bool:
-    """auto: fewer expert-side bytes; at equal bytes (a binding budget) the smaller bound."""
-    if inc.planned_expert_bytes != scratch.planned_expert_bytes:
-        return inc.planned_expert_bytes < scratch.planned_expert_bytes
-    return (inc.omission_bound is not None and scratch.omission_bound is not None
-            and inc.omission_bound < scratch.omission_bound)
+    """auto, between a complete incremental plan and scratch: the fewer expert-side bytes."""
+    return inc.planned_expert_bytes < scratch.planned_expert_bytes
 
 
 def _price(plan: Plan) -> dict[str, Any]:
@@ -117,7 +133,9 @@ def _incremental_doc(plan: Plan | None, inc: Increment | None, why: str | None,
     if plan is None or inc is None:
         return {"available": False, "reason": why}
     prev = inc.previous
-    return {"available": True, **_price(plan), "previous_merge": prev.merge_id,
+    complete = plan.planned_expert_bytes == plan.full_read_bytes and not prev.budgeted
+    return {"available": True, **_price(plan), "complete": complete,
+            "previous_merge": prev.merge_id,
             "previous_model": prev.model, "previous_dtype": prev.dtype, "c": inc.c,
             "changes": [ch.to_dict() for ch in inc.changes],
             "carried_bound": prev.omission_bound, "chain_depth": prev.chain_depth + 1,
@@ -125,35 +143,57 @@ def _incremental_doc(plan: Plan | None, inc: Increment | None, why: str | None,
 
 
 def choose_plan(cat: Catalog, request: MergeRequest) -> Plan:
-    """The plan of `request` by its strategy (auto: the fewer expert-side bytes), with both
-    strategies' prices in `plan.strategy`. InvalidRequest when incremental is asked for and
-    there is none, naming why."""
+    """The plan of `request` by its strategy, with both strategies' prices in `plan.strategy`.
+
+    scratch (the default): never looks at stored merges. incremental: the increment of a stored
+    merge; at the full budget only a complete one (InvalidRequest naming why when there is none).
+    auto: a complete increment when it plans fewer expert bytes, else scratch. The budget is
+    resolved once, against the scratch plan's full read, for both; the chosen plan's
+    `full_read_bytes` is that full read (the budget's unit) whatever the strategy.
+    A plan that reads no expert byte while some could be read is refused (InvalidRequest naming
+    the smallest budget that reads one)."""
     t0 = time.perf_counter()
-    scratch = make_plan(cat, replace(request, strategy="auto"))  # the plan hash of before
+    scratch = make_plan(cat, replace(request, strategy=DEFAULT_STRATEGY))  # the plan hash of before
     scratch.request = request
     inc_plan: Plan | None = None
     inc: Increment | None = None
     why: str | None = "not priced: strategy scratch"
+    full_budget = scratch.budget_bytes >= scratch.full_read_bytes
     if request.strategy != "scratch":  # one knapsack more: only when it may be chosen
-        inc_plan, inc, why = _incremental_plan(cat, request, scratch.budget_bytes)
+        inc_plan, inc, why = _incremental_plan(
+            cat, request, scratch.budget_bytes,
+            complete=full_budget or request.strategy == "auto")
     if request.strategy == "incremental" and inc_plan is None:
-        raise InvalidRequest(f"strategy incremental: {why}", field="strategy")
+        at = " at the full budget" if full_budget else ""
+        raise InvalidRequest(f"strategy incremental{at}: {why}; --strategy scratch merges "
+                             "without it", field="strategy")
     chosen = request.strategy
     if chosen == "auto":
         chosen = ("incremental" if inc_plan is not None and _cheaper(inc_plan, scratch)
                   else "scratch")
     out_dtype = request.output_dtype or "out"  # the base's dtype, tensor by tensor
     doc = {"requested": request.strategy, "chosen": chosen, "scratch": _price(scratch),
-           "incremental": _incremental_doc(inc_plan, inc, why, out_dtype)}
+           "incremental": _incremental_doc(inc_plan, inc, why, out_dtype),
+           "budget_of": "the scratch full read"}
     plan = scratch
     if chosen == "incremental":
         assert inc_plan is not None
         plan = inc_plan
+        plan.full_read_bytes = scratch.full_read_bytes  # the budget's unit, as for scratch
         doc["request"] = request.to_dict()
         doc["executed_request"] = inc_plan.request.to_dict()
     plan.strategy = doc
     plan.planning_seconds = time.perf_counter() - t0
+    refuse_empty(plan)
     return plan
+
+
+def refuse_empty(plan: Plan) -> None:
+    """InvalidRequest when the plan reads no expert byte although some block differs from the
+    base: such a "merge" is a copy of the base. (Experts equal to the base have no candidate:
+    their merge is the base, exactly, and is not refused.)"""
+    if plan.planned_expert_bytes == 0 and plan.min_useful_bytes is not None:
+        raise empty_plan_error(plan.budget_bytes, plan.min_useful_bytes)
 
 
 def user_request(plan: Plan) -> MergeRequest:

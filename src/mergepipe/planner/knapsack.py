@@ -58,6 +58,14 @@ def build_candidates(conn: Connection, region: str | None = None) -> int:
     return int(conn.execute(load_sql("planner_full_read")).scalar_one())
 
 
+def cheapest_unit(conn: Connection, grouped: bool = False) -> int | None:
+    """After `build_candidates`: the bytes of the cheapest candidate unit (grouped: group)
+    alone, the smallest budget that plans an expert byte; None without candidates."""
+    v = conn.execute(load_sql("planner_cheapest_group" if grouped
+                              else "planner_cheapest_unit")).scalar_one()
+    return None if v is None else int(v)
+
+
 def select(conn: Connection, budget: int, grouped: bool = False) -> int:
     """Greedy knapsack in rank order under `budget`: the prefix whose running cost fits, then
     fill passes over the leftover until one adds nothing (grouped: whole groups only, as

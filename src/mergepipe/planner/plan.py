@@ -11,14 +11,16 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
+from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import Catalog, register_sql_package
 from mergepipe.catalog.records import TouchedBlock
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.jsonable import jsonable
 from mergepipe.core.operators.spec import PLANNING_UNITS
 from mergepipe.core.request import MergeRequest
 from mergepipe.planner import bands, knapsack
 from mergepipe.planner.hashing import plan_hash
-from mergepipe.planner.tensor_values import TensorValues, resolve_request
+from mergepipe.planner.tensor_values import Resolved, TensorValues, resolve_request
 from mergepipe.planner.validate import ModelInfo, load_models
 from mergepipe.planner.weights import rank_weights, trim_indexes, trim_k
 
@@ -116,6 +118,9 @@ class Plan:
     # per-tensor parameters (mergekit gradients, filter: values): (model, tensor) -> the weight
     # and density there, where they differ from the expert's own (planner.tensor_values)
     tensor_params: TensorValues = field(default_factory=dict)
+    # a plan that reads no expert byte although some could be read: the smallest budget that
+    # reads one (the cheapest candidate unit); None otherwise (planner.incremental refuses it)
+    min_useful_bytes: int | None = None
 
     def selected(self) -> dict[tuple[str, str], set[int]]:
         """(model, tensor) -> indexes of the blocks to read."""
@@ -232,21 +237,50 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def empty_plan_error(budget_bytes: int, cheapest: int) -> InvalidRequest:
+    """The refusal of a budget that reads no expert byte although some block could be read."""
+    return InvalidRequest(
+        f"budget {budget_bytes} B reads no expert byte (the output would be a copy of the "
+        f"base): the cheapest candidate unit costs {cheapest} B; the smallest useful budget is "
+        f"{cheapest}B", field="budget")
+
+
+def _candidates(conn: Connection, request: MergeRequest
+                ) -> tuple[ModelInfo, list[ModelInfo], Resolved, str, int]:
+    """Load the request and build its ranked candidate units: (base, experts, per-tensor
+    values, planning unit, C_full)."""
+    base, models = load_models(conn, request)
+    resolved = resolve_request(request, knapsack.base_tensors(conn, base.name)
+                               if request.params.get("tensor_params") else [])
+    knapsack.load_request(conn, models, rank_weights(request), trim_indexes(request),
+                          str(request.params.get("utility", request.spec.default_utility)),
+                          resolved.rows)
+    unit = request.planning_unit
+    return base, models, resolved, unit, knapsack.build_candidates(conn, PLANNING_UNITS[unit])
+
+
+def check_budget_reads(cat: Catalog, request: MergeRequest) -> None:
+    """Refuse (InvalidRequest) a budget under the cheapest candidate unit, before a merge is
+    queued: its plan would read no expert byte. Builds the candidates only (no knapsack)."""
+    with cat.reader() as conn:
+        *_, unit, full_read = _candidates(conn, request)
+        budget = request.budget.resolve(full_read)
+        cheapest = (knapsack.cheapest_unit(conn, PLANNING_UNITS[unit] is not None)
+                    if full_read else None)
+    if cheapest is not None and budget < cheapest:
+        raise empty_plan_error(budget, cheapest)
+
+
 def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     """Validate `request` against the catalog and choose its access set under the budget."""
     t0 = time.perf_counter()
-    trim_js = trim_indexes(request)
     with cat.reader() as conn:
-        base, models = load_models(conn, request)
-        resolved = resolve_request(request, knapsack.base_tensors(conn, base.name)
-                                   if request.params.get("tensor_params") else [])
-        knapsack.load_request(conn, models, rank_weights(request), trim_js,
-                              str(request.params.get("utility", request.spec.default_utility)),
-                              resolved.rows)
-        unit = request.planning_unit
-        full_read = knapsack.build_candidates(conn, PLANNING_UNITS[unit])
+        base, models, resolved, unit, full_read = _candidates(conn, request)
         budget = request.budget.resolve(full_read)
-        planned = knapsack.select(conn, budget, grouped=PLANNING_UNITS[unit] is not None)
+        grouped = PLANNING_UNITS[unit] is not None
+        planned = knapsack.select(conn, budget, grouped=grouped)
+        min_useful = (knapsack.cheapest_unit(conn, grouped) if planned == 0 and full_read
+                      else None)
         per_expert = knapsack.totals(conn, budget)
         bound_l2 = (knapsack.omission_l2(conn, budget)
                     if request.spec.additive else None)
@@ -290,4 +324,4 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         blocks=blocks, trims=trims, experts=experts,
         candidate_blocks=sum(e.candidate_blocks for e in experts), omission_bound_note=note,
         omission_bound_l2=bound_l2, planning_seconds=time.perf_counter() - t0, unit=unit,
-        tensor_params=resolved.values)
+        tensor_params=resolved.values, min_useful_bytes=min_useful)

@@ -65,10 +65,11 @@ class PlanIn(_In):
     params: dict[str, Any] | None = None
     budget: BudgetIn | None = Field(None, description="default: the full read")
     seed: int | None = Field(None, ge=0, lt=2**63, strict=True)
-    strategy: Literal["auto", "incremental", "scratch"] = Field(
-        "auto", description="scratch: read every expert; incremental: extend a stored merge of "
-                            "the same base and operator by the changed experts; auto: the fewer "
-                            "expert bytes")
+    strategy: Literal["scratch", "incremental", "auto"] = Field(
+        "scratch", description="scratch (default): the standard merge, whatever merges the "
+                               "catalog holds; incremental: extend a stored merge of the same "
+                               "base and operator by the changed experts; auto: incremental "
+                               "only when its plan is complete and reads fewer bytes")
     config_yaml: str | None = Field(
         None, min_length=1, max_length=1_000_000,
         description="a mergekit YAML config instead of base/experts/operator/params; its models "

@@ -13,7 +13,7 @@ from mergepipe.cli.main import print_json
 from mergepipe.cli.progress import MergeBar
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.request import STRATEGIES, MergeRequest, build_request
+from mergepipe.core.request import DEFAULT_STRATEGY, STRATEGIES, MergeRequest, build_request
 
 if TYPE_CHECKING:
     from mergepipe.jobs.report import MergeSummary
@@ -56,10 +56,12 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
                                     "default 1 = the full merge")
     p.add_argument("--seed", type=int, default=0, help="seed of the keyed random generator")
     p.add_argument("--dtype", help="output dtype: bf16 | fp16 | fp32 (default: the base's)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="auto",
-                   help="scratch: read every expert; incremental: extend a stored merge of the "
-                        "same base and operator, reading it and the changed experts only; auto "
-                        "(default): the fewer expert bytes (docs/incremental.md)")
+    p.add_argument("--strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
+                   help="scratch (default): the standard merge, whatever merges the catalog "
+                        "holds; incremental: extend a stored merge of the same base and "
+                        "operator, reading it and the changed experts only (equal to scratch "
+                        "within a stated rounding bound); auto: incremental only when its plan "
+                        "is complete and reads fewer bytes (docs/incremental.md)")
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -135,7 +137,8 @@ def needs_torch(request: MergeRequest) -> bool:
 def print_summary(r: MergeSummary) -> None:
     """A readable summary of a merge result."""
     budget, full = r.budget_bytes, r.full_read_bytes
-    share = f" = {budget / full:.0%} of the full read {human_bytes(full)}" if full else ""
+    share = (f" = {budget / full:.0%} of the full read {human_bytes(full)} (scratch's)"
+             if full else "")
     print(f"merge {r.merge_id} succeeded: {r.operator} of {len(r.experts)} expert(s) "
           f"-> {r.output} (model {r.output_name!r})")
     print(f"  plan hash       {r.plan_hash}")

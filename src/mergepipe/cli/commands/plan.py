@@ -61,13 +61,19 @@ def print_plan(s: dict[str, Any]) -> None:
     spec = s["budget"]
     given = (f"fraction {spec['fraction']:g} of the full read" if "fraction" in spec
              else f"{spec['bytes']} bytes")
+    st = s.get("strategy") or {}
+    asked = st.get("request") if st.get("chosen") == "incremental" else None
+    n_experts = len(asked["experts"]) if asked else len(s["experts"])  # the user's, not M_old's
     print(f"plan {s['plan_hash']}")
-    print(f"  operator        {s['operator']} of {len(s['experts'])} expert(s) on base "
-          f"{s['base']!r}")
+    print(f"  operator        {s['operator']} of {n_experts} expert(s) on base {s['base']!r}")
     print(f"  budget          {human_bytes(budget)} ({given})")
-    print(f"  full read       {human_bytes(full)} ({s['candidate_blocks']} candidate blocks)")
+    print(f"  full read       {human_bytes(full)} (the scratch merge's expert bytes: the "
+          "budget's unit, whatever the strategy)")
     print(f"  planned         {human_bytes(s['planned_expert_bytes'])} = "
-          f"{s['touched_ratio']:.1%} of the full read ({s['selected_blocks']} blocks)")
+          f"{s['touched_ratio']:.1%} of the full read ({s['selected_blocks']} of "
+          f"{s['candidate_blocks']} candidate blocks)")
+    if not full:
+        print("  note            no expert block differs from the base: the merge is the base")
     region = s.get("unit_region")
     print(f"  unit            {s.get('unit', 'expert_block')}"
           + (f" (all experts' blocks of one output {region} together)" if region else
@@ -107,6 +113,8 @@ def print_strategy(st: dict[str, Any]) -> None:
         print(f"    incremental   unavailable: {inc['reason']}")
         return
     changes = ", ".join(f"{c['change']} {c['model']}" for c in inc["changes"]) or "reweighted"
-    print(f"    incremental   {human_bytes(inc['planned_expert_bytes'])} expert bytes planned: "
+    print(f"    incremental   {human_bytes(inc['planned_expert_bytes'])} of "
+          f"{human_bytes(inc['full_read_bytes'])} expert bytes planned"
+          f"{'' if inc.get('complete') else ' (incomplete: blocks left out)'}: "
           f"merge {inc['previous_merge']} ({inc['previous_model']}, c={inc['c']:.6g}) + "
           f"{changes}")
