@@ -17,6 +17,7 @@ from typing import Any
 
 from mergepipe.catalog.connection import Connection, IntegrityError
 from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.delta_norms import check_relative_norm, relative_norms
 from mergepipe.catalog.models import (
     KINDS,
     FileRow,
@@ -82,13 +83,14 @@ def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None 
                  with_stats: bool = True, progress: ProgressFn | None = None,
                  source_merge: str | None = None,
                  guard: Callable[[Connection], None] | None = None,
-                 scan: ScanFn | None = None) -> ModelRow:
+                 scan: ScanFn | None = None, force: bool = False) -> ModelRow:
     """Register a checkpoint as model `name` (a base when `base` is None); its models row.
     `guard` runs first in the transaction that writes the rows (a job's fence); `scan` reads
-    the blocks (`scan_pinned` by default)."""
+    the blocks (`scan_pinned` by default); `force`: register an expert even when it is far
+    from its base (catalog.delta_norms)."""
     scanned = scan_model(cat, path, name, base=base, kind=kind, block_bytes=block_bytes,
                          with_stats=with_stats, progress=progress, source_merge=source_merge,
-                         scan=scan)
+                         scan=scan, force=force)
     with cat.transaction() as conn:
         if guard is not None:
             guard(conn)
@@ -101,12 +103,14 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
                with_stats: bool = True, progress: ProgressFn | None = None,
                source_merge: str | None = None,
                first_passes: Mapping[str, FirstPass] | None = None,
-               scan: ScanFn | None = None) -> ScannedModel:
+               scan: ScanFn | None = None, force: bool = False) -> ScannedModel:
     """Read and check the checkpoint, compute all rows; writes nothing to the catalog.
 
     `first_passes`: the first scan pass of some tensors, already made from the same bytes (a
     merge's output, by the executor while it wrote them); those tensors are not read again,
     except for threshold refinement passes. `scan`: see ScanFn (not with `first_passes`).
+    An expert whose delta is far larger than a fine-tune's is refused unless `force`
+    (catalog.delta_norms).
     """
     t0 = time.perf_counter()
     _check_args(name, kind, base, block_bytes)
@@ -115,7 +119,8 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     ckpt = _open(path, kind)
     stamps = _file_stamps(ckpt)
     if base is None:
-        plans = [TensorPlan(t.name, "hash", t, block_rows(t.shape, t.itemsize, block_bytes))
+        plans = [TensorPlan(t.name, "hash", t, block_rows(t.shape, t.itemsize, block_bytes),
+                            value_norm=True)
                  for t in ckpt.tensors]
         scales: list[float | None] = [None] * len(plans)
         grid_bytes = block_bytes
@@ -140,12 +145,16 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
         results, bytes_read = scan(plans, pins, progress)
     if _file_stamps(ckpt) != stamps:
         raise InvalidCheckpoint(f"{ckpt.path}: files changed while being ingested; try again")
+    ratio, worst = (None, None) if base is None else relative_norms(results, layout.norms)
+    if base is not None:
+        check_relative_norm(ckpt.path, base, ratio, worst, force)
     model = ModelRow(
         name=name, kind=kind, path=ckpt.path, base=base, status="ready", error=None,
         has_stats=bool(with_stats and base is not None), block_bytes=grid_bytes,
         n_tensors=len(plans), tensor_bytes=sum(t.nbytes for t in ckpt.tensors),
         lora_scale=_common_scale(scales), source_merge=source_merge,
-        ingest_seconds=time.perf_counter() - t0)
+        ingest_seconds=time.perf_counter() - t0, delta_rel_norm=ratio,
+        delta_rel_norm_max=worst)
     files = {h.path: i for i, h in enumerate(ckpt.files)}
     # Checkpoint order; a LoRA adapter's tensors keep their base's ordinals.
     ordinals = ([layout.ordinals[p.name] for p in plans] if kind == "lora"
@@ -244,6 +253,7 @@ class _BaseLayout:
     ordinals: dict[str, int]
     rows: dict[str, list[tuple[int, int]]]
     hashes: dict[str, list[str]]
+    norms: dict[str, float | None]  # tensor -> L2 of its values (None: ingested before 0009)
 
     @staticmethod
     def load(cat: Catalog, name: str) -> _BaseLayout:
@@ -258,17 +268,18 @@ class _BaseLayout:
                                  f"use {row.base!r} as the base", field="base")
         files = model_files(cat, name)
         paths = {f.index: f.path for f in files}
-        tensors, ordinals = {}, {}
+        tensors, ordinals, norms = {}, {}, {}
         for t in model_tensors(cat, name):
             tensors[t.name] = TensorEntry(t.name, t.dtype, t.shape, paths[t.file_index],
                                           t.data_offset, t.nbytes)
             ordinals[t.name] = t.ordinal
+            norms[t.name] = t.value_l2
         rows: dict[str, list[tuple[int, int]]] = {n: [] for n in tensors}
         hashes: dict[str, list[str]] = {n: [] for n in tensors}
         for b in model_blocks(cat, name):
             rows[b.tensor].append((b.row_start, b.row_end))
             hashes[b.tensor].append(b.content_hash)
-        return _BaseLayout(name, row.block_bytes, files, tensors, ordinals, rows, hashes)
+        return _BaseLayout(name, row.block_bytes, files, tensors, ordinals, rows, hashes, norms)
 
     def check_unchanged(self) -> None:
         """SourceChanged if a base file was modified since the base was ingested."""
@@ -358,7 +369,8 @@ def _tensor_row(p: TensorPlan, r: TensorResult, files: dict[str, int], scale: fl
             "lora_a_offset": a.offset if a else None, "lora_a_nbytes": a.nbytes if a else None,
             "lora_a_dtype": p.lora_a_dtype if a else None,
             "lora_a_shape": list(p.lora_a_shape) if a and p.lora_a_shape is not None else None,
-            "lora_scale": scale, "lora_a_hash": r.lora_a_hash if a else None}
+            "lora_scale": scale, "lora_a_hash": r.lora_a_hash if a else None,
+            "value_l2": r.value_l2}
 
 
 def _block_row(p: TensorPlan, r: TensorResult, i: int, files: dict[str, int]) -> dict[str, Any]:

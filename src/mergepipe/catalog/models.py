@@ -35,6 +35,10 @@ class ModelRow:
     source_merge: str | None    # the merge that produced it, if any
     ingest_seconds: float | None
     created_at: str | None = None  # ISO 8601
+    # an expert: ||E - B|| / ||B|| over its tensors, and the largest of one tensor (None: a
+    # base, no statistics, or a base ingested before migration 0009; catalog.delta_norms)
+    delta_rel_norm: float | None = None
+    delta_rel_norm_max: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -82,6 +86,7 @@ class TensorRow:
     nbytes: int
     lora_a: LoraA | None = None
     lora_scale: float | None = None  # LoRA: this module's scale (rank/alpha patterns differ)
+    value_l2: float | None = None    # a base's tensor: L2 norm of its values (migration 0009)
 
     @property
     def row_numel(self) -> int:
@@ -175,7 +180,8 @@ def _tensor_row(r: Row) -> TensorRow:
                        None if r.lora_a_hash is None else str(r.lora_a_hash))
     return TensorRow(str(r.tensor), int(r.ordinal), int(r.file_index), str(r.dtype),
                      tuple(int(d) for d in r.shape), int(r.data_offset), int(r.nbytes),
-                     lora_a, None if r.lora_scale is None else float(r.lora_scale))
+                     lora_a, None if r.lora_scale is None else float(r.lora_scale),
+                     None if r.value_l2 is None else float(r.value_l2))
 
 
 def _block_row(r: Row) -> BlockRow:
@@ -194,7 +200,12 @@ def model_row(r: Row) -> ModelRow:
         lora_scale=None if m["lora_scale"] is None else float(m["lora_scale"]),
         source_merge=m["source_merge"],
         ingest_seconds=None if m["ingest_seconds"] is None else float(m["ingest_seconds"]),
-        created_at=created.isoformat() if isinstance(created, datetime) else created)
+        created_at=created.isoformat() if isinstance(created, datetime) else created,
+        delta_rel_norm=_float(m["delta_rel_norm"]), delta_rel_norm_max=_float(m["delta_rel_norm_max"]))
+
+
+def _float(v: Any) -> float | None:
+    return None if v is None else float(v)
 
 
 def _query(cat: Connectable, name: str, params: dict[str, Any]) -> list[Row]:

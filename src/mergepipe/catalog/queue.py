@@ -37,6 +37,7 @@ class IngestJobRow:
     created_at: str | None
     started_at: str | None
     finished_at: str | None
+    force_base: bool = False  # ingest even when far from its base (migration 0009)
     request_id: str | None = None  # X-Request-ID of the HTTP request that queued it
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,6 +70,7 @@ class NewIngestJob:
     block_bytes: int | None = None
     with_stats: bool = True
     field: str = "name"  # the request field that named the model, for errors
+    force: bool = False  # register an expert even when far from its base (catalog.delta_norms)
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ def _insert_ingest(conn: Connection, j: NewIngestJob) -> str:
     job_id = f"ing-{uuid.uuid4().hex[:16]}"
     conn.execute(load_sql("ingest_job_insert"), {
         "job_id": job_id, "model": j.model, "kind": j.kind, "path": j.path, "base": j.base,
-        "block_bytes": j.block_bytes, "with_stats": j.with_stats,
+        "block_bytes": j.block_bytes, "with_stats": j.with_stats, "force_base": j.force,
         "request_id": REQUEST_ID.get()})
     return job_id
 

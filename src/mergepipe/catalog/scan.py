@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -211,9 +212,9 @@ class _Scan:
     def _finish(self, st: TensorState) -> None:
         if st.trim is not None:
             st.trim.release()
-        self.results[st.index] = TensorResult(st.plan.name, st.hashes,
-                                              st.stats if st.trim is not None else None,
-                                              st.trim, st.lora_a_hash)
+        self.results[st.index] = TensorResult(
+            st.plan.name, st.hashes, st.stats if st.trim is not None else None, st.trim,
+            st.lora_a_hash, math.sqrt(st.value_sumsq) if st.plan.value_norm else None)
         st.cached = st.lora_a = None
 
 

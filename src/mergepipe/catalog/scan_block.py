@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -61,6 +62,7 @@ class TensorPlan:
     lora_a_dtype: str | None = None
     lora_a_shape: tuple[int, ...] | None = None
     lora_scale: float | None = None
+    value_norm: bool = False  # "hash" of a base: also the L2 norm of the tensor's values
 
     def span(self, i: int) -> Span:
         return self._span(self.entry, i)
@@ -86,6 +88,7 @@ class TensorResult:
     stats: list[BlockStats] | None
     trim: TrimThresholds | None
     lora_a_hash: str | None = None  # LoRA: xxh3-128 of lora_A's raw bytes
+    value_l2: float | None = None  # a base's tensor (plan.value_norm): L2 norm of its values
 
 
 @dataclass
@@ -101,12 +104,15 @@ class TensorState:
     cached: np.ndarray | None = None  # |delta| of a one-block tensor, for the refinement
     lora_a: torch.Tensor | None = None
     lora_a_hash: str | None = None
+    value_sumsq: float = 0.0  # plan.value_norm: the sum of squares of the values so far
 
 
 def add_scan(st: TensorState, i: int, out: BlockScan) -> None:
     """Take one block's first-pass result into its tensor's state."""
     h, stats, (counts, mixed), cached = out
     st.hashes[i] = h
+    if st.trim is None and stats is not None:  # a base block: l2 of its values
+        st.value_sumsq += stats.l2 * stats.l2
     if st.trim is not None:
         assert stats is not None and counts is not None
         st.stats[i] = stats
@@ -158,9 +164,19 @@ def scan_own_block(st: TensorState, i: int, reader: RangeReader) -> BlockScan:
     if plan.mode == "hash":
         if has_nonfinite(raw, plan.entry.dtype):
             raise InvalidCheckpoint(f"{_where(plan, i)}: NaN or Inf in the weights")
-        return digest, None, (None, None), None
+        return digest, _value_l2(plan, raw), (None, None), None
     assert st.trim is not None
     return _scan_delta_block(st, i, raw, digest, reader, None, st.trim.collecting_mixed)
+
+
+def _value_l2(plan: TensorPlan, raw: memoryview) -> BlockStats | None:
+    """A base block's values' L2 norm (only l2 set), for the relative delta norm of its
+    experts; None unless the plan asks for it."""
+    if not plan.value_norm or not len(raw):
+        return None
+    n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
+    x = decode_array_into(raw, plan.entry.dtype, _buffers.scratch.get("x", n, np.float32))
+    return BlockStats(math.sqrt(float(np.dot(x, x))), 0.0, 0.0, 0)  # float32 BLAS: ample
 
 
 def scan_full_block(plan: TensorPlan, i: int, raw: memoryview, base_raw: memoryview,

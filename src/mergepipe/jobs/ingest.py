@@ -47,7 +47,7 @@ def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path]
         return ingest_model(cat, job.path, job.model, base=job.base, kind=job.kind,
                             block_bytes=job.block_bytes or DEFAULT_BLOCK_BYTES,
                             with_stats=job.with_stats, progress=progress, guard=guard,
-                            scan=engine.ingest_scan())
+                            scan=engine.ingest_scan(), force=job.force)
 
 
 def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
@@ -73,7 +73,8 @@ def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
     error: str | None = None
     try:
         run_ingestion(cat, NewIngestJob(row.model, row.kind, row.path, row.base, row.block_bytes,
-                                        row.with_stats, field="path"),
+                                        row.with_stats, field="path",
+                                        force=bool(row.force_base)),
                       data_roots=data_roots, remote_roots=remote_roots, progress=track,
                       guard=lambda conn: hold_ingest(conn, job_id, fence), engine=engine)
     except LeaseLost:

@@ -21,7 +21,9 @@ CREATE TABLE models (
     lora_scale      DOUBLE,                    -- lora_alpha / r (or / sqrt(r) with rslora)
     source_merge    VARCHAR,                   -- merge_id that produced this model, if any
     ingest_seconds  DOUBLE,
-    created_at      TIMESTAMP NOT NULL DEFAULT current_timestamp
+    created_at      TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    delta_rel_norm      DOUBLE,                -- expert: ||E - B|| / ||B|| over its tensors
+    delta_rel_norm_max  DOUBLE                 -- expert: the largest ratio of one tensor
 );
 
 CREATE TABLE files (
@@ -54,6 +56,7 @@ CREATE TABLE tensors (
     lora_scale     DOUBLE,                     -- LoRA only: this tensor's alpha / r (or / sqrt(r))
     lora_a_hash    VARCHAR,                    -- LoRA only: xxh3-128 of lora_A's raw bytes
                                                -- (NULL: ingested before migration 0004)
+    value_l2       DOUBLE,                     -- a base's tensor: L2 norm of its values
     PRIMARY KEY (model, tensor)
 );
 
@@ -188,6 +191,7 @@ CREATE TABLE ingest_jobs (
     worker       VARCHAR,                      -- the worker holding a running job's lease
     lease_until  TIMESTAMP,                    -- UTC; an expired lease lets another worker take over
     attempts     INTEGER DEFAULT 0,
+    force_base   BOOLEAN NOT NULL DEFAULT FALSE,  -- ingest even if far from its base
     request_id   VARCHAR                       -- X-Request-ID of the request that queued it
 );
 

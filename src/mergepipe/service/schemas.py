@@ -29,6 +29,8 @@ class ModelIn(_In):
     block_bytes: int | None = Field(None, gt=0, le=64 << 20, strict=True,
                                     description="block size of the grid (bases only)")
     stats: bool = Field(True, description="compute delta statistics (false: header-only)")
+    force: bool = Field(False, description="register an expert whose delta to its base is "
+                                           "far larger than a fine-tune's (docs/catalog.md)")
 
 
 class ExpertIn(_In):
@@ -118,6 +120,9 @@ class ModelOut(_Out):
     base: str | None = None
     error: str | None = None
     job: IngestJobOut | None = None
+    delta_rel_norm: float | None = Field(
+        None, description="an expert's ||E - B|| / ||B|| (a fine-tune: about 0.001 to 0.1)")
+    delta_rel_norm_max: float | None = Field(None, description="the largest ratio of one tensor")
 
 
 class ModelList(_Out):

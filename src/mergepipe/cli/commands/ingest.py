@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stats", action="store_true",
                    help="register an expert without delta statistics (merges then plan it "
                    "tensor by tensor)")
+    p.add_argument("--force", action="store_true",
+                   help="register an expert even when its delta to --base is far larger than a "
+                   "fine-tune's (||E - B|| / ||B|| above 0.5; docs/catalog.md)")
     add_engine_arguments(p, job="ingestion", ray_help="ray: the statistics of a sharded "
                          "checkpoint as one Ray task per shard file")
     p.add_argument("--json", action="store_true", help="print the model as JSON")
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from mergepipe.catalog.queue import NewIngestJob
 
     job = NewIngestJob(args.name, args.kind, str(args.path), args.base, args.block_bytes,
-                       not args.no_stats)
+                       not args.no_stats, force=args.force)
     s = args.settings
     with Catalog(s.catalog) as cat, IngestBar(enabled=not args.json) as bar:
         from mergepipe.jobs.ingest import run_ingestion

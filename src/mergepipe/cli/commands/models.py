@@ -11,8 +11,9 @@ from mergepipe.cli.table import human_bytes, print_table
 if TYPE_CHECKING:
     from mergepipe.catalog.models import ModelRow
 
-COLUMNS = ["name", "kind", "base", "status", "stats", "tensors", "size", "block", "ingest_s",
-           "path"]
+# rel_delta: ||E - B|| / ||B|| of an expert (a fine-tune: about 0.001 to 0.1; docs/catalog.md)
+COLUMNS = ["name", "kind", "base", "status", "stats", "rel_delta", "tensors", "size", "block",
+           "ingest_s", "path"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +39,7 @@ def row(m: ModelRow) -> list[Any]:
     """The table cells of one model."""
     stats = "-" if m.base is None else ("yes" if m.has_stats else "no")
     secs = m.ingest_seconds
-    return [m.name, m.kind, m.base or "", m.status, stats, m.n_tensors,
+    rel = "" if m.delta_rel_norm is None else f"{m.delta_rel_norm:.3g}"
+    return [m.name, m.kind, m.base or "", m.status, stats, rel, m.n_tensors,
             human_bytes(m.tensor_bytes), human_bytes(m.block_bytes),
             f"{secs:.2f}" if secs is not None else "", m.path]

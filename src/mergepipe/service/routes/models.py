@@ -34,7 +34,7 @@ def register_model(body: ModelIn, response: Response, st: State) -> dict[str, An
         _check_base(st, body.base)
     path = confine_source(body.path, st.settings.data_roots, st.settings.remote_roots)
     queued = enqueue(st.cat, ingests=[NewIngestJob(
-        name, body.kind, path, body.base, body.block_bytes, body.stats)],
+        name, body.kind, path, body.base, body.block_bytes, body.stats, force=body.force)],
         max_queued=st.settings.max_queued_jobs)
     (job_id,) = queued.ingest_ids
     st.runner.submit(Job("ingest", job_id))
