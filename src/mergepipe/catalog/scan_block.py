@@ -176,7 +176,12 @@ def _value_l2(plan: TensorPlan, raw: memoryview) -> BlockStats | None:
         return None
     n = len(raw) // DTYPE_SIZES[plan.entry.dtype]
     x = decode_array_into(raw, plan.entry.dtype, _buffers.scratch.get("x", n, np.float32))
-    return BlockStats(math.sqrt(float(np.dot(x, x))), 0.0, 0.0, 0)  # float32 BLAS: ample
+    with np.errstate(over="ignore"):
+        sq = float(np.dot(x, x))  # float32 BLAS: ample for a ratio's denominator
+    if math.isinf(sq):  # values near float32's limit: their squares need float64
+        y = x.astype(np.float64)
+        sq = float(np.dot(y, y))
+    return BlockStats(math.sqrt(sq), 0.0, 0.0, 0)
 
 
 def scan_full_block(plan: TensorPlan, i: int, raw: memoryview, base_raw: memoryview,

@@ -20,6 +20,7 @@ from mergepipe.planner.increments import (
     Increment,
     Previous,
     carried_bounds,
+    entry_bound,
     find_increment,
     increment_request,
     rounding_note,
@@ -129,7 +130,7 @@ def _price(plan: Plan) -> dict[str, Any]:
 
 
 def _incremental_doc(plan: Plan | None, inc: Increment | None, why: str | None,
-                     out_dtype: str) -> dict[str, Any]:
+                     out_dtype: str, request: MergeRequest) -> dict[str, Any]:
     if plan is None or inc is None:
         return {"available": False, "reason": why}
     prev = inc.previous
@@ -139,7 +140,8 @@ def _incremental_doc(plan: Plan | None, inc: Increment | None, why: str | None,
             "previous_model": prev.model, "previous_dtype": prev.dtype, "c": inc.c,
             "changes": [ch.to_dict() for ch in inc.changes],
             "carried_bound": prev.omission_bound, "chain_depth": prev.chain_depth + 1,
-            "rounding": rounding_note(inc, out_dtype)}
+            "rounding": rounding_note(inc, out_dtype),
+            "bound": entry_bound(inc, request, plan.request, out_dtype)}
 
 
 def choose_plan(cat: Catalog, request: MergeRequest) -> Plan:
@@ -173,7 +175,7 @@ def choose_plan(cat: Catalog, request: MergeRequest) -> Plan:
                   else "scratch")
     out_dtype = request.output_dtype or "out"  # the base's dtype, tensor by tensor
     doc = {"requested": request.strategy, "chosen": chosen, "scratch": _price(scratch),
-           "incremental": _incremental_doc(inc_plan, inc, why, out_dtype),
+           "incremental": _incremental_doc(inc_plan, inc, why, out_dtype, request),
            "budget_of": "the scratch full read"}
     plan = scratch
     if chosen == "incremental":

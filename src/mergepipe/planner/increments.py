@@ -147,9 +147,28 @@ def carried_bounds(inc: Increment, bound: float | None, bound_l2: float | None
     return total, l2
 
 
+# Float32 roundings of one entry of a fixed-coefficient merge of n terms (the fused kernel and the
+# torch kernels alike): per term the weight's conversion, the delta, the product (a keyed drop's
+# rescale one more), n - 1 sums; the divisor and lambda, each converted and applied; the base
+# added. n + 9 covers them all (docs/incremental.md).
+ROUNDINGS_PER_MERGE = 9
+
+
+def entry_bound(inc: Increment, request: MergeRequest, executed: MergeRequest,
+                out_dtype: str) -> dict[str, Any]:
+    """The parameters of the per-entry bound of |incremental - scratch| (docs/incremental.md):
+    c, the stored merge's and the output's dtypes, the float32 roundings of each computation
+    and the coefficients' tolerance."""
+    return {"c": inc.c, "previous_dtype": inc.previous.dtype, "output_dtype": out_dtype,
+            "scratch_roundings": len(request.experts) + ROUNDINGS_PER_MERGE,
+            "incremental_roundings": len(executed.experts) + ROUNDINGS_PER_MERGE,
+            "coefficient_tolerance": 2 * REL_TOL, "chain_depth": inc.previous.chain_depth + 1}
+
+
 def rounding_note(inc: Increment, out_dtype: str) -> str:
     """The per-entry bound of |incremental - scratch| from M_old's rounding (docs/incremental.md)."""
-    return (f"per entry e: |M - M_scratch| <= {abs(inc.c):.6g} * ulp_{inc.previous.dtype}"
-            f"(M_old[e]) / 2 + ulp_{out_dtype}(M[e]) + float32 sums"
+    return (f"per entry e: |M - M_scratch| <= {abs(inc.c):.6g} * (ulp_{inc.previous.dtype}"
+            f"(M_old[e]) / 2 + M_old's own float32 error) + ulp_{out_dtype}(M[e]) + float32 "
+            "sums: in ulps of the output, unbounded where it nearly cancels"
             + (f"; {inc.previous.chain_depth} earlier increments add their own"
                if inc.previous.chain_depth else ""))
