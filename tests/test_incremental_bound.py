@@ -74,12 +74,12 @@ def write_family(root: Path, case: Case, new: MergeRequest) -> None:
     zero on a random tenth of the entries."""
     g = torch.Generator().manual_seed(case.seed)
     base = factory.random_weights(SHAPES, case.seed)
-    for n, t in base.items():
+    for t in base.values():
         tiny = torch.rand(t.shape, generator=g) < 0.1
         t[tiny] = torch.randn(int(tiny.sum()), generator=g) * 1e-5
     base = {n: t.to(torch.bfloat16).double() for n, t in base.items()}
     experts = {}
-    for i, name in enumerate(NAMES):
+    for name in NAMES:
         scale = 0.002 * (1 + 10 * torch.rand(1, generator=g).item())
         experts[name] = {n: (b + torch.randn(b.shape, generator=g, dtype=torch.float64) * scale
                              ).to(torch.bfloat16).double() for n, b in base.items()}
