@@ -197,11 +197,17 @@ def test_a_budgeted_previous_merge_carries_its_bound(
         cat: Catalog, fam: tuple[Path | str, dict[str, Path]], tmp_path: Path) -> None:
     old = run(cat, tmp_path, "half", req(experts(4), budget=0.5, output_dtype="F32"))
     assert old.omission_bound is not None and old.omission_bound > 0
-    plan = plan_merge(cat, req(experts(5), output_dtype="F32", strategy="incremental"))
+    # at the full budget an increment of it would not be the standard merge: refused (issue
+    # 28); under a budget of the user's (0.9 of scratch's full read) it is used
+    with pytest.raises(InvalidRequest, match="read under a budget"):
+        plan_merge(cat, req(experts(5), output_dtype="F32", strategy="incremental"))
+    plan = plan_merge(cat, req(experts(5), output_dtype="F32", strategy="incremental",
+                               budget=0.9))
     assert plan.summary()["strategy"]["incremental"]["carried_bound"] == old.omission_bound
     # the new expert and M_old are read whole: the bound is |c| times M_old's
     assert plan.omission_bound == pytest.approx(0.8 * old.omission_bound)
-    run(cat, tmp_path, "inc", req(experts(5), output_dtype="F32", strategy="incremental"))
+    run(cat, tmp_path, "inc", req(experts(5), output_dtype="F32", strategy="incremental",
+                                  budget=0.9))
     run(cat, tmp_path, "full", req(experts(5), output_dtype="F32", strategy="scratch"))
     a, b = factory.load(tmp_path / "inc"), factory.load(tmp_path / "full")
     dev = sum(float(((a[n] - b[n]) ** 2).sum()) for n in a) ** 0.5
