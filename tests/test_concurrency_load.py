@@ -37,9 +37,9 @@ def _merges() -> dict[str, dict[str, Any]]:
                                                       {"model": "e2", "weight": -0.3}],
                           "operator": "task_arithmetic", "params": {"lambda": 0.7},
                           "budget": {"bytes": 5_000 * (i + 1)}}
-    # From scratch: `auto` may build on a merge stored meanwhile (docs/incremental.md), another
-    # plan than the one made while it was still running.
-    return {n: {**b, "strategy": "scratch"} for n, b in out.items()}
+    # The default strategy (scratch): never built on a merge stored meanwhile, so each output
+    # equals the same merge run alone whatever finished first (docs/incremental.md).
+    return out
 
 
 QUERIES = ("SELECT count(*) FROM models", "SELECT * FROM merges ORDER BY merge_id",

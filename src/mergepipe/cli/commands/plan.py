@@ -58,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
 def print_plan(s: dict[str, Any]) -> None:
     """A readable plan summary with a per-expert table."""
     full, budget = s["full_read_bytes"], s["budget_bytes"]
-    spec = s["budget"]
-    given = (f"fraction {spec['fraction']:g} of the full read" if "fraction" in spec
-             else f"{spec['bytes']} bytes")
     st = s.get("strategy") or {}
     asked = st.get("request") if st.get("chosen") == "incremental" else None
+    spec = (asked or s)["budget"]  # the user's, not the executed request's bytes
+    given = (f"fraction {spec['fraction']:g} of the full read" if "fraction" in spec
+             else f"{spec['bytes']} bytes")
     n_experts = len(asked["experts"]) if asked else len(s["experts"])  # the user's, not M_old's
     print(f"plan {s['plan_hash']}")
     print(f"  operator        {s['operator']} of {n_experts} expert(s) on base {s['base']!r}")
@@ -100,6 +100,8 @@ def print_plan(s: dict[str, Any]) -> None:
                      f"{e['selected_blocks']}/{e['candidate_blocks']}",
                      human_bytes(e["planned_bytes"]), human_bytes(e["full_read_bytes"]),
                      f"{ratio:.1%}", "yes" if e["fallback"] else ""])
+    if asked:
+        print("executed terms: the stored merge times c and the changed experts")
     print_table(["expert", "kind", "weight", "density", "alpha", "blocks", "planned",
                  "full read", "ratio", "fallback"], rows)
 
