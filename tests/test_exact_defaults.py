@@ -244,5 +244,5 @@ def test_identical_requests_give_identical_bytes_whatever_merges_are_stored(
         second.close()
     assert len(results) == 2
     for i, m in enumerate(ids):
-        assert results[m].strategy == "scratch" and results[m].output_hash == alone.output_hash
         assert weights(tmp_path / f"r{i}") == weights(tmp_path / "alone")
+        assert results[m].output_hash == alone.output_hash and results[m].strategy == "scratch"
