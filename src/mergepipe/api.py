@@ -80,13 +80,14 @@ class Catalog:
     # -- models -----------------------------------------------------------------------------
     def ingest(self, path: str | Path, name: str, *, base: str | None = None,
                kind: str = "full", block_bytes: int | None = None, stats: bool = True,
-               progress: bool | ProgressFn = True) -> ModelRow:
+               progress: bool | ProgressFn = True, force: bool = False) -> ModelRow:
         """Register a checkpoint (a directory, a .safetensors file or an s3:// / https:// URL)
-        as `name`; with `base`, an expert of that base with delta statistics."""
+        as `name`; with `base`, an expert of that base with delta statistics. `force`: even
+        when its delta is far larger than a fine-tune's (docs/catalog.md)."""
         from mergepipe.catalog.queue import NewIngestJob
         from mergepipe.jobs.ingest import run_ingestion
 
-        job = NewIngestJob(name, kind, str(path), base, block_bytes, stats)
+        job = NewIngestJob(name, kind, str(path), base, block_bytes, stats, force=force)
         with _Bars(progress, f"ingesting {name}", unit="B") as bar:
             return run_ingestion(self.db, job, progress=bar.report, engine=self._engine())
 
