@@ -1,2 +1,7 @@
--- Every model: bases first, then each base's experts, by name.
-SELECT * FROM models ORDER BY coalesce(base, name), base IS NOT NULL, name
+-- The models users see: the latest version of each name that is not retired; bases first, then
+-- each base's experts, by name.
+SELECT * FROM models m
+WHERE m.retired_at IS NULL
+  AND m.version = (SELECT max(v.version) FROM models v
+                   WHERE v.family = m.family AND v.retired_at IS NULL)
+ORDER BY coalesce(m.base, m.name), m.base IS NOT NULL, m.name

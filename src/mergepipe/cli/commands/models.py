@@ -11,12 +11,13 @@ from mergepipe.cli.table import human_bytes, print_table
 if TYPE_CHECKING:
     from mergepipe.catalog.models import ModelRow
 
-COLUMNS = ["name", "kind", "base", "status", "stats", "tensors", "size", "block", "ingest_s",
+COLUMNS = ["name", "version", "kind", "base", "status", "stats", "tensors", "size", "block", "ingest_s",
            "path"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("models", help="list the registered models")
+    p = sub.add_parser("models", help="list the registered models (the latest version of "
+                       "each name; removed ones are left out)")
     p.add_argument("--json", action="store_true", help="print a JSON list of model objects")
     p.set_defaults(func=run)
 
@@ -38,6 +39,6 @@ def row(m: ModelRow) -> list[Any]:
     """The table cells of one model."""
     stats = "-" if m.base is None else ("yes" if m.has_stats else "no")
     secs = m.ingest_seconds
-    return [m.name, m.kind, m.base or "", m.status, stats, m.n_tensors,
+    return [m.display_name, m.version, m.kind, m.base or "", m.status, stats, m.n_tensors,
             human_bytes(m.tensor_bytes), human_bytes(m.block_bytes),
             f"{secs:.2f}" if secs is not None else "", m.path]
