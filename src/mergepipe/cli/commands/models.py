@@ -11,8 +11,8 @@ from mergepipe.cli.table import human_bytes, print_table
 if TYPE_CHECKING:
     from mergepipe.catalog.models import ModelRow
 
-COLUMNS = ["name", "version", "kind", "base", "status", "stats", "tensors", "size", "block", "ingest_s",
-           "path"]
+COLUMNS = ["name", "kind", "base", "status", "stats", "tensors", "size", "block", "ingest_s",
+           "version", "path"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +39,6 @@ def row(m: ModelRow) -> list[Any]:
     """The table cells of one model."""
     stats = "-" if m.base is None else ("yes" if m.has_stats else "no")
     secs = m.ingest_seconds
-    return [m.display_name, m.version, m.kind, m.base or "", m.status, stats, m.n_tensors,
+    return [m.display_name, m.kind, m.base or "", m.status, stats, m.n_tensors,
             human_bytes(m.tensor_bytes), human_bytes(m.block_bytes),
-            f"{secs:.2f}" if secs is not None else "", m.path]
+            f"{secs:.2f}" if secs is not None else "", m.version, m.path]
