@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from mergepipe.catalog import records
+from mergepipe.catalog import leases, records
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.fence import MergeCancelled
+from mergepipe.catalog.fence import Fence, MergeCancelled
 from mergepipe.cli.main import main
 from mergepipe.core.progress import Progress
 from mergepipe.core.request import build_request
@@ -271,3 +271,22 @@ def test_api_cancel_a_running_merge_publishes_nothing(api: Any,
     assert mid not in {m["id"] for m in c.get("/v1/merges").json()["merges"]}
     # A queued merge is cancelled before it runs; its output name is free again.
     monkeypatch.delenv(HOLD_ENV)
+
+
+def test_a_worker_on_a_shared_catalog_sees_the_cancel(tmp_path: Path, postgres_url: str) -> None:
+    """A merge held under a worker's lease (the PostgreSQL queue): cancelled by another
+    process's request, its next fenced write is refused as cancelled, and no worker claims it."""
+    with Catalog(postgres_url) as cat:
+        ingest_family(cat, tmp_path / "fam")
+        req = build_request(base="base", experts=[{"model": "e0"}], operator="linear")
+        merge_id = submit_merge(cat, req, "w1", tmp_path / "w1").merge_id
+        got = leases.claim(cat, "A", lease_s=30)
+        assert got is not None and got.job.id == merge_id
+        fence = Fence("A", "aaaaaa")
+        records.mark_running(cat, merge_id, fence)
+        records.record_progress(cat, merge_id, Progress(1, 9, "blocks"), fence)
+        assert records.cancel_merge(cat, merge_id)
+        with pytest.raises(MergeCancelled, match="cancelled"):
+            records.record_progress(cat, merge_id, Progress(2, 9, "blocks"), fence)
+        assert leases.claim(cat, "B", lease_s=30) is None
+        assert records.get_merge(cat, merge_id).status == "cancelled"
