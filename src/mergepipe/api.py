@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from mergepipe.catalog.db import Catalog as CatalogDatabase
+from mergepipe.catalog.lifecycle import resolve_key
 from mergepipe.catalog.models import ModelRow, get_model, list_models
 from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import InvalidRequest, MergePipeError
@@ -95,8 +96,9 @@ class Catalog:
         return list_models(self.db)
 
     def model(self, name: str) -> ModelRow:
-        """One model; NotFound when no model has that name."""
-        return get_model(self.db, name)
+        """One model: a name's latest version, or `name~N` that version (docs/lifecycle.md);
+        NotFound when no model has that name."""
+        return get_model(self.db, resolve_key(self.db, name))
 
     # -- plans and merges -------------------------------------------------------------------
     def request(self, *, base: str,
@@ -170,7 +172,7 @@ class Catalog:
         """What `name` was merged from, and what was merged from it (NotFound if unknown)."""
         from mergepipe.catalog.records import lineage
 
-        get_model(self.db, name)
+        name = get_model(self.db, resolve_key(self.db, name)).name
         ancestors, descendants = lineage(self.db, name)
         return Lineage(ancestors, descendants)
 
