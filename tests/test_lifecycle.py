@@ -108,6 +108,11 @@ def test_changed_bytes_refuse_the_merge_and_reingesting_makes_a_version(
                "--strategy", "scratch", "--json") == 0
     plan = json.loads(capsys.readouterr().out)
     assert [e["model"] for e in plan["experts"]] == ["e0", "e1"]
+    # Removing one version leaves the others.
+    assert cli(env, "rm", "e0~1", "--force") == 0
+    assert "retired 'e0'" in capsys.readouterr().out
+    assert rows(env, "SELECT name FROM models WHERE family = 'e0' AND retired_at IS NULL"
+                ) == [("e0~2",)]
 
 
 # -- removal --------------------------------------------------------------------------------------
@@ -255,6 +260,8 @@ def test_api_cancel_a_running_merge_publishes_nothing(api: Any,
     while not (hold / "pid").exists():
         assert time.monotonic() < deadline, "the merge never reached its hold"
         time.sleep(0.05)
+    r = c.delete("/v1/models/e1")  # a running merge reads it
+    assert r.status_code == 409 and f"running merge '{mid}'" in r.json()["error"]["message"]
     r = c.delete(f"/v1/merges/{mid}")
     assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
     (hold / "hold").unlink()
