@@ -79,6 +79,26 @@ def test_a_touched_file_is_reverified_by_hash_and_accepted(env: dict[str, Any],
     assert rows(env, "SELECT mtime_ns FROM files WHERE model = 'e0'") == [(f.stat().st_mtime_ns,)]
 
 
+def test_a_touched_lora_adapter_is_reverified_including_lora_a(
+        env: dict[str, Any], capsys: pytest.CaptureFixture) -> None:
+    adapter = factory.make_lora(env["paths"]["base"], env["tmp"] / "lora", seed=5)
+    assert cli(env, "ingest", str(adapter), "--name", "l0", "--base", "base", "--kind",
+               "lora") == 0
+    f = adapter / "adapter_model.safetensors"
+    touch(f)
+    assert merge_cli(env, "lm", experts="l0,e1") == 0, capsys.readouterr().err
+    capsys.readouterr()
+    # Other lora_A bytes (lora_B's blocks unchanged), mtime changed: refused, naming lora_A.
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(str(f))
+    name = next(n for n in tensors if ".lora_A." in n)
+    tensors[name] = tensors[name] * 2
+    save_file(tensors, str(f))
+    assert merge_cli(env, "lm2", experts="l0,e1") == 2
+    err = capsys.readouterr().err
+    assert "model 'l0'" in err and "lora_A" in err and "re-ingest 'l0'" in err
+
+
 def test_changed_bytes_refuse_the_merge_and_reingesting_makes_a_version(
         env: dict[str, Any], capsys: pytest.CaptureFixture) -> None:
     assert merge_cli(env, "before") == 0
@@ -100,6 +120,8 @@ def test_changed_bytes_refuse_the_merge_and_reingesting_makes_a_version(
     with Catalog(env["db"]) as cat:
         req = records.get_merge(cat, merge_id).request
     assert [e["model"] for e in req["experts"]] == ["e0~2", "e1"]
+    manifest = json.loads((env["tmp"] / "outputs" / "after" / "manifest.json").read_text())
+    assert [e["model"] for e in manifest["request"]["experts"]] == ["e0~2", "e1"]
     # Version 1 is still there, pinned by name~1, and the listing shows the latest version.
     assert cli(env, "models", "--json") == 0
     listed = {m["family"]: m for m in json.loads(capsys.readouterr().out)}
@@ -262,6 +284,9 @@ def test_api_cancel_a_running_merge_publishes_nothing(api: Any,
         time.sleep(0.05)
     r = c.delete("/v1/models/e1")  # a running merge reads it
     assert r.status_code == 409 and f"running merge '{mid}'" in r.json()["error"]["message"]
+    # A queued merge (the one worker is busy) is cancelled before it runs.
+    queued = _merge(c, "held2", ["e0"])
+    assert c.delete(f"/v1/merges/{queued}").json()["status"] == "cancelled"
     r = c.delete(f"/v1/merges/{mid}")
     assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
     (hold / "hold").unlink()
@@ -269,15 +294,16 @@ def test_api_cancel_a_running_merge_publishes_nothing(api: Any,
     while any(p.name.startswith(".held.tmp") for p in outputs.iterdir()):
         assert time.monotonic() < deadline, "the cancelled run never ended"
         time.sleep(0.05)
+    again = _merge(c, "held2", ["e0"])  # the cancelled merge's output name is free again
+    assert wait(c, f"/v1/merges/{again}")["status"] == "succeeded"
     assert c.get(f"/v1/merges/{mid}").json()["status"] == "cancelled"
+    assert c.get(f"/v1/merges/{queued}").json()["status"] == "cancelled"
     assert not (outputs / "held").exists()
     assert c.get("/v1/models/held").status_code == 404
     # A finished merge is retired: it leaves the listing.
     r = c.delete(f"/v1/merges/{mid}")
     assert r.status_code == 200 and r.json()["retired_at"] is not None
     assert mid not in {m["id"] for m in c.get("/v1/merges").json()["merges"]}
-    # A queued merge is cancelled before it runs; its output name is free again.
-    monkeypatch.delenv(HOLD_ENV)
 
 
 def test_a_worker_on_a_shared_catalog_sees_the_cancel(tmp_path: Path, postgres_url: str) -> None:
