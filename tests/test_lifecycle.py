@@ -137,6 +137,21 @@ def test_changed_bytes_refuse_the_merge_and_reingesting_makes_a_version(
                 ) == [("e0~2",)]
 
 
+def test_replay_reads_the_version_a_merge_read(env: dict[str, Any],
+                                               capsys: pytest.CaptureFixture) -> None:
+    assert merge_cli(env, "v1", "--json") == 0
+    first = json.loads(capsys.readouterr().out)
+    retrained = factory.make_expert(env["paths"]["base"], env["tmp"] / "retrained", seed=31)
+    assert cli(env, "ingest", str(retrained), "--name", "e0", "--base", "base") == 0
+    assert "registered 'e0~2'" in capsys.readouterr().out
+    assert merge_cli(env, "v2", "--json") == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["output_hash"] != first["output_hash"]  # the name now means version 2
+    assert cli(env, "replay", first["merge_id"], "--json") == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["match"] is True and not replayed["mismatched_tensors"]
+
+
 # -- removal --------------------------------------------------------------------------------------
 
 def test_rm_refuses_while_used_then_force_retires(env: dict[str, Any],
