@@ -28,8 +28,9 @@ from mergepipe.core.settings import Settings
 from mergepipe.core.sql_limits import SqlLimits
 
 if TYPE_CHECKING:  # the executor, the planner and torch load with the first merge or plan
-    from mergepipe.catalog.records import LineageEdge
+    from mergepipe.catalog.records import LineageEdge, MergeRow
     from mergepipe.executor.engine import Engine
+    from mergepipe.jobs.lifecycle import Removal
     from mergepipe.jobs.replay import ReplayResult
     from mergepipe.jobs.report import MergeSummary
     from mergepipe.planner.plan import Plan
@@ -94,6 +95,22 @@ class Catalog:
     def models(self) -> list[ModelRow]:
         """Every registered model, as `mergepipe models` lists them."""
         return list_models(self.db)
+
+    def remove(self, name: str, *, force: bool = False, delete_files: bool = False
+               ) -> Removal:
+        """Retire model `name` (`name~N`: one version) as `mergepipe rm` does: Conflict naming
+        its dependants unless `force`; `delete_files` deletes retired merge outputs under the
+        output root, nothing else (docs/lifecycle.md)."""
+        from mergepipe.jobs.lifecycle import remove_model
+
+        return remove_model(self.db, name, force=force, delete_files=delete_files,
+                            output_root=Path(self.settings.output_root).absolute())
+
+    def remove_merge(self, merge_id: str) -> MergeRow:
+        """Cancel a queued or running merge, or retire a finished one; its row after."""
+        from mergepipe.jobs.lifecycle import remove_merge
+
+        return remove_merge(self.db, merge_id)
 
     def model(self, name: str) -> ModelRow:
         """One model: a name's latest version, or `name~N` that version (docs/lifecycle.md);
