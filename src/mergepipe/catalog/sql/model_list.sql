@@ -2,6 +2,7 @@
 -- each base's experts, by name.
 SELECT * FROM models m
 WHERE m.retired_at IS NULL
-  AND m.version = (SELECT max(v.version) FROM models v
-                   WHERE v.family = m.family AND v.retired_at IS NULL)
+  AND NOT EXISTS (SELECT 1 FROM models v
+                  WHERE coalesce(v.family, v.name) = coalesce(m.family, m.name)
+                    AND v.retired_at IS NULL AND v.version > m.version)
 ORDER BY coalesce(m.base, m.name), m.base IS NOT NULL, m.name
