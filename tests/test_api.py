@@ -117,8 +117,9 @@ def test_model_errors(env: dict[str, Any], client: TestClient) -> None:
     assert_error(client.get("/v1/ingestions/ing-nope"), 404, "not_found", "job_id")
     assert_error(client.post("/v1/models", json={"name": "x", "path": str(fam["e0"]),
                                                   "base": "nope"}), 404, "not_found", "base")
-    assert_error(client.post("/v1/models", json={"name": "e1", "path": str(fam["e1"]),
-                                                  "base": "base"}), 409, "conflict", "name")
+    # A name in use gets a new version (tests/test_lifecycle.py); a version key is no name.
+    assert_error(client.post("/v1/models", json={"name": "e1~2", "path": str(fam["e1"]),
+                                                  "base": "base"}), 422, "invalid_request", "name")
     assert_error(client.post("/v1/models", json={"name": "../evil", "path": str(fam["e1"]),
                                                   "base": "base"}), 422, "invalid_request", "name")
     assert_error(client.post("/v1/models", json={"path": str(fam["e1"])}),

@@ -137,7 +137,9 @@ def test_changed_expert_file_is_refused_naming_model_and_file(catalog: Catalog,
                                                              tmp_path: Path) -> None:
     paths = ingest_family(catalog, tmp_path / "fam")
     f = paths["e1"] / "model.safetensors"
-    f.write_bytes(f.read_bytes())  # same bytes, new mtime
+    data = bytearray(f.read_bytes())
+    data[-2:] = bytes(b ^ 0x5A for b in data[-2:])
+    f.write_bytes(bytes(data))  # other bytes, new mtime (a touch alone is re-verified, accepted)
     req = build_request(base="base", experts=EXPERTS, operator="linear", budget=1.0)
     with pytest.raises(SourceChanged, match=rf"model 'e1': file {f} changed after ingestion"):
         merge(catalog, req, tmp_path / "out")

@@ -52,7 +52,13 @@ def test_merge_from_http_matches_local_and_fetches_its_budget(tmp_path: Path, mo
             f = local["e0"] / "model.safetensors"
             st = f.stat()
             os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))  # a new ETag
+            rc, _ = cli_merge(remote_cat, str(tmp_path / "touched"), capsys)
+            assert rc == 0  # the same bytes: re-verified by content hash, accepted
+            data = bytearray(f.read_bytes())
+            data[-4:] = bytes(b ^ 0x5A for b in data[-4:])
+            f.write_bytes(bytes(data))  # other bytes, another ETag
             rc, err = cli_merge(remote_cat, str(tmp_path / "changed"), capsys)
             assert rc == 2 and isinstance(err, str)
             assert f"{url}/e0/model.safetensors changed after ingestion (ETag" in err, err
+            assert "content hash" in err, err
             assert not (tmp_path / "changed").exists()

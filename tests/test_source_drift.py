@@ -33,8 +33,11 @@ def _grow(f: Path) -> None:
         fh.write(b"\0" * 8)
 
 
-def _touch(f: Path) -> None:
+def _flip_and_touch(f: Path) -> None:
+    """Other bytes and a new mtime (a touch alone, same bytes, is re-verified by content hash
+    and accepted: tests/test_lifecycle.py)."""
     st = f.stat()
+    _flip_block_keep_mtime(f)
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
 
 
@@ -45,7 +48,7 @@ def _delete(f: Path) -> None:
 CHANGES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
     "bytes": (_flip_block_keep_mtime, ("content hash",)),
     "size": (_grow, ("changed after ingestion", "size")),
-    "mtime": (_touch, ("changed after ingestion", "mtime")),
+    "mtime": (_flip_and_touch, ("changed after ingestion", "mtime", "content hash")),
     "deleted": (_delete, ("not readable",)),
 }
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from mergepipe.catalog.db import Catalog as CatalogDatabase
+from mergepipe.catalog.lifecycle import resolve_key
 from mergepipe.catalog.models import ModelRow, get_model, list_models
 from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import InvalidRequest, MergePipeError
@@ -27,8 +28,9 @@ from mergepipe.core.settings import Settings
 from mergepipe.core.sql_limits import SqlLimits
 
 if TYPE_CHECKING:  # the executor, the planner and torch load with the first merge or plan
-    from mergepipe.catalog.records import LineageEdge
+    from mergepipe.catalog.records import LineageEdge, MergeRow
     from mergepipe.executor.engine import Engine
+    from mergepipe.jobs.lifecycle import Removal
     from mergepipe.jobs.replay import ReplayResult
     from mergepipe.jobs.report import MergeSummary
     from mergepipe.planner.plan import Plan
@@ -95,9 +97,26 @@ class Catalog:
         """Every registered model, as `mergepipe models` lists them."""
         return list_models(self.db)
 
+    def remove(self, name: str, *, force: bool = False, delete_files: bool = False
+               ) -> Removal:
+        """Retire model `name` (`name~N`: one version) as `mergepipe rm` does: Conflict naming
+        its dependants unless `force`; `delete_files` deletes retired merge outputs under the
+        output root, nothing else (docs/lifecycle.md)."""
+        from mergepipe.jobs.lifecycle import remove_model
+
+        return remove_model(self.db, name, force=force, delete_files=delete_files,
+                            output_root=Path(self.settings.output_root).absolute())
+
+    def remove_merge(self, merge_id: str) -> MergeRow:
+        """Cancel a queued or running merge, or retire a finished one; its row after."""
+        from mergepipe.jobs.lifecycle import remove_merge
+
+        return remove_merge(self.db, merge_id)
+
     def model(self, name: str) -> ModelRow:
-        """One model; NotFound when no model has that name."""
-        return get_model(self.db, name)
+        """One model: a name's latest version, or `name~N` that version (docs/lifecycle.md);
+        NotFound when no model has that name."""
+        return get_model(self.db, resolve_key(self.db, name))
 
     # -- plans and merges -------------------------------------------------------------------
     def request(self, *, base: str,
@@ -171,7 +190,7 @@ class Catalog:
         """What `name` was merged from, and what was merged from it (NotFound if unknown)."""
         from mergepipe.catalog.records import lineage
 
-        get_model(self.db, name)
+        name = get_model(self.db, resolve_key(self.db, name)).name
         ancestors, descendants = lineage(self.db, name)
         return Lineage(ancestors, descendants)
 

@@ -29,6 +29,14 @@ class LeaseLost(MergePipeError):
     code = "lease_lost"
 
 
+class MergeCancelled(LeaseLost):
+    """The merge was cancelled while it ran: the run stops and records and publishes nothing
+    (a LeaseLost: every path that abandons a lost run abandons a cancelled one)."""
+
+    status = 409
+    code = "cancelled"
+
+
 def utc_now() -> datetime:
     """Lease times are UTC wall-clock time of the workers (keep their clocks in sync)."""
     return datetime.now(UTC).replace(tzinfo=None)
@@ -53,6 +61,10 @@ def _hold(conn: Connection, kind: str, job_id: str, fence: Fence | None) -> None
     row = conn.execute(load_sql(sql), {key: job_id, "worker": fence.worker,
                                        "now": utc_now()}).first()
     if row is None:
+        if kind == "merge":
+            st = conn.execute(load_sql("merge_status"), {"merge_id": job_id}).first()
+            if st is not None and st[0] == "cancelled":
+                raise MergeCancelled(f"merge {job_id} was cancelled", field=key)
         log.warning("%s %s: worker %s lost its lease (taken over); its late write was "
                     "refused and the run is abandoned", kind, job_id, fence.worker)
         raise LeaseLost(f"{kind} {job_id}: worker {fence.worker} no longer holds its lease; "

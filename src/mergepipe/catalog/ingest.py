@@ -18,6 +18,13 @@ from typing import Any
 from mergepipe.catalog.connection import Connection, IntegrityError
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.catalog.delta_norms import check_relative_norm, relative_norms
+from mergepipe.catalog.lifecycle import (
+    next_version,
+    resolve_key,
+    resolve_model,
+    split_ref,
+    version_key,
+)
 from mergepipe.catalog.models import (
     KINDS,
     FileRow,
@@ -28,6 +35,7 @@ from mergepipe.catalog.models import (
     model_files,
     model_tensors,
 )
+from mergepipe.catalog.reverify import reverify_file
 from mergepipe.catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_pinned
 from mergepipe.core.errors import (
     Conflict,
@@ -72,10 +80,12 @@ class ScannedModel:
     tensor_stats: dict[str, list[Any]] | None
     bytes_read: int = 0
     file_stamps: list[Stamp] = field(default_factory=list)  # of each file, as read
+    same_as: str | None = None  # the live version holding these very bytes (nothing new)
 
     @property
     def name(self) -> str:
-        return self.model.name
+        """The key of the version: a new one, or the existing one with the same content."""
+        return self.same_as or self.model.name
 
 
 def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = None,
@@ -84,10 +94,11 @@ def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None 
                  source_merge: str | None = None,
                  guard: Callable[[Connection], None] | None = None,
                  scan: ScanFn | None = None, force: bool = False) -> ModelRow:
-    """Register a checkpoint as model `name` (a base when `base` is None); its models row.
-    `guard` runs first in the transaction that writes the rows (a job's fence); `scan` reads
-    the blocks (`scan_pinned` by default); `force`: register an expert even when it is far
-    from its base (catalog.delta_norms)."""
+    """Register a checkpoint as model `name` (a base when `base` is None); its models row. An
+    existing name gets a new version, unless its latest version has the very same content:
+    that version is kept (its files' stamps refreshed). `guard` runs first in the transaction
+    that writes the rows (a job's fence); `scan` reads the blocks (`scan_pinned` by default);
+    `force`: register an expert even when it is far from its base (catalog.delta_norms)."""
     scanned = scan_model(cat, path, name, base=base, kind=kind, block_bytes=block_bytes,
                          with_stats=with_stats, progress=progress, source_merge=source_merge,
                          scan=scan, force=force)
@@ -95,7 +106,7 @@ def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None 
         if guard is not None:
             guard(conn)
         write_model(conn, scanned)
-    return get_model(cat, name)
+    return get_model(cat, scanned.name)
 
 
 def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = None,
@@ -114,8 +125,15 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     """
     t0 = time.perf_counter()
     _check_args(name, kind, base, block_bytes)
-    if find_model(cat, name) is not None:
-        raise Conflict(f"model {name!r} already exists", field="name")
+    if base is not None:
+        base = resolve_key(cat, base)  # the exact version the expert is derived from
+        if split_ref(base)[0] == name:
+            raise InvalidRequest(f"model {name!r} cannot be its own base", field="base")
+    current = resolve_model(cat, name)
+    version = next_version(cat, name)
+    key = version_key(name, version)
+    if find_model(cat, key) is not None:
+        raise Conflict(f"model {key!r} already exists", field="name")
     ckpt = _open(path, kind)
     stamps = _file_stamps(ckpt)
     if base is None:
@@ -137,7 +155,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
             plans = _expert_plans(ckpt, layout, kind, with_stats)
             scales = [None] * len(plans)
         if with_stats and kind == "full":
-            layout.check_unchanged()
+            layout.check_unchanged(cat)
     pins = [(h.path, stamp) for h, stamp in zip(ckpt.files, stamps, strict=True)]
     if scan is None or first_passes:
         results, bytes_read = scan_pinned(plans, pins, progress, resume=first_passes)
@@ -149,7 +167,8 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     if base is not None:
         check_relative_norm(ckpt.path, base, ratio, worst, force)
     model = ModelRow(
-        name=name, kind=kind, path=ckpt.path, base=base, status="ready", error=None,
+        name=key, family=name, version=version,
+        kind=kind, path=ckpt.path, base=base, status="ready", error=None,
         has_stats=bool(with_stats and base is not None), block_bytes=grid_bytes,
         n_tensors=len(plans), tensor_bytes=sum(t.nbytes for t in ckpt.tensors),
         lora_scale=_common_scale(scales), source_merge=source_merge,
@@ -160,7 +179,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     ordinals = ([layout.ordinals[p.name] for p in plans] if kind == "lora"
                 else list(range(len(plans))))
     has_stats = model.has_stats
-    return ScannedModel(
+    scanned = ScannedModel(
         model=model,
         files=_columns([{"file_index": i, "path": h.path, "size": stamps[i].size,
                          "mtime_ns": stamps[i].mtime_ns, "header_len": h.header_len,
@@ -176,13 +195,31 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
         bytes_read=bytes_read,
         file_stamps=stamps,
     )
+    if current is not None and source_merge is None and _same_content(cat, current, scanned):
+        scanned.same_as = current.name
+    return scanned
 
 
-def write_model(conn: Connection, scanned: ScannedModel) -> None:
-    """Write every row of a scanned model in the caller's transaction; Conflict if it exists."""
+def write_model(conn: Connection, scanned: ScannedModel, *, replace: bool = False) -> None:
+    """Write every row of a scanned model in the caller's transaction; Conflict if it exists.
+    The same content as the latest version: only that version's file stamps are refreshed. A
+    merge's output under a name in use: Conflict, unless `replace` (a merge with overwrite),
+    which retires the name's live versions and any live model whose files were in the output
+    directory."""
+    if scanned.same_as is not None:
+        _restamp(conn, scanned)
+        return
     name = scanned.name
     if find_model(conn, name) is not None:
         raise Conflict(f"model {name!r} already exists", field="name")
+    family = scanned.model.display_name
+    if scanned.model.source_merge is not None:
+        if replace:
+            conn.execute(load_sql("models_replace"), {"family": family,
+                                                      "path": scanned.model.path})
+        elif conn.execute(load_sql("model_exists"), {"name": family}).scalar_one():
+            raise Conflict(f"model name {family!r} is taken; merge with --overwrite to replace "
+                           "it, or remove it first (mergepipe rm)", field="output.name")
     base = scanned.model.base
     if base is not None:
         row = find_model(conn, base)
@@ -200,6 +237,42 @@ def write_model(conn: Connection, scanned: ScannedModel) -> None:
         raise Conflict(f"model {name!r} already exists", field="name") from None
 
 
+def _same_content(cat: Catalog, current: ModelRow, scanned: ScannedModel) -> bool:
+    """Whether `scanned` holds exactly what version `current` registered: kind, base, grid,
+    tensors and every block's content hash at the same place in the same number of files."""
+    new = scanned.model
+    if (current.kind, current.base, current.has_stats, current.block_bytes, current.n_tensors) \
+            != (new.kind, new.base, new.has_stats, new.block_bytes, new.n_tensors):
+        return False
+    if len(model_files(cat, current.name)) != len(scanned.files.get("path", [])):
+        return False
+    t = scanned.tensors
+    mine = sorted(zip(t["tensor"], t["file_index"], t["dtype"], map(tuple, t["shape"]),
+                      t["data_offset"], t["nbytes"], t["lora_a_hash"], t["lora_a_offset"],
+                      strict=True))
+    theirs = sorted((x.name, x.file_index, x.dtype, x.shape, x.data_offset, x.nbytes,
+                     x.lora_a.content_hash if x.lora_a else None,
+                     x.lora_a.offset if x.lora_a else None)
+                    for x in model_tensors(cat, current.name))
+    if mine != theirs:
+        return False
+    b = scanned.blocks
+    mine_b = sorted(zip(b["tensor"], b["block_index"], b["file_index"], b["byte_offset"],
+                        b["nbytes"], b["content_hash"], strict=True))
+    theirs_b = sorted((x.tensor, x.block_index, x.file_index, x.byte_offset, x.nbytes,
+                       x.content_hash) for x in model_blocks(cat, current.name))
+    return mine_b == theirs_b
+
+
+def _restamp(conn: Connection, scanned: ScannedModel) -> None:
+    """Re-ingesting the same bytes: the existing version's files, as just read."""
+    key = scanned.name
+    f = scanned.files
+    for i in range(len(f["path"])):
+        conn.execute(load_sql("files_restamp"), {"model": key, **{k: f[k][i] for k in f}})
+    conn.execute(load_sql("model_path_set"), {"name": key, "path": scanned.model.path})
+
+
 # -- checks --------------------------------------------------------------------------------------
 
 def _check_args(name: str, kind: str, base: str | None, block_bytes: int) -> None:
@@ -211,7 +284,7 @@ def _check_args(name: str, kind: str, base: str | None, block_bytes: int) -> Non
     if kind != "full" and base is None:
         raise InvalidRequest(f"a {kind} checkpoint needs --base (the model it applies to)",
                              field="base")
-    if base is not None and base == name:
+    if base is not None and split_ref(base)[0] == name:
         raise InvalidRequest(f"model {name!r} cannot be its own base", field="base")
     if (isinstance(block_bytes, bool) or not isinstance(block_bytes, int)
             or not MIN_BLOCK_BYTES <= block_bytes <= MAX_BLOCK_BYTES):
@@ -281,17 +354,19 @@ class _BaseLayout:
             hashes[b.tensor].append(b.content_hash)
         return _BaseLayout(name, row.block_bytes, files, tensors, ordinals, rows, hashes, norms)
 
-    def check_unchanged(self) -> None:
-        """SourceChanged if a base file was modified since the base was ingested."""
+    def check_unchanged(self, cat: Catalog) -> None:
+        """SourceChanged if a base file was modified since the base was ingested (a changed
+        stamp alone is re-verified by content hash: catalog.reverify)."""
         for f in self.files:
             try:
                 st = store_for(f.path).stat(f.path)
             except OSError as e:
                 raise SourceChanged(f"base model {self.name!r}: file {f.path} is not "
                                     f"readable ({e.strerror}); re-ingest the base") from None
-            if st.change_from(f.stamp) is not None:
-                raise SourceChanged(f"base model {self.name!r}: file {f.path} changed after "
-                                    "it was ingested; re-ingest the base first")
+            change = st.change_from(f.stamp)
+            if change is not None:
+                reverify_file(cat, self.name, f, st, change, model_tensors(cat, self.name),
+                              model_blocks(cat, self.name))
 
 
 def _expert_plans(ckpt: Checkpoint, base: _BaseLayout, kind: str,

@@ -35,10 +35,18 @@ class ModelRow:
     source_merge: str | None    # the merge that produced it, if any
     ingest_seconds: float | None
     created_at: str | None = None  # ISO 8601
+    family: str | None = None      # the name users give; `name` keys this version
+    version: int = 1               # name is family for version 1, family~N after
+    retired_at: str | None = None  # ISO 8601; removed from listings, rows kept
     # an expert: ||E - B|| / ||B|| over its tensors, and the largest of one tensor (None: a
     # base, no statistics, or a base ingested before migration 0009; catalog.delta_norms)
     delta_rel_norm: float | None = None
     delta_rel_norm_max: float | None = None
+
+    @property
+    def display_name(self) -> str:
+        """The name users give (the family), whatever the version."""
+        return self.family or self.name
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -125,7 +133,8 @@ def find_model(cat: Connectable, name: str) -> ModelRow | None:
 
 
 def list_models(cat: Connectable) -> list[ModelRow]:
-    """Every model: each base followed by its experts, by name."""
+    """The latest version of every name that is not retired: each base followed by its
+    experts, by name."""
     return [model_row(r) for r in _query(cat, "model_list", {})]
 
 
@@ -192,6 +201,7 @@ def _block_row(r: Row) -> BlockRow:
 def model_row(r: Row) -> ModelRow:
     m = r._mapping
     created = m["created_at"]
+    retired = m.get("retired_at")
     return ModelRow(
         name=str(m["name"]), kind=str(m["kind"]), path=str(m["path"]), base=m["base"],
         status=str(m["status"]), error=m["error"], has_stats=bool(m["has_stats"]),
@@ -201,6 +211,8 @@ def model_row(r: Row) -> ModelRow:
         source_merge=m["source_merge"],
         ingest_seconds=None if m["ingest_seconds"] is None else float(m["ingest_seconds"]),
         created_at=created.isoformat() if isinstance(created, datetime) else created,
+        family=m.get("family"), version=int(m.get("version") or 1),
+        retired_at=retired.isoformat() if isinstance(retired, datetime) else retired,
         delta_rel_norm=_float(m["delta_rel_norm"]), delta_rel_norm_max=_float(m["delta_rel_norm_max"]))
 
 

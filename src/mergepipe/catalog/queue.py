@@ -81,6 +81,7 @@ class NewMerge:
     output_name: str
     output_path: str
     field: str = "output.name"
+    replace: bool = False  # overwrite: a live model of the output name is replaced
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,10 @@ def enqueue(cat: Catalog, *, ingests: Sequence[NewIngestJob] = (), merge: NewMer
             if queued + len(names) > max_queued:
                 raise TooManyJobs(f"{queued} jobs are queued (limit {max_queued}); retry when "
                                   "some finished")
-        for j in ingests:
-            _claim(conn, j.model, j.field)
+        for j in ingests:  # an existing name gets a new version (docs/lifecycle.md)
+            _claim(conn, j.model, j.field, in_use_ok=True)
         if merge is not None:
-            _claim(conn, merge.output_name, merge.field)
+            _claim(conn, merge.output_name, merge.field, in_use_ok=merge.replace)
         job_ids = [_insert_ingest(conn, j) for j in ingests]
         merge_id = _insert_merge(conn, merge) if merge is not None else None
         claims = list(zip(ingests, job_ids, strict=True))
@@ -133,10 +134,12 @@ def _reserve(conn: Connection, name: str, job_id: str, field: str) -> None:
                        field=field) from None
 
 
-def _claim(conn: Connection, name: str, field: str) -> None:
-    """Conflict when `name` is a model, is being ingested, or is a pending merge's output."""
-    if conn.execute(load_sql("model_exists"), {"name": name}).scalar_one():
-        raise Conflict(f"model name {name!r} is taken", field=field)
+def _claim(conn: Connection, name: str, field: str, *, in_use_ok: bool = False) -> None:
+    """Conflict when `name` is a model (unless `in_use_ok`: a new version of it, or a merge
+    replacing it), is being ingested, or is a pending merge's output."""
+    if not in_use_ok and conn.execute(load_sql("model_exists"), {"name": name}).scalar_one():
+        raise Conflict(f"model name {name!r} is taken; merge with --overwrite to replace it, "
+                       "or remove it first (mergepipe rm)", field=field)
     if conn.execute(load_sql("ingest_job_active"), {"model": name}).first() is not None:
         raise Conflict(f"model {name!r} is already being ingested", field=field)
     pending = conn.execute(load_sql("merge_output_pending"), {"name": name}).first()

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from mergepipe.catalog.connection import Connection, Row
 from mergepipe.catalog.db import Catalog, load_sql
-from mergepipe.catalog.fence import Fence, hold
+from mergepipe.catalog.fence import Fence, MergeCancelled, hold
 from mergepipe.core.errors import Conflict, NotFound
 from mergepipe.core.jsonable import dumps, jsonable
 from mergepipe.core.progress import Progress
@@ -71,7 +71,7 @@ class MergeRow:
     """One row of `merges` (request, params and plan parsed from their JSON)."""
 
     merge_id: str
-    status: str  # queued | running | succeeded | failed
+    status: str  # queued | running | succeeded | failed | cancelled
     operator: str
     base: str
     request: dict[str, Any]
@@ -98,6 +98,7 @@ class MergeRow:
     strategy: str | None = None        # scratch | incremental (docs/incremental.md)
     previous_merge: str | None = None  # incremental: the merge whose output it reused
     request_id: str | None = None      # X-Request-ID of the HTTP request that queued it
+    retired_at: str | None = None      # removed from the listing (docs/lifecycle.md)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(jsonable(dataclasses.asdict(self)))
@@ -185,20 +186,33 @@ def record_plan(cat: Catalog, merge_id: str, plan: PlanRecord, fence: Fence | No
 
 def record_progress(cat: Catalog, merge_id: str, p: Progress, fence: Fence | None = None
                     ) -> None:
+    """Progress of a running merge; MergeCancelled once it was cancelled (the run stops)."""
     with cat.transaction() as conn:
         hold(conn, merge_id, fence)
-        conn.execute(load_sql("merge_progress"), {
+        n = conn.execute(load_sql("merge_progress"), {
             "merge_id": merge_id, "blocks_done": p.done,
-            "expert_bytes_read": p.expert_bytes_read, "base_bytes_read": p.base_bytes_read})
+            "expert_bytes_read": p.expert_bytes_read, "base_bytes_read": p.base_bytes_read}
+        ).rowcount
+        if n == 0:
+            check_not_cancelled(conn, merge_id)
+
+
+def check_not_cancelled(conn: Connection, merge_id: str) -> None:
+    """MergeCancelled if the merge was cancelled (its run must stop and publish nothing)."""
+    row = conn.execute(load_sql("merge_status"), {"merge_id": merge_id}).first()
+    if row is not None and row[0] == "cancelled":
+        raise MergeCancelled(f"merge {merge_id} was cancelled", field="merge_id")
 
 
 def record_success(conn: Connection, merge_id: str, outcome: OutcomeRecord) -> None:
     """Realized I/O, output tensor hashes, lineage and status 'succeeded' (caller's transaction,
-    which holds the merge's fence)."""
-    conn.execute(load_sql("merge_succeeded"), {
+    which holds the merge's fence); MergeCancelled (the caller rolls back) if it was cancelled."""
+    done = conn.execute(load_sql("merge_succeeded"), {
         "merge_id": merge_id, "expert_bytes_read": outcome.expert_bytes_read,
         "base_bytes_read": outcome.base_bytes_read, "output_hash": outcome.output_hash,
-        "output_path": outcome.output_path, "exec_seconds": outcome.exec_seconds})
+        "output_path": outcome.output_path, "exec_seconds": outcome.exec_seconds}).rowcount
+    if done == 0:
+        check_not_cancelled(conn, merge_id)
     conn.execute(load_sql("name_claim_release"), {"job_id": merge_id})
     for model, n in outcome.bytes_by_model.items():
         conn.execute(load_sql("merge_experts_read"),
@@ -233,6 +247,23 @@ def record_failure(cat: Catalog, merge_id: str, error: str, exec_seconds: float 
                                                 "error": error[:MAX_ERROR_CHARS],
                                                 "exec_seconds": exec_seconds})
         conn.execute(load_sql("name_claim_release"), {"job_id": merge_id})
+
+
+def cancel_merge(cat: Catalog, merge_id: str) -> bool:
+    """A queued or running merge -> 'cancelled' (its output name is free again); False if it
+    had already ended. A running merge notices at its next progress report (MergeCancelled)."""
+    with cat.transaction() as conn:
+        n = conn.execute(load_sql("merge_cancel"), {"merge_id": merge_id,
+                                                    "error": "cancelled"}).rowcount
+        if n:
+            conn.execute(load_sql("name_claim_release"), {"job_id": merge_id})
+    return bool(n)
+
+
+def retire_merge(cat: Catalog, merge_id: str) -> bool:
+    """A finished merge leaves the listing (its rows stay); False if it was not finished."""
+    with cat.transaction() as conn:
+        return bool(conn.execute(load_sql("merge_retire"), {"merge_id": merge_id}).rowcount)
 
 
 # -- reads ---------------------------------------------------------------------------------------
@@ -300,7 +331,7 @@ def merge_row(r: Row) -> MergeRow:
     for k in ("request", "params", "plan"):
         if isinstance(m.get(k), str):
             m[k] = json.loads(m[k])
-    for k in ("created_at", "finished_at"):
+    for k in ("created_at", "finished_at", "retired_at"):
         if isinstance(m.get(k), datetime):
             m[k] = m[k].isoformat()
     names = {f.name for f in dataclasses.fields(MergeRow)}

@@ -21,6 +21,7 @@ from mergepipe.core.settings import Settings
 COMMAND_MODULES = [
     "mergepipe.cli.commands.ingest",
     "mergepipe.cli.commands.models",
+    "mergepipe.cli.commands.rm",
     "mergepipe.cli.commands.plan",
     "mergepipe.cli.commands.merge",
     "mergepipe.cli.commands.sql",

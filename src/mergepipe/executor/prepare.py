@@ -52,7 +52,7 @@ def prepare(cat: Catalog, plan: Plan) -> Prepared:
             raise InvalidRequest(f"expert {e.name!r} has base {e.base!r}, not {base.name!r}",
                                  field="experts")
     for m in (base, *experts):
-        m.check_files()
+        m.check_files(cat)
     position = {e.name: i for i, e in enumerate(experts)}
     selected: dict[tuple[int, str], list[BlockRow]] = {}
     for pb in plan.blocks:

@@ -19,7 +19,8 @@ def check_target(target: Path, *, overwrite: bool = False) -> None:
         raise Conflict(f"output {target} exists and is not a directory", field="output")
     if not overwrite and any(target.iterdir()):
         raise Conflict(f"output directory {target} exists and is not empty; choose another "
-                       "output or allow overwriting it", field="output")
+                       "output, or pass --overwrite to replace it (and retire the model it "
+                       "held)", field="output")
 
 
 def staging_dir(target: Path, tag: str) -> Path:

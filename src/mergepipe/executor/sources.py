@@ -16,6 +16,7 @@ from mergepipe.catalog.models import (
     find_models,
     models_details,
 )
+from mergepipe.catalog.reverify import reverify_file
 from mergepipe.core.errors import InvalidRequest, NotFound, SourceChanged
 from mergepipe.storage.store import store_for
 
@@ -49,10 +50,12 @@ class ModelSource:
                                  "catalog; re-ingest the model", field="base")
         return out
 
-    def check_files(self) -> None:
-        """Raise SourceChanged if a file is gone or differs from ingestion: size and mtime of
-        a local file, the version id or ETag (else size and Last-Modified) of a remote one."""
-        for f in self.files.values():
+    def check_files(self, cat: Catalog) -> None:
+        """Raise SourceChanged if a file is gone or differs from ingestion. A file whose stamp
+        changed (size and mtime of a local file, the version id or ETag, else size and
+        Last-Modified, of a remote one) is re-verified by content hash and accepted, its new
+        stamp recorded, when its bytes are the ones ingested (catalog.reverify)."""
+        for f in list(self.files.values()):
             try:
                 st = store_for(f.path).stat(f.path)
             except OSError as e:
@@ -62,9 +65,9 @@ class ModelSource:
                 ) from None
             change = st.change_from(f.stamp)
             if change is not None:
-                raise SourceChanged(
-                    f"model {self.name!r}: file {f.path} changed after ingestion ({change}); "
-                    f"re-ingest {self.name!r} before merging it")
+                self.files[f.index] = reverify_file(cat, self.name, f, st, change,
+                                                    list(self.tensors.values()),
+                                                    list(self.blocks.values()))
 
     def verify_block(self, block: BlockRow, raw: bytes | bytearray | memoryview) -> None:
         """Raise SourceChanged unless `raw` has the block's catalogued xxh3-128 content hash."""

@@ -73,7 +73,7 @@ def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
                if j.status != "failed"}
     models = list_models(cat)
     # a queued merge's output name is claimed too: an ingestion named after it would be refused
-    taken = {m.name for m in models} | set(pending) | set(reserved) | queue.pending_outputs(cat)
+    taken = {m.display_name for m in models} | set(pending) | set(reserved) | queue.pending_outputs(cat)
     known = _Known(models, pending, taken)
     to_ingest: list[NewIngestJob] = []
 
@@ -166,7 +166,7 @@ def _match(ref: ModelRef, models: list[ModelRow], *, base: str | None,
            path: str | None = None, any_base: bool = False) -> str | None:
     """The registered model named `ref` (or, given `path`, ingested from it) with base `base`."""
     if path is None:
-        cands = [m for m in models if m.name == ref.text]
+        cands = [m for m in models if ref.text in (m.name, m.display_name)]  # name~N, name
     else:
         cands = [m for m in models if _same_path(m.path, path)]
     right = [m for m in cands if any_base or m.base == base]

@@ -60,8 +60,9 @@ def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
                              field="output.name")
     out = output_for(output_dir)
     out.check(overwrite=overwrite)
-    check_inputs(cat, request, pending={j.model for j in ingests})
-    return enqueue(cat, ingests=ingests, merge=NewMerge(request, output_name, out.location),
+    request = check_inputs(cat, request, pending={j.model for j in ingests})
+    return enqueue(cat, ingests=ingests, merge=NewMerge(request, output_name, out.location,
+                                                        replace=overwrite),
                    max_queued=max_queued)
 
 
@@ -157,6 +158,8 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
             user_request(prep.plan), io_figures(prep, result), name=name, merge_id=merge_id,
             plan_hash=prep.plan.plan_hash))
         with _fenced(cat, merge_id, fence) as held:
+            with contextlib.nullcontext(held) if held else cat.reader() as conn:
+                records.check_not_cancelled(conn, merge_id)  # cancelled: publish nothing
             out.publish(stage, overwrite=overwrite)
             stage, published = None, True
             scanned = scan_model(cat, out.location, name, base=prep.plan.request.base,
@@ -165,9 +168,10 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
                                  force=True)  # what was asked: its norm is shown, not judged
             result.first_passes.clear()
             with contextlib.nullcontext(held) if held else cat.transaction() as conn:
-                write_model(conn, scanned)
+                write_model(conn, scanned, replace=overwrite)
                 records.record_success(conn, merge_id,
-                                       outcome_record(prep, result, name, out.location))
+                                       outcome_record(prep, result, scanned.name,
+                                                      out.location))
         return result
     except BaseException:
         if stage is not None:

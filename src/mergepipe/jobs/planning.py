@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 
 from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.lifecycle import resolve_key, split_ref
 from mergepipe.catalog.models import ModelRow, find_models
 from mergepipe.core.errors import Conflict, NotFound
 from mergepipe.core.request import MergeRequest
@@ -15,11 +17,13 @@ from mergepipe.planner.validate import check_request
 
 
 def check_inputs(cat: Catalog, request: MergeRequest, pending: Collection[str] = (), *,
-                 budget: bool = True) -> None:
-    """Every input model exists and is ready (the error names the field), the experts are
-    experts of the request's base (the planner's validation) and, with `budget`, the budget
-    reads at least one expert byte. Models in `pending` are about to be ingested for this
-    request: the plan validates them when it runs."""
+                 budget: bool = True) -> MergeRequest:
+    """The request pinned to exact model versions (`pin_request`), after checking that every
+    input model exists and is ready (the error names the field), that the experts are experts
+    of the request's base (the planner's validation) and, with `budget`, that the budget reads
+    at least one expert byte. Models in `pending` are about to be ingested for this request:
+    the plan validates them when it runs."""
+    request = pin_request(cat, request, pending)
     fields = [("base", request.base)] + [(f"experts[{i}].model", e.model)
                                          for i, e in enumerate(request.experts)]
     rows = find_models(cat, [name for _, name in fields if name not in pending])
@@ -30,6 +34,30 @@ def check_inputs(cat: Catalog, request: MergeRequest, pending: Collection[str] =
         check_request(cat, request)
         if budget:  # the plan itself refuses it too (plan_merge: no need to check twice)
             check_budget_reads(cat, request)
+    return request
+
+
+def pin_request(cat: Catalog, request: MergeRequest, pending: Collection[str] = ()
+                ) -> MergeRequest:
+    """The request with each model name replaced by the key of the version it means now
+    (docs/lifecycle.md), so that the merge, its lineage and a replay read exactly those. A
+    plain base name means the version of it that the experts were derived from, when they
+    agree on one."""
+    experts = tuple(e if e.model in pending else replace(e, model=resolve_key(cat, e.model))
+                    for e in request.experts)
+    base = request.base
+    if base not in pending:
+        family, version = split_ref(base)
+        pinned = resolve_key(cat, base)
+        if version is None:
+            rows = find_models(cat, [e.model for e in experts])
+            bases = {r.base for r in rows.values()}
+            if len(bases) == 1 and len(rows) == len(experts):
+                derived = bases.pop()
+                if derived is not None and split_ref(derived)[0] == family:
+                    pinned = derived
+        base = pinned
+    return replace(request, base=base, experts=experts)
 
 
 def require_ready(cat: Catalog, name: str, field: str, row: ModelRow | None) -> None:
@@ -43,6 +71,9 @@ def require_ready(cat: Catalog, name: str, field: str, row: ModelRow | None) -> 
         if job is not None and job.status == "failed":
             raise Conflict(f"model {name!r} failed to ingest: {job.error}", field=field)
         raise NotFound(f"model {name!r} not found", field=field)
+    if row.retired_at is not None:
+        raise NotFound(f"model {name!r} was removed (retired at {row.retired_at}); ingest it "
+                       "again to use the name", field=field)
     if row.status != "ready":
         raise Conflict(f"model {name!r} is {row.status}, not ready", field=field)
 
@@ -50,5 +81,4 @@ def require_ready(cat: Catalog, name: str, field: str, row: ModelRow | None) -> 
 def plan_merge(cat: Catalog, request: MergeRequest) -> Plan:
     """The plan a merge of `request` would execute now (a dry run: nothing is read or recorded),
     by its strategy (`planner.incremental`)."""
-    check_inputs(cat, request, budget=False)
-    return choose_plan(cat, request)
+    return choose_plan(cat, check_inputs(cat, request, budget=False))

@@ -22,6 +22,9 @@ CREATE TABLE models (
     source_merge    VARCHAR,                   -- merge_id that produced this model, if any
     ingest_seconds  DOUBLE,
     created_at      TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    family          VARCHAR,                   -- the name users give; `name` keys one version
+    version         INTEGER DEFAULT 1,         -- 1, 2, ...: name is family, then family~N
+    retired_at      TIMESTAMP,                 -- removed: hidden from listings, rows kept
     delta_rel_norm      DOUBLE,                -- expert: ||E - B|| / ||B|| over its tensors
     delta_rel_norm_max  DOUBLE                 -- expert: the largest ratio of one tensor
 );
@@ -100,7 +103,7 @@ CREATE TABLE tensor_stats (
 
 CREATE TABLE merges (
     merge_id             VARCHAR PRIMARY KEY,
-    status               VARCHAR NOT NULL,     -- queued | running | succeeded | failed
+    status               VARCHAR NOT NULL,     -- queued | running | succeeded | failed | cancelled
     operator             VARCHAR NOT NULL,
     base                 VARCHAR NOT NULL,
     request              JSON NOT NULL,        -- the normalized merge request
@@ -129,6 +132,7 @@ CREATE TABLE merges (
     attempts             INTEGER DEFAULT 0,
     strategy             VARCHAR,              -- scratch | incremental (NULL: not planned yet)
     previous_merge       VARCHAR,              -- incremental: the merge whose output it reused
+    retired_at           TIMESTAMP,            -- removed: hidden from listings, rows kept
     request_id           VARCHAR               -- X-Request-ID of the request that queued it
 );
 

@@ -129,6 +129,13 @@ class ModelList(_Out):
     models: list[ModelOut]
 
 
+class ModelRemoved(_Out):
+    name: str
+    retired: list[str]  # the version keys retired
+    deleted: list[str]  # merge output directories deleted (delete_files)
+    kept: list[str]     # directories not deleted, with why
+
+
 class MergeAccepted(_Out):
     id: str
     status: str
@@ -137,7 +144,7 @@ class MergeAccepted(_Out):
 class MergeOut(_Out):
     id: str
     merge_id: str
-    status: Literal["queued", "running", "succeeded", "failed"]
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
     operator: str
     base: str
     progress: Progress

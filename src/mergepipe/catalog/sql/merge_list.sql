@@ -1,1 +1,3 @@
-SELECT * FROM merges ORDER BY created_at DESC, merge_id DESC LIMIT :limit OFFSET :offset
+-- Merges that are not retired, newest first.
+SELECT * FROM merges WHERE retired_at IS NULL
+ORDER BY created_at DESC, merge_id DESC LIMIT :limit OFFSET :offset

@@ -4,3 +4,4 @@ SET status = 'succeeded', expert_bytes_read = :expert_bytes_read,
     blocks_done = blocks_total, exec_seconds = :exec_seconds, error = NULL,
     finished_at = current_timestamp
 WHERE merge_id = :merge_id
+  AND status = 'running'

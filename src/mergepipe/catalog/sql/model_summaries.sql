@@ -1,4 +1,4 @@
--- Per model: its block count, the statistics of its delta against the base summed over its
+-- Per model that is not retired: its block count, the statistics of its delta against the base summed over its
 -- tensors (experts with statistics; NULL otherwise) and its lineage depth (longest chain of
 -- merges above it; 0 for an ingested checkpoint).
 WITH RECURSIVE up(child, parent, depth) AS (
@@ -21,4 +21,5 @@ FROM models m
 LEFT JOIN nblocks b ON b.name = m.name
 LEFT JOIN stats s ON s.name = m.name
 LEFT JOIN depths d ON d.name = m.name
+WHERE m.retired_at IS NULL
 ORDER BY m.name

@@ -76,7 +76,8 @@ def summary(m: ModelRow) -> str:
     rate = f", {human_bytes(m.tensor_bytes / secs)}/s" if secs > 0 else ""
     stats = "" if m.base is None else (" with statistics" if m.has_stats
                                        else " without statistics")
-    return (f"registered {m.name!r}: {what}{stats}, {m.n_tensors} tensors, "
+    version = f" (version {m.version} of {m.display_name!r})" if m.version > 1 else ""
+    return (f"registered {m.name!r}{version}: {what}{stats}, {m.n_tensors} tensors, "
             f"{human_bytes(m.tensor_bytes)} in {secs:.2f} s{rate}")
 
 

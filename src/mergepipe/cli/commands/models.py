@@ -13,11 +13,12 @@ if TYPE_CHECKING:
 
 # rel_delta: ||E - B|| / ||B|| of an expert (a fine-tune: about 0.001 to 0.1; docs/catalog.md)
 COLUMNS = ["name", "kind", "base", "status", "stats", "rel_delta", "tensors", "size", "block",
-           "ingest_s", "path"]
+           "ingest_s", "version", "path"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("models", help="list the registered models")
+    p = sub.add_parser("models", help="list the registered models (the latest version of "
+                       "each name; removed ones are left out)")
     p.add_argument("--json", action="store_true", help="print a JSON list of model objects")
     p.set_defaults(func=run)
 
@@ -40,6 +41,6 @@ def row(m: ModelRow) -> list[Any]:
     stats = "-" if m.base is None else ("yes" if m.has_stats else "no")
     secs = m.ingest_seconds
     rel = "" if m.delta_rel_norm is None else f"{m.delta_rel_norm:.3g}"
-    return [m.name, m.kind, m.base or "", m.status, stats, rel, m.n_tensors,
+    return [m.display_name, m.kind, m.base or "", m.status, stats, rel, m.n_tensors,
             human_bytes(m.tensor_bytes), human_bytes(m.block_bytes),
-            f"{secs:.2f}" if secs is not None else "", m.path]
+            f"{secs:.2f}" if secs is not None else "", m.version, m.path]

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from mergepipe.catalog import records
+from mergepipe.catalog.lifecycle import resolve_key
 from mergepipe.catalog.models import find_model
 from mergepipe.core.errors import NotFound
 from mergepipe.core.jsonable import jsonable
@@ -19,6 +20,7 @@ router = APIRouter(prefix="/v1", tags=["lineage"])
 @router.get("/lineage/{name}", response_model=LineageOut,
             summary="Ancestors and descendants of a model with roles and weights")
 def lineage(name: str, st: State) -> dict[str, Any]:
+    name = resolve_key(st.cat, name)  # a name means its latest version; name~N that version
     ancestors, descendants = records.lineage(st.cat, name)
     if not ancestors and not descendants and find_model(st.cat, name) is None:
         raise NotFound(f"model {name!r} not found", field="name")

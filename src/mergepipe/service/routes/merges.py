@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from mergepipe.catalog import records, summaries
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.executor.manifest import MANIFEST_FILE
+from mergepipe.jobs.lifecycle import remove_merge
 from mergepipe.jobs.merge import submit_merge
 from mergepipe.service.auth import require_token
 from mergepipe.service.requests import body_request
@@ -58,6 +59,13 @@ def list_all(st: State, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
             summary="Status, progress, realized I/O and error of a merge")
 def get_one(merge_id: str, st: State) -> dict[str, Any]:
     return merge_out(records.get_merge(st.cat, merge_id), st.cat, st.runner)
+
+
+@router.delete("/merges/{merge_id}", response_model=MergeOut,
+               dependencies=[Depends(require_token)],
+               summary="Cancel a queued or running merge, or retire a finished one")
+def remove_one(merge_id: str, st: State) -> dict[str, Any]:
+    return merge_out(remove_merge(st.cat, merge_id), st.cat, st.runner)
 
 
 @router.get("/merges/{merge_id}/manifest", summary="The manifest published with the output")

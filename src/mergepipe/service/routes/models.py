@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Query, Response
 
 from mergepipe.catalog import queue, summaries
+from mergepipe.catalog.lifecycle import resolve_model
 from mergepipe.catalog.models import find_model, list_models
 from mergepipe.catalog.queue import Job, NewIngestJob, enqueue
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.core.jsonable import jsonable
+from mergepipe.jobs.lifecycle import remove_model
 from mergepipe.service.auth import require_token
-from mergepipe.service.schemas import IngestJobOut, ModelIn, ModelList, ModelOut, ModelStatsList
+from mergepipe.service.schemas import (
+    IngestJobOut,
+    ModelIn,
+    ModelList,
+    ModelOut,
+    ModelRemoved,
+    ModelStatsList,
+)
 from mergepipe.service.state import AppState, State
 from mergepipe.service.views import job_out, model_out
 from mergepipe.storage.paths import check_name, confine_source
@@ -46,7 +55,7 @@ def register_model(body: ModelIn, response: Response, st: State) -> dict[str, An
 
 def _check_base(st: AppState, base: str) -> None:
     """The base must be ready or still being ingested (the job then waits for it)."""
-    row = find_model(st.cat, base)
+    row = resolve_model(st.cat, base)
     if row is not None:
         if row.base:
             raise InvalidRequest(f"model {base!r} is itself an expert of {row.base!r}; "
@@ -66,7 +75,7 @@ def list_all(st: State) -> dict[str, Any]:
     # its model, never as missing from both.
     jobs = queue.unfinished_ingest_models(st.cat)
     rows = [model_out(r, None, st.runner) for r in list_models(st.cat)]
-    named = {m["name"] for m in rows}
+    named = {m.get("family") or m["name"] for m in rows}
     rows += [model_out(None, j, st.runner) for j in jobs if j.model not in named]
     rows.sort(key=lambda m: m["name"])
     return {"models": rows}
@@ -78,12 +87,25 @@ def get_one(name: str, st: State) -> dict[str, Any]:
     # succeeded has its row. Read the other way round, an ingestion ending between the two
     # reads (another replica's worker, a busy machine) gave no row and a finished job: a 404.
     job = queue.latest_ingest_job(st.cat, name)
-    row = find_model(st.cat, name)
+    row = resolve_model(st.cat, name) or find_model(st.cat, name)  # retired: by its exact key
     if row is None and (job is None or job.status == "succeeded"):
         raise NotFound(f"model {name!r} not found", field="name")
     if row is not None and job is not None and job.status != "succeeded":
         job = job if job.status in ("queued", "running") else None
     return model_out(row, job, st.runner)
+
+
+@router.delete("/models/{name}", response_model=ModelRemoved,
+               dependencies=[Depends(require_token)],
+               summary="Remove (retire) a model: 409 naming its dependants unless forced")
+def remove_one(name: str, st: State,
+               force: Annotated[bool, Query(description="retire it even though other models, "
+                                            "merges or jobs depend on it")] = False,
+               delete_files: Annotated[bool, Query(description="also delete its directory if "
+                                                   "it is a merge output under the output "
+                                                   "root")] = False) -> dict[str, Any]:
+    return remove_model(st.cat, name, force=force, delete_files=delete_files,
+                        output_root=st.settings.output_root).to_dict()
 
 
 @router.get("/model-stats", response_model=ModelStatsList,

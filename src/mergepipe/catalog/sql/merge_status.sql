@@ -1,0 +1,1 @@
+SELECT status FROM merges WHERE merge_id = :merge_id

@@ -1,0 +1,2 @@
+-- Queued and running merges.
+SELECT * FROM merges WHERE status IN ('queued', 'running')
