@@ -18,10 +18,10 @@ from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.errors import Conflict
 from mergepipe.core.request import build_request
 from mergepipe.core.settings import Settings
-from mergepipe.jobs import ingest as ingest_job
 from mergepipe.jobs.merge import merge, submit_merge
 from mergepipe.jobs.shared_runner import SharedJobRunner
 from tests import factory
+from tests.site_hooks.hold_hooks import child_env
 
 
 def _family(cat: Catalog, root: Path, experts: int = 2) -> None:
@@ -98,10 +98,14 @@ def _sql(text: str):  # type: ignore[no-untyped-def]
     return SQL(text)
 
 
-def _worker(url: str, tmp_path: Path, log: Path, **more_env: str) -> subprocess.Popen[bytes]:
+def _worker(url: str, tmp_path: Path, log: Path, hold: Path | None = None
+            ) -> subprocess.Popen[bytes]:
+    """A `mergepipe worker` on `url`; with `hold`, its ingestions hold on that folder once
+    running (tests.site_hooks)."""
     env = dict(os.environ, MERGEPIPE_CATALOG=url, MERGEPIPE_LEASE_S="3", MERGEPIPE_WORKERS="1",
-               MERGEPIPE_DATA_ROOTS=str(tmp_path), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "out"),
-               **more_env)
+               MERGEPIPE_DATA_ROOTS=str(tmp_path), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "out"))
+    if hold is not None:
+        env = child_env(env, hold, "ingest_running")
     return subprocess.Popen([sys.executable, "-m", "mergepipe", "worker"], env=env,
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
@@ -204,7 +208,7 @@ def test_kill_9_worker_mid_ingestion_is_taken_over(tmp_path: Path, postgres_url:
         hold = tmp_path / "hold"  # worker A waits in the running job until it is killed
         hold.mkdir()
         (hold / "hold").touch()
-        a = _worker(postgres_url, tmp_path, log, **{ingest_job.HOLD_ENV: str(hold)})
+        a = _worker(postgres_url, tmp_path, log, hold)
         try:
             _wait(lambda: (hold / "pid").exists(), 120, "worker A to start the ingestion")
             assert queue.get_ingest_job(cat, job_id).status == "running"
