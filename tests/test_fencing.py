@@ -9,8 +9,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +26,7 @@ from mergepipe.jobs.merge import merge, run_merge, submit_merge
 from tests import factory
 from tests.site_hooks.hold_hooks import child_env, holding
 
-REQ = dict(base="base", experts="e0,e1:0.5", operator="task_arithmetic")
+REQ: dict[str, Any] = dict(base="base", experts="e0,e1:0.5", operator="task_arithmetic")
 
 
 def _family(cat: Catalog, root: Path) -> None:
@@ -49,7 +51,7 @@ def _files(d: Path) -> dict[str, bytes]:
             if p.name not in ("manifest.json", "README.md")}
 
 
-def _wait(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -204,5 +206,6 @@ def test_ingestion_of_a_taken_over_job_writes_nothing(tmp_path: Path,
         assert row is not None and row.status == "queued" and row.error is None
         run_ingest_job(cat, job_id, data_roots=(), fence=Fence("B", "bbbbbb"))
         row = queue.get_ingest_job(cat, job_id)
-        assert row is not None and row.status == "succeeded", row.error
+        assert row is not None
+        assert row.status == "succeeded", row.error
         assert _count(cat, "SELECT count(*) FROM models WHERE name = 'base'") == 1

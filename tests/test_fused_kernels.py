@@ -188,16 +188,19 @@ def test_first_pass_abs_delta_and_histogram_equal_the_torch_passes(dtype, base_d
     assert np.array_equal(counts, torch.bincount(key, minlength=1 << 16).numpy())
     want = bits[(bits & 0xFFFF) != 0].numpy()
     assert np.array_equal(buf[:k], want)
-    ref = torch.where(ref.isfinite(), ref, 0.0).numpy()  # the first pass refuses Inf
+    finite = torch.where(ref.isfinite(), ref, 0.0).numpy()  # the first pass refuses Inf
     saved, delta_kernels._fused = delta_kernels._fused, None  # scan_block's numpy passes
     try:
-        ref_scan = scan_block(ref, Scratch(), collect_mixed=True)
+        ref_stats, ref_counts, ref_mixed = scan_block(finite, Scratch(), collect_mixed=True)
     finally:
         delta_kernels._fused = saved
-    bits = ref.view(np.int32)
-    stats, counts, mixed = scan_block(ref, Scratch(), collect_mixed=True)
-    want = bits[(bits & 0xFFFF) != 0]
-    assert np.array_equal(mixed, want) if mixed is not None else want.size == 0
-    assert stats.nnz == int((ref != 0).sum())
-    assert stats == ref_scan[0] and np.array_equal(counts, ref_scan[1])
-    assert (mixed is None and ref_scan[2] is None) or np.array_equal(mixed, ref_scan[2])
+    finite_bits = finite.view(np.int32)
+    stats, hist, mixed = scan_block(finite, Scratch(), collect_mixed=True)
+    wanted = finite_bits[(finite_bits & 0xFFFF) != 0]
+    assert np.array_equal(mixed, wanted) if mixed is not None else wanted.size == 0
+    assert stats.nnz == int((finite != 0).sum())
+    assert stats == ref_stats and np.array_equal(hist, ref_counts)
+    if mixed is None or ref_mixed is None:
+        assert mixed is None and ref_mixed is None
+    else:
+        assert np.array_equal(mixed, ref_mixed)
