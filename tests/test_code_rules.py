@@ -133,3 +133,27 @@ def test_the_unit_tier_needs_no_server(path: str) -> None:
     if path.endswith("test_code_rules.py"):  # this module names them to look for them
         text = text.split("NEEDS_A_SERVER =", 1)[0]
     assert [w for w in NEEDS_A_SERVER if w in text] == []
+
+
+def test_the_documented_layers_are_the_contract() -> None:
+    """CONTRIBUTING.md's one-line layer order and architecture.md's diagram name the layers of
+    the import-linter contract, in its order."""
+    import tomllib
+
+    contract = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c["layers"] for c in contract["contracts"] if c["type"] == "layers")
+    line = " > ".join(layer.replace("mergepipe.", "") for layer in layers)
+    assert line in (REPO / "CONTRIBUTING.md").read_text()
+    diagram = (REPO / "docs" / "architecture.md").read_text().split("```")[1]
+    order = [w for w in re.findall(r"mergepipe\.(\w+)", diagram)]
+    assert order == [p.replace("mergepipe.", "") for layer in layers for p in layer.split(" | ")]
+
+
+def test_license_changelog_and_contributing_are_there() -> None:
+    license_text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text and len(license_text) > 10_000
+    assert "## Unreleased" in (REPO / "CHANGELOG.md").read_text()
+    contributing = (REPO / "CONTRIBUTING.md").read_text()
+    for heading in ("## Layers", "## Adding an operator", "## Adding a store", "## Tests"):
+        assert heading in contributing
