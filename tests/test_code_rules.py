@@ -157,3 +157,26 @@ def test_license_changelog_and_contributing_are_there() -> None:
     contributing = (REPO / "CONTRIBUTING.md").read_text()
     for heading in ("## Layers", "## Adding an operator", "## Adding a store", "## Tests"):
         assert heading in contributing
+
+
+def test_a_process_started_by_a_test_gets_the_tests_hooks(tmp_path: Path) -> None:
+    """child_env: the child's sitecustomize installs the hold hooks before any of its code runs
+    (the product reads nothing from the environment)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.site_hooks.hold_hooks import child_env
+
+    code = ("from mergepipe.core import hooks\n"
+            "hooks.hooks().merge_staged('m-1')\n"
+            "hooks.hooks().region_started(1)\n"  # indexed points hold index 0 only
+            "import os\n"
+            "print(type(hooks.hooks()).__name__, os.getpid())\n")
+    env = child_env(os.environ, tmp_path, "merge_staged", "region_started")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kind, pid = done.stdout.split()
+    assert kind == "HoldHooks"
+    assert (tmp_path / "starts").read_text().split() == [pid]  # merge_staged, not region 1
