@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # The CPU build of torch that lies on the build machines' disk; see README.
 TORCH := torch==2.13.0
 
-.PHONY: demo test test-pg test-all lint bench bench-quick clean
+.PHONY: demo test test-unit test-pg test-all lint bench bench-quick clean
 
 # A plain editable install of src/mergepipe/ (a path entry: modules and subpackages added later
 # import without reinstalling). Both stamps depend on
@@ -33,6 +33,11 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
 
+# The unit tier: the modules listed in tests/unit.txt, which need no server or outside program
+# (no PostgreSQL, Ray, Chromium, mergekit runs, S3 or HTTP servers); under a minute.
+test-unit: $(VENV)/.installed-test
+	$(PY) -m pytest -q $$(grep -v '^#' tests/unit.txt)
+
 # The same suite with every catalog a fresh database on one real PostgreSQL server started by
 # the tests (tests/catalogs.py); DuckDB-only tests are skipped (docs/development.md).
 test-pg: $(VENV)/.installed-test
@@ -43,7 +48,7 @@ test-all: $(VENV)/.installed-test
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy -p mergepipe
+	$(VENV)/bin/mypy -p mergepipe -p tests
 	$(VENV)/bin/lint-imports
 
 bench: $(VENV)/.installed-test

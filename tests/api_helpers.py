@@ -16,6 +16,7 @@ from mergepipe.service.app import create_app
 from tests import catalogs, factory
 
 EXPERTS = ("e0", "e1", "e2")
+BASE_URL = "http://localhost"  # TestClient's own default names Host `testserver`
 
 
 def make_family(root: Path) -> dict[str, Path]:
@@ -38,8 +39,9 @@ def settings_for(tmp: Path, **overrides: Any) -> Settings:
 
 @contextmanager
 def client_for(settings: Settings, **kw: Any) -> Iterator[TestClient]:
-    """A TestClient with the lifespan run (catalog opened, workers started and stopped)."""
-    with TestClient(create_app(settings), **kw) as c:
+    """A TestClient with the lifespan run (catalog opened, workers started and stopped); its
+    requests name Host `localhost`, one of the default allowed hosts."""
+    with TestClient(create_app(settings), **{"base_url": BASE_URL, **kw}) as c:
         yield c
 
 

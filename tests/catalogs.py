@@ -10,6 +10,7 @@ import shutil
 from contextlib import ExitStack
 from pathlib import Path
 
+from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.dialect import is_postgres
 
 BACKEND = os.environ.get("MERGEPIPE_TEST_CATALOG", "duckdb").strip().lower() or "duckdb"
@@ -62,3 +63,13 @@ def copy_catalog(source: Path | str, folder: Path, name: str = "catalog") -> Pat
     with psycopg.connect(admin_url(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{target}" TEMPLATE "{str(source).rsplit("/", 1)[1]}"')
     return admin_url().rsplit("/", 1)[0] + f"/{target}"
+
+
+def ingest_status(cat: Catalog, job_id: str | None = None, *, model: str | None = None
+                  ) -> str | None:
+    """The status of ingestion job `job_id`, or of `model`'s latest one (None: no such job)."""
+    from mergepipe.catalog import queue
+
+    row = (queue.get_ingest_job(cat, job_id) if job_id is not None
+           else queue.latest_ingest_job(cat, str(model)))
+    return None if row is None else row.status

@@ -23,7 +23,7 @@ MODEL_TABLES = {"models": "name", "files": "model", "tensors": "model", "blocks"
 class Cli:
     """`python -m mergepipe --catalog DB ...` in a child process with a clean environment."""
 
-    def __init__(self, db: Path, cwd: Path) -> None:
+    def __init__(self, db: Path | str, cwd: Path) -> None:
         self.db = db
         self.cwd = cwd
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
@@ -105,7 +105,7 @@ def timed(proc: subprocess.Popen[bytes], trigger: Callable[[], bool]) -> float:
     return time.monotonic() - (t0 if t0 is not None else time.monotonic())
 
 
-def model_rows(db: Path, name: str) -> dict[str, int]:
+def model_rows(db: Path | str, name: str) -> dict[str, int]:
     """Rows of model `name` per ingestion table (opening the catalog replays its WAL)."""
     with Catalog(db) as cat:
         return {t: int(cat.query(SQL(f"SELECT count(*) FROM {t} WHERE {col} = :n"),
@@ -113,7 +113,7 @@ def model_rows(db: Path, name: str) -> dict[str, int]:
                 for t, col in MODEL_TABLES.items()}
 
 
-def block_fingerprint(db: Path, name: str) -> list[tuple[Any, ...]]:
+def block_fingerprint(db: Path | str, name: str) -> list[tuple[Any, ...]]:
     """What ingestion computed for a model, without its name: blocks, hashes and statistics."""
     with Catalog(db) as cat:
         rows = cat.query(SQL(

@@ -8,6 +8,7 @@ resident memory just before it.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import sys
@@ -74,7 +75,7 @@ def main(mib: int, block_bytes: int, root: Path, merges: bool) -> dict[str, obje
         for op, params in (("linear", {}), ("ties", {"density": 0.5})):
             req = build_request(base="base", experts="e0,e1", operator=op, budget=1.0,
                                 params=params)
-            step(f"merge_{op}", lambda r=req, o=op: merge(cat, r, root / f"out-{o}"))
+            step(f"merge_{op}", functools.partial(merge, cat, req, root / f"out-{op}"))
     return out
 
 

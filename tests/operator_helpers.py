@@ -9,12 +9,13 @@ from dataclasses import dataclass
 import torch
 
 from mergepipe.core.operators import REGISTRY, BlockContext, ExpertBlock
+from mergepipe.core.operators.base import Trim
 from mergepipe.core.operators.keyed_hash import expert_key
 
 
 @dataclass(frozen=True)
 class TrimThreshold:
-    """Mirror of planner.plan.TrimThreshold (docs/CONTRACTS.md)."""
+    """Mirror of planner.plan.TrimThreshold (docs/operators.md#ties)."""
 
     tau: float
     above: int
@@ -37,7 +38,7 @@ def merge_tensor(op: str, base: torch.Tensor, deltas: Sequence[torch.Tensor | No
                  params: dict | None = None, seed: int = 0, tensor: str = "t",
                  blocks: Sequence[tuple[int, int]] | None = None,
                  omit: dict[int, set[int]] | None = None,
-                 trims: Sequence[TrimThreshold | None] | None = None) -> torch.Tensor:
+                 trims: Sequence[Trim | None] | None = None) -> torch.Tensor:
     """Run operator `op` over `base` cut into row blocks, as the executor does.
 
     `omit` maps expert index -> block indexes not read (delta None for that block).

@@ -1,28 +1,76 @@
-"""A real PostgreSQL server for the tests, from the machine's binaries, on a loopback port."""
+"""A real PostgreSQL server for the tests, from the machine's binaries, on a loopback port.
+
+initdb into a temporary folder (as `nobody` when run as root: PostgreSQL refuses root),
+durability off (the catalog is thrown away), a free 127.0.0.1 port.
+"""
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-from mergepipe.benchmarks.pg_local import local_postgres
+SUPERUSER = "mergepipe"
+
+
+def pg_bindir() -> Path | None:
+    """The newest /usr/lib/postgresql/N/bin holding initdb and pg_ctl, or None."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                   key=lambda p: int(Path(p).parent.parent.name))
+    return Path(found[-1]).parent if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_server_user(cmd: list[str]) -> list[str]:
+    return ["runuser", "-u", "nobody", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
 @contextmanager
 def postgres_server() -> Iterator[str]:
-    """A server for the test session (benchmarks.pg_local's recipe, with room for the suite's
-    connections); yields the superuser's SQLAlchemy URL (database `postgres`). Stopped and
-    removed afterwards."""
-    with local_postgres(200, "shared_buffers=32MB") as pg:
-        yield pg.url
+    """A server for the test session, with room for the suite's connections; yields the
+    superuser's URL (database `postgres`). Stopped and removed afterwards."""
+    bindir = pg_bindir()
+    if bindir is None:
+        raise RuntimeError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin "
+                           "(apt-get install postgresql; .ci/run does it)")
+    root = Path(tempfile.mkdtemp(prefix="mergepipe-test-pg-"))
+    data = root / "data"
+    if os.geteuid() == 0:
+        shutil.chown(root, "nobody")
+    subprocess.run(_as_server_user([str(bindir / "initdb"), "-D", str(data), "-A", "trust",
+                                    "-U", SUPERUSER, "-E", "UTF8", "--no-sync", "--locale=C"]),
+                   check=True, capture_output=True)
+    port = _free_port()
+    opts = (f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
+            "-c shared_buffers=32MB")
+    subprocess.run(_as_server_user([str(bindir / "pg_ctl"), "-D", str(data), "-l",
+                                    str(root / "log"), "-o", opts, "-w", "-t", "60", "start"]),
+                   check=True, capture_output=True)
+    try:
+        yield f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(_as_server_user([str(bindir / "pg_ctl"), "-D", str(data), "-m",
+                                        "immediate", "-w", "stop"]), capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def create_database(admin_url: str, name: str) -> str:
     """A fresh empty database on the server of `admin_url`; its URL."""
     import psycopg
 
-    conninfo = admin_url.replace("postgresql://", "postgresql://", 1)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
     return admin_url.rsplit("/", 1)[0] + f"/{name}"

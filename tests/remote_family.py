@@ -51,7 +51,7 @@ def s3_family(s3_server: str, tmp: Path, monkeypatch: pytest.MonkeyPatch
         yield S3Family(local, bucket, client, proxy, endpoint)
 
 
-def ingest_all(catalog: Path, source: dict[str, str]) -> None:
+def ingest_all(catalog: Path | str, source: dict[str, str]) -> None:
     """`mergepipe ingest` the base and the experts (paths or URLs) on the CLI."""
     assert main(["--catalog", str(catalog), "ingest", source["base"], "--name", "base",
                  "--block-bytes", BLOCK]) == 0
@@ -60,7 +60,8 @@ def ingest_all(catalog: Path, source: dict[str, str]) -> None:
                      "--base", "base"]) == 0
 
 
-def cli_merge(catalog: Path, out: str, capsys: pytest.CaptureFixture[str], budget: str = "0.2",
+def cli_merge(catalog: Path | str, out: str, capsys: pytest.CaptureFixture[str],
+              budget: str = "0.2",
               extra: tuple[str, ...] = ()) -> tuple[int, dict[str, Any] | str]:
     """A TIES merge of the three experts on the CLI: (exit code, its JSON summary or error)."""
     capsys.readouterr()

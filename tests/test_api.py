@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.api_helpers import (
+    BASE_URL,
     EXPERTS,
     assert_error,
     client_for,
@@ -353,7 +354,7 @@ def test_internal_faults_are_500_without_internals(
         raise RuntimeError("secret internals")
 
     monkeypatch.setattr(lineage_route.records, "lineage", boom)
-    c = TestClient(client.app, raise_server_exceptions=False)
+    c = TestClient(client.app, raise_server_exceptions=False, base_url=BASE_URL)
     err = assert_error(c.get("/v1/lineage/base"), 500, "internal_error")
     assert "secret" not in err["message"]
 

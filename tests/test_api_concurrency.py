@@ -17,6 +17,7 @@ from tests.api_helpers import (
     ties_body,
     wait,
 )
+from tests.catalogs import ingest_status
 
 MERGES: dict[str, dict[str, Any]] = {
     "ties-30": ties_body("ties-30", 0.3),
@@ -113,7 +114,7 @@ def test_a_model_whose_ingestion_ends_between_the_reads_is_never_missing(
 
     def read_then_ingestion_ends(cat: Any, name: str) -> Any:
         row = real(cat, name)
-        if queue.get_ingest_job(cat, job_id).status == "queued":
+        if ingest_status(cat, job_id) == "queued":
             run_ingest_job(cat, job_id, data_roots=[tmp_path])
         return row
 

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
 
 from tests.api_helpers import (
+    BASE_URL,
     client_for,
     make_family,
     register_family,
@@ -42,7 +43,7 @@ def _fuzz(client: TestClient, examples: int) -> None:
                   suppress_health_check=list(HealthCheck), database=None)
         @given(case=op.as_strategy())
         def check(case: Any) -> None:
-            kw = case.as_transport_kwargs(base_url="http://testserver")
+            kw = case.as_transport_kwargs(base_url=BASE_URL)
             sent = {k: v for k, v in kw.items() if k in ("headers", "params", "json", "content",
                                                          "data")}
             r = client.request(kw["method"], kw["url"], **sent)

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
@@ -97,6 +98,7 @@ def test_a_full_queue_is_429(tmp_path: Path) -> None:
 
     (tmp_path / "data" / "m").mkdir(parents=True)
     with client_for(settings_for(tmp_path, max_queued_jobs=3)) as c:
+        assert isinstance(c.app, FastAPI)
         cat = c.app.state.mergepipe.cat
         # three queued jobs the workers were never handed: they stay queued
         held = queue.enqueue(cat, ingests=[

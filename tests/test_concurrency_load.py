@@ -102,8 +102,8 @@ def test_many_jobs_and_queries_at_once_through_a_real_server(tmp_path: Path) -> 
             assert api.wait(f"/v1/models/copy-{i}", timeout=600)["status"] == "ready"
         print(f"{len(merges)} merges, 8 ingestions, {len(queries)} queries at once: "
               f"{time.monotonic() - t0:.1f} s")
-        for n, m in together.items():
-            assert m["status"] == "succeeded", (n, m)
+        for n, doc in together.items():
+            assert doc["status"] == "succeeded", (n, doc)
 
         out = tmp_path / "outputs"
         for n, body in merges.items():  # the same merges, one at a time

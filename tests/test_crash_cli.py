@@ -5,6 +5,7 @@ failed, and reruns give byte-identical outputs with the same hashes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sys
@@ -57,7 +58,7 @@ def small_family(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_family(tmp_path_factory.mktemp("crash-small"), SMALL)
 
 
-def ingest_family(db: Path, family: Path) -> None:
+def ingest_family(db: Path | str, family: Path) -> None:
     """In process: the catalog the merges start from."""
     assert main(["--catalog", str(db), "ingest", str(family / "base"), "--name", "base",
                  "--json"]) == 0
@@ -66,7 +67,8 @@ def ingest_family(db: Path, family: Path) -> None:
                      "--base", "base", "--json"]) == 0
 
 
-def merge_in_process(db: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+def merge_in_process(db: Path | str, out: Path, capsys: pytest.CaptureFixture[str]
+                     ) -> dict[str, Any]:
     capsys.readouterr()
     assert main(["--catalog", str(db), "merge", *MERGE, "--out", str(out), "--json"]) == 0
     result: dict[str, Any] = json.loads(capsys.readouterr().out)
@@ -126,6 +128,7 @@ def test_recovery_removes_staging_and_unrecorded_outputs(ready: dict[str, Any],
         staged = submit_merge(cat, req, "staged", out / "staged").merge_id
         published = submit_merge(cat, req, "published", out / "published").merge_id
         replacing = submit_merge(cat, req, "replacing", out / "replacing").merge_id
+        assert staged is not None and published is not None and replacing is not None
         for m in (staged, published, replacing):
             records.mark_running(cat, str(m))
     (out / f".staged.tmp-{staged[2:]}").mkdir()
@@ -194,7 +197,7 @@ def test_sigkill_ingestion_at_many_points(tmp_path: Path, family: Path) -> None:
     for k, delay in enumerate(delays):
         name = f"x{k}"
         proc = cli.spawn("ingest", str(family / "e0"), "--name", name, "--base", "base")
-        if kill_when(proc, lambda p=proc: has_open(p.pid, expert), delay):
+        if kill_when(proc, functools.partial(has_open, proc.pid, expert), delay):
             killed_at.append(round(delay, 3))
         rows = model_rows(db, name)  # the catalog opens, and the model is all there or absent
         assert rows in ({t: 0 for t in full}, full), (name, delay, rows)
@@ -237,7 +240,7 @@ def test_sigkill_merges_at_many_points(ready_big: dict[str, Any],
     for label, trigger, delay in points:
         name = f"k-{label}"
         proc = cli.spawn("merge", *MERGE, "--out", str(out / name))
-        was_killed = kill_when(proc, lambda p=proc, n=name, t=trigger: t(p, n), delay)
+        was_killed = kill_when(proc, functools.partial(trigger, proc, name), delay)
         check_output_is_whole_or_absent(out / name, reference)
         (status,) = [r["status"] for r in merge_rows(db).values() if r["output_name"] == name]
         assert status in ("running", "succeeded"), status

@@ -177,7 +177,9 @@ def test_failure_mid_way_leaves_no_output_and_no_temp_dir(shared: dict, tmp_path
             raise RuntimeError("disk on fire")
         return real.kernel(base, experts, ctx)
 
-    monkeypatch.setitem(operators.REGISTRY, "linear", dataclasses.replace(real, kernel=flaky))
+    # a replaced kernel has no fused twin: every block runs `flaky`
+    monkeypatch.setitem(operators.REGISTRY, "linear",
+                        dataclasses.replace(real, kernel=flaky, fused=None))
     req = build_request(base="base", experts=EXPERTS, operator="linear", budget=1.0)
     with pytest.raises(RuntimeError, match="disk on fire"):
         merge(catalog, req, tmp_path / "out", output_name="fails")

@@ -9,8 +9,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,10 +22,11 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.fence import Fence, LeaseLost
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.request import build_request
-from mergepipe.jobs.merge import HOLD_ENV, merge, run_merge, submit_merge
+from mergepipe.jobs.merge import merge, run_merge, submit_merge
 from tests import factory
+from tests.site_hooks.hold_hooks import child_env, holding
 
-REQ = dict(base="base", experts="e0,e1:0.5", operator="task_arithmetic")
+REQ: dict[str, Any] = dict(base="base", experts="e0,e1:0.5", operator="task_arithmetic")
 
 
 def _family(cat: Catalog, root: Path) -> None:
@@ -48,7 +51,7 @@ def _files(d: Path) -> dict[str, bytes]:
             if p.name not in ("manifest.json", "README.md")}
 
 
-def _wait(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -59,8 +62,8 @@ def _count(cat: Catalog, sql: str, **p: object) -> int:
     return int(cat.query(SQL(sql), p)[0][0])
 
 
-def test_final_records_of_a_taken_over_run_are_refused(tmp_path: Path, postgres_url: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_final_records_of_a_taken_over_run_are_refused(tmp_path: Path,
+                                                        postgres_url: str) -> None:
     """Worker A's run is held after executing; its lease expires and B claims the merge.
     A resumes: its publish and success record are refused (LeaseLost), it leaves nothing;
     B then runs the merge to the bytes of an uninterrupted run."""
@@ -68,7 +71,6 @@ def test_final_records_of_a_taken_over_run_are_refused(tmp_path: Path, postgres_
     hold = tmp_path / "hold"
     hold.mkdir()
     (hold / "hold").touch()
-    monkeypatch.setenv(HOLD_ENV, str(hold))
     out = tmp_path / "out" / "merged"
     with Catalog(postgres_url) as cat:
         _family(cat, tmp_path / "fam")
@@ -84,22 +86,22 @@ def test_final_records_of_a_taken_over_run_are_refused(tmp_path: Path, postgres_
             except BaseException as e:  # noqa: BLE001 - the test reads it
                 errors.append(e)
 
-        a = threading.Thread(target=run_a)
-        a.start()
-        _wait(lambda: (hold / "pid").exists(), 30, "run A to stage its output")
-        cat.execute(SQL("UPDATE merges SET lease_until = :t WHERE merge_id = :m"),
-                    {"t": leases.utc_now() - timedelta(seconds=1), "m": merge_id})
-        taken = leases.claim(cat, "B", lease_s=30)
-        assert taken is not None and taken.taken_over
-        (hold / "hold").unlink()
-        a.join(60)
+        with holding(hold, "merge_staged"):
+            a = threading.Thread(target=run_a)
+            a.start()
+            _wait(lambda: (hold / "pid").exists(), 30, "run A to stage its output")
+            cat.execute(SQL("UPDATE merges SET lease_until = :t WHERE merge_id = :m"),
+                        {"t": leases.utc_now() - timedelta(seconds=1), "m": merge_id})
+            taken = leases.claim(cat, "B", lease_s=30)
+            assert taken is not None and taken.taken_over
+            (hold / "hold").unlink()
+            a.join(60)
         assert len(errors) == 1 and isinstance(errors[0], LeaseLost), errors
         row = records.get_merge(cat, merge_id)
         assert row.status == "queued" and row.error is None  # B's, untouched by A
         assert _count(cat, "SELECT count(*) FROM models WHERE name = 'merged'") == 0
         assert not out.exists()
         assert sorted(p.name for p in out.parent.iterdir()) == []  # A removed its staging
-        monkeypatch.delenv(HOLD_ENV)
         run_merge(cat, merge_id, fence=Fence("B", "bbbbbb"))
         row = records.get_merge(cat, merge_id)
         assert row.status == "succeeded"
@@ -108,9 +110,9 @@ def test_final_records_of_a_taken_over_run_are_refused(tmp_path: Path, postgres_
 
 
 def _worker(url: str, tmp: Path, log: Path, lease_s: float) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, MERGEPIPE_CATALOG=url, MERGEPIPE_LEASE_S=str(lease_s),
-               MERGEPIPE_WORKERS="1", MERGEPIPE_DATA_ROOTS=str(tmp),
-               MERGEPIPE_OUTPUT_ROOT=str(tmp / "out"), **{HOLD_ENV: str(tmp / "hold")})
+    env = child_env(dict(os.environ, MERGEPIPE_CATALOG=url, MERGEPIPE_LEASE_S=str(lease_s),
+                         MERGEPIPE_WORKERS="1", MERGEPIPE_DATA_ROOTS=str(tmp),
+                         MERGEPIPE_OUTPUT_ROOT=str(tmp / "out")), tmp / "hold", "merge_staged")
     return subprocess.Popen([sys.executable, "-m", "mergepipe", "worker"], env=env,
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
@@ -204,5 +206,6 @@ def test_ingestion_of_a_taken_over_job_writes_nothing(tmp_path: Path,
         assert row is not None and row.status == "queued" and row.error is None
         run_ingest_job(cat, job_id, data_roots=(), fence=Fence("B", "bbbbbb"))
         row = queue.get_ingest_job(cat, job_id)
-        assert row is not None and row.status == "succeeded", row.error
+        assert row is not None
+        assert row.status == "succeeded", row.error
         assert _count(cat, "SELECT count(*) FROM models WHERE name = 'base'") == 1

@@ -10,12 +10,8 @@ import torch
 
 from mergepipe.catalog.stats import Scratch, scan_block
 from mergepipe.core import delta_kernels
-from mergepipe.core.operators import BlockContext, ExpertBlock, fused
-from mergepipe.core.operators.dare_linear import dare_linear
-from mergepipe.core.operators.dare_ties import dare_ties
-from mergepipe.core.operators.linear import linear
-from mergepipe.core.operators.task_arithmetic import task_arithmetic
-from mergepipe.core.operators.ties import ties
+from mergepipe.core.operators import REGISTRY, BlockContext, ExpertBlock, fused
+from mergepipe.core.operators.spec import FusedKernel
 from mergepipe.executor.writer import encode
 from mergepipe.storage.safetensors_format import to_float32, torch_dtype
 from tests.operator_helpers import exact_trim
@@ -29,8 +25,17 @@ def test_the_extension_is_built() -> None:
 
     assert importlib.import_module("mergepipe.core._fused").ties is not None
 
-KERNELS = {"linear": linear, "task_arithmetic": task_arithmetic, "ties": ties,
-           "dare_linear": dare_linear, "dare_ties": dare_ties}
+# the operators whose spec names a fused kernel, and their torch kernels
+KERNELS = {s.name: s.kernel for s in REGISTRY.values() if s.fused is not None}
+
+
+def test_the_fused_kernel_is_a_field_of_each_spec() -> None:
+    """Which C kernel serves an operator is said by its spec (no table beside the registry)."""
+    assert {s.name: s.fused for s in REGISTRY.values() if s.fused is not None} == {
+        "linear": FusedKernel("linear"), "task_arithmetic": FusedKernel("linear"),
+        "dare_linear": FusedKernel("linear", drop=True), "ties": FusedKernel("ties"),
+        "dare_ties": FusedKernel("ties", drop=True)}
+    assert not hasattr(fused, "FUSED_OPS") and not hasattr(fused, "op_name")
 N = 1537  # three tiles and a ragged end
 
 
@@ -102,7 +107,7 @@ def test_fused_block_equals_the_torch_kernel(op, params, base_dtype, exp_dtype, 
                                             1000 + i, density))
         merged = KERNELS[op](b32.clone(), blocks, ctx)
         ref = encode(merged, out_dtype).tobytes()
-        got = fused.merge_block(op, braw, base_dtype, fe, ctx, out_dtype, N)
+        got = fused.merge_block(REGISTRY[op], braw, base_dtype, fe, ctx, out_dtype, N)
         assert (got is None) == bool(merged.isnan().any()), (op, params, density)
         assert got is None or got.tobytes() == ref, (op, params, density)
         compared += got is not None
@@ -118,10 +123,10 @@ def test_a_nan_in_the_output_hands_the_block_back(op, out_dtype):
     b[7], b[900] = np.nan, np.inf
     fe = [fused.FusedExpert(raw, "F32", True, 1.0) for raw, _ in exps]
     ctx = BlockContext("t", 0, 0, all_weights=(1.0, 1.0))
-    assert fused.merge_block(op, b.tobytes(), "F32", fe, ctx, out_dtype, N) is None
+    assert fused.merge_block(REGISTRY[op], b.tobytes(), "F32", fe, ctx, out_dtype, N) is None
     fe = [fused.FusedExpert(np.full(N, s * np.inf, dtype=np.float32).tobytes(), "F32", False, 1.0)
           for s in (1, -1)]
-    assert fused.merge_block(op, braw, "F32", fe, ctx, out_dtype, N) is None  # inf - inf
+    assert fused.merge_block(REGISTRY[op], braw, "F32", fe, ctx, out_dtype, N) is None  # inf - inf
 
 
 @pytest.mark.parametrize("dense", [True, False])
@@ -155,8 +160,8 @@ def _check_tied_entries(weights: tuple[float, ...]) -> None:
                   for i, (_, d) in enumerate(exps)]
         fe = [fused.FusedExpert(raw, "BF16", True, weights[i], trims[i], 7 + i)
               for i, (raw, _) in enumerate(exps)]
-        ref = encode(ties(b32.clone(), blocks, ctx), "BF16").tobytes()
-        got = fused.merge_block("ties", braw, "BF16", fe, ctx, "BF16", N)
+        ref = encode(KERNELS["ties"](b32.clone(), blocks, ctx), "BF16").tobytes()
+        got = fused.merge_block(REGISTRY["ties"], braw, "BF16", fe, ctx, "BF16", N)
         assert got is not None and got.tobytes() == ref
 
 
@@ -183,16 +188,19 @@ def test_first_pass_abs_delta_and_histogram_equal_the_torch_passes(dtype, base_d
     assert np.array_equal(counts, torch.bincount(key, minlength=1 << 16).numpy())
     want = bits[(bits & 0xFFFF) != 0].numpy()
     assert np.array_equal(buf[:k], want)
-    ref = torch.where(ref.isfinite(), ref, 0.0).numpy()  # the first pass refuses Inf
+    finite = torch.where(ref.isfinite(), ref, 0.0).numpy()  # the first pass refuses Inf
     saved, delta_kernels._fused = delta_kernels._fused, None  # scan_block's numpy passes
     try:
-        ref_scan = scan_block(ref, Scratch(), collect_mixed=True)
+        ref_stats, ref_counts, ref_mixed = scan_block(finite, Scratch(), collect_mixed=True)
     finally:
         delta_kernels._fused = saved
-    bits = ref.view(np.int32)
-    stats, counts, mixed = scan_block(ref, Scratch(), collect_mixed=True)
-    want = bits[(bits & 0xFFFF) != 0]
-    assert np.array_equal(mixed, want) if mixed is not None else want.size == 0
-    assert stats.nnz == int((ref != 0).sum())
-    assert stats == ref_scan[0] and np.array_equal(counts, ref_scan[1])
-    assert (mixed is None and ref_scan[2] is None) or np.array_equal(mixed, ref_scan[2])
+    finite_bits = finite.view(np.int32)
+    stats, hist, mixed = scan_block(finite, Scratch(), collect_mixed=True)
+    wanted = finite_bits[(finite_bits & 0xFFFF) != 0]
+    assert np.array_equal(mixed, wanted) if mixed is not None else wanted.size == 0
+    assert stats.nnz == int((finite != 0).sum())
+    assert stats == ref_stats and np.array_equal(hist, ref_counts)
+    if mixed is None or ref_mixed is None:
+        assert mixed is None and ref_mixed is None
+    else:
+        assert np.array_equal(mixed, ref_mixed)

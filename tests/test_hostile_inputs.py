@@ -58,6 +58,12 @@ def _nonfinite(value: float) -> Callable[[dict[str, torch.Tensor]], dict[str, to
     return edit
 
 
+def _file(d: Path, name: str, data: bytes) -> None:
+    """A new folder `d` holding one file."""
+    d.mkdir(parents=True)
+    (d / name).write_bytes(data)
+
+
 def _truncated(base: Path, d: Path) -> None:
     shutil.copytree(base, d)
     f = d / "model.safetensors"
@@ -92,14 +98,13 @@ CHECKPOINTS: dict[str, tuple[str, Callable[[Path, Path], None], tuple[str, ...]]
     "header-a-list": ("full", lambda b, d: _raw(d, b"[1, 2]"), ("not a JSON object",)),
     "header-deep-json": ("full", lambda b, d: _raw(d, b'{"a": ' + b"[" * 50000 + b"]" * 50000
                                                     + b"}"), ("nested too deeply",)),
-    "index-deep-json": ("full", lambda b, d: (d.mkdir(parents=True), (
-        d / "model.safetensors.index.json").write_text("[" * 50000 + "]" * 50000)),
-        ("nested too deeply",)),
+    "index-deep-json": ("full", lambda b, d: _file(d, "model.safetensors.index.json",
+                                                  b"[" * 50000 + b"]" * 50000),
+                        ("nested too deeply",)),
     "header-longer-than-file": ("full", lambda b, d: _raw(d, b"{}", length=4096),
                                 ("larger than the file",)),
     "header-absurd": ("full", lambda b, d: _raw(d, b"{}", length=2**63), ("exceeds",)),
-    "file-too-short": ("full", lambda b, d: (d.mkdir(parents=True),
-                                             (d / "model.safetensors").write_bytes(b"\x01\x02")),
+    "file-too-short": ("full", lambda b, d: _file(d, "model.safetensors", b"\x01\x02"),
                        ("too short",)),
     "offsets-past-the-end": ("full", lambda b, d: _raw(d, {W: {
         "dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4), ("past the end",)),

@@ -142,6 +142,7 @@ def test_adding_one_expert_to_k8_reads_the_stored_merge_and_the_new_expert(
     assert manifest["plan"]["strategy"]["chosen"] == "incremental"
     assert "e8" in (tmp_path / "m9" / "README.md").read_text()
     # replay re-executes what was read (M_old + the new expert) and matches the recorded hashes
+    assert inc.merge_id is not None
     again = replay(cat, inc.merge_id)
     assert again.match and again.expert_bytes_read == inc.expert_bytes_read
 
@@ -211,6 +212,7 @@ def test_a_budgeted_previous_merge_carries_its_bound(
     run(cat, tmp_path, "full", req(experts(5), output_dtype="F32", strategy="scratch"))
     a, b = factory.load(tmp_path / "inc"), factory.load(tmp_path / "full")
     dev = sum(float(((a[n] - b[n]) ** 2).sum()) for n in a) ** 0.5
+    assert plan.omission_bound is not None
     assert 0 < dev <= plan.omission_bound * (1 + 1e-5) + 1e-6
 
 

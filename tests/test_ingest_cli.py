@@ -13,7 +13,7 @@ from tests.catalogs import new_catalog
 
 
 @pytest.fixture
-def fam(tmp_path: Path) -> dict[str, Path]:
+def fam(tmp_path: Path) -> dict[str, Path | str]:
     base = factory.make_base(tmp_path / "base", seed=0)
     return {"base": base, "e": factory.make_expert(base, tmp_path / "e", seed=1),
             "lora": factory.make_lora(base, tmp_path / "lora", seed=2),

@@ -127,6 +127,7 @@ def test_lora_without_stats_reads_lora_b_and_lora_a_once(tmp_path: Path, catalog
 def test_delta_matches_peft(tmp_path: Path, catalog, base: Path) -> None:
     """PEFT's own get_delta_weight agrees with the catalog's statistics (rslora + patterns)."""
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from peft.tuners.lora import Linear as LoraLinear
     from torch import nn
 
     ad = factory.make_lora(base, tmp_path / "lora", seed=4, r=4, alpha=6.0, use_rslora=True,
@@ -144,7 +145,7 @@ def test_delta_matches_peft(tmp_path: Path, catalog, base: Path) -> None:
                 parent.add_module(part, nn.Module())
             parent = getattr(parent, part)
         parent.add_module(leaf, nn.Linear(shape[1], shape[0], bias=False))
-    cfg = LoraConfig(r=4, lora_alpha=6.0, use_rslora=True, target_modules=["q_proj", "v_proj"],
+    cfg = LoraConfig(r=4, lora_alpha=6, use_rslora=True, target_modules=["q_proj", "v_proj"],
                      rank_pattern={"layers.0.self_attn.q_proj": 2},
                      alpha_pattern={"v_proj": 3.0})
     model = get_peft_model(root, cfg)
@@ -153,7 +154,8 @@ def test_delta_matches_peft(tmp_path: Path, catalog, base: Path) -> None:
                                           "'lora'")}
     assert len(stats) == 4
     for tensor, r in stats.items():
-        module = model.base_model.model.get_submodule(tensor.removesuffix(".weight"))
+        module = root.get_submodule(tensor.removesuffix(".weight"))  # PEFT wraps in place
+        assert isinstance(module, LoraLinear), type(module)
         d = module.get_delta_weight("default").detach()
         assert r["l2"] == pytest.approx(float(d.double().norm()), rel=1e-5)
         assert r["max_abs"] == pytest.approx(float(d.abs().max()), rel=1e-5)

@@ -9,6 +9,7 @@ import pytest
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_config import parse_config
+from mergepipe.core.progress import Progress
 
 
 def refused(text: str) -> InvalidRequest:
@@ -225,7 +226,10 @@ def test_paths_are_ingested_base_first_then_matched(catalog: Catalog,
     assert find_model(catalog, "base") is None  # resolving never ingests
     seen: list[tuple[str, str]] = []
     for job in resolved.to_ingest:
-        run_ingestion(catalog, job, progress=lambda p, name=job.model: seen.append((name, p.unit)))
+        def track(p: Progress, name: str = job.model) -> None:
+            seen.append((name, p.unit))
+
+        run_ingestion(catalog, job, progress=track)
     assert seen[0] == ("base", "bytes") and {n for n, _ in seen} == {"base", "e0", "e1"}
     assert get_model(catalog, "e1").base == "base" and get_model(catalog, "e1").has_stats
     assert [(e.model, e.weight, e.density) for e in req.experts] == [("e0", 1.0, 0.5),

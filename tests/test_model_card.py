@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import yaml
 
@@ -10,7 +12,7 @@ from mergepipe.executor.model_card import render_model_card
 
 EXPERTS = [{"model": "org/code", "weight": 1.0, "density": 0.5},
            {"model": "org/math", "weight": 0.5}]
-REQUEST_ARGS = {"base": "org/base", "operator": "ties", "seed": 7, "output_dtype": "BF16",
+REQUEST_ARGS: dict[str, Any] = {"base": "org/base", "operator": "ties", "seed": 7, "output_dtype": "BF16",
                 "experts": EXPERTS, "params": {"normalize": True, "lambda": 1.0, "density": 0.5},
                 "budget": {"fraction": 0.3}}
 REQUEST = build_request(**REQUEST_ARGS)

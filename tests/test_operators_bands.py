@@ -4,6 +4,7 @@ breadcrumbs kernel against a hand computation, and request checks of the new spa
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.stats import trim_ks
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators.breadcrumbs import cuts
-from mergepipe.core.request import build_request
+from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.jobs.merge import merge
 from mergepipe.planner.bands import cut_at
 from mergepipe.planner.plan import TrimThreshold
@@ -95,7 +96,7 @@ def registered(tmp_path_factory):
     cat.close()
 
 
-def _native(operator: str, **kw) -> object:
+def _native(operator: str, **kw: Any) -> MergeRequest:
     return build_request(base="base", operator=operator, params=kw.pop("params", {}),
                          experts=[{"model": n, "weight": w, "density": d} for n, w, d in
                                   zip(mp.EXPERTS, mp.WEIGHTS, mp.DENSITIES, strict=True)], **kw)
@@ -192,7 +193,7 @@ def test_kernels_are_block_split_invariant_and_keep_their_inputs(op):
 
     base, deltas = _family()
     dens, w = [0.5, 0.3, 0.7], [1.0, 0.5, 2.0]
-    params = {"gamma": 0.05, "lambda": 0.9}
+    params: dict[str, float | str] = {"gamma": 0.05, "lambda": 0.9}
     if op.startswith("della"):
         params = {"epsilon": 0.1, "rescale": "none"}  # the L1 rescale is per block
     trims = [_band(d, p, 0.05) for d, p in zip(deltas, dens, strict=True)]

@@ -85,7 +85,7 @@ def test_one_adapter_linear_equals_peft_merge_and_unload(
 
 def _reference(op: str, base: dict[str, torch.Tensor], deltas: list[dict[str, torch.Tensor]]
                ) -> dict[str, torch.Tensor]:
-    """The operators of DESIGN section 3 at density 1, in torch, on PEFT's deltas."""
+    """The operators of docs/operators.md at density 1, in torch, on PEFT's deltas."""
     out = {}
     w = torch.tensor(WEIGHTS)
     for k, b in base.items():

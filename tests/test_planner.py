@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,8 @@ def cat(catalog: Catalog) -> Catalog:
     return catalog
 
 
-def plan(cat: Catalog, budget: object = None, op: str = "task_arithmetic",
+def plan(cat: Catalog, budget: str | float | dict[str, Any] | Budget | None = None,
+         op: str = "task_arithmetic",
          experts: str = "e0,e1:0.5,e2:2", **params: object) -> Plan:
     return make_plan(cat, build_request(base="B", experts=experts, operator=op,
                                         params=params, budget=budget))
@@ -272,7 +274,7 @@ def test_concurrent_plans_do_not_share_state(cat: Catalog) -> None:
     # Each plan uses its own connection and temp tables: parallel plans of different requests
     # (as the service runs them) give the same results as sequential ones.
     from concurrent.futures import ThreadPoolExecutor
-    budgets = ["200B", "330B", 1.0, "40B"] * 3
+    budgets: list[str | float] = ["200B", "330B", 1.0, "40B"] * 3
     expected = {str(b): keys(plan(cat, b)) for b in budgets}
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda b: (str(b), keys(plan(cat, b))), budgets))
@@ -288,11 +290,12 @@ def test_concurrent_plans_do_not_share_state(cat: Catalog) -> None:
 @pytest.mark.parametrize(("budget", "l2", "l1"), [
     ("200B", math.sqrt(67), 17.0), (Budget(fraction=1e-6), math.sqrt(134.25), TOTAL_UTILITY),
     (None, 0.0, 0.0)])
-def test_omission_bound_l2_hand_computed(cat: Catalog, budget: object, l2: float,
+def test_omission_bound_l2_hand_computed(cat: Catalog, budget: str | Budget | None, l2: float,
                                          l1: float) -> None:
     p = plan(cat, budget)
     assert p.omission_bound == pytest.approx(l1)
     assert p.omission_bound_l2 == pytest.approx(l2, rel=1e-12, abs=1e-12)
+    assert p.omission_bound_l2 is not None and p.omission_bound is not None
     assert p.omission_bound_l2 <= p.omission_bound
     assert p.summary()["omission_bound_l2"] == p.omission_bound_l2
 

@@ -3,6 +3,8 @@ full-budget equality, whole groups only, the unit in the plan and in its hash.""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mergepipe.catalog.db import Catalog
@@ -37,7 +39,8 @@ def cat(catalog: Catalog) -> Catalog:
     return catalog
 
 
-def plan(cat: Catalog, budget: object = None, op: str = "task_arithmetic",
+def plan(cat: Catalog, budget: str | float | dict[str, Any] | None = None,
+         op: str = "task_arithmetic",
          experts: str = "e0,e1:0.5,e2:2", **params: object) -> Plan:
     return make_plan(cat, build_request(base="B", experts=experts, operator=op,
                                         params=params, budget=budget))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ def make(tmp: Path, name: str, *, reverse: bool = False, e1: Model | None = None
     return cat
 
 
-def hash_of(cat: Catalog, budget: object = "250B", op: str = "ties",
+def hash_of(cat: Catalog, budget: str | float | dict[str, Any] | None = "250B", op: str = "ties",
             experts: str = "e0,e1:0.5", **params: object) -> str:
     if op == "ties":
         params.setdefault("density", 0.5)

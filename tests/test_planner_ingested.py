@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -36,7 +37,7 @@ def blocks_of(cat: Catalog, model: str, density: float = 0.5) -> list[Row]:
     return cat.query(STATS, {"model": model, "j": round(density * 100)})
 
 
-def plan(cat: Catalog, op: str = "linear", budget: object = None,
+def plan(cat: Catalog, op: str = "linear", budget: str | float | dict[str, Any] | None = None,
          experts: str = "e0,e1:0.5,e2:2", **params: object) -> Plan:
     return make_plan(cat, build_request(base="base", experts=experts, operator=op,
                                         params=params, budget=budget))

@@ -203,10 +203,11 @@ def test_plan_is_the_sound_monotone_greedy(shared_catalog: Catalog,
         groups = reference_groups(units, region)
         units = [u for g in groups for u in g]
 
-        def greedy(_: list[Unit], budget: int) -> tuple[list[Unit], int]:
-            return reference_group_greedy(groups, budget)
+        def greedy(units: list[Unit], budget: int) -> tuple[list[Unit], int]:
+            return reference_group_greedy(groups, budget)  # the groups hold the units
     else:
-        greedy = reference_greedy
+        def greedy(units: list[Unit], budget: int) -> tuple[list[Unit], int]:
+            return reference_greedy(units, budget)
     full = make_plan(shared_catalog, request(Budget(fraction=1.0)))
     _, c_full = greedy(units, 10**12)
     # Full budget: every candidate, C_full bytes, nothing omitted.
@@ -236,7 +237,8 @@ def test_plan_is_the_sound_monotone_greedy(shared_catalog: Catalog,
                     per_block.setdefault(u.key[1:], []).append(u.utility)
             l2 = math.sqrt(math.fsum(math.fsum(v) ** 2 for v in per_block.values()))
             assert p.omission_bound_l2 == pytest.approx(l2, rel=1e-9, abs=1e-12)
-            assert p.omission_bound_l2 is not None and p.omission_bound_l2 <= p.omission_bound
+            assert p.omission_bound_l2 is not None and p.omission_bound is not None
+            assert p.omission_bound_l2 <= p.omission_bound
         else:
             assert p.omission_bound is None and p.omission_bound_l2 is None
         planned.append(p.planned_expert_bytes)

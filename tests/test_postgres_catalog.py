@@ -87,6 +87,7 @@ def test_same_family_same_plans_and_outputs(tmp_path: Path, postgres_url: str, o
     assert sp.expert_bytes_read == sd.expert_bytes_read
     # Timing differs; the L2 bound is a SQL SUM, whose order (and so last bit) is the engine's.
     inexact = {"planning_seconds", "omission_bound_l2"}
+    assert rp.plan is not None and rd.plan is not None
     assert ({k: v for k, v in rp.plan.items() if k not in inexact}
             == {k: v for k, v in rd.plan.items() if k not in inexact})
     bound_p, bound_d = rp.plan.get("omission_bound_l2"), rd.plan.get("omission_bound_l2")

@@ -31,6 +31,7 @@ from mergepipe.storage.fsconfine import confined
 from mergepipe.storage.grid import block_rows
 from tests import factory
 from tests.api_helpers import EXPERTS, client_for, register_family, settings_for
+from tests.catalogs import ingest_status
 from tests.crash_helpers import alive
 
 RAY = Engine("ray")
@@ -254,17 +255,18 @@ def test_kill_9_worker_mid_ray_ingestion_is_taken_over(ray_runtime: Path, tmp_pa
                 a.kill()
         finally:
             hold.unlink(missing_ok=True)
-        assert queue.get_ingest_job(cat, job_id).status == "running"
+        assert ingest_status(cat, job_id) == "running"
         b = _worker(postgres_url, tmp_path, address, log)
         try:
             deadline = time.monotonic() + 120
-            while (queue.get_ingest_job(cat, job_id).status not in ("succeeded", "failed")
+            while (ingest_status(cat, job_id) not in ("succeeded", "failed")
                    and time.monotonic() < deadline):
                 time.sleep(0.1)
         finally:
             b.send_signal(signal.SIGTERM)
             b.wait(30)
         row = queue.get_ingest_job(cat, job_id)
+        assert row is not None
         assert row.status == "succeeded", (row.error, log.read_text()[-3000:])
         assert rows(cat) == local
     starts = (ray_runtime / "starts").read_text().split()  # shard 0: A's task, then B's

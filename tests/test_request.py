@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from mergepipe.core.request import Budget, build_request, parse_experts
 
 
 def req(**kw):
-    args = {"base": "b", "experts": "e1,e2", "operator": "linear"}
+    args: dict[str, Any] = {"base": "b", "experts": "e1,e2", "operator": "linear"}
     args.update(kw)
     return build_request(**args)
 

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -126,7 +127,7 @@ def test_error_messages_are_bounded() -> None:
 # -- safetensors -------------------------------------------------------------------------------
 
 
-def _raw(header: dict[str, object], data: bytes) -> bytes:
+def _raw(header: Mapping[str, object], data: bytes) -> bytes:
     js = json.dumps(header).encode()
     return struct.pack("<Q", len(js)) + js + data
 

@@ -8,20 +8,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from mergepipe.catalog import records
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.errors import Conflict
 from mergepipe.core.request import build_request
 from mergepipe.core.settings import Settings
-from mergepipe.jobs import ingest as ingest_job
 from mergepipe.jobs.merge import merge, submit_merge
 from mergepipe.jobs.shared_runner import SharedJobRunner
 from tests import factory
+from tests.catalogs import ingest_status
+from tests.site_hooks.hold_hooks import child_env
 
 
 def _family(cat: Catalog, root: Path, experts: int = 2) -> None:
@@ -32,7 +35,7 @@ def _family(cat: Catalog, root: Path, experts: int = 2) -> None:
                      base="base")
 
 
-def _wait(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -46,8 +49,10 @@ def test_two_runners_share_the_queue_each_job_runs_once(tmp_path: Path,
     with Catalog(postgres_url) as cat:
         _family(cat, tmp_path / "fam")
         req = build_request(base="base", experts="e0,e1", operator="linear")
-        ids = [submit_merge(cat, req, f"out{i}", tmp_path / "out" / f"out{i}").merge_id
-               for i in range(4)]
+        queued = [submit_merge(cat, req, f"out{i}", tmp_path / "out" / f"out{i}").merge_id
+                  for i in range(4)]
+        ids = [i for i in queued if i is not None]
+        assert len(ids) == 4
         with pytest.raises(Conflict):
             submit_merge(cat, req, "out0", tmp_path / "out" / "again")
         s = dataclasses.replace(Settings(), catalog=postgres_url, workers=1, lease_s=5.0,
@@ -85,23 +90,25 @@ def test_a_single_worker_runs_a_base_queued_after_its_expert(tmp_path: Path,
         runner = SharedJobRunner(Catalog(postgres_url, migrate=False), s)
         runner.start()
         try:
-            _wait(lambda: all(queue.latest_ingest_job(cat, n).status == "succeeded"
+            _wait(lambda: all(ingest_status(cat, model=n) == "succeeded"
                               for n in ("base", "e0")), 30, "both ingestions")
         finally:
             runner.stop(10)
             runner.cat.close()
 
 
-def _sql(text: str):  # type: ignore[no-untyped-def]
-    from mergepipe.catalog.connection import SQL
-
+def _sql(text: str) -> SQL:
     return SQL(text)
 
 
-def _worker(url: str, tmp_path: Path, log: Path, **more_env: str) -> subprocess.Popen[bytes]:
+def _worker(url: str, tmp_path: Path, log: Path, hold: Path | None = None
+            ) -> subprocess.Popen[bytes]:
+    """A `mergepipe worker` on `url`; with `hold`, its ingestions hold on that folder once
+    running (tests.site_hooks)."""
     env = dict(os.environ, MERGEPIPE_CATALOG=url, MERGEPIPE_LEASE_S="3", MERGEPIPE_WORKERS="1",
-               MERGEPIPE_DATA_ROOTS=str(tmp_path), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "out"),
-               **more_env)
+               MERGEPIPE_DATA_ROOTS=str(tmp_path), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "out"))
+    if hold is not None:
+        env = child_env(env, hold, "ingest_running")
     return subprocess.Popen([sys.executable, "-m", "mergepipe", "worker"], env=env,
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
@@ -204,23 +211,24 @@ def test_kill_9_worker_mid_ingestion_is_taken_over(tmp_path: Path, postgres_url:
         hold = tmp_path / "hold"  # worker A waits in the running job until it is killed
         hold.mkdir()
         (hold / "hold").touch()
-        a = _worker(postgres_url, tmp_path, log, **{ingest_job.HOLD_ENV: str(hold)})
+        a = _worker(postgres_url, tmp_path, log, hold)
         try:
             _wait(lambda: (hold / "pid").exists(), 120, "worker A to start the ingestion")
-            assert queue.get_ingest_job(cat, job_id).status == "running"
+            assert ingest_status(cat, job_id) == "running"
             a.send_signal(signal.SIGKILL)
             a.wait(10)
         finally:
             a.kill()
-        assert queue.get_ingest_job(cat, job_id).status == "running"
+        assert ingest_status(cat, job_id) == "running"
         b = _worker(postgres_url, tmp_path, log)
         try:
-            _wait(lambda: queue.get_ingest_job(cat, job_id).status in ("succeeded", "failed"),
+            _wait(lambda: ingest_status(cat, job_id) in ("succeeded", "failed"),
                   90, "worker B to finish the ingestion")
         finally:
             b.send_signal(signal.SIGTERM)
             b.wait(30)
         row = queue.get_ingest_job(cat, job_id)
+        assert row is not None
         assert row.status == "succeeded", (row.error, log.read_text()[-3000:])
         assert [tuple(r) for r in cat.query(blocks)] == want
         assert not cat.query(_sql("SELECT * FROM name_claims"))

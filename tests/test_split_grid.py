@@ -123,7 +123,8 @@ def test_budgeted_merge_reads_element_blocks_and_registers_its_output(two: dict,
 
 
 def test_lora_on_a_tensor_with_rows_larger_than_a_block_is_refused(tmp_path: Path) -> None:
-    shapes = {"layers.0.self_attn.q_proj.weight": (4, 1024), "other.weight": (8, 8)}
+    shapes: dict[str, tuple[int, ...]] = {"layers.0.self_attn.q_proj.weight": (4, 1024),
+                                          "other.weight": (8, 8)}
     base = factory.save_checkpoint(tmp_path / "b", factory.random_weights(shapes, 0), "BF16")
     lora = factory.make_lora(base, tmp_path / "l", seed=1, targets=("q_proj",))
     with Catalog(new_catalog(tmp_path, "c")) as cat:

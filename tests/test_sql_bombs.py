@@ -148,7 +148,7 @@ def fire(api: Api, sql: str, n: int) -> list[tuple[float, int, Any]]:
     port = api.base.rsplit(":", 1)[1]
     out = subprocess.run([sys.executable, "-c", CLIENT, port, str(n), sql], capture_output=True,
                          text=True, timeout=120, check=True)
-    return [tuple(a) for a in json.loads(out.stdout)]  # type: ignore[misc]
+    return [tuple(a) for a in json.loads(out.stdout)]
 
 
 def wait_for_free_slots(api: Api) -> None:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import psutil
@@ -166,9 +167,9 @@ def test_the_snapshot_copy_survives_other_connections_ending(
     from mergepipe.sandbox import sql_snapshot
 
     copy_table = sql_snapshot._copy_table
-    ended = []
+    ended: list[int] = []
 
-    def copy_while_others_come_and_go(src, dst, name):  # type: ignore[no-untyped-def]
+    def copy_while_others_come_and_go(src: Any, dst: Any, name: str) -> None:
         for _ in range(3):
             with c.transaction() as conn:
                 conn.execute(SQL("SELECT count(*) FROM models"))

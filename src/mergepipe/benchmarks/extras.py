@@ -126,7 +126,7 @@ def _mib(x: float) -> str:
 
 
 def targets(res: dict[str, Any]) -> list[list[str]]:
-    """DESIGN section 6 rows of the extra figures: measured, met / missed."""
+    """docs/targets.md rows of the extra figures: measured, met / missed."""
     rows = whole_commands.targets(res.get("commands", []))
     for b in res.get("big_k", []):
         if b["operator"] == "linear":

@@ -32,7 +32,7 @@ def mergekit_config(operator: str, base: Path, experts: list[Path], *,
         glob["lambda"] = float(params.get("lambda", 1.0))
     cfg: dict[str, Any] = {"merge_method": operator, "models": models, "parameters": glob,
                            "dtype": "float32", "out_dtype": "bfloat16"}
-    if operator != "linear":  # linear averages the experts alone (DESIGN section 3)
+    if operator != "linear":  # linear averages the experts alone (docs/operators.md, linear)
         cfg["base_model"] = str(Path(base).absolute())
     return cfg
 

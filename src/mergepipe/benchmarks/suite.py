@@ -35,7 +35,7 @@ class SuiteConfig:
     sweep_operators: tuple[str, ...] = ("ties", "linear")
     scaling_operator: str = "linear"
     low_budget: float = 0.1  # the budgeted point of the operator table
-    k_big: int = 16  # K of the second budgeted row against mergekit (DESIGN: 5x for linear)
+    k_big: int = 16  # K of the second budgeted row against mergekit (docs/targets.md: 5x for linear)
     big_operators: tuple[str, ...] = ("linear", "ties")
     one_d_mib: int = 256  # the 1-D tensor of the ingestion RSS row
     fixed_budget_share: float = 0.1  # scaling figure: fixed bytes = share x full read at k_main

@@ -111,7 +111,7 @@ def whole_commands(suite: Suite, ks: tuple[int, ...] | None = None,
 
 
 def targets(rows: list[dict[str, Any]]) -> list[list[str]]:
-    """DESIGN section 6: linear at 0.1 >= 3x mergekit at K = 8, >= 5x at K = 16 (commands)."""
+    """docs/targets.md: linear at 0.1 >= 3x mergekit at K = 8, >= 5x at K = 16 (commands)."""
     out = []
     for r in rows:
         want = 5.0 if r["k"] >= 16 else 3.0

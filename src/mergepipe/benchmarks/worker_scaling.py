@@ -1,23 +1,25 @@
 """Merge throughput of 1 and 2 `mergepipe worker` processes sharing one PostgreSQL catalog.
 
-    python -m mergepipe.benchmarks.worker_scaling [--root /tmp/mergepipe-worker-bench]
-        [--size-mb 16] [--experts 2] [--jobs 8] [--op ties] [--budget 1.0] [--repeats 3]
-        [--workers 1,2]
+    python -m mergepipe.benchmarks.worker_scaling --catalog postgresql://USER@HOST/DB
+        [--root /tmp/mergepipe-worker-bench] [--size-mb 16] [--experts 2] [--jobs 8]
+        [--op ties] [--budget 1.0] [--repeats 3] [--workers 1,2]
 
-Generates (once) a bf16 Llama-shaped family (benchmarks.family) under --root, starts a
-throw-away PostgreSQL server (benchmarks.pg_local), ingests the family into it, then for each
+Generates (once) a bf16 Llama-shaped family (benchmarks.family) under --root, ingests it into
+the empty PostgreSQL database of --catalog (a throw-away one: the benchmark fills it), then for each
 repeat and worker count (the order alternates between repeats: 1,2 then 2,1, ...) starts that
 many `mergepipe worker` processes (one job thread each, the local engine), waits until they are
 ready, queues --jobs identical merges (strategy scratch: each is merged in full) and times the
 batch from the first submit to the last merge's success. Every merge's output hash must be the
 same. Reports jobs/s (median of the repeats), the ratio to one worker, and the workers' CPU
-time over the wall time (cores busy), which says what bounds the ratio on a small machine.
+time over the wall time (cores busy), which says what bounds the ratio on a small machine;
+and, when the PostgreSQL server runs on this machine, its CPU time over the wall time too.
 Prints a table and writes worker_scaling.json in --root.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -28,15 +30,16 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 
 from mergepipe.benchmarks.family import generate_family
-from mergepipe.benchmarks.pg_local import LocalPostgres, local_postgres
 from mergepipe.catalog import records
-from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.request import MergeRequest, build_request
+from mergepipe.core.settings import CATALOG_URL_SCHEMES
 from mergepipe.jobs.merge import submit_merge
 
 MODULE = "mergepipe.benchmarks.worker_scaling"
@@ -46,6 +49,8 @@ POLL_S = 0.05  # how often the batch's end is checked
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=MODULE, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--catalog", required=True,
+                   help="postgresql:// URL of an empty database the benchmark may fill")
     p.add_argument("--root", default="/tmp/mergepipe-worker-bench")
     p.add_argument("--size-mb", type=float, default=16.0)
     p.add_argument("--experts", type=int, default=2)
@@ -67,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(w) for w in args.workers.split(",")]
     runs: dict[int, list[dict[str, Any]]] = {w: [] for w in counts}
     load = [os.getloadavg()[0]]
-    with local_postgres() as pg, Catalog(pg.url) as cat:
+    if not args.catalog.startswith(CATALOG_URL_SCHEMES):
+        p.error(f"--catalog must be a PostgreSQL URL ({', '.join(CATALOG_URL_SCHEMES)})")
+    with Catalog(args.catalog) as cat:
+        server = ServerCpu.of(cat, args.catalog)
         ingest_model(cat, fam / "base", "base")
         experts = [f"expert-{i:02d}" for i in range(args.experts)]
         for name in experts:
@@ -76,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                             budget=args.budget, params={"density": 0.5}, strategy="scratch")
         for rep in range(args.repeats):
             for w in counts if rep % 2 == 0 else counts[::-1]:
-                runs[w].append(_batch(cat, pg, root, req, w, args.jobs, f"r{rep}w{w}",
-                                      own_session=not args.same_session))
+                runs[w].append(_batch(cat, args.catalog, server, root, req, w, args.jobs,
+                                      f"r{rep}w{w}", own_session=not args.same_session))
                 load.append(os.getloadavg()[0])
     hashes = {h for rs in runs.values() for r in rs for h in r["output_hashes"]}
     if len(hashes) != 1:
@@ -90,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         r["ratio_vs_first"] = round(r["jobs_per_s"] / one, 3)
         print(f"{r['workers']:>7} {r['median_s']:9.2f} {r['jobs_per_s']:7.2f} "
               f"{r['ratio_vs_first']:6.2f} {r['cores_busy']:12.2f} "
-              f"{r['catalog_cores_busy']:12.2f} {r['job_plan_s']:10.2f} {r['job_exec_s']:10.2f}"
+              f"{_cores(r['catalog_cores_busy']):>12} {r['job_plan_s']:10.2f} {r['job_exec_s']:10.2f}"
               f"  {r['runs_s']}")
     print(f"load average (1 min) during the runs: {min(load):.1f} - {max(load):.1f}; "
           f"{os.cpu_count()} CPUs")
@@ -102,23 +110,53 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _batch(cat: Catalog, pg: LocalPostgres, root: Path, req: MergeRequest, workers: int,
-           jobs: int, tag: str, *, own_session: bool) -> dict[str, Any]:
+class ServerCpu:
+    """CPU seconds of a PostgreSQL server on this machine (its postmaster and backends), found
+    from the catalog connection's backend; `seconds()` is None for a server elsewhere."""
+
+    def __init__(self, postmaster: psutil.Process | None) -> None:
+        self.postmaster = postmaster
+
+    @staticmethod
+    def of(cat: Catalog, url: str) -> ServerCpu:
+        host = urlsplit(url).hostname or "localhost"
+        if host not in ("localhost", "127.0.0.1", "::1"):
+            return ServerCpu(None)
+        pid = int(cat.query(load_sql("pg_backend_pid"))[0][0])
+        try:
+            return ServerCpu(psutil.Process(pid).parent())
+        except psutil.Error:
+            return ServerCpu(None)
+
+    def seconds(self) -> float | None:
+        if self.postmaster is None:
+            return None
+        total = 0.0
+        for proc in [self.postmaster, *self.postmaster.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+        return total
+
+
+def _batch(cat: Catalog, url: str, server: ServerCpu, root: Path, req: MergeRequest,
+           workers: int, jobs: int, tag: str, *, own_session: bool) -> dict[str, Any]:
     """Start `workers` processes, queue `jobs` merges, time the batch; stop the workers."""
     out = root / "out"
-    procs = [_start_worker(pg.url, root, out, own_session) for _ in range(workers)]
+    procs = [_start_worker(url, root, out, own_session) for _ in range(workers)]
     try:
         for proc in procs:
             _wait_ready(proc)
         cpu0 = [_cpu(proc) for proc in procs]
-        pg0 = pg.cpu_seconds()
+        pg0 = server.seconds()
         t0 = time.perf_counter()
         ids = [submit_merge(cat, req, f"{tag}j{i}", out / f"{tag}j{i}").merge_id
                for i in range(jobs)]
         rows = _wait_done(cat, [i for i in ids if i is not None])
         wall = time.perf_counter() - t0
         cpu = sum(_cpu(proc) - c for proc, c in zip(procs, cpu0, strict=True))
-        pg_cpu = pg.cpu_seconds() - pg0
+        pg1 = server.seconds()
+        pg_cpu = None if pg0 is None or pg1 is None else pg1 - pg0
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -172,10 +210,15 @@ def _summary(workers: int, runs: list[dict[str, Any]], jobs: int) -> dict[str, A
     return {"workers": workers, "median_s": round(med, 3), "runs_s": [round(w, 2) for w in walls],
             "jobs_per_s": round(jobs / med, 3),
             "cores_busy": round(statistics.median(r["cpu_s"] / r["wall_s"] for r in runs), 2),
-            "catalog_cores_busy": round(statistics.median(r["pg_cpu_s"] / r["wall_s"]
-                                                          for r in runs), 2),
+            "catalog_cores_busy": (None if any(r["pg_cpu_s"] is None for r in runs) else
+                                   round(statistics.median(r["pg_cpu_s"] / r["wall_s"]
+                                                           for r in runs), 2)),
             "job_exec_s": round(statistics.median(r["exec_s"] / jobs for r in runs), 3),
             "job_plan_s": round(statistics.median(r["plan_s"] / jobs for r in runs), 3)}
+
+
+def _cores(busy: float | None) -> str:
+    return "-" if busy is None else f"{busy:.2f}"
 
 
 if __name__ == "__main__":

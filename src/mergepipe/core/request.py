@@ -12,10 +12,11 @@ from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import REGISTRY, OperatorSpec, Param, get_operator
 from mergepipe.core.operators.spec import PLANNING_UNITS
+from mergepipe.core.operators.ties import on_grid
 from mergepipe.core.tensor_params import check_request_settings, numbers
 
 # Parameters every operator takes, and the planner's ranking score of a block (per byte). l2
-# (default, DESIGN section 2): |alpha_i| * ||D_itb||_2. per_tensor: |alpha_i| * ||D_itb|| / ||D_it||,
+# (default; docs/catalog.md#definitions): |alpha_i| * ||D_itb||_2. per_tensor: |alpha_i| * ||D_itb|| / ||D_it||,
 # the block's share of its (expert, tensor) delta. Only the order changes: block utilities, the
 # omission bounds and the output at full budget do not.
 # How a merge is computed (docs/incremental.md). The default, scratch, never depends on which
@@ -327,7 +328,7 @@ def _check_trim_grid(specs: list[ExpertSpec], default: float) -> None:
     """Trim thresholds are catalogued on the 1% density grid."""
     for e in specs:
         d = e.density if e.density is not None else default
-        if abs(d * 100 - round(d * 100)) > 1e-6:
+        if not on_grid(d):
             raise InvalidRequest(
                 f"ties density {d} of expert {e.model!r} is not on the 1% grid the catalog "
                 "keeps exact trim thresholds for (use e.g. 0.53)", field="density")

@@ -10,8 +10,7 @@ from typing import Any
 from mergepipe.core.errors import InvalidRequest
 
 DEFAULT_CATALOG = "./mergepipe.duckdb"
-# "testserver": the Host of in-process test clients (never a resolvable name)
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "testserver")
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 CATALOG_URL_SCHEMES = ("postgresql://", "postgresql+psycopg://", "postgres://")
 ENGINES = ("local", "ray")  # how merges execute: this process's threads, or Ray tasks
 LOG_FORMATS = ("text", "json")

@@ -54,7 +54,8 @@ class ChunkMerger:
         self.mk_arith = prep.mergekit_arith
         self.whole = self.req.whole_tensor is not None  # one kernel call per tensor
         # the one-pass C kernels (core/operators/fused.py) where they cover the operator
-        self.fused = None if self.mk_arith or self.whole else fused.op_name(self.op)
+        self.fused = (None if self.mk_arith or self.whole or not fused.available()
+                      or self.req.spec.fused is None else self.req.spec)
 
     def input_dtype(self, tensor: str) -> str:
         """The promoted dtype of the base's and the full experts' tensor (mergekit's compute

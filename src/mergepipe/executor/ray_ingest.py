@@ -22,10 +22,9 @@ from typing import Any
 
 from mergepipe.catalog.ingest import ScanFn
 from mergepipe.catalog.scan import TensorPlan, TensorResult, scan_pinned
-from mergepipe.core.fault_hooks import wait_while_held
+from mergepipe.core.hooks import hooks
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.executor.ray_engine import RAY_TASK_RETRIES, RUNTIME, as_finished
-from mergepipe.executor.regions import HOLD_ENV
 from mergepipe.storage.fsconfine import confined, current_roots
 from mergepipe.storage.store_types import Stamp
 
@@ -89,8 +88,7 @@ def scan_shard(index: int, plans: list[TensorPlan], pins: list[tuple[str, Stamp]
                roots: Sequence[str] | None) -> ShardScan:
     """One shard's scan, in any process that sees the checkpoint at the same paths (a Ray task:
     one CPU, so one scan thread)."""
-    if index == 0:  # the fault tests hold the first shard (HOLD_ENV)
-        wait_while_held(HOLD_ENV)
+    hooks().shard_started(index)
     with confined(roots) if roots else contextlib.nullcontext():
         results, nbytes = scan_pinned(plans, pins, None, workers=1)
     return ShardScan(index, os.getpid(), results, nbytes)

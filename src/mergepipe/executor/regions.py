@@ -19,7 +19,7 @@ import xxhash
 
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
-from mergepipe.core.fault_hooks import wait_while_held
+from mergepipe.core.hooks import hooks
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.stream import ExecutionResult, execute, output_hash
 from mergepipe.executor.writeback import Writeback
@@ -29,9 +29,6 @@ from mergepipe.storage.safetensors_format import encode_header
 
 # (file name, [(tensor, dtype, shape), ...]) in output order: prepare.output_layout's shape
 Layout = list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]]
-# test hook: region 0 appends its pid to <dir>/starts; while <dir>/hold exists, it writes its
-# pid to <dir>/pid and waits
-HOLD_ENV = "MERGEPIPE_TEST_REGION_HOLD"
 
 
 @dataclass(frozen=True)
@@ -125,8 +122,7 @@ def run_region(prep: Prepared, out_dir: str, layout: Layout,
                ) -> tuple[int, int, ExecutionResult]:
     """Execute one region (in any process that sees the inputs and `out_dir` at the same
     paths): (region index, this process's id, what it read and wrote)."""
-    if region.index == 0:  # the fault tests hold the first region (HOLD_ENV)
-        wait_while_held(HOLD_ENV)
+    hooks().region_started(region.index)
     sub = region_prepared(prep, region)
     with confined(roots) if roots else contextlib.nullcontext():
         writer = RegionWriter(Path(out_dir), layout, metadata, region)

@@ -16,6 +16,7 @@ import torch
 
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.core.operators import BlockContext, ExpertBlock
+from mergepipe.core.operators.base import ReadExpert
 from mergepipe.core.torch_threads import pin_torch_threads
 from mergepipe.executor import tensors
 from mergepipe.executor.writer import encode
@@ -86,7 +87,8 @@ def step_inputs(m: ChunkMerger, st: Step, data: Mapping[Hashable, memoryview],
                 value, delta = _value_and_delta(m.prep.experts[i], i, st, b32, data)
             else:
                 delta = expert_delta(m.prep.experts[i], i, st, b32, data, m.lora_a)
-        blocks.append(ExpertBlock(
+        kind: type[ExpertBlock] = ExpertBlock if delta is None else ReadExpert  # no copy later
+        blocks.append(kind(
             index=i, model=spec.model, delta=delta, weight=weights[i], density=densities[i],
             trim=m.prep.plan.trims.get((spec.model, st.tensor)), key=m.key(i, st.tensor),
             value=value))

@@ -15,7 +15,7 @@ from mergepipe.catalog.ingest import ingest_model
 from mergepipe.catalog.models import ModelRow
 from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.core.errors import MergePipeError
-from mergepipe.core.fault_hooks import wait_while_held
+from mergepipe.core.hooks import hooks
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.executor.engine import LOCAL, Engine
 from mergepipe.jobs.failure import failure_message
@@ -26,7 +26,6 @@ from mergepipe.storage.paths import recheck_input
 from mergepipe.storage.remote_paths import confine_url
 
 log = logging.getLogger("mergepipe.jobs.ingest")
-HOLD_ENV = "MERGEPIPE_TEST_INGEST_HOLD"
 
 
 def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path] = (),
@@ -61,7 +60,7 @@ def run_ingest_job(cat: Catalog, job_id: str, *, data_roots: Sequence[Path],
     if row is None or row.status != "queued":
         return
     queue.start_ingest_job(cat, job_id, fence)
-    wait_while_held(HOLD_ENV)  # the fault tests' hook: the job is running, nothing scanned
+    hooks().ingest_running(row.model)
     last = Progress(0, 0, "bytes", model=row.model)
 
     def track(p: Progress) -> None:

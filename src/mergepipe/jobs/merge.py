@@ -23,7 +23,7 @@ from mergepipe.catalog.ingest import scan_model, write_model
 from mergepipe.catalog.models import find_model
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
 from mergepipe.core.errors import InvalidRequest, MergePipeError
-from mergepipe.core.fault_hooks import wait_while_held
+from mergepipe.core.hooks import hooks
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest
 from mergepipe.executor import publish, stream
@@ -43,10 +43,6 @@ from mergepipe.storage.locations import basename
 from mergepipe.storage.paths import recheck_input
 
 __all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
-
-# test hook: a merge appends its pid to <dir>/starts when its output is staged; while
-# <dir>/hold exists, it writes its pid to <dir>/pid and waits (the fencing fault tests)
-HOLD_ENV = "MERGEPIPE_TEST_MERGE_HOLD"
 
 
 def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
@@ -149,7 +145,7 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
         assert stage is not None
         result = engine.execute(prep, stage, threads=threads, first_pass=True,
                                 progress=_recorder(cat, merge_id, progress, fence))
-        wait_while_held(HOLD_ENV)  # the fault tests' hook
+        hooks().merge_staged(merge_id)
         write_manifest(stage, build_manifest(
             merge_id=merge_id, prep=prep, result=result, output_name=name,
             output_path=out.location, plan_seconds=plan_seconds,

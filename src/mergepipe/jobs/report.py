@@ -28,7 +28,7 @@ class ExpertIO:
 
 @dataclass(frozen=True)
 class MergeSummary:
-    """The result of one merge (DESIGN section 4's fields, timings and per-expert I/O)."""
+    """The result of one merge (the fields of docs/cli.md's `merge --json`, timings and per-expert I/O)."""
 
     merge_id: str | None
     plan_hash: str

@@ -32,7 +32,7 @@ FALLBACK_ORDER = ("whole tensors, ranked after every block of the experts with s
 
 @dataclass(frozen=True)
 class TrimThreshold:
-    """TIES trim of one (expert, tensor) at the requested density (see DESIGN section 3)."""
+    """TIES trim of one (expert, tensor) at the requested density (docs/operators.md#ties)."""
 
     tau: float   # k-th largest |delta|
     above: int   # count of |delta| > tau
@@ -303,7 +303,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     note = bound_note(request, fallback)
     bound = None if note else math.fsum(t.omitted_utility for t in per_expert.values())
     # min: both are sound; the sums are rounded in different orders (SQL vs fsum), and the
-    # reported l2 bound must never exceed the DESIGN bound by a rounding ulp
+    # reported l2 bound must never exceed the omission bound (docs/catalog.md#definitions) by a rounding ulp
     bound_l2 = None if bound is None or bound_l2 is None else min(bound_l2, bound)
     touched = {(b.model, b.tensor) for b in blocks} if trims else set()
     digest = plan_hash(

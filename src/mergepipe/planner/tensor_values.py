@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators.ties import grid_index
 from mergepipe.core.request import MergeRequest
 from mergepipe.core.tensor_params import layer_counts, layer_t, resolve
-from mergepipe.planner.weights import TRIM_GRID, trim_k
+from mergepipe.planner.weights import trim_k
 
 # (model, tensor) -> {"weight": w, "density": d}: the values that differ from the expert's own
 TensorValues = dict[tuple[str, str], dict[str, float]]
@@ -73,9 +74,9 @@ def _value(settings: dict[str, Any], name: str, i: int, tensor: str, t: float,
 def _trim_j(density: float, numel: int, model: str, tensor: str, i: int) -> int:
     """The trim-grid index of a resolved TIES density; refused off the 1% grid, or where
     mergekit's k = max(1, int(density * numel)) is not the grid's k."""
-    j = round(density * TRIM_GRID)
+    j = grid_index(density)
     k = max(1, int(density * numel)) if numel else 0
-    if not 1 <= j <= TRIM_GRID or abs(density * TRIM_GRID - j) > 1e-6 or trim_k(j, numel) != k:
+    if j is None or trim_k(j, numel) != k:
         raise InvalidRequest(
             f"experts[{i}].density: ties density {density!r} of {model!r} at tensor {tensor!r} "
             f"(keeping {k} of {numel} entries) is not on the 1% grid of the catalog's exact trim "

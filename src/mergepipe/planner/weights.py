@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators.ties import TRIM_GRID, grid_index
 from mergepipe.core.request import MergeRequest
-
-TRIM_GRID = 100  # tensor_stats.trim_* hold one entry per 1% of density
 
 
 def rank_weights(request: MergeRequest) -> list[float]:
@@ -16,8 +15,8 @@ def rank_weights(request: MergeRequest) -> list[float]:
 
 def trim_index(density: float, model: str) -> int:
     """1-based index of `density` on the catalog's 1% trim grid (SQL arrays are 1-based)."""
-    j = round(density * TRIM_GRID)
-    if not 1 <= j <= TRIM_GRID or abs(density * TRIM_GRID - j) > 1e-6:
+    j = grid_index(density)
+    if j is None:
         raise InvalidRequest(f"ties density {density} of expert {model!r} is not on the 1% grid "
                              "of the catalog's trim thresholds", field="density")
     return j

@@ -131,7 +131,7 @@ def needs_torch(request: MergeRequest) -> bool:
     tells: experts stored as LoRA adapters load torch when their first block is merged."""
     from mergepipe.core.operators import fused
 
-    return not fused.covers(request.operator, request.params) or request.whole_tensor is not None
+    return not fused.covers(request.spec, request.params) or request.whole_tensor is not None
 
 
 def print_summary(r: MergeSummary) -> None:

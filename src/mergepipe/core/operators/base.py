@@ -39,6 +39,13 @@ class ExpertBlock:
 
 
 @dataclass(frozen=True)
+class ReadExpert(ExpertBlock):
+    """An expert whose block was read: what `read_experts` gives the kernels."""
+
+    delta: torch.Tensor
+
+
+@dataclass(frozen=True)
 class BlockContext:
     """Where the block sits and the request's global parameters."""
 
@@ -63,6 +70,9 @@ class BlockContext:
 Operator = Callable[["torch.Tensor", list[ExpertBlock], BlockContext], "torch.Tensor"]
 
 
-def read_experts(experts: list[ExpertBlock]) -> list[ExpertBlock]:
-    """The experts whose block was read (omitted ones add nothing)."""
-    return [e for e in experts if e.delta is not None]
+def read_experts(experts: list[ExpertBlock]) -> list[ReadExpert]:
+    """The experts whose block was read, in request order (omitted ones add nothing): the one
+    place a kernel learns which were read; their deltas are never None."""
+    return [e if isinstance(e, ReadExpert) else
+            ReadExpert(e.index, e.model, e.delta, e.weight, e.density, e.trim, e.key, e.value)
+            for e in experts if e.delta is not None]

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from mergepipe.core.operators.base import read_experts
 from mergepipe.core.operators.dare_params import MERGEKIT_PARAMS, RESCALE, rescale_from_mergekit
-from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
+from mergepipe.core.operators.spec import FusedKernel, MergekitMethod, OperatorSpec
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
@@ -32,14 +32,13 @@ def dare_linear(base: torch.Tensor, experts: list[ExpertBlock],
         weight_total,
     )
 
-    read = [e for e in read_experts(experts) if e.delta is not None]
+    read = read_experts(experts)
     if not read:
         return base.clone()
     rescale = str(ctx.params.get("rescale", "density"))
     out = torch.empty_like(base)
     term = scratch.like("term", base)
     for j, e in enumerate(read):
-        assert e.delta is not None
         dst = out if j == 0 else term  # the sum runs left to right in request order
         scale_(dropped_into(e.delta, e.density, e.key, ctx.flat_offset, rescale, dst),
                e.weight)
@@ -56,4 +55,5 @@ SPEC = OperatorSpec(
     not_incremental=None,
     params=(RESCALE,),
     mergekit=MergekitMethod("dare_linear", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
+    fused=FusedKernel("linear", drop=True),
 )

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from mergepipe.core.operators.base import read_experts
 from mergepipe.core.operators.dare_params import MERGEKIT_PARAMS, RESCALE, rescale_from_mergekit
-from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
+from mergepipe.core.operators.spec import FusedKernel, MergekitMethod, OperatorSpec
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
@@ -31,13 +31,12 @@ def dare_ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext)
         scratch,
     )
 
-    read = [e for e in read_experts(experts) if e.delta is not None]
+    read = read_experts(experts)
     if not read:
         return base.clone()
     rescale = str(ctx.params.get("rescale", "density"))
     dropped = []
     for j, e in enumerate(read):
-        assert e.delta is not None
         w = dropped_into(e.delta, e.density, e.key, ctx.flat_offset, rescale,
                          scratch.like(("w", j), base))
         dropped.append(scale_(w, e.weight))
@@ -56,4 +55,5 @@ SPEC = OperatorSpec(
                     "can flip signs everywhere",
     params=(RESCALE,),
     mergekit=MergekitMethod("dare_ties", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
+    fused=FusedKernel("ties", drop=True),
 )

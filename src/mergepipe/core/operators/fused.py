@@ -15,7 +15,7 @@ whose output holds a NaN comes back None and the caller recomputes it with the t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,14 +25,11 @@ from mergepipe.core import native
 from mergepipe.core.native import CODES
 from mergepipe.core.operators.base import BlockContext, Trim
 from mergepipe.core.operators.keyed_hash import _BITS, _start, _threshold
+from mergepipe.core.operators.spec import OperatorSpec
 from mergepipe.core.operators.weight_sum import weight_total
 
 _fused: Any = native.EXTENSION  # None: the torch kernels serve
 
-# kernel name -> (C kernel, normalize default)
-FUSED_OPS = {"linear": ("linear", True), "task_arithmetic": ("linear", False),
-             "dare_linear": ("linear", False), "ties": ("ties", True),
-             "dare_ties": ("ties", False)}
 SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
@@ -40,27 +37,16 @@ def available() -> bool:
     return _fused is not None
 
 
-def op_name(kernel: Callable[..., Any]) -> str | None:
-    """The fused kernel's name for an operator's kernel function, or None (not covered, or the
-    kernel was replaced: the request's own kernel runs then)."""
-    from mergepipe.core.operators import dare_linear, dare_ties, linear, task_arithmetic, ties
-
-    if _fused is None:
-        return None
-    return {linear.linear: "linear", task_arithmetic.task_arithmetic: "task_arithmetic",
-            ties.ties: "ties", dare_linear.dare_linear: "dare_linear",
-            dare_ties.dare_ties: "dare_ties"}.get(kernel)
-
-
-def covers(op: str, params: Mapping[str, Any]) -> bool:
-    """Whether the kernels compute the blocks of operator `op` (a FUSED_OPS name) under these
-    request parameters, for experts stored full or as deltas (a block whose output holds a NaN
-    still goes to the torch kernels)."""
-    if _fused is None or op not in FUSED_OPS or params.get("semantics") == "mergekit":
+def covers(spec: OperatorSpec, params: Mapping[str, Any]) -> bool:
+    """Whether the C kernels compute the blocks of the operator under these request parameters,
+    for experts stored full or as deltas (a block whose output holds a NaN still goes to the
+    torch kernels)."""
+    fk = spec.fused
+    if _fused is None or fk is None or params.get("semantics") == "mergekit":
         return False
-    if op.startswith("dare"):  # l1: a norm over the whole block
+    if fk.drop:  # l1: a norm over the whole block
         return str(params.get("rescale", "density")) in ("density", "none")
-    if op == "ties":
+    if fk.c_kernel == "ties":
         return params.get("rescale", "none") == "none"
     return True
 
@@ -78,19 +64,21 @@ class FusedExpert:
     density: float = 1.0  # DARE's keep probability
 
 
-def merge_block(op: str, base_raw: Any, base_dtype: str, experts: Sequence[FusedExpert],
-                ctx: BlockContext, out_dtype: str, numel: int) -> memoryview | None:
+def merge_block(spec: OperatorSpec, base_raw: Any, base_dtype: str,
+                experts: Sequence[FusedExpert], ctx: BlockContext, out_dtype: str, numel: int
+                ) -> memoryview | None:
     """The output bytes of one block, or None: no kernel for this case, or a NaN in the output
     (the torch kernels compute it then)."""
-    if not covers(op, ctx.params) or ctx.whole_tensor or not experts or numel == 0:
+    if not covers(spec, ctx.params) or ctx.whole_tensor or not experts or numel == 0:
         return None
-    kernel, normalize = FUSED_OPS[op]
-    if op.startswith("dare"):
+    assert spec.fused is not None
+    kernel, normalize = spec.fused.c_kernel, spec.normalize_default
+    if spec.fused.drop:
         if any(e.density <= 0 for e in experts):
             return None  # density 0: the torch kernels' error
         rescale = str(ctx.params.get("rescale", "density"))
         args = [_drop_args(e, ctx.flat_offset, rescale) for e in experts]
-    elif op == "ties":
+    elif kernel == "ties":
         args = [_ties_args(e, ctx.flat_offset) for e in experts]
     else:
         args = [(*_head(e), 0, 0.0, 0, 0.0, 0, 0) for e in experts]
@@ -101,7 +89,7 @@ def merge_block(op: str, base_raw: Any, base_dtype: str, experts: Sequence[Fused
         nan = _fused.ties(out, oc, base_raw, bc, args, numel, ctx.normalize(normalize),
                           lam != 1.0, lam)
     else:
-        divisor = _divisor(op, experts, ctx)
+        divisor = _divisor(normalize, experts, ctx)
         nan = _fused.linear(out, oc, base_raw, bc, args, numel, divisor is not None,
                             divisor or 0.0, lam != 1.0, lam)
     return None if nan else out.data
@@ -111,17 +99,15 @@ def _head(e: FusedExpert) -> tuple[Any, int, bool, float]:
     return (e.raw, CODES[e.dtype], e.full, e.weight)
 
 
-def _divisor(op: str, experts: Sequence[FusedExpert], ctx: BlockContext) -> float | None:
-    """linear.linear's and task_arithmetic's divisor (weight_total), or None."""
-    if op == "linear":
-        if not ctx.normalize(True):
-            return None
-        selected = ctx.params.get("renormalize", "fixed") == "selected"
-        weights = [e.weight for e in experts] if selected else list(ctx.all_weights)
-    elif ctx.normalize(False):  # task_arithmetic, dare_linear
-        weights = list(ctx.all_weights)
-    else:
+def _divisor(normalize: bool, experts: Sequence[FusedExpert], ctx: BlockContext
+             ) -> float | None:
+    """The linear kernels' divisor (weight_total) under normalize (the operator's default:
+    `normalize`), or None: all experts' weights, or (linear's renormalize=selected) the weights
+    of the experts read for the block."""
+    if not ctx.normalize(normalize):
         return None
+    selected = ctx.params.get("renormalize", "fixed") == "selected"
+    weights = [e.weight for e in experts] if selected else list(ctx.all_weights)
     return float(weight_total(weights))
 
 

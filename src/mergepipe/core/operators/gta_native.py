@@ -15,10 +15,10 @@ from mergepipe.core.operators.base import read_experts
 if TYPE_CHECKING:
     import torch
 
-    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock, ReadExpert
 
 # sparsify(expert, its float32 delta, ctx, j) -> a new float32 tensor (never e.delta itself)
-NativeSparsify = Callable[["ExpertBlock", "torch.Tensor", "BlockContext", int], "torch.Tensor"]
+NativeSparsify = Callable[["ReadExpert", "torch.Tensor", "BlockContext", int], "torch.Tensor"]
 
 
 def gta(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext, *,
@@ -35,12 +35,11 @@ def gta(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext, *,
         weight_total,
     )
 
-    read = [e for e in read_experts(experts) if e.delta is not None]
+    read = read_experts(experts)
     if not read:
         return base.clone()
     weighted = []
     for j, e in enumerate(read):
-        assert e.delta is not None
         weighted.append(scale_(sparsify(e, e.delta, ctx, j), e.weight))
     out = torch.empty_like(base)
     if consensus:

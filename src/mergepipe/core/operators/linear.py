@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.operators.base import read_experts
-from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
+from mergepipe.core.operators.spec import FusedKernel, MergekitMethod, OperatorSpec, Param
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
@@ -28,10 +28,10 @@ def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) ->
 
     from mergepipe.core.operators.sparsify import finish_into, weight_total, weighted_sum_into
 
-    read = [e for e in read_experts(experts) if e.delta is not None]
+    read = read_experts(experts)
     if not read:
         return base.clone()
-    mixed = weighted_sum_into([e.delta for e in read if e.delta is not None],
+    mixed = weighted_sum_into([e.delta for e in read],
                               [e.weight for e in read], torch.empty_like(base))
     divisor = None
     if ctx.normalize(True):
@@ -67,4 +67,5 @@ SPEC = OperatorSpec(
     mergekit=MergekitMethod("linear", params={"normalize": "normalize"},
                             base_in_average=True),
     bound_exception=_renormalized, coefficients=_coefficients,
+    fused=FusedKernel("linear"),
 )

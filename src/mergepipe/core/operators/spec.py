@@ -89,6 +89,20 @@ def default_coefficients(weights: Sequence[float], params: Mapping[str, Any]) ->
     return [lam * w for w in weights]
 
 
+@dataclass(frozen=True)
+class FusedKernel:
+    """The one-pass C kernel (core/operators/fused.py) that computes an operator's blocks to the
+    bits of its torch kernel: `linear` (a weighted sum of deltas) or `ties` (trim, sign election,
+    disjoint sum); `drop`: each delta goes through DARE's keyed random drop first."""
+
+    c_kernel: str  # "linear" | "ties"
+    drop: bool = False
+
+    def __post_init__(self) -> None:
+        if self.c_kernel not in ("linear", "ties"):
+            raise ValueError(f"fused kernel {self.c_kernel!r} is not linear or ties")
+
+
 # Planning units: the unit name -> the output region a coherent group spans (None: no grouping).
 # "group_block" (one block region) is kept for measurement: it did worse than whole tensors.
 PLANNING_UNITS: dict[str, str | None] = {"expert_block": None, "group": "tensor",
@@ -147,6 +161,9 @@ class OperatorSpec:
     whole_tensor_for: Callable[[Mapping[str, Any], Sequence[float]], str | None] | None = None
     # how many experts (non-base models) the operator combines: (at least, at most or None)
     experts_count: tuple[int, int | None] = (1, None)
+    # the C kernel computing `kernel`'s blocks in one pass (None: the torch kernel only); a spec
+    # whose kernel is replaced must drop it (dataclasses.replace(spec, kernel=k, fused=None))
+    fused: FusedKernel | None = None
 
     def __post_init__(self) -> None:
         if self.planning_unit not in PLANNING_UNITS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mergepipe.core.operators.base import read_experts
-from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
+from mergepipe.core.operators.spec import FusedKernel, MergekitMethod, OperatorSpec
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
@@ -24,10 +24,10 @@ def task_arithmetic(base: torch.Tensor, experts: list[ExpertBlock],
 
     from mergepipe.core.operators.sparsify import finish_into, weight_total, weighted_sum_into
 
-    read = [e for e in read_experts(experts) if e.delta is not None]
+    read = read_experts(experts)
     if not read:
         return base.clone()
-    mixed = weighted_sum_into([e.delta for e in read if e.delta is not None],
+    mixed = weighted_sum_into([e.delta for e in read],
                               [e.weight for e in read], torch.empty_like(base))
     divisor = weight_total(ctx.all_weights) if ctx.normalize(False) else None
     return finish_into(mixed, base, ctx.lam, divisor)
@@ -40,4 +40,5 @@ SPEC = OperatorSpec(
     not_incremental=None,
     mergekit=MergekitMethod("task_arithmetic", params={"normalize": "normalize",
                                                        "lambda": "lambda", "rescale": None}),
+    fused=FusedKernel("linear"),
 )

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators.base import read_experts
-from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
+from mergepipe.core.operators.spec import FusedKernel, MergekitMethod, OperatorSpec, Param
 from mergepipe.core.tensor_params import Setting, is_scalar
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
@@ -34,12 +34,11 @@ def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> t
         trimmed_into,
     )
 
-    read = [e for e in read_experts(experts) if e.delta is not None]
+    read = read_experts(experts)
     if not read:
         return base.clone()
     trimmed = []
     for j, e in enumerate(read):
-        assert e.delta is not None
         w = trimmed_into(e.delta, e.trim, e.key, ctx.flat_offset, scratch.like(("w", j), base))
         trimmed.append(scale_(w, e.weight))
     out = torch.empty_like(base)
@@ -48,9 +47,21 @@ def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> t
     return finish_into(out, base, ctx.lam, divisor)
 
 
+# The catalog keeps each expert tensor's exact TIES trim threshold at every whole percent of
+# density (tensor_stats.trim_*: one entry per 1%; docs/catalog.md#definitions, "TIES trim threshold").
+TRIM_GRID = 100
+
+
 def on_grid(density: float) -> bool:
-    """On the 1% grid the catalog keeps exact trim thresholds for."""
-    return abs(density * 100 - round(density * 100)) <= 1e-6
+    """On the 1% grid the catalog keeps exact trim thresholds for (the one test of it)."""
+    return abs(density * TRIM_GRID - round(density * TRIM_GRID)) <= 1e-6
+
+
+def grid_index(density: float) -> int | None:
+    """The 1-based index of `density` on the trim grid (SQL arrays are 1-based), or None when
+    it is off the grid or outside (0, 1]."""
+    j = round(density * TRIM_GRID)
+    return j if 1 <= j <= TRIM_GRID and on_grid(density) else None
 
 
 def _grid_setting(s: Setting) -> bool:
@@ -111,4 +122,5 @@ SPEC = OperatorSpec(
                      "everywhere"),
     mergekit=MergekitMethod("ties", params={"normalize": "normalize", "lambda": "lambda",
                                             "rescale": "rescale"}, translate=_translate),
+    fused=FusedKernel("ties"),
 )
