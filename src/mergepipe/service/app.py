@@ -14,6 +14,7 @@ from mergepipe.core import checkpoint_limits, logs
 from mergepipe.core.settings import Settings
 from mergepipe.jobs.runner import JobRunner
 from mergepipe.jobs.shared_runner import SharedJobRunner
+from mergepipe.sandbox.sql_snapshot import remove_stale
 from mergepipe.service import errors, telemetry
 from mergepipe.service.access import AccessGuard
 from mergepipe.service.limits import BodyLimit
@@ -48,6 +49,7 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         previous_limits = checkpoint_limits.install(settings.checkpoint_limits())
+        remove_stale()  # SQL snapshot folders of servers killed without cleaning up
         cat = Catalog(settings.catalog)
         # a PostgreSQL catalog is shared with other servers and workers: claim jobs from it
         runner = (SharedJobRunner if cat.postgres else JobRunner)(cat, settings)
