@@ -17,6 +17,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mergepipe.core.dtypes import HF_DTYPE_NAMES
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.executor.kernel_copy import pwrite_all
 from mergepipe.executor.writer import write_json, write_new
@@ -26,7 +27,6 @@ from mergepipe.storage.store import store_for
 from mergepipe.storage.store_types import FILE
 
 CONFIG_FILE = "config.json"
-HF_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 _KIB, _MIB = 1 << 10, 1 << 20
 # The files a model directory holds beside its weights, with the largest size copied of each
 # (far above real ones: a 256k-token tokenizer.json is about 35 MB).
