@@ -1,7 +1,7 @@
 """A full output disk is a 507 with a message a user can act on: refused when the merge is
 accepted if the output root has no room, and a merge whose disk fills up while it writes fails
 with the same error, publishing nothing. The disk is a small tmpfs mounted by the test (root
-only: skipped elsewhere)."""
+only: skipped elsewhere); a file-size limit (RLIMIT_FSIZE, in a child) needs no root."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import errno
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,3 +95,40 @@ def test_a_disk_that_fills_while_the_merge_writes_fails_it_with_a_507(tmp_path: 
             assert find_model(cat, "late") is None
     finally:
         cat.close()
+
+
+CHILD = """
+import resource, signal, sys
+from pathlib import Path
+from mergepipe.catalog.db import Catalog
+from mergepipe.core.errors import MergePipeError
+from mergepipe.core.request import build_request
+from mergepipe.jobs.merge import execute_plan
+from mergepipe.planner.plan import make_plan
+cat = Catalog(sys.argv[1])
+plan = make_plan(cat, build_request(base="base", experts="e0,e1", operator="linear", budget=1.0))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG, not a signal
+resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 10, resource.RLIM_INFINITY))
+try:
+    execute_plan(cat, plan, Path(sys.argv[2]))
+    print("published")
+except MergePipeError as e:
+    print(e.status, e.code, e.message)
+"""
+
+
+def test_a_file_size_limit_hit_while_writing_is_a_507(tmp_path: Path) -> None:
+    cat = Catalog(tmp_path / "c.duckdb")  # a DuckDB file: the child only reads it
+    try:
+        ingest_family(cat, tmp_path / "fam")
+    finally:
+        cat.close()
+    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "c.duckdb"),
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith("507 insufficient_storage an output file is over the file-size "
+                           "limit: File too large while writing the output under"), line
+    assert "nothing was published" in line and "MERGEPIPE_OUTPUT_ROOT" in line
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []

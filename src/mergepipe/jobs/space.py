@@ -16,7 +16,8 @@ from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InsufficientStorage
 from mergepipe.core.request import MergeRequest
 
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # disk full, quota, file-size limit
+NO_SPACE = {errno.ENOSPC: "the output disk is full", errno.EDQUOT: "the disk quota is used up",
+            errno.EFBIG: "an output file is over the file-size limit"}
 SIDE_ROOM = 1 << 20  # manifest, model card, index and config beside the weights, about
 ADVICE = ("free space there, or write the output elsewhere (another output root: "
           "MERGEPIPE_OUTPUT_ROOT; the CLI: --out)")
@@ -70,6 +71,6 @@ def out_of_space_is_507(out_dir: Path) -> Iterator[None]:
             raise
         where, free = free_bytes(Path(out_dir).parent)
         raise InsufficientStorage(
-            f"the output disk is full: {e.strerror} while writing the output under {where} "
+            f"{NO_SPACE[e.errno]}: {e.strerror} while writing the output under {where} "
             f"({free} bytes free now); nothing was published; {ADVICE}",
             field="output") from None
