@@ -1,6 +1,6 @@
 """A catalog that cannot be written (its file and folder made immutable with chattr +i while the
-server runs) turns writes into 503 catalog_read_only with a message saying what to do, not 500s;
-reads keep working."""
+server runs; a PostgreSQL database set read-only) turns writes into 503 catalog_read_only with a
+message saying what to do, not 500s; reads keep working."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import CatalogReadOnly
+from tests import catalogs
 from tests.api_helpers import client_for, make_family, settings_for
 
 
@@ -53,3 +55,20 @@ def test_opening_an_immutable_catalog_says_what_to_do(tmp_path: Path) -> None:
     with immutable(path.parent), pytest.raises(CatalogReadOnly) as err:
         Catalog(path)
     assert err.value.status == 503 and "chattr -i" in err.value.message
+
+
+def test_a_read_only_postgresql_catalog_is_503(tmp_path: Path) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    url = catalogs.new_database()
+    Catalog(url).close()  # migrated while writable
+    with psycopg.connect(catalogs.admin_url(), autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{url.rsplit("/", 1)[1]}" '
+                     "SET default_transaction_read_only = on")
+    cat = Catalog(url)
+    try:
+        assert cat.query(SQL("SELECT count(*) FROM models"))[0][0] == 0  # reads work
+        with pytest.raises(CatalogReadOnly) as err:
+            cat.execute(SQL("DELETE FROM models WHERE name = 'x'"))
+        assert err.value.status == 503 and "MERGEPIPE_CATALOG" in err.value.message
+    finally:
+        cat.close()
