@@ -10,6 +10,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,61 @@ def test_a_small_cap_refuses_an_ordinary_checkpoint(tmp_path: Path) -> None:
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "over the limit of 64" in done.stderr and "Traceback" not in done.stderr
+
+
+def _hwm_reset(pid: int) -> bool:
+    """Reset the peak resident size of process `pid` to its current one (Linux clear_refs)."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def test_a_size_claim_bomb_costs_a_real_server_a_4xx_and_constant_memory(tmp_path: Path) -> None:
+    from tests.size_claim_probe import sparse_checkpoint
+    from tests.test_server_e2e import Api, free_port, mergepipe_command
+
+    if not _sparse_ok(tmp_path, 1 << 41):
+        pytest.skip("this file system cannot hold a 2 TiB sparse file")
+    data = tmp_path / "data"
+    bomb = sparse_checkpoint(data / "bomb", 1 << 20, 1 << 20)  # [2**20, 2**20] BF16: 2 TiB
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
+    env.update(MERGEPIPE_CATALOG=str(tmp_path / "c.duckdb"), MERGEPIPE_DATA_ROOTS=str(data),
+               MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "out"),
+               PYTHONPATH=os.environ.get("PYTHONPATH", str(ROOT)))
+    proc = subprocess.Popen([*mergepipe_command(), "serve", "--host", "127.0.0.1", "--port",
+                             str(port), "--log-level", "warning"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = Api(port)
+    try:
+        for _ in range(600):
+            assert proc.poll() is None, "the server exited"
+            try:
+                if api.call("GET", "/healthz")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        if not _hwm_reset(proc.pid):
+            pytest.skip("needs /proc/PID/clear_refs to measure the server's peak memory")
+        rss0 = _status_kib(proc.pid, "VmRSS")
+        api.ok("POST", "/v1/models", {"name": "bomb", "path": str(bomb)}, status=202)
+        deadline = time.monotonic() + 60
+        while (m := api.ok("GET", "/v1/models/bomb"))["status"] not in ("failed", "ready"):
+            assert time.monotonic() < deadline, f"the bomb's ingestion still {m} after 60 s"
+            time.sleep(0.1)
+        assert m["status"] == "failed", m
+        assert "MERGEPIPE_MAX_FILE_BYTES" in m["error"] and "model.safetensors" in m["error"]
+        assert _status_kib(proc.pid, "VmHWM") - rss0 < CEILING
+        assert api.call("GET", "/healthz")[0] == 200
+    finally:
+        proc.kill()
+        proc.wait(10)
