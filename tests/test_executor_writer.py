@@ -1,4 +1,4 @@
-"""The safetensors writer, extra-file copy and atomic publish, in isolation."""
+"""The safetensors writer, side-file copy and atomic publish, in isolation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from mergepipe.core.errors import BudgetViolation, Conflict
 from mergepipe.executor import publish
 from mergepipe.executor.reads import BudgetCounter, Range, coalesce
-from mergepipe.executor.writer import CheckpointWriter, copy_extra_files, encode
+from mergepipe.executor.side_files import copy_side_files
+from mergepipe.executor.writer import CheckpointWriter, encode
 
 
 def _write(out: Path, tensors: dict[str, torch.Tensor], dtype: str, *, shards: int = 1,
@@ -91,8 +92,9 @@ def test_extra_files_copied_and_config_dtype_updated(tmp_path: Path) -> None:
     (src / "pytorch_model.bin").write_bytes(b"stale weights")
     out = tmp_path / "out"
     out.mkdir()
-    copied = copy_extra_files([str(p) for p in sorted(src.iterdir())], out, "F32")
-    assert sorted(copied) == ["config.json", "tokenizer.json"]
+    side = copy_side_files([str(p) for p in sorted(src.iterdir())], out, "F32")
+    assert sorted(side.copied) == ["config.json", "tokenizer.json"]
+    assert [f["name"] for f in side.left_out] == ["pytorch_model.bin"]
     assert json.loads((out / "config.json").read_text()) == {"torch_dtype": "float32",
                                                              "hidden_size": 8}
     assert (out / "tokenizer.json").read_text() == '{"model": {}}'

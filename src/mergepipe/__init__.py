@@ -17,20 +17,23 @@ _LAZY = {
     "InvalidCheckpoint": "mergepipe.core.errors", "NotFound": "mergepipe.core.errors",
     "Conflict": "mergepipe.core.errors", "Forbidden": "mergepipe.core.errors",
     "Busy": "mergepipe.core.errors", "SourceChanged": "mergepipe.core.errors",
-    "RemoteUnavailable": "mergepipe.core.errors",
+    "RemoteUnavailable": "mergepipe.core.errors", "CatalogReadOnly": "mergepipe.core.errors",
+    "InsufficientStorage": "mergepipe.core.errors",
 }
 __all__ = [
-    "Busy", "Catalog", "Conflict", "Forbidden", "InvalidCheckpoint", "InvalidRequest", "Lineage",
-    "MergePipeError", "MergeRequest", "NotFound", "RemoteUnavailable", "SourceChanged",
-    "SqlResult", "__version__",
+    "Busy", "Catalog", "CatalogReadOnly", "Conflict", "Forbidden", "InsufficientStorage",
+    "InvalidCheckpoint", "InvalidRequest", "Lineage", "MergePipeError", "MergeRequest", "NotFound",
+    "RemoteUnavailable", "SourceChanged", "SqlResult", "__version__",
 ]
 
 if TYPE_CHECKING:
     from mergepipe.api import Catalog, Lineage, SqlResult
     from mergepipe.core.errors import (
         Busy,
+        CatalogReadOnly,
         Conflict,
         Forbidden,
+        InsufficientStorage,
         InvalidCheckpoint,
         InvalidRequest,
         MergePipeError,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from mergepipe.catalog import dialect
 from mergepipe.catalog.connection import SQL, Connection, Row
-from mergepipe.catalog.duckdb_database import DuckDBDatabase
+from mergepipe.catalog.duckdb_database import DuckDBDatabase, read_only_error
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import Conflict, MergePipeError
 
@@ -241,6 +241,9 @@ def _open_duckdb(path: Path) -> DuckDBDatabase:
                 f"({_lock_holder(str(e))}; a running `mergepipe serve` or merge?): "
                 "DuckDB lets one process open it; use that process's API, or wait for it "
                 "to end") from None
+        ro = read_only_error(path, e)
+        if ro is not None:
+            raise ro from None
         raise CatalogUnreadable(f"cannot open the catalog {path}: {first}") from None
 
 

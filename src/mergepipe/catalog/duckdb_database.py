@@ -10,6 +10,24 @@ from pathlib import Path
 
 from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result, parameter_sets
 from mergepipe.catalog.duckdb_module import duckdb
+from mergepipe.core.errors import CatalogReadOnly
+
+# What the operating system says when a file cannot be written whatever we do: an immutable
+# file or folder (chattr +i), a read-only mount, no write permission.
+READ_ONLY_SIGNS = ("Operation not permitted", "Read-only file system", "Permission denied")
+
+
+def read_only_error(path: Path, e: BaseException) -> CatalogReadOnly | None:
+    """CatalogReadOnly (503, with what to do) if `e` says the catalog cannot be written."""
+    text = str(e)
+    why = next((s for s in READ_ONLY_SIGNS if s in text), None)
+    if why is None:
+        return None
+    restart = (" and restart the server (DuckDB stops using a catalog after a failed write "
+               "to its file)" if "invalidated" in text else "")
+    return CatalogReadOnly(
+        f"the catalog {path} cannot be written ({why}): its file or its folder is read-only "
+        f"or immutable (a read-only mount, chattr +i, no write permission). Make it writable (chattr -i, remount read-write, fix the owner){restart}")
 
 
 class DuckDBConnection:
@@ -40,6 +58,7 @@ class DuckDBDatabase:
     """The catalog file, opened once; each transaction gets a connection of its own."""
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         # No file or network access from SQL: the catalog's SQL reads only the catalog.
         self.db = duckdb.connect(str(path), config={"enable_external_access": False})
         self._lock = threading.Lock()  # DuckDB's parent connection is not for threads
@@ -51,30 +70,44 @@ class DuckDBDatabase:
 
     @contextmanager
     def begin(self) -> Iterator[DuckDBConnection]:
-        """A write transaction: committed when the block ends, rolled back if it raises."""
-        raw = self.cursor()
-        try:
-            raw.begin()
+        """A write transaction: committed when the block ends, rolled back if it raises;
+        CatalogReadOnly if the file cannot be written."""
+        with self._writable():
+            raw = self.cursor()
             try:
-                yield DuckDBConnection(raw)
-            except BaseException:
-                # (a fatal error may have ended the transaction already: report that one)
-                with suppress(duckdb.Error):
-                    raw.rollback()
+                raw.begin()
+                try:
+                    yield DuckDBConnection(raw)
+                except BaseException:
+                    # (a fatal error may have ended the transaction already: report that one)
+                    with suppress(duckdb.Error):
+                        raw.rollback()
+                    raise
+                raw.commit()
+            finally:
+                raw.close()
+
+    @contextmanager
+    def _writable(self) -> Iterator[None]:
+        try:
+            yield
+        except duckdb.Error as e:
+            err = read_only_error(self.path, e)
+            if err is None:
                 raise
-            raw.commit()
-        finally:
-            raw.close()
+            raise err from None
 
     @contextmanager
     def connect(self) -> Iterator[DuckDBConnection]:
-        """A read transaction: one consistent view of the catalog, nothing written."""
-        raw = self.cursor()
-        try:
-            raw.begin()
-            yield DuckDBConnection(raw)
-        finally:
-            raw.close()  # rolls back whatever was begun
+        """A read transaction: one consistent view of the catalog, nothing written (a
+        catalog invalidated by a failed write: CatalogReadOnly too)."""
+        with self._writable():
+            raw = self.cursor()
+            try:
+                raw.begin()
+                yield DuckDBConnection(raw)
+            finally:
+                raw.close()  # rolls back whatever was begun
 
     def dispose(self) -> None:
         self.db.close()

@@ -37,6 +37,7 @@ from mergepipe.catalog.models import (
 )
 from mergepipe.catalog.reverify import reverify_file
 from mergepipe.catalog.scan import FirstPass, Span, TensorPlan, TensorResult, scan_pinned
+from mergepipe.core import checkpoint_limits
 from mergepipe.core.errors import (
     Conflict,
     InvalidCheckpoint,
@@ -156,6 +157,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
             scales = [None] * len(plans)
         if with_stats and kind == "full":
             layout.check_unchanged(cat)
+    _check_blocks(ckpt, plans)
     pins = [(h.path, stamp) for h, stamp in zip(ckpt.files, stamps, strict=True)]
     if scan is None or first_passes:
         results, bytes_read = scan_pinned(plans, pins, progress, resume=first_passes)
@@ -274,6 +276,19 @@ def _restamp(conn: Connection, scanned: ScannedModel) -> None:
 
 
 # -- checks --------------------------------------------------------------------------------------
+
+def _check_blocks(ckpt: Checkpoint, plans: list[TensorPlan]) -> None:
+    """InvalidCheckpoint if the grid has more blocks than the cap (each becomes rows in memory
+    and in the catalog): counted in closed form, before anything is allocated per block."""
+    cap = checkpoint_limits.current().max_blocks
+    total = sum(len(p.rows) for p in plans)
+    if total > cap:
+        big = max(plans, key=lambda p: len(p.rows))
+        raise InvalidCheckpoint(
+            f"{ckpt.path}: {total} blocks, over the limit of {cap} (MERGEPIPE_MAX_BLOCKS); the "
+            f"largest tensor, {big.name!r} of shape {list(big.entry.shape)}, alone has "
+            f"{len(big.rows)}: use larger blocks (block_bytes) or raise the limit", field="path")
+
 
 def _check_args(name: str, kind: str, base: str | None, block_bytes: int) -> None:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):

@@ -12,7 +12,9 @@ import sqlalchemy as sa
 
 from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result, parameter_sets
 from mergepipe.catalog.dialect import engine_url, to_postgres, unnest_rows
-from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.errors import CatalogReadOnly, InvalidRequest
+
+READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction
 
 
 @cache
@@ -56,8 +58,16 @@ class PostgresDatabase:
 
     @contextmanager
     def begin(self) -> Iterator[PostgresConnection]:
-        with self.engine.begin() as conn:
-            yield PostgresConnection(conn)
+        try:
+            with self.engine.begin() as conn:
+                yield PostgresConnection(conn)
+        except sa.exc.DBAPIError as e:
+            if getattr(e.orig, "sqlstate", None) != READ_ONLY_SQLSTATE:
+                raise
+            raise CatalogReadOnly(
+                "the PostgreSQL catalog is read-only (a hot standby, or "
+                "default_transaction_read_only on the database or role): point "
+                "MERGEPIPE_CATALOG at the primary, or make the database writable") from None
 
     @contextmanager
     def connect(self) -> Iterator[PostgresConnection]:

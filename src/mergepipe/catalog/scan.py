@@ -130,8 +130,9 @@ class _Scan:
         self.plans, self.reader, self.progress, self.workers = plans, reader, progress, workers
         self.resumed = {k: r.state for k, p in enumerate(plans)
                         if (r := resume.get(p.name)) is not None and r.matches(p)}
-        self.total = sum(p.span(i).nbytes for k, p in enumerate(plans)
-                         if _to_read(self.resumed.get(k)) for i in range(len(p.rows)))
+        # the blocks tile each tensor: their bytes in all are the tensor's (closed form)
+        self.total = sum(p.entry.nbytes for k, p in enumerate(plans)
+                         if _to_read(self.resumed.get(k)))
         self.done = 0
         self.results: list[TensorResult | None] = [None] * len(plans)
         self.refine: deque[Task] = deque()

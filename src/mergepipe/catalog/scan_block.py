@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -55,7 +56,7 @@ class TensorPlan:
     name: str
     mode: str
     entry: TensorEntry
-    rows: list[tuple[int, int]]
+    rows: Sequence[tuple[int, int]]  # a closed-form BlockGrid, or the catalog's rows
     base: TensorEntry | None = None  # full: the base tensor (same shape, any float dtype)
     base_hashes: list[str] | None = None  # full: the base blocks' content hashes (same grid)
     lora_a: Span | None = None

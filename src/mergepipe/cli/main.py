@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import Any, NoReturn
 
+from mergepipe.core import checkpoint_limits
 from mergepipe.core.errors import MergePipeError
 from mergepipe.core.jsonable import jsonable
 from mergepipe.core.settings import Settings
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.settings = Settings.from_env(catalog=args.catalog)
+        checkpoint_limits.install(args.settings.checkpoint_limits())
         rc = args.func(args)
     except MergePipeError as e:
         one_line = " ".join(e.message.split("\n"))  # a message never spans lines

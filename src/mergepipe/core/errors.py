@@ -88,3 +88,18 @@ class RemoteUnavailable(MergePipeError):
 
     status = 503
     code = "remote_unavailable"
+
+
+class InsufficientStorage(MergePipeError):
+    """The output's disk is full (or a quota or file-size limit is reached); free space there."""
+
+    status = 507
+    code = "insufficient_storage"
+
+
+class CatalogReadOnly(MergePipeError):
+    """The catalog cannot be written (a read-only file or mount, an immutable file, a
+    read-only database); an administrator must make it writable."""
+
+    status = 503
+    code = "catalog_read_only"

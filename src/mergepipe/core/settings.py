@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from mergepipe.core.checkpoint_limits import CheckpointLimits
 from mergepipe.core.errors import InvalidRequest
 
 DEFAULT_CATALOG = "./mergepipe.duckdb"
@@ -48,6 +49,16 @@ class Settings:
     engine: str = "local"                # merges run on "local" threads or as "ray" tasks
     ray_address: str | None = None       # an existing Ray cluster (None: a local Ray runtime)
     log_format: str = "text"             # "json": one JSON object per log line
+    # caps on what a checkpoint may claim (core/checkpoint_limits.py)
+    max_file_bytes: int = CheckpointLimits.max_file_bytes
+    max_tensors_per_file: int = CheckpointLimits.max_tensors_per_file
+    max_tensor_elements: int = CheckpointLimits.max_tensor_elements
+    max_blocks: int = CheckpointLimits.max_blocks
+
+    def checkpoint_limits(self) -> CheckpointLimits:
+        """The caps on what a checkpoint may claim, as the storage layer applies them."""
+        return CheckpointLimits(self.max_file_bytes, self.max_tensors_per_file,
+                                self.max_tensor_elements, self.max_blocks)
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None, **overrides: object) -> Settings:
@@ -78,6 +89,14 @@ class Settings:
             engine=e.get("MERGEPIPE_ENGINE") or "local",
             ray_address=e.get("MERGEPIPE_RAY_ADDRESS") or None,
             log_format=(e.get("MERGEPIPE_LOG_FORMAT") or "text").lower(),
+            max_file_bytes=env_number(e, "MERGEPIPE_MAX_FILE_BYTES", int,
+                                      CheckpointLimits.max_file_bytes, minimum=8),
+            max_tensors_per_file=env_number(e, "MERGEPIPE_MAX_TENSORS_PER_FILE", int,
+                                            CheckpointLimits.max_tensors_per_file, minimum=1),
+            max_tensor_elements=env_number(e, "MERGEPIPE_MAX_TENSOR_ELEMENTS", int,
+                                           CheckpointLimits.max_tensor_elements, minimum=1),
+            max_blocks=env_number(e, "MERGEPIPE_MAX_BLOCKS", int, CheckpointLimits.max_blocks,
+                                  minimum=1),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         if "catalog" in given:  # a command-line option: text

@@ -95,6 +95,7 @@ def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionRes
         "touched_blocks": {"columns": TOUCHED_COLUMNS, "rows": [list(b) for b in plan.blocks]},
         "output": {"name": output_name, "path": str(output_path), "hash": result.output_hash,
                    "extra_files": result.extra_files,
+                   "left_out_files": result.left_out_files,
                    "tensors": [{"name": t.name, "file": t.file, "dtype": t.dtype,
                                 "shape": list(t.shape), "content_hash": t.content_hash}
                                for t in result.tensors]},

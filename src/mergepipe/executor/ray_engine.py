@@ -28,8 +28,9 @@ from mergepipe.core.errors import (
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.executor.prepare import Prepared, output_layout
 from mergepipe.executor.regions import combine, create_files, run_region, split_regions
+from mergepipe.executor.side_files import copy_side_files
 from mergepipe.executor.stream import ExecutionResult
-from mergepipe.executor.writer import copy_extra_files, write_json
+from mergepipe.executor.writer import write_json
 from mergepipe.storage.checkpoint import INDEX_FILE
 from mergepipe.storage.fsconfine import current_roots
 from mergepipe.storage.locations import basename
@@ -115,7 +116,8 @@ def execute_ray(prep: Prepared, out_dir: Path, *, address: str | None = None,
     if prep.checkpoint.has_index:
         write_json(out_dir / INDEX_FILE, {"metadata": {"total_size": total_bytes},
                                           "weight_map": {t.name: t.file for t in result.tensors}})
-    result.extra_files = copy_extra_files(prep.checkpoint.extra_files, out_dir, prep.out_dtype)
+    side = copy_side_files(prep.checkpoint.extra_files, out_dir, prep.out_dtype)
+    result.extra_files, result.left_out_files = side.copied, side.left_out
     result.exec_seconds = time.perf_counter() - t0
     return result
 

@@ -24,7 +24,7 @@ from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.stream import ExecutionResult, execute, output_hash
 from mergepipe.executor.writeback import Writeback
 from mergepipe.executor.writer import CheckpointWriter, _Slot
-from mergepipe.storage.fsconfine import confined
+from mergepipe.storage.fsconfine import confined, current_roots
 from mergepipe.storage.safetensors_format import encode_header
 
 # (file name, [(tensor, dtype, shape), ...]) in output order: prepare.output_layout's shape
@@ -82,6 +82,7 @@ class RegionWriter(CheckpointWriter):
                  region: Region) -> None:
         self.out_dir, self.write_index = Path(out_dir), False
         self._slots, self._order, self._fds, self._sources = {}, [], [], {}
+        self._roots = current_roots()
         self.total_bytes = self.kernel_copied = 0
         self.writeback = Writeback()
         mine = set(region.tensors)
@@ -90,7 +91,7 @@ class RegionWriter(CheckpointWriter):
                 if fname != region.file:
                     continue
                 header, spans = encode_header(specs, metadata.get(fname))
-                fd = os.open(self.out_dir / fname, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = os.open(self.out_dir / fname, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
                 self._fds.append(fd)
                 size = len(header) + (spans[-1][1] if spans else 0)
                 if os.fstat(fd).st_size != size:
@@ -168,5 +169,5 @@ def combine(layout: Layout, regions: Sequence[Region], results: dict[int, Execut
     return ExecutionResult(tensors, output_hash(tensors), sum(r.expert_bytes_read for r in parts),
                            by_model, fetched, sum(r.base_bytes_read for r in parts),
                            sum(r.blocks_total for r in parts),
-                           sum(r.expert_blocks_read for r in parts), exec_seconds, [], passes,
-                           sum(r.kernel_copied_bytes for r in parts))
+                           sum(r.expert_blocks_read for r in parts), exec_seconds, [], [],
+                           passes, sum(r.kernel_copied_bytes for r in parts))

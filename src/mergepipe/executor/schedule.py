@@ -24,9 +24,10 @@ class Step:
     last_of_tensor: list[int]  # LoRA experts whose lora_A can be dropped after this block
     flat_start: int = 0  # flat index of the block's first element
     shape: tuple[int, ...] = ()  # the block's shape: (rows, *row shape), or (elements,)
-    copy_from: BlockRow | None = None  # the output is this base block's bytes: kernel-copied
-    read_base: bool = True  # False: a whole untouched one-block tensor, never read (its hash
-    # is the catalog's)
+    # a whole untouched one-block tensor, never read: the output is this base block's bytes,
+    # copied by the kernel and verified against its catalogued hash (executor.kernel_copy)
+    copy_from: BlockRow | None = None
+    read_base: bool = True  # False exactly when copy_from is set
 
 
 def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[list[Range]]]:
@@ -80,8 +81,7 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
             step = Step(t.name, bi, bblk.row_start, bblk.row_end, readers,
                         [i for i in positions if last[i] == bi], bblk.row_start * per_unit,
                         ((n,) if flat else (n, *t.shape[1:])) if t.shape else (),
-                        bblk if same_dtype and not readers and not is_url(path) else None,
-                        not untouched)
+                        bblk if untouched else None, not untouched)
             cur_steps.append(step)
             cur_ranges.extend(ranges)
             cur_bytes += sum(r.nbytes for r in ranges)

@@ -21,13 +21,9 @@ from mergepipe.executor.blocks import ChunkMerger, MergedBlock
 from mergepipe.executor.prepare import Prepared, output_layout, prepare
 from mergepipe.executor.reads import BudgetCounter, Prefetcher
 from mergepipe.executor.schedule import Step, schedule
+from mergepipe.executor.side_files import copy_side_files
 from mergepipe.executor.sources import ModelSource
-from mergepipe.executor.writer import (
-    BackgroundWrites,
-    CheckpointWriter,
-    OutputTensor,
-    copy_extra_files,
-)
+from mergepipe.executor.writer import BackgroundWrites, CheckpointWriter, OutputTensor
 from mergepipe.storage.locations import basename
 from mergepipe.storage.storage import RangeReader, SourceReader, open_reader
 
@@ -55,7 +51,9 @@ class ExecutionResult:
     blocks_total: int
     expert_blocks_read: int
     exec_seconds: float
-    extra_files: list[str] = field(default_factory=list)
+    extra_files: list[str] = field(default_factory=list)  # side files copied from the base
+    # the base's other files, left out: {"name", "reason"} each (executor.side_files)
+    left_out_files: list[dict[str, str]] = field(default_factory=list)
     # first scan pass of each output tensor (execute(first_pass=True)), for its registration
     first_passes: dict[str, FirstPass] = field(default_factory=dict)
     kernel_copied_bytes: int = 0  # output bytes copied from the base by copy_file_range
@@ -119,13 +117,13 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     if expert_reader.bytes_read > prep.plan.budget_bytes:
         raise BudgetViolation(f"read {expert_reader.bytes_read} expert bytes, over the budget "
                               f"of {prep.plan.budget_bytes}")
-    extra = copy_extra_files(prep.checkpoint.extra_files, Path(out_dir), prep.out_dtype)
+    side = copy_side_files(prep.checkpoint.extra_files, Path(out_dir), prep.out_dtype)
     fetched = _fetch_by_model(prep, expert_reader)
     return ExecutionResult(tensors, output_hash(tensors), expert_reader.bytes_read,
                            {m: f["bytes"] for m, f in fetched.items()}, fetched,
                            base_reader.bytes_read,
-                           out.done, merger.expert_blocks, time.perf_counter() - t0, extra,
-                           out.passes, writer.kernel_copied)
+                           out.done, merger.expert_blocks, time.perf_counter() - t0, side.copied,
+                           side.left_out, out.passes, writer.kernel_copied)
 
 
 class _Output:
@@ -143,11 +141,10 @@ class _Output:
     def take(self, chunk_steps: list[Step], fut: Future[list[MergedBlock]]) -> None:
         plans = self.merger.output_plans
         for st, (tensor, start, buf, scan) in zip(chunk_steps, fut.result(), strict=True):
-            if st.copy_from is not None:  # the base's bytes: copied file to file
-                b = st.copy_from
-                self.writes.copy(tensor, start, self.merger.prep.base.file_path(b.file_index),
-                                 b.byte_offset, b.nbytes, buf,
-                                 None if buf is not None else b.content_hash)
+            if st.copy_from is not None:  # a base tensor never read: copied, then verified
+                b, base = st.copy_from, self.merger.prep.base
+                self.writes.copy_tensor(tensor, base.file_path(b.file_index), b.byte_offset,
+                                        b.content_hash, base.name)
             else:
                 assert buf is not None
                 self.writes.write(tensor, start, buf)

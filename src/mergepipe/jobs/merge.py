@@ -36,6 +36,7 @@ from mergepipe.executor.stream import ExecutionResult, Prepared
 from mergepipe.jobs.failure import failure_message
 from mergepipe.jobs.planning import check_inputs
 from mergepipe.jobs.report import MergeSummary, outcome_record, plan_record, summary
+from mergepipe.jobs.space import check_space, out_of_space_is_507
 from mergepipe.planner.incremental import choose_plan, previous_of, strategy_of, user_request
 from mergepipe.planner.plan import Plan
 from mergepipe.storage.fsconfine import confined
@@ -57,6 +58,8 @@ def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
     out = output_for(output_dir)
     out.check(overwrite=overwrite)
     request = check_inputs(cat, request, pending={j.model for j in ingests})
+    if isinstance(out, LocalOutput):
+        check_space(cat, request, out.path)
     return enqueue(cat, ingests=ingests, merge=NewMerge(request, output_name, out.location,
                                                         replace=overwrite),
                    max_queued=max_queued)
@@ -143,16 +146,17 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
     published = False
     try:
         assert stage is not None
-        result = engine.execute(prep, stage, threads=threads, first_pass=True,
-                                progress=_recorder(cat, merge_id, progress, fence))
-        hooks().merge_staged(merge_id)
-        write_manifest(stage, build_manifest(
-            merge_id=merge_id, prep=prep, result=result, output_name=name,
-            output_path=out.location, plan_seconds=plan_seconds,
-            wall_seconds=time.perf_counter() - wall0))
-        (stage / CARD_FILE).write_text(render_model_card(
-            user_request(prep.plan), io_figures(prep, result), name=name, merge_id=merge_id,
-            plan_hash=prep.plan.plan_hash))
+        with out_of_space_is_507(stage):
+            result = engine.execute(prep, stage, threads=threads, first_pass=True,
+                                    progress=_recorder(cat, merge_id, progress, fence))
+            hooks().merge_staged(merge_id)
+            write_manifest(stage, build_manifest(
+                merge_id=merge_id, prep=prep, result=result, output_name=name,
+                output_path=out.location, plan_seconds=plan_seconds,
+                wall_seconds=time.perf_counter() - wall0))
+            (stage / CARD_FILE).write_text(render_model_card(
+                user_request(prep.plan), io_figures(prep, result), name=name,
+                merge_id=merge_id, plan_hash=prep.plan.plan_hash))
         with _fenced(cat, merge_id, fence) as held:
             with contextlib.nullcontext(held) if held else cat.reader() as conn:
                 records.check_not_cancelled(conn, merge_id)  # cancelled: publish nothing
@@ -214,7 +218,8 @@ def execute_plan(cat: Catalog, plan: Plan, output_dir: Path, *, threads: int | N
     target = Path(output_dir).absolute()
     prep = stream.prepare(cat, plan)
     tag = "x-" + records.new_merge_id()[2:]
-    with publish.staged(target, tag, overwrite=overwrite) as stage:
+    with (publish.staged(target, tag, overwrite=overwrite) as stage,
+          out_of_space_is_507(stage)):
         result = engine.execute(prep, stage, threads=threads, progress=progress)
         write_manifest(stage, build_manifest(
             merge_id=None, prep=prep, result=result, output_name=None, output_path=target,

@@ -1,10 +1,18 @@
 """A read-only copy of the catalog's tables for the SQL worker processes (DuckDB lets one
-process open the catalog file; the workers open this copy instead)."""
+process open the catalog file; the workers open this copy instead).
+
+Each server's copy lives in a private temporary folder holding a lock file that the server
+keeps locked (flock) while it lives: a folder whose lock nobody holds was left by a server that
+died without cleaning up (SIGKILL, a crash), and `remove_stale` deletes it at the next start.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -34,6 +42,59 @@ def _stamp(path: Path) -> tuple[int, ...]:
     return tuple(out)
 
 
+PREFIX = "mergepipe-sql-"
+LOCK_FILE = "owner.lock"
+UNLOCKED_GRACE_S = 60.0  # a folder without a lock file yet may be a server's that is starting
+
+
+def _hold_lock(d: Path) -> int:
+    """Create and lock `d`'s lock file; the fd (kept open: the lock lasts as long as it)."""
+    fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _is_stale(d: Path) -> bool:
+    """Whether `d` is a dead server's folder: its lock file is not locked (or, with none, the
+    folder is older than a start-up takes)."""
+    try:
+        fd = os.open(d / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return time.time() - d.lstat().st_mtime > UNLOCKED_GRACE_S
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False  # a live server holds it
+    finally:
+        os.close(fd)
+
+
+def remove_stale(tmp: Path | None = None) -> list[Path]:
+    """Delete the snapshot folders of dead servers of this user under the temporary directory
+    (a server's start); the folders removed."""
+    root = Path(tmp or tempfile.gettempdir())
+    removed = []
+    for d in sorted(root.glob(PREFIX + "*")):
+        try:
+            st = d.lstat()
+            if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()
+                    or not _is_stale(d)):
+                continue
+        except OSError:
+            continue  # gone meanwhile, or not ours to look into
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def _cleanup(d: Path, fd: int) -> None:
+    shutil.rmtree(d, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 class SqlSnapshot:
     """The catalog's tables and views (their rows, as tables) in a DuckDB file of its own, in a
     private temporary folder: written under a temporary name, then renamed into place, again
@@ -42,13 +103,15 @@ class SqlSnapshot:
     def __init__(self, cat: Catalog) -> None:
         assert cat.path is not None, "PostgreSQL catalogs run user SQL in their reader role"
         self.cat = cat
-        self.dir = Path(tempfile.mkdtemp(prefix="mergepipe-sql-"))
+        remove_stale()
+        self.dir = Path(tempfile.mkdtemp(prefix=PREFIX))
+        self._lock_fd = _hold_lock(self.dir)
         self.path = self.dir / "snapshot.duckdb"
         self.version = 0
         self._stamp: tuple[int, ...] | None = None
         self._begun = -1.0  # time.monotonic() when the current copy's catalog state was read
         self._lock = threading.Lock()
-        weakref.finalize(self, shutil.rmtree, self.dir, True)
+        weakref.finalize(self, _cleanup, self.dir, self._lock_fd)
 
     def current(self) -> tuple[Path, int]:
         """(path, version) of a copy no older than the catalog at the time of the call: the

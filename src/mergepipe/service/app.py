@@ -10,10 +10,11 @@ from fastapi import FastAPI
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.dialect import display
-from mergepipe.core import logs
+from mergepipe.core import checkpoint_limits, logs
 from mergepipe.core.settings import Settings
 from mergepipe.jobs.runner import JobRunner
 from mergepipe.jobs.shared_runner import SharedJobRunner
+from mergepipe.sandbox.sql_snapshot import remove_stale
 from mergepipe.service import errors, telemetry
 from mergepipe.service.access import AccessGuard
 from mergepipe.service.limits import BodyLimit
@@ -47,6 +48,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        previous_limits = checkpoint_limits.install(settings.checkpoint_limits())
+        remove_stale()  # SQL snapshot folders of servers killed without cleaning up
         cat = Catalog(settings.catalog)
         # a PostgreSQL catalog is shared with other servers and workers: claim jobs from it
         runner = (SharedJobRunner if cat.postgres else JobRunner)(cat, settings)
@@ -64,6 +67,7 @@ def create_app(settings: Settings) -> FastAPI:
                 log.warning("jobs still running after %.0fs; they are marked failed at the "
                             "next start-up", settings.shutdown_grace_s)
             cat.close()
+            checkpoint_limits.install(previous_limits)
 
     logs.install_record_factory()  # log lines carry the request id (core/logs.py)
     app = FastAPI(title="MergePipe", version="1", description=DESCRIPTION, lifespan=lifespan)

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from mergepipe.core.errors import Forbidden
+from mergepipe.core.errors import Forbidden, InvalidRequest
 
 _ROOTS: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
     "mergepipe_confinement_roots", default=None)
@@ -83,7 +83,11 @@ def open_confined(path: str, flags: int, roots: Sequence[str] | None, mode: int 
     try:
         return open_beneath(root, rel, flags, mode)
     except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.ELOOP):
+        if e.errno == errno.ELOOP:  # beneath a root, only a loop (escapes are EXDEV)
+            raise InvalidRequest(f"{path}: a loop of symbolic links (more than {_MAX_LINKS} "
+                                 "levels to follow): fix or remove the link", field="path"
+                                 ) from None
+        if e.errno != errno.EXDEV:
             raise
         # A link into another root is allowed (confine_input accepts it): open it beneath that
         # root, so that a swap between the two resolutions still cannot leave the roots.
@@ -167,7 +171,9 @@ def _walk(rfd: int, rel: str, flags: int, mode: int) -> int:
                 except OSError:
                     raise e from None  # not a link: the open's own error
                 links += 1
-                if links > _MAX_LINKS or target.startswith("/"):
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel) from None
+                if target.startswith("/"):
                     raise OSError(errno.EXDEV, "a link leaves the root", rel) from None
                 parts[:0] = [c for c in target.split("/") if c not in ("", ".")]
                 continue

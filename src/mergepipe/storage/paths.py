@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Sequence
@@ -50,7 +51,7 @@ def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> 
             raise Forbidden(f"{field} {_short(raw)} is outside the allowed data roots",
                             field=field)
         if not real.exists():
-            raise InvalidRequest(f"{field} {_short(raw)} does not exist", field=field)
+            raise InvalidRequest(f"{field} {_short(raw)} {_missing_why(real)}", field=field)
         if real.is_dir():
             _confine_entries(real, roots, raw, field)
     except OSError as e:  # a name too long, a directory we may not list, ...
@@ -71,6 +72,16 @@ def confine_source(raw: str, data_roots: Sequence[Path], remote_roots: Sequence[
 def _short(raw: str) -> str:
     r = repr(raw)
     return r if len(r) <= 200 else r[:197] + "..."
+
+
+def _missing_why(real: Path) -> str:
+    """Why a path inside a root cannot be found: a loop of symbolic links, or nothing there."""
+    try:
+        os.stat(real)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a loop of symbolic links: fix or remove the link"
+    return "does not exist"
 
 
 def _confine_entries(real: Path, roots: Sequence[Path], raw: str, field: str) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mergepipe.core import checkpoint_limits
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.storage.locations import absolute
@@ -22,9 +23,10 @@ if TYPE_CHECKING:
 
 # Bounds on what a header may make us build (the safetensors library allows 100 MB of header;
 # an 18 MB header of 300k empty tensors took 1.3 GB and 39 s to ingest). A shard of a real
-# checkpoint has at most a few thousand tensors and a header of well under 1 MB.
+# checkpoint has at most a few thousand tensors and a header of well under 1 MB. The caps on
+# the file's size, its tensor count and a tensor's elements are the settings'
+# (core.checkpoint_limits).
 MAX_HEADER_BYTES = 16 << 20
-MAX_TENSORS_PER_FILE = 65_536
 MAX_NAME_CHARS = 1024
 # torch's names of the float dtypes
 TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -79,6 +81,11 @@ def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
     reader = reader if reader is not None else open_reader(random_access=True)
     try:
         size = reader.size(path)
+        limits = checkpoint_limits.current()
+        if size > limits.max_file_bytes:
+            raise InvalidCheckpoint(f"{path}: {size} bytes, over the limit of "
+                                    f"{limits.max_file_bytes} for one checkpoint file "
+                                    "(MERGEPIPE_MAX_FILE_BYTES)", field="path")
         if size < 8:
             raise InvalidCheckpoint(f"{path}: file too short for a safetensors header")
         (n,) = struct.unpack("<Q", reader.read(path, 0, 8))
@@ -101,14 +108,16 @@ def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict):
         raise InvalidCheckpoint(f"{path}: __metadata__ is not an object")
-    if len(header) > MAX_TENSORS_PER_FILE:
+    if len(header) > limits.max_tensors_per_file:
         raise InvalidCheckpoint(f"{path}: {len(header)} tensors in one file, over the limit of "
-                                f"{MAX_TENSORS_PER_FILE}")
+                                f"{limits.max_tensors_per_file} (MERGEPIPE_MAX_TENSORS_PER_FILE)",
+                                field="path")
     data_start = 8 + n
     data_len = size - data_start
     entries = []
     for name, info in header.items():
-        entries.append(_entry(path, name, info, data_start, data_len))
+        entries.append(_entry(path, name, info, data_start, data_len,
+                              limits.max_tensor_elements))
     entries.sort(key=lambda t: (t.data_offset, t.nbytes, t.name))
     _check_tiling(path, entries, data_start, size)
     return SafetensorsHeader(path, data_start, size, {str(k): str(v) for k, v in metadata.items()},
@@ -136,7 +145,8 @@ def _name(name: str) -> str:
     return r if len(r) <= 120 else r[:117] + "..."
 
 
-def _entry(path: str, name: str, info: object, data_start: int, data_len: int) -> TensorEntry:
+def _entry(path: str, name: str, info: object, data_start: int, data_len: int,
+           max_elements: int) -> TensorEntry:
     if len(name) > MAX_NAME_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise InvalidCheckpoint(f"{path}: tensor {_name(name)}: a name of over "
                                 f"{MAX_NAME_CHARS} characters or with control characters")
@@ -157,6 +167,10 @@ def _entry(path: str, name: str, info: object, data_start: int, data_len: int) -
     numel = 1
     for d in shape:
         numel *= d
+    if numel > max_elements:
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: shape {shape} has {numel} elements, "
+                                f"over the limit of {max_elements} "
+                                "(MERGEPIPE_MAX_TENSOR_ELEMENTS)", field="path")
     if not 0 <= begin <= end:
         raise InvalidCheckpoint(f"{path}: tensor {name!r}: data_offsets {offsets} out of order")
     if end > data_len:

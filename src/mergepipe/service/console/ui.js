@@ -105,9 +105,13 @@ export function errorBox(err) {
   return h("p", {class: "error", role: "alert"}, `${err.status ? err.status + " " : ""}${err.message}`);
 }
 
-/** Escape a value for CSV (RFC 4180). */
+/** Escape a value for CSV (RFC 4180), neutralizing formulas as OWASP recommends: a text cell
+ * beginning with =, +, -, @, a tab or a carriage return gets a leading single quote, so that a
+ * spreadsheet shows it instead of evaluating it (a number, or text that is only a number such
+ * as "-1.5e-3", is written as it is: it cannot be a formula). */
 export function csvCell(v) {
-  const s = v === null || v === undefined ? "" : typeof v === "object" ? JSON.stringify(v) : String(v);
+  let s = v === null || v === undefined ? "" : typeof v === "object" ? JSON.stringify(v) : String(v);
+  if (/^[=+\-@\t\r]/.test(s) && !/^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/.test(s)) s = "'" + s;
   return /[",\r\n]/.test(s) ? `"${s.replaceAll('"', '""')}"` : s;
 }
 
