@@ -9,6 +9,7 @@ import yaml
 
 from mergepipe.core.dtypes import HF_DTYPE_NAMES
 from mergepipe.core.request import MergeRequest
+from mergepipe.core.tensor_params import SHARED_PARAMS
 
 CARD_FILE = "README.md"
 TAGS = ("merge", "mergepipe")
@@ -166,6 +167,9 @@ def _tensor_settings(settings: Mapping[str, Any] | None, n: int
     per_model: list[dict[str, Any]] = [{} for _ in range(n)]
     shared: dict[str, Any] = {}
     for name, chains in (settings or {}).items():
+        if name in SHARED_PARAMS:  # one global setting (slerp's t), the same in every chain
+            shared[name] = next(c[0] for c in chains if c)
+            continue
         for chain in chains:
             if chain and len(chain) > 1:
                 shared[name] = chain[1]

@@ -93,8 +93,10 @@ def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
         to_ingest.append(job)
         return job.model
 
-    base_name = (find(cfg.base, None, "full") if cfg.base is not None
-                 else _infer_base(cfg, known.models, locate))
+    inferred = _infer_base(cfg, known.models, locate) if cfg.base is None else None
+    if cfg.base is None and inferred is None:
+        cfg = cfg.as_soup()
+    base_name = inferred if cfg.base is None else find(cfg.base, None, "full")
     names: list[str] = []
     for e in cfg.experts:
         if e.ref.lora is None:
@@ -121,8 +123,9 @@ def load_config(cat: Catalog, text: str | bytes, *, budget: BudgetSpec = None,
     return resolved.request(budget=budget, seed=seed), resolved
 
 
-def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> str:
-    """No base_model (mergekit linear): use the base all experts are registered against."""
+def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> str | None:
+    """No base_model (mergekit linear): the base all experts are registered against, else None
+    for linear (a model soup: MergekitConfig.as_soup)."""
     bases: set[str | None] = set()
     for e in cfg.experts:
         found = None
@@ -136,12 +139,11 @@ def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> 
         bases.add(row.base if row else None)
     if len(bases) == 1 and None not in bases:
         return str(bases.pop())
-    in_average = cfg.base_weight is not None or cfg.operator == "linear"
+    if cfg.operator == "linear":
+        return None
     raise InvalidRequest(
         "base_model: missing. MergePipe stores experts as deltas against the base they were "
-        "fine-tuned from; add base_model: PATH" + (
-            " and list it under models: with weight: 0 so that, as in mergekit, it stays out of "
-            "the average" if in_average else ""), field="base_model")
+        "fine-tuned from; add base_model: PATH", field="base_model")
 
 
 def _same_path(a: str, b: str) -> bool:
