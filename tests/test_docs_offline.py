@@ -5,14 +5,10 @@ headless, with every request to another origin aborted, renders the operations l
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,11 +17,9 @@ from mergepipe.core.settings import Settings
 from mergepipe.service.app import create_app
 from mergepipe.service.routes.console import CSP
 from tests.catalogs import new_catalog
-from tests.test_server_e2e import REPO, Api, free_port, mergepipe_command
+from tests.loopback_server import offline_browser, serving
+from tests.test_server_e2e import Api
 
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options"}
 
 
@@ -83,75 +77,23 @@ def test_docs_page_and_everything_it_loads_come_from_the_app(client: TestClient)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    tmp = tmp_path_factory.mktemp("docs-server")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-    env.update(MERGEPIPE_CATALOG=str(new_catalog(tmp)), MERGEPIPE_OUTPUT_ROOT=str(tmp / "out"),
-               MERGEPIPE_DATA_ROOTS=str(tmp), PYTHONPATH=str(REPO / "src"))  # this tree
-    log = (tmp / "server.log").open("wb")
-    proc = subprocess.Popen([*mergepipe_command(), "serve", "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], cwd=tmp, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    api = Api(port, None)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (tmp / "server.log").read_text()
-            try:
-                if api.call("GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "server not up in 30 s"
-            time.sleep(0.1)
+    with serving(tmp_path_factory.mktemp("docs-server")) as api:
         yield api
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
 
 
 def test_swagger_ui_renders_the_operations_with_no_network(
         server: Api, tmp_path: Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs it (apt-get install -y chromium)")
-        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium (as .ci/run does)")
     spec = server.call("GET", "/openapi.json")[1]
     operations = sum(1 for item in spec["paths"].values() for m in item if m in METHODS)
     assert operations >= 10
-    origin = server.base.rstrip("/")
-    blocked: list[str] = []
-    errors: list[str] = []
-
-    def gate(route: Any) -> None:  # the network: only this server answers
-        url = route.request.url
-        if url.startswith(origin + "/") or url.startswith(("data:", "blob:")):
-            route.continue_()
-        else:
-            blocked.append(url)
-            route.abort()
-
-    with sync_api.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=FLAGS,
-            viewport={"width": 1280, "height": 900})
-        try:
-            ctx.set_default_timeout(20_000)
-            ctx.route("**/*", gate)
-            page = ctx.new_page()
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.goto(origin + "/docs")
-            page.wait_for_selector(".opblock")
-            page.wait_for_function(f"document.querySelectorAll('.opblock').length >= {operations}")
-            assert page.locator(".opblock").count() == operations
-            assert "MergePipe" in page.locator(".info .title").inner_text()
-            page.locator(".opblock-summary").first.click()  # an operation opens: the UI is live
-            page.wait_for_selector(".opblock.is-open")
-            page.screenshot(path=str(tmp_path / "docs.png"))
-        finally:
-            ctx.close()
+    with offline_browser(tmp_path / "profile", server.base) as (ctx, blocked, errors):
+        page = ctx.new_page()
+        page.goto(server.base + "/docs")
+        page.wait_for_function(f"() => document.querySelectorAll('.opblock').length >= {operations}")
+        assert page.locator(".opblock").count() == operations
+        assert "MergePipe" in page.locator(".info .title").inner_text()
+        page.locator(".opblock-summary").first.click()  # an operation opens: the UI is live
+        page.wait_for_selector(".opblock.is-open")
+        page.screenshot(path=str(tmp_path / "docs.png"))
     assert not blocked, f"/docs reached out of the server: {blocked}"
     assert not errors, errors  # CSP violations are console errors

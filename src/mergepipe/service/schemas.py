@@ -116,6 +116,7 @@ class ModelOut(_Out):
     path: str
     base: str | None = None
     error: str | None = None
+    source_merge: str | None = None  # the merge whose output it is (None: ingested)
     job: IngestJobOut | None = None
 
 
