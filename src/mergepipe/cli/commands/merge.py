@@ -13,7 +13,7 @@ from mergepipe.cli.main import print_json
 from mergepipe.cli.progress import MergeBar
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.operators import REGISTRY, Param
+from mergepipe.core.operators import REGISTRY
 from mergepipe.core.request import STRATEGIES, MergeRequest, build_request
 
 if TYPE_CHECKING:
