@@ -171,3 +171,25 @@ def test_slerp_nuslerp_and_soups_give_mergekits_bytes(fam, reference, tmp_path):
             assert differ <= MAX_DIFFERING and worst <= 1, f"{name}: {table[name]}"
     finally:
         cat.close()
+
+
+def test_without_base_model_registered_experts_give_the_base_their_peers_join(fam, tmp_path):
+    """A registered expert of one base and a new path: the path is registered as an expert of
+    that base, which is only the reference of the deltas (not averaged in)."""
+    from mergepipe.jobs.ingest import run_ingestion
+    cat = Catalog(catalogs.new_catalog(tmp_path))
+    try:
+        _, resolved = load_config(cat, json.dumps(slerp_cfg(fam)))  # registers base and e0
+        for job in resolved.to_ingest:
+            run_ingestion(cat, job)
+        base, e0 = resolved.base, resolved.experts[0]
+        cfg = {"merge_method": "linear", "models": [
+            {"model": e0, "parameters": {"weight": 1.0}},
+            {"model": str(fam["e1"]), "parameters": {"weight": 3.0}}]}
+        request, again = load_config(cat, json.dumps(cfg))
+        assert request.base == base and "base_weight" not in request.params
+        (job,) = again.to_ingest
+        assert job.base == base and Path(job.path) == fam["e1"].resolve()
+        assert [e.model for e in request.experts] == [e0, job.model]
+    finally:
+        cat.close()

@@ -124,19 +124,22 @@ def load_config(cat: Catalog, text: str | bytes, *, budget: BudgetSpec = None,
 
 
 def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> str | None:
-    """No base_model (mergekit linear): the base all experts are registered against, else None
-    for linear (a model soup: MergekitConfig.as_soup)."""
+    """No base_model (mergekit linear): the base all registered models are experts of (the
+    unregistered ones, local paths, are registered as its experts too); None when no model is
+    registered against a base (a model soup: MergekitConfig.as_soup). A model that is neither
+    registered nor a path is refused here, naming its key."""
     bases: set[str | None] = set()
     for e in cfg.experts:
-        found = None
-        if e.ref.lora is None:
-            try:
-                found = _match(e.ref, models, base=None, any_base=True) or _match(
-                    e.ref, models, base=None, path=locate(e.ref.text, e.ref.key), any_base=True)
-            except MergePipeError:
-                found = None
+        if e.ref.lora is not None:
+            bases.add(None)
+            continue
+        found = _match(e.ref, models, base=None, any_base=True)
+        if found is None:
+            found = _match(e.ref, models, base=None, path=locate(e.ref.text, e.ref.key),
+                           any_base=True)
         row = next((m for m in models if m.name == found), None)
-        bases.add(row.base if row else None)
+        if row is not None:
+            bases.add(row.base)
     if len(bases) == 1 and None not in bases:
         return str(bases.pop())
     if cfg.operator == "linear":
