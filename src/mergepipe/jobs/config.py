@@ -16,7 +16,7 @@ from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import ModelRow, list_models
 from mergepipe.catalog.queue import NewIngestJob
-from mergepipe.core.errors import InvalidRequest, MergePipeError
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_config import BudgetSpec, MergekitConfig, ModelRef, parse_config
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.storage.checkpoint import ADAPTER_CONFIG
