@@ -95,8 +95,8 @@ def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
 
     inferred = _infer_base(cfg, known.models, locate) if cfg.base is None else None
     if cfg.base is None and inferred is None:
-        cfg = cfg.as_soup()
-    base_name = inferred if cfg.base is None else find(cfg.base, None, "full")
+        cfg = cfg.as_soup()  # a model soup: one of the models becomes the base
+    base_name = find(cfg.base, None, "full") if cfg.base is not None else str(inferred)
     names: list[str] = []
     for e in cfg.experts:
         if e.ref.lora is None:
