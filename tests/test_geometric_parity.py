@@ -86,11 +86,11 @@ def test_expert_counts_and_config_checks(fam):
     with pytest.raises(InvalidRequest, match="parameters.t: missing"):
         parse_config(json.dumps({"merge_method": "slerp", "base_model": base,
                                  "models": [{"model": base}, {"model": e0}]}))
-    with pytest.raises(InvalidRequest, match="a gradient list or filter: values.*not t") as e:
-        parse_config(json.dumps({"merge_method": "slerp", "base_model": base,
-                                 "parameters": {"t": [0, 0.5, 1]},
-                                 "models": [{"model": base}, {"model": e0}]}))
-    assert e.value.field == "parameters.t"
+    # t per tensor (a gradient): resolved at each tensor (tests/test_mergekit_slerp_soup.py)
+    grad = parse_config(json.dumps({"merge_method": "slerp", "base_model": base,
+                                    "parameters": {"t": [0, 0.5, 1]},
+                                    "models": [{"model": base}, {"model": e0}]}))
+    assert grad.params["t"] == 0.0 and grad.experts[0].chains == {"t": [[0.0, 0.5, 1.0]]}
     cfg = parse_config(json.dumps({"merge_method": "model_stock", "base_model": base,
                                    "models": [{"model": e0, "parameters": {"weight": 2}},
                                               {"model": e1}]}))

@@ -261,7 +261,9 @@ def test_resolution_errors_name_the_key(catalog: Catalog, family: dict[str, Path
         (f"merge_method: ties\nbase_model: base\nmodels: [{tmp_path / 'nope'}]\n"
          "parameters: {weight: 1}",
          "models[0].model", "neither a registered model nor a local path"),
-        ("merge_method: linear\nmodels: [e0, nowhere]\nparameters: {weight: 1}", "base_model", "weight: 0"),
+        # no base_model: a model soup, whose models must exist (a path or a registered name)
+        ("merge_method: linear\nmodels: [e0, nowhere]\nparameters: {weight: 1}",
+         "models[1].model", "neither a registered model nor a local path"),
         (f"merge_method: ties\nbase_model: base\nmodels: [{family['e2']}+{family['e0']}]\n"
          "parameters: {weight: 1}",
          "models[0].model", "not base_model"),

@@ -28,8 +28,9 @@ def front_matter(card: str) -> dict:
 
 
 def test_front_matter_lists_lineage_tags_and_io() -> None:
-    meta = front_matter(render_model_card(REQUEST, SUMMARY, name="code-math", **IDS))
-    assert meta["base_model"] == ["org/base", "org/code", "org/math"]
+    hub = {"org/base": "hub-org/base", "org/code": "hub-org/code", "org/math": "hub-org/math"}
+    meta = front_matter(render_model_card(REQUEST, SUMMARY, name="code-math", hub_ids=hub, **IDS))
+    assert meta["base_model"] == ["hub-org/base", "hub-org/code", "hub-org/math"]
     assert meta["base_model_relation"] == "merge"
     assert {"merge", "mergepipe"} <= set(meta["tags"])
     mp = meta["mergepipe"]

@@ -209,7 +209,9 @@ def test_wheel_runs_without_the_checkout(installed: Installed, outside: Path) ->
                  {"MERGEPIPE_CATALOG": str(outside / "catalog.duckdb")}, port) as url:
         code, body = http("POST", f"{url}/v1/sql", {"sql": "SELECT count(*) FROM models"})
         assert code == 200 and body["rows"] == [[4]], body
-        for page in ("/", "/console/app.js"):  # the console, from the package data
+        # the console and the API docs (Swagger UI's files from fastapi-offline's package data)
+        for page in ("/", "/console/app.js", "/docs", "/console/api-docs.js",
+                     "/docs/assets/swagger-ui-bundle.js"):
             with urllib.request.urlopen(url + page, timeout=30) as r:
                 assert r.status == 200 and r.read(), page
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -165,10 +166,21 @@ def run_demo(root: Path) -> int:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    say(f"outputs (merged checkpoints with manifest.json) are in {root / 'merges'}; "
-        f"the catalog is {root / 'catalog.duckdb'} (try: mergepipe --catalog "
-        f"{root / 'catalog.duckdb'} sql \"SELECT * FROM merges\")")
+    say(closing_hint(root))
     return 0
+
+
+# The closing hint's query: one short line per merge (SELECT * prints every plan and request
+# JSON, hundreds of kilobytes for the demo's merges).
+HINT_SQL = ("SELECT output_name, operator, strategy, expert_bytes_read, full_read_bytes "
+            "FROM merges ORDER BY created_at")
+
+
+def closing_hint(root: Path) -> str:
+    catalog = root / "catalog.duckdb"
+    return (f"outputs (merged checkpoints with manifest.json) are in {root / 'merges'}; the "
+            f"catalog is {catalog} (try: mergepipe --catalog {shlex.quote(str(catalog))} sql "
+            f"{shlex.quote(HINT_SQL)})")
 
 
 def show_incremental(api: Api, experts: list[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -25,7 +25,12 @@ from mergepipe.core.mergekit_params import (
 )
 from mergepipe.core.operators import OperatorSpec
 from mergepipe.core.request import Budget
-from mergepipe.core.tensor_params import TENSOR_PARAMS, is_scalar, representative
+from mergepipe.core.tensor_params import (
+    SHARED_PARAMS,
+    TENSOR_PARAMS,
+    is_scalar,
+    representative,
+)
 
 _HUB_REVISION = re.compile(r"[\w.-]+/[\w.-]+@[\w./-]+")  # org/model@revision
 BudgetSpec = str | float | dict[str, Any] | Budget | None  # what build_request takes
@@ -93,6 +98,27 @@ class MergekitConfig:
             "params": params,
             "output_dtype": self.output_dtype,
         }
+
+    def as_soup(self) -> MergekitConfig:
+        """linear without base_model whose models are not all experts of one registered base:
+        mergekit averages the models themselves (a model soup). The first model with one weight
+        becomes the base, kept in the average at its place with its weight; the others are its
+        experts. The same sum in the same order: mergekit's bytes."""
+        k = next((i for i, e in enumerate(self.experts)
+                  if e.ref.lora is None and "weight" not in e.chains), None)
+        if k is None or len(self.experts) < 2:
+            raise InvalidRequest(
+                "base_model: missing. A linear merge without base_model averages the models "
+                "(a model soup); MergePipe stores one of them as the base, which needs two models "
+                "or more and one full checkpoint with a single weight" + (
+                    "" if len(self.experts) < 2 else " (every model has per-tensor weights)"),
+                field="base_model")
+        chosen = self.experts[k]
+        note = (f"no base_model: a model soup as in mergekit ({chosen.ref.key} "
+                f"{chosen.ref.text!r} is registered as the base and averaged in with weight "
+                f"{chosen.weight:g}, the other models as its experts)")
+        return replace(self, base=chosen.ref, experts=self.experts[:k] + self.experts[k + 1:],
+                       base_weight=chosen.weight, base_position=k, notes=(*self.notes, note))
 
     def yaml_key(self, request_field: str | None) -> str | None:
         """A build_request field name -> the config key a user would edit."""
@@ -205,6 +231,10 @@ def _read_models(models: list[Any], spec: OperatorSpec, base: ModelRef | None,
         ref = _ref(entry["model"], f"{key}.model")
         mparams = check_params(as_mapping(entry.get("parameters"), f"{key}.parameters"),
                                global_params(spec), f"{key}.parameters", spec, notes)
+        for name in SHARED_PARAMS:
+            if mparams.pop(name, None) is not None:
+                notes.append(f"{key}.parameters.{name}: ignored: mergekit's {spec.name} reads "
+                             f"{name} only from the global parameters: (as mergekit does)")
         weight = mparams.get("weight", gparams.get("weight"))
         if base is not None and ref.lora is None and ref.same_model(base):
             base_at = len(experts)
@@ -234,10 +264,11 @@ def _read_models(models: list[Any], spec: OperatorSpec, base: ModelRef | None,
 
 def _chains(mparams: dict[str, Any], gparams: dict[str, Any]) -> dict[str, list[Any]]:
     """The per-tensor parameters of one model: the model's setting, then the global one (as
-    mergekit's resolver tries them), where the first that applies is not one number."""
+    mergekit's resolver tries them), where the first that applies is not one number; a shared
+    parameter (slerp's t) has the global setting alone."""
     out = {}
     for name in TENSOR_PARAMS:
-        m, g = mparams.get(name), gparams.get(name)
+        m, g = (None if name in SHARED_PARAMS else mparams.get(name)), gparams.get(name)
         first = m if m is not None else g
         if first is not None and not is_scalar(first):
             out[name] = [s for s in (m, g) if s is not None]

@@ -9,7 +9,14 @@ from typing import Any
 from mergepipe.core.dtypes import DTYPE_NAMES, HF_DTYPE_NAMES
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import OperatorSpec, mergekit_methods
-from mergepipe.core.tensor_params import TENSOR_PARAMS, canonical, is_scalar, numbers
+from mergepipe.core.tensor_params import (
+    SHARED_PARAMS,
+    TENSOR_PARAMS,
+    canonical,
+    is_scalar,
+    numbers,
+    representative,
+)
 
 # mergekit methods no registered operator implements, and why each is refused.
 REFUSED_METHODS = {
@@ -93,7 +100,7 @@ def check_params(params: Mapping[str, Any], allowed: set[str], where: str,
         if isinstance(value, list | dict):
             if name not in TENSOR_PARAMS:
                 raise InvalidRequest(f"{key}: per-tensor values (a gradient list or filter: "
-                                     f"values) are supported for {' and '.join(TENSOR_PARAMS)}, "
+                                     f"values) are supported for {', '.join(TENSOR_PARAMS)}, "
                                      f"not {name}; give a single value", field=key)
             kept[name] = setting = canonical(value, key)
             for v in numbers(setting):
@@ -151,8 +158,9 @@ def request_params(spec: OperatorSpec, g: Mapping[str, Any], notes: list[str]
     p: dict[str, Any] = {}
     for key, value in g.items():
         ours = spec.mergekit.params.get(key)
-        if ours is not None:
-            p[ours] = value
+        if ours is not None:  # a shared per-tensor setting: its value at untouched tensors
+            p[ours] = value if is_scalar(value) or key not in SHARED_PARAMS else representative(
+                [value])
     if "int8_mask" in g:
         notes.append("parameters.int8_mask only saves memory in mergekit; ignored")
     if spec.density and "density" in g and is_scalar(g["density"]):

@@ -13,7 +13,7 @@ from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import REGISTRY, OperatorSpec, Param, get_operator
 from mergepipe.core.operators.spec import PLANNING_UNITS
 from mergepipe.core.operators.ties import on_grid
-from mergepipe.core.tensor_params import check_request_settings, numbers
+from mergepipe.core.tensor_params import TENSOR_PARAMS, check_request_settings, numbers
 
 # Parameters every operator takes, and the planner's ranking score of a block (per byte). l2
 # (default; docs/catalog.md#definitions): |alpha_i| * ||D_itb||_2. per_tensor: |alpha_i| * ||D_itb|| / ||D_it||,
@@ -206,7 +206,10 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
         raise InvalidRequest(why, field="experts")
     p = operator_params(spec, params or {})
     if "tensor_params" in p:
-        p["tensor_params"] = check_request_settings(p["tensor_params"], len(specs), spec.density)
+        p["tensor_params"] = check_request_settings(
+            p["tensor_params"], len(specs),
+            [n for n in TENSOR_PARAMS if n == "weight" or (n == "density" and spec.density)
+             or spec.param(n) is not None])
         _check_tensor_scale(p["tensor_params"])
     _check_scale(specs, p["lambda"])
     if p["normalize"] and abs(sum(e.weight for e in specs) + p.get("base_weight", 0.0)) < 1e-12:

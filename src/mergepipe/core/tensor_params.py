@@ -9,8 +9,11 @@ from typing import Any
 
 from mergepipe.core.errors import InvalidRequest
 
-# The parameters a config may give per tensor (the per-model, NON_BASE ones of mergekit's methods)
-TENSOR_PARAMS = ("weight", "density")
+# The parameters a config may give per tensor: the per-model (NON_BASE) ones of mergekit's methods,
+# and slerp's `t`, a SHARED one: only the global `parameters:` give it (mergekit reads no model's
+# own `t`). A request holds every one as a chain per expert (slerp has one expert).
+TENSOR_PARAMS = ("weight", "density", "t")
+SHARED_PARAMS = ("t",)
 # A setting in canonical JSON: a number; a gradient (a list of numbers, interpolated across the
 # layers); or conditionals [{"filter": substring | None, "value": number | gradient}], the first
 # whose filter is in the tensor's name winning (None and "*" match every tensor).
@@ -130,17 +133,18 @@ def representative(chain: Sequence[Setting]) -> float | None:
     return None
 
 
-def check_request_settings(value: object, n_experts: int, density_ok: bool) -> dict[str, Any]:
+def check_request_settings(value: object, n_experts: int, names: Sequence[str]
+                           ) -> dict[str, Any]:
     """A request's `params.tensor_params` ({name: [per expert: None or [setting, ...] in
-    precedence order]}) checked and canonical."""
+    precedence order]}) checked and canonical; `names`: the operator's per-tensor parameters."""
     key = "params.tensor_params"
     if not isinstance(value, dict) or not value:
-        raise InvalidRequest(f"{key}: must be a mapping of {' / '.join(TENSOR_PARAMS)} to one "
+        raise InvalidRequest(f"{key}: must be a mapping of {' / '.join(names)} to one "
                              "list of settings per expert", field=key)
     out: dict[str, Any] = {}
     for name, chains in value.items():
         where = f"{key}.{name}"
-        if name not in TENSOR_PARAMS or (name == "density" and not density_ok):
+        if name not in names:
             raise InvalidRequest(f"{where}: not a per-tensor parameter of this operator",
                                  field=where)
         if not isinstance(chains, list) or len(chains) != n_experts:

@@ -13,6 +13,7 @@ from mergepipe.catalog.stats import NonFiniteDelta
 from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.operators import BlockContext, fused
 from mergepipe.core.operators.keyed_hash import expert_key
+from mergepipe.core.tensor_params import SHARED_PARAMS
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.schedule import Step
 from mergepipe.storage.safetensors_format import TORCH_NAMES, TensorEntry
@@ -42,7 +43,12 @@ class ChunkMerger:
         self.densities = self.req.densities()
         # per-tensor parameters: tensor -> (weights, densities) where some expert's differ
         self.per_tensor: dict[str, tuple[tuple[float, ...], list[float]]] = {}
+        # shared per-tensor parameters (slerp's t): tensor -> the global params it overrides
+        self.shared: dict[str, dict[str, float]] = {}
         for (model, tensor), v in prep.plan.tensor_params.items():
+            over = {k: v[k] for k in SHARED_PARAMS if k in v}
+            if over:
+                self.shared.setdefault(tensor, {}).update(over)
             w, d = self.per_tensor.setdefault(tensor, (self.weights, list(self.densities)))
             i = next(i for i, e in enumerate(self.req.experts) if e.model == model)
             self.per_tensor[tensor] = (w[:i] + (v.get("weight", w[i]),) + w[i + 1:], d)
@@ -164,8 +170,10 @@ class ChunkMerger:
         return self.per_tensor.get(tensor, (self.weights, self.densities))
 
     def context(self, st: Step, weights: tuple[float, ...]) -> BlockContext:
+        over = self.shared.get(st.tensor)
         return BlockContext(tensor=st.tensor, block_index=st.block_index,
-                            flat_offset=st.flat_start, params=self.req.params,
+                            flat_offset=st.flat_start,
+                            params={**self.req.params, **over} if over else self.req.params,
                             all_weights=weights, input_dtype=self.input_dtype(st.tensor))
 
     def key(self, i: int, tensor: str) -> int:

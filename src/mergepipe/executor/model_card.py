@@ -9,16 +9,22 @@ import yaml
 
 from mergepipe.core.dtypes import HF_DTYPE_NAMES
 from mergepipe.core.request import MergeRequest
+from mergepipe.core.tensor_params import SHARED_PARAMS
 
 CARD_FILE = "README.md"
 TAGS = ("merge", "mergepipe")
 
 
 def render_model_card(request: MergeRequest, io: Mapping[str, Any], *, name: str | None = None,
-                      merge_id: str | None = None, plan_hash: str | None = None) -> str:
+                      merge_id: str | None = None, plan_hash: str | None = None,
+                      hub_ids: Mapping[str, str] | None = None) -> str:
     """The model card text of a merge of `request`; `io` holds its I/O figures (budget_bytes,
     full_read_bytes, planned_expert_bytes, expert_bytes_read, base_bytes_read, omission_bound;
-    missing ones are left out). Pure: no I/O, same inputs give the same text."""
+    missing ones are left out); `hub_ids` maps the catalog names of the inputs that have one to
+    their Hugging Face Hub ids (executor.hub_ids). Pure: no I/O, same inputs give the same text.
+
+    The Hub reads `base_model` as repository ids: it lists only those ids (none: the key is left
+    out); the catalog names stay under `mergepipe`."""
     spec = request.spec
     experts = [{"model": e.model, "weight": e.weight, "density": e.density}
                for e in request.experts]
@@ -26,9 +32,11 @@ def render_model_card(request: MergeRequest, io: Mapping[str, Any], *, name: str
     params = {k: v for k, v in request.params.items() if v is not None}
     budget = request.budget.to_dict()
     figures = _io(io)
+    ids = list(dict.fromkeys(hub_ids[n] for n in [base, *(e.model for e in request.experts)]
+                             if hub_ids and n in hub_ids))
     meta: dict[str, Any] = {
-        "base_model": [base] + [e.model for e in request.experts],
-        "base_model_relation": "merge",
+        **({"base_model": ids} if ids else {}),
+        **({"base_model_relation": "merge"} if len(ids) > 1 else {}),
         "library_name": "transformers",
         "tags": list(TAGS) + [op.replace("_", "-")],
         "mergepipe": {
@@ -166,6 +174,9 @@ def _tensor_settings(settings: Mapping[str, Any] | None, n: int
     per_model: list[dict[str, Any]] = [{} for _ in range(n)]
     shared: dict[str, Any] = {}
     for name, chains in (settings or {}).items():
+        if name in SHARED_PARAMS:  # one global setting (slerp's t), the same in every chain
+            shared[name] = next(c[0] for c in chains if c)
+            continue
         for chain in chains:
             if chain and len(chain) > 1:
                 shared[name] = chain[1]

@@ -16,7 +16,7 @@ from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import ModelRow, list_models
 from mergepipe.catalog.queue import NewIngestJob
-from mergepipe.core.errors import InvalidRequest, MergePipeError
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_config import BudgetSpec, MergekitConfig, ModelRef, parse_config
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.storage.checkpoint import ADAPTER_CONFIG
@@ -93,8 +93,10 @@ def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
         to_ingest.append(job)
         return job.model
 
-    base_name = (find(cfg.base, None, "full") if cfg.base is not None
-                 else _infer_base(cfg, known.models, locate))
+    inferred = _infer_base(cfg, known.models, locate) if cfg.base is None else None
+    if cfg.base is None and inferred is None:
+        cfg = cfg.as_soup()  # a model soup: one of the models becomes the base
+    base_name = find(cfg.base, None, "full") if cfg.base is not None else str(inferred)
     names: list[str] = []
     for e in cfg.experts:
         if e.ref.lora is None:
@@ -121,27 +123,30 @@ def load_config(cat: Catalog, text: str | bytes, *, budget: BudgetSpec = None,
     return resolved.request(budget=budget, seed=seed), resolved
 
 
-def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> str:
-    """No base_model (mergekit linear): use the base all experts are registered against."""
+def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> str | None:
+    """No base_model (mergekit linear): the base all registered models are experts of (the
+    unregistered ones, local paths, are registered as its experts too); None when no model is
+    registered against a base (a model soup: MergekitConfig.as_soup). A model that is neither
+    registered nor a path is refused here, naming its key."""
     bases: set[str | None] = set()
     for e in cfg.experts:
-        found = None
-        if e.ref.lora is None:
-            try:
-                found = _match(e.ref, models, base=None, any_base=True) or _match(
-                    e.ref, models, base=None, path=locate(e.ref.text, e.ref.key), any_base=True)
-            except MergePipeError:
-                found = None
+        if e.ref.lora is not None:
+            bases.add(None)
+            continue
+        found = _match(e.ref, models, base=None, any_base=True)
+        if found is None:
+            found = _match(e.ref, models, base=None, path=locate(e.ref.text, e.ref.key),
+                           any_base=True)
         row = next((m for m in models if m.name == found), None)
-        bases.add(row.base if row else None)
+        if row is not None:
+            bases.add(row.base)
     if len(bases) == 1 and None not in bases:
         return str(bases.pop())
-    in_average = cfg.base_weight is not None or cfg.operator == "linear"
+    if cfg.operator == "linear":
+        return None
     raise InvalidRequest(
         "base_model: missing. MergePipe stores experts as deltas against the base they were "
-        "fine-tuned from; add base_model: PATH" + (
-            " and list it under models: with weight: 0 so that, as in mergekit, it stays out of "
-            "the average" if in_average else ""), field="base_model")
+        "fine-tuned from; add base_model: PATH", field="base_model")
 
 
 def _same_path(a: str, b: str) -> bool:

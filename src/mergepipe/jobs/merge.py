@@ -20,7 +20,7 @@ from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.fence import Fence, LeaseLost, hold
 from mergepipe.catalog.ingest import scan_model, write_model
-from mergepipe.catalog.models import find_model
+from mergepipe.catalog.models import find_model, find_models
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
 from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.hooks import hooks
@@ -28,6 +28,7 @@ from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest
 from mergepipe.executor import publish, stream
 from mergepipe.executor.engine import LOCAL, Engine
+from mergepipe.executor.hub_ids import hub_ids
 from mergepipe.executor.manifest import build_manifest, io_figures, write_manifest
 from mergepipe.executor.model_card import CARD_FILE, render_model_card
 from mergepipe.executor.outputs import LocalOutput, output_for
@@ -154,9 +155,11 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
                 merge_id=merge_id, prep=prep, result=result, output_name=name,
                 output_path=out.location, plan_seconds=plan_seconds,
                 wall_seconds=time.perf_counter() - wall0))
+            shown = user_request(prep.plan)
+            inputs = find_models(cat, [shown.base, *(e.model for e in shown.experts)])
             (stage / CARD_FILE).write_text(render_model_card(
-                user_request(prep.plan), io_figures(prep, result), name=name,
-                merge_id=merge_id, plan_hash=prep.plan.plan_hash))
+                shown, io_figures(prep, result), name=name, merge_id=merge_id,
+                plan_hash=prep.plan.plan_hash, hub_ids=hub_ids(inputs.values())))
         with _fenced(cat, merge_id, fence) as held:
             with contextlib.nullcontext(held) if held else cat.reader() as conn:
                 records.check_not_cancelled(conn, merge_id)  # cancelled: publish nothing

@@ -18,6 +18,7 @@ from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.jsonable import jsonable
 from mergepipe.core.operators.spec import PLANNING_UNITS
 from mergepipe.core.request import MergeRequest
+from mergepipe.core.tensor_params import TENSOR_PARAMS
 from mergepipe.planner import bands, knapsack
 from mergepipe.planner.hashing import plan_hash
 from mergepipe.planner.tensor_values import Resolved, TensorValues, resolve_request
@@ -160,7 +161,7 @@ class Plan:
             planning_seconds=float(doc.get("planning_seconds") or 0.0),
             unit=str(doc.get("unit") or "expert_block"),
             strategy=doc.get("strategy"),
-            tensor_params={(v["model"], v["tensor"]): {k: float(v[k]) for k in ("weight", "density")
+            tensor_params={(v["model"], v["tensor"]): {k: float(v[k]) for k in TENSOR_PARAMS
                                                        if k in v}
                            for v in doc.get("tensor_params") or []})
 

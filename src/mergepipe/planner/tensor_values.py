@@ -9,10 +9,11 @@ from typing import Any
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators.ties import grid_index
 from mergepipe.core.request import MergeRequest
-from mergepipe.core.tensor_params import layer_counts, layer_t, resolve
+from mergepipe.core.tensor_params import SHARED_PARAMS, layer_counts, layer_t, resolve
 from mergepipe.planner.weights import trim_k
 
-# (model, tensor) -> {"weight": w, "density": d}: the values that differ from the expert's own
+# (model, tensor) -> {"weight": w, "density": d, "t": t}: the values that differ from the expert's
+# own (a shared parameter such as slerp's t: from the request's global one)
 TensorValues = dict[tuple[str, str], dict[str, float]]
 
 
@@ -27,7 +28,8 @@ class Resolved:
 def resolve_request(request: MergeRequest, tensors: Sequence[tuple[str, int]]) -> Resolved:
     """Resolve `params.tensor_params` at each base tensor as mergekit does: the model's setting,
     then the global one (a gradient at the tensor's layer position, the first matching filter);
-    a missing weight is mergekit's "Missing required parameter weight"; a missing density is 1."""
+    a missing weight is mergekit's "Missing required parameter weight" (a missing t likewise);
+    a missing density is 1."""
     settings = request.params.get("tensor_params")
     if not settings:
         return Resolved({}, [])
@@ -51,6 +53,18 @@ def resolve_request(request: MergeRequest, tensors: Sequence[tuple[str, int]]) -
             d = _value(settings, "density", i, tensor, t, scalar_d[i])
             weights.append(w)
             densities.append(1.0 if d is None else d)
+            shared = {}
+            for name in SHARED_PARAMS:
+                own = float(request.params.get(name, 0.0))
+                v = _value(settings, name, i, tensor, t, own)
+                if v is None:
+                    raise InvalidRequest(f"params.{name}: Missing required parameter {name} for "
+                                         f"{tensor} (no filter of the global {name} names this "
+                                         "tensor)", field=f"params.{name}")
+                if v != own:
+                    shared[name] = v
+            if shared:
+                values[(e.model, tensor)] = shared
         alphas = spec.coefficients(weights, request.params)
         for i, e in enumerate(request.experts):
             j = _trim_j(densities[i], numel, e.model, tensor, i) if grid else None
@@ -60,7 +74,7 @@ def resolve_request(request: MergeRequest, tensors: Sequence[tuple[str, int]]) -
                                            ("density", densities[i], scalar_d[i]))
                     if v != own and (k == "weight" or spec.density)}
             if diff:
-                values[(e.model, tensor)] = diff
+                values[(e.model, tensor)] = {**values.get((e.model, tensor), {}), **diff}
     return Resolved(values, rows)
 
 

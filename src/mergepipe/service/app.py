@@ -20,6 +20,7 @@ from mergepipe.service.access import AccessGuard
 from mergepipe.service.limits import BodyLimit
 from mergepipe.service.routes import (
     console,
+    docs,
     health,
     lineage,
     merges,
@@ -70,7 +71,9 @@ def create_app(settings: Settings) -> FastAPI:
             checkpoint_limits.install(previous_limits)
 
     logs.install_record_factory()  # log lines carry the request id (core/logs.py)
-    app = FastAPI(title="MergePipe", version="1", description=DESCRIPTION, lifespan=lifespan)
+    # /docs: Swagger UI from packaged files (routes/docs.py), not from a CDN; no ReDoc page
+    app = FastAPI(title="MergePipe", version="1", description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None)
     metrics = app.state.metrics = telemetry.Metrics()
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
@@ -81,4 +84,5 @@ def create_app(settings: Settings) -> FastAPI:
               sql.router, operators.router, telemetry.router):
         app.include_router(r)
     console.install(app)
+    docs.install(app)
     return app

@@ -119,6 +119,7 @@ class ModelOut(_Out):
     path: str
     base: str | None = None
     error: str | None = None
+    source_merge: str | None = None  # the merge whose output it is (None: ingested)
     job: IngestJobOut | None = None
     delta_rel_norm: float | None = Field(
         None, description="an expert's ||E - B|| / ||B|| (a fine-tune: about 0.001 to 0.1)")

@@ -13,6 +13,7 @@ from mergepipe.cli.main import print_json
 from mergepipe.cli.progress import MergeBar
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators import REGISTRY
 from mergepipe.core.request import DEFAULT_STRATEGY, STRATEGIES, MergeRequest, build_request
 
 if TYPE_CHECKING:
@@ -47,11 +48,9 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
     """The options of a merge request (shared with `plan`-like commands)."""
     p.add_argument("--base", help="base model name")
     p.add_argument("--experts", help="NAME[:WEIGHT[:DENSITY]],... in order")
-    p.add_argument("--op", "--operator", dest="op",
-                   help="linear (avg) | task_arithmetic | ties | dare_linear | dare_ties")
+    p.add_argument("--op", "--operator", dest="op", help=operators_help())
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="operator parameter: density, lambda, normalize, rescale, renormalize; "
-                        "utility=l2|per_tensor: the planner's block ranking (repeatable)")
+                   help=params_help())
     p.add_argument("--budget", help="fraction of the full read (0.3) or bytes (2GiB); "
                                     "default 1 = the full merge")
     p.add_argument("--seed", type=int, default=0, help="seed of the keyed random generator")
@@ -62,6 +61,38 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
                         "operator, reading it and the changed experts only (equal to scratch "
                         "within a stated rounding bound); auto: incremental only when its plan "
                         "is complete and reads fewer bytes (docs/incremental.md)")
+
+
+def operators_help() -> str:
+    """--op's help: every registered operator, with its aliases."""
+    names = [s.name + (f" ({', '.join(s.aliases)})" if s.aliases else "")
+             for s in REGISTRY.values()]
+    return f"one of {len(names)} operators (docs/operators.md): {' | '.join(names)}"
+
+
+def params_help() -> str:
+    """--param's help: each operator parameter, the operators that take it, its values and
+    default (per group of operators where they differ)."""
+    groups: dict[str, dict[tuple[tuple[str, ...], object], list[str]]] = {}
+    helps: dict[str, str] = {}
+    for spec in REGISTRY.values():
+        for q in spec.params:
+            groups.setdefault(q.name, {}).setdefault((q.choices, q.default), []).append(spec.name)
+            helps.setdefault(q.name, q.help)
+    sparse = [s.name for s in REGISTRY.values() if s.density]
+    parts = ["lambda (scale of the merged delta, default 1) and normalize (divide by the sum "
+             "of the weights) for the additive operators",
+             f"density (fraction of each delta kept, default 1) for {', '.join(sparse)}"]
+    for name, by in groups.items():
+        where = "; ".join(f"{', '.join(ops)}: {'|'.join(choices) + ', ' if choices else ''}"
+                          f"default {_shown(default)}" for (choices, default), ops in by.items())
+        parts.append(f"{name} ({where})" + (f": {helps[name]}" if len(by) == 1 else ""))
+    parts.append("utility=l2|per_tensor: the planner's block ranking")
+    return "operator parameter, repeatable: " + "; ".join(parts)
+
+
+def _shown(v: object) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:

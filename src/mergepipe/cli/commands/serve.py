@@ -6,10 +6,11 @@ import argparse
 import dataclasses
 import os
 import signal
+from collections.abc import Mapping
 
 from mergepipe.cli.job_options import add_job_arguments, job_settings
 from mergepipe.core.errors import InvalidRequest, MergePipeError
-from mergepipe.core.settings import LOOPBACK_HOSTS
+from mergepipe.core.settings import LOOPBACK_HOSTS, Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -30,17 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     from mergepipe.service.app import create_app
 
-    s = job_settings(args)
-    exposed = args.host not in LOOPBACK_HOSTS
-    if exposed and not s.api_token and os.environ.get("MERGEPIPE_LOOPBACK_ONLY") != "1":
-        raise InvalidRequest(
-            f"refusing to serve on {args.host} without MERGEPIPE_API_TOKEN: set a token, or "
-            "MERGEPIPE_LOOPBACK_ONLY=1 if only this machine can reach the port (a container "
-            "published on 127.0.0.1)", field="MERGEPIPE_API_TOKEN")
-    if exposed and not os.environ.get("MERGEPIPE_ALLOWED_HOSTS"):
-        # Reached by names we cannot know (a container's, a load balancer's): the Host
-        # allow-list guards loopback servers against DNS rebinding; the token guards this one.
-        s = dataclasses.replace(s, allowed_hosts=("*",))
+    s = start_settings(args.host, job_settings(args), os.environ)
     s.output_root.mkdir(parents=True, exist_ok=True)
     config = uvicorn.Config(create_app(s), host=args.host, port=args.port,
                             log_level=args.log_level, log_config=None,  # our handler (logs.py)
@@ -56,6 +47,23 @@ def run(args: argparse.Namespace) -> int:
     if not server.started:
         raise ServerFailed(f"the server did not start on {args.host}:{args.port} (see the log)")
     return 0
+
+
+def start_settings(host: str, s: Settings, env: Mapping[str, str]) -> Settings:
+    """serve's start-up rule on the address: a non-loopback one needs MERGEPIPE_API_TOKEN, or
+    MERGEPIPE_LOOPBACK_ONLY=1 saying only this machine reaches the port (InvalidRequest
+    otherwise); there any Host is served unless MERGEPIPE_ALLOWED_HOSTS names them."""
+    exposed = host not in LOOPBACK_HOSTS
+    if exposed and not s.api_token and env.get("MERGEPIPE_LOOPBACK_ONLY") != "1":
+        raise InvalidRequest(
+            f"refusing to serve on {host} without MERGEPIPE_API_TOKEN: set a token, or "
+            "MERGEPIPE_LOOPBACK_ONLY=1 if only this machine can reach the port (a container "
+            "published on 127.0.0.1)", field="MERGEPIPE_API_TOKEN")
+    if exposed and not env.get("MERGEPIPE_ALLOWED_HOSTS"):
+        # Reached by names we cannot know (a container's, a load balancer's): the Host
+        # allow-list guards loopback servers against DNS rebinding; the token guards this one.
+        s = dataclasses.replace(s, allowed_hosts=("*",))
+    return s
 
 
 class ServerFailed(MergePipeError):

@@ -8,6 +8,7 @@ import threading
 
 from mergepipe.cli.job_options import add_job_arguments, job_settings
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -28,10 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from mergepipe.catalog.db import Catalog
     from mergepipe.jobs.shared_runner import SharedJobRunner
 
-    if not isinstance(args.settings.catalog, str):
-        raise InvalidRequest("a worker needs a shared catalog: set MERGEPIPE_CATALOG (or "
-                             "--catalog) to a postgresql:// URL (a DuckDB file has one user)",
-                             field="catalog")
+    check_catalog(args.settings)
     s = job_settings(args)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -43,3 +41,11 @@ def run(args: argparse.Namespace) -> int:
         stop.wait()
         runner.stop()
     return 0
+
+
+def check_catalog(s: Settings) -> None:
+    """A worker's start-up rule: its catalog is a shared (PostgreSQL) one."""
+    if not isinstance(s.catalog, str):
+        raise InvalidRequest("a worker needs a shared catalog: set MERGEPIPE_CATALOG (or "
+                             "--catalog) to a postgresql:// URL (a DuckDB file has one user)",
+                             field="catalog")

@@ -33,8 +33,9 @@ function yOf(p) {
   return p.omission_bound_l2 ?? null;
 }
 
-/** An SVG scatter: x = expert bytes (% of the full read), y = the bound (or blocks left out). */
-function chart(points, yLabel) {
+/** An SVG scatter: x = expert bytes (% of the full read), y = the bound (or the share of
+ * candidate blocks left out: `yShare`, ticks in per cent). */
+function chart(points, yLabel, yShare) {
   const W = 640, H = 300, L = 70, B = 44, T = 12, R = 16;
   const maxY = Math.max(1e-12, ...points.map((p) => p.y));
   const X = (x) => L + (W - L - R) * x;
@@ -45,7 +46,8 @@ function chart(points, yLabel) {
              h("svg:line", {x1: L, y1: T, x2: L, y2: Y(0), class: "axis"}));
   for (const t of [0, 0.25, 0.5, 0.75, 1]) {
     svg.append(h("svg:text", {x: X(t), y: H - B + 16, "text-anchor": "middle", class: "tick"}, pct(t, 0)),
-               h("svg:text", {x: L - 6, y: Y(t * maxY) + 4, "text-anchor": "end", class: "tick"}, num(t * maxY, 3)));
+               h("svg:text", {x: L - 6, y: Y(t * maxY) + 4, "text-anchor": "end", class: "tick"},
+                 yShare ? pct(t * maxY, 0) : num(t * maxY, 3)));
   }
   svg.append(h("svg:text", {x: (L + W) / 2, y: H - 6, "text-anchor": "middle", class: "label"},
                "expert bytes, share of the full read"),
@@ -121,18 +123,19 @@ export async function renderFrontier(main, _arg, query) {
     for (const f of BUDGETS) plans.push(await post("/v1/plans", {...req, budget: {fraction: f}}));
     const {runs, ref} = await realizedRows(plans[0]);
     const bounded = plans[0].omission_bound !== null;
-    const yLabel = bounded ? "omission bound (block-wise L2)" : "candidate blocks left out";
+    const yLabel = bounded ? "omission bound (block-wise L2)" : "share of candidate blocks left out";
     const y = (p) => bounded ? yOf(p) : 1 - p.selected_blocks / Math.max(1, p.candidate_blocks);
+    const shown = (v) => bounded ? num(v) : pct(v);
     const points = plans.map((p) => ({kind: "planned", x: p.touched_ratio, y: y(p),
-      label: `budget ${pct(p.budget.fraction, 0)}: ${bytes(p.planned_expert_bytes)}, ${yLabel} ${num(y(p))}`}));
+      label: `budget ${pct(p.budget.fraction, 0)}: ${bytes(p.planned_expert_bytes)}, ${yLabel} ${shown(y(p))}`}));
     for (const m of runs.filter((m) => m.status === "succeeded" && m.plan)) {
       points.push({kind: "realized", x: m.expert_bytes_read / m.full_read_bytes, y: y(m.plan),
                    label: `${m.id}: read ${bytes(m.expert_bytes_read)} in ${seconds(m.exec_seconds)}`});
     }
     fill(out,
       h("p", {}, `${req.operator} of ${req.experts.map((e) => e.model).join(", ")} on ${req.base}; full read ${bytes(plans[0].full_read_bytes)}.`,
-        bounded ? "" : ` ${plans[0].omission_bound_note}: the chart shows the candidate blocks each budget leaves out instead.`),
-      chart(points, yLabel),
+        bounded ? "" : ` ${plans[0].omission_bound_note}: the chart shows the share of the candidate blocks each budget leaves out instead.`),
+      chart(points, yLabel, !bounded),
       table("Planned at each budget (POST /v1/plans; nothing read)", PLANNED, plans, {id: "frontier-planned"}),
       runs.length ? table("Merges of this request already run", REALIZED, runs, {id: "frontier-realized"})
                   : h("p", {}, "No merge of this request has run yet."),

@@ -32,11 +32,14 @@ function readParams(box) {
   return out;
 }
 
+// Fine-tuned experts are ticked; outputs of earlier merges (registered experts of the same base)
+// are listed unticked, marked as merges, so that a plan does not merge a merge by default.
 function expertRows(experts, withDensity) {
   return h("fieldset", {class: "experts"}, h("legend", {}, "Experts"),
     experts.length ? experts.map((m, i) => h("div", {class: "expert-row", "data-expert": m.name},
-      h("input", {type: "checkbox", id: `use-${i}`, checked: true, "data-use": "1"}),
-      h("label", {for: `use-${i}`}, m.name),
+      h("input", {type: "checkbox", id: `use-${i}`, checked: !m.source_merge, "data-use": "1"}),
+      h("label", {for: `use-${i}`}, m.name,
+        m.source_merge ? h("span", {class: "small", "data-merge-output": m.source_merge}, ` (output of merge ${m.source_merge})`) : null),
       h("label", {for: `weight-${i}`, class: "small"}, "weight"),
       h("input", {type: "number", id: `weight-${i}`, step: "any", value: "1", "data-weight": "1", size: 5}),
       withDensity ? [h("label", {for: `density-${i}`, class: "small"}, "density"),

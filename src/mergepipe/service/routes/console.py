@@ -26,7 +26,7 @@ def index() -> HTMLResponse:
     return HTMLResponse(page, headers=HEADERS)
 
 
-class _Assets(StaticFiles):
+class Assets(StaticFiles):
     """StaticFiles with the console's headers (revalidated on each load: no stale scripts)."""
 
     async def get_response(self, path: str, scope: Scope) -> Response:
@@ -38,4 +38,4 @@ class _Assets(StaticFiles):
 def install(app: FastAPI) -> None:
     """Mount the page and its assets (the API stays under /v1)."""
     app.include_router(router)
-    app.mount("/console", _Assets(packages=[("mergepipe.service", ASSETS)]), name="console")
+    app.mount("/console", Assets(packages=[("mergepipe.service", ASSETS)]), name="console")
