@@ -19,11 +19,12 @@ from mergepipe.catalog.fence import Fence, MergeCancelled
 from mergepipe.cli.main import main
 from mergepipe.core.progress import Progress
 from mergepipe.core.request import build_request
-from mergepipe.jobs.merge import HOLD_ENV, submit_merge
+from mergepipe.jobs.merge import submit_merge
 from tests import factory
 from tests.api_helpers import client_for, make_family, register_family, settings_for, wait
 from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
+from tests.site_hooks.hold_hooks import holding
 
 
 @pytest.fixture
@@ -291,34 +292,34 @@ def test_api_cancel_a_running_merge_publishes_nothing(api: Any,
     hold = tmp / "hold"
     hold.mkdir()
     (hold / "hold").touch()
-    monkeypatch.setenv(HOLD_ENV, str(hold))
-    mid = _merge(c, "held", ["e0", "e1"])
-    deadline = time.monotonic() + 60
-    while not (hold / "pid").exists():
-        assert time.monotonic() < deadline, "the merge never reached its hold"
-        time.sleep(0.05)
-    r = c.delete("/v1/models/e1")  # a running merge reads it
-    assert r.status_code == 409 and f"running merge '{mid}'" in r.json()["error"]["message"]
-    # A queued merge (the one worker is busy) is cancelled before it runs.
-    queued = _merge(c, "held2", ["e0"])
-    assert c.delete(f"/v1/merges/{queued}").json()["status"] == "cancelled"
-    r = c.delete(f"/v1/merges/{mid}")
-    assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
-    (hold / "hold").unlink()
-    outputs = tmp / "outputs"
-    while any(p.name.startswith(".held.tmp") for p in outputs.iterdir()):
-        assert time.monotonic() < deadline, "the cancelled run never ended"
-        time.sleep(0.05)
-    again = _merge(c, "held2", ["e0"])  # the cancelled merge's output name is free again
-    assert wait(c, f"/v1/merges/{again}")["status"] == "succeeded"
-    assert c.get(f"/v1/merges/{mid}").json()["status"] == "cancelled"
-    assert c.get(f"/v1/merges/{queued}").json()["status"] == "cancelled"
-    assert not (outputs / "held").exists()
-    assert c.get("/v1/models/held").status_code == 404
-    # A finished merge is retired: it leaves the listing.
-    r = c.delete(f"/v1/merges/{mid}")
-    assert r.status_code == 200 and r.json()["retired_at"] is not None
-    assert mid not in {m["id"] for m in c.get("/v1/merges").json()["merges"]}
+    with holding(hold, "merge_staged"):  # the merge waits at its hold while the file exists
+        mid = _merge(c, "held", ["e0", "e1"])
+        deadline = time.monotonic() + 60
+        while not (hold / "pid").exists():
+            assert time.monotonic() < deadline, "the merge never reached its hold"
+            time.sleep(0.05)
+        r = c.delete("/v1/models/e1")  # a running merge reads it
+        assert r.status_code == 409 and f"running merge '{mid}'" in r.json()["error"]["message"]
+        # A queued merge (the one worker is busy) is cancelled before it runs.
+        queued = _merge(c, "held2", ["e0"])
+        assert c.delete(f"/v1/merges/{queued}").json()["status"] == "cancelled"
+        r = c.delete(f"/v1/merges/{mid}")
+        assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+        (hold / "hold").unlink()
+        outputs = tmp / "outputs"
+        while any(p.name.startswith(".held.tmp") for p in outputs.iterdir()):
+            assert time.monotonic() < deadline, "the cancelled run never ended"
+            time.sleep(0.05)
+        again = _merge(c, "held2", ["e0"])  # the cancelled merge's output name is free again
+        assert wait(c, f"/v1/merges/{again}")["status"] == "succeeded"
+        assert c.get(f"/v1/merges/{mid}").json()["status"] == "cancelled"
+        assert c.get(f"/v1/merges/{queued}").json()["status"] == "cancelled"
+        assert not (outputs / "held").exists()
+        assert c.get("/v1/models/held").status_code == 404
+        # A finished merge is retired: it leaves the listing.
+        r = c.delete(f"/v1/merges/{mid}")
+        assert r.status_code == 200 and r.json()["retired_at"] is not None
+        assert mid not in {m["id"] for m in c.get("/v1/merges").json()["merges"]}
 
 
 def test_a_worker_on_a_shared_catalog_sees_the_cancel(tmp_path: Path, postgres_url: str) -> None:
