@@ -50,7 +50,7 @@ class _Refs(HTMLParser):
 def client(tmp_path: Path) -> Iterator[TestClient]:
     s = Settings.from_env({"MERGEPIPE_CATALOG": str(new_catalog(tmp_path)),
                            "MERGEPIPE_OUTPUT_ROOT": str(tmp_path / "out")})
-    with TestClient(create_app(s)) as c:
+    with TestClient(create_app(s), base_url="http://localhost") as c:
         yield c
 
 
