@@ -184,7 +184,7 @@ def test_plan_errors(client: TestClient) -> None:
                                                                     {"model": "ghost"}]}),
                  404, "not_found", "experts[1].model")
     assert_error(client.post("/v1/plans", json={**body, "budget": {"fraction": 0}}),
-                 422, "invalid_request", "budget")
+                 422, "invalid_request", "budget.fraction")
     assert_error(client.post("/v1/plans", json={**body, "budget": {"fraction": 0.5,
                                                                    "bytes": 10}}),
                  422, "invalid_request", "budget")

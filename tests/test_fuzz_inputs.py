@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, MergePipeError
 from mergepipe.core.operators import REGISTRY
 from mergepipe.core.request import Budget, MergeRequest, build_request
+from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.storage.safetensors_format import (
     MAX_HEADER_BYTES,
     encode_header,

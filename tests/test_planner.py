@@ -88,7 +88,9 @@ def test_prefix_budgets(cat: Catalog, budget: str, n_prefix: int, planned: int) 
 def test_fraction_budget_is_of_the_full_read(cat: Catalog) -> None:
     p = plan(cat, 0.25)  # floor(0.25 * 1120) = 280
     assert p.budget_bytes == 280 and keys(p) == RANKED[:4]
-    assert plan(cat, 2.0).planned_expert_bytes == 1120  # more than the full read: everything
+    assert plan(cat, 1.0).planned_expert_bytes == 1120  # the full read: everything
+    with pytest.raises(InvalidRequest, match="budget.fraction"):
+        plan(cat, 2.0)  # a share of the full read: above 1 means nothing (it read everything)
 
 
 def test_zero_resolved_budget_reads_nothing(cat: Catalog) -> None:

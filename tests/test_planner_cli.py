@@ -98,7 +98,7 @@ def test_readable_output(db: str, capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--experts", "e0,ghost", "--op", "linear"], "model 'ghost' not found"),
     (["--experts", "e0", "--op", "nope"], "unknown operator 'nope'"),
-    (["--experts", "e0", "--op", "linear", "--budget", "0"], "must be a finite number > 0"),
+    (["--experts", "e0", "--op", "linear", "--budget", "0"], "budget.fraction: 0 is outside (0, 1]"),
     (["--experts", "e0", "--op", "ties", "--param", "density"], "use KEY=VALUE"),
 ])
 def test_errors_are_one_line(db: str, capsys: pytest.CaptureFixture[str], args: list[str],

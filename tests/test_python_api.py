@@ -51,7 +51,7 @@ def test_the_api_and_the_cli_make_the_same_plan(tmp_path: Path) -> None:
         ours = cat.plan(base="base", experts=["e1"], operator="linear", budget=0.5)
         with pytest.raises(mergepipe.InvalidRequest) as bad:
             cat.request(base="base", experts=["e1"], operator="linear", budget=-1)
-        assert bad.value.field == "budget" and bad.value.status == 422
+        assert bad.value.field == "budget.fraction" and bad.value.status == 422
     cli = subprocess.run([sys.executable, "-m", "mergepipe", "--catalog", str(catalog), "plan",
                           "--base", "base", "--experts", "e1", "--op", "linear",
                           "--budget", "0.5", "--json"], capture_output=True, text=True,

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest
+from mergepipe.core.vocab import normalize_dtype
 from mergepipe.storage.checkpoint import open_checkpoint
 from mergepipe.storage.safetensors_format import (
     decode_array_into,

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Self
 from mergepipe.catalog.db import Catalog as CatalogDatabase
 from mergepipe.catalog.lifecycle import resolve_key
 from mergepipe.catalog.models import ModelRow, get_model, list_models
-from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.core.settings import Settings
 from mergepipe.core.sql_limits import SqlLimits
+from mergepipe.core.vocab import normalize_dtype
 
 if TYPE_CHECKING:  # the executor, the planner and torch load with the first merge or plan
     from mergepipe.catalog.records import LineageEdge, MergeRow

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from mergepipe.core.dtypes import DTYPE_SIZES, normalize_dtype
+from mergepipe.core.vocab import DTYPE_SIZES, normalize_dtype
 from mergepipe.storage.safetensors_format import encode_header, torch_dtype
 
 FAMILY_FILE = "family.json"

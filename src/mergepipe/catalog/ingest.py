@@ -8,7 +8,6 @@ caller's transaction. `ingest_model` does both, so that on any error nothing is 
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from mergepipe.core.errors import (
     SourceChanged,
 )
 from mergepipe.core.progress import ProgressFn
+from mergepipe.core.vocab import MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, name_problem
 from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.storage.grid import DEFAULT_BLOCK_BYTES, block_rows, is_element_grid
 from mergepipe.storage.lora import lora_targets
@@ -56,9 +56,6 @@ from mergepipe.storage.store_types import Stamp
 __all__ = ["DEFAULT_BLOCK_BYTES", "KINDS", "ScanFn", "ScannedModel", "ingest_model",
            "scan_model", "write_model"]
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@-]{0,127}")  # fullmatch, never match
-MIN_BLOCK_BYTES = 64
-MAX_BLOCK_BYTES = 64 << 20  # a merge holds about K x block size; 1 GiB blocks were accepted
 # How the blocks are scanned: (plans, the checkpoint's files with their stamps, progress) ->
 # (one result per plan, in order; bytes read). `scan_pinned` by default; an engine may spread it
 # (executor.ray_ingest: one Ray task per shard file).
@@ -291,9 +288,9 @@ def _check_blocks(ckpt: Checkpoint, plans: list[TensorPlan]) -> None:
 
 
 def _check_args(name: str, kind: str, base: str | None, block_bytes: int) -> None:
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise InvalidRequest(f"model name {name!r} must be 1-128 characters of letters, digits "
-                             "and . _ - + @, starting with a letter or digit", field="name")
+    why = name_problem(name)
+    if why is not None:
+        raise InvalidRequest(f"model name {why}", field="name")
     if kind not in KINDS:
         raise InvalidRequest(f"kind {kind!r} is not one of {', '.join(KINDS)}", field="kind")
     if kind != "full" and base is None:

@@ -11,7 +11,7 @@ from typing import Any
 from mergepipe.catalog.connection import Connection, Row
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.core.errors import NotFound
-from mergepipe.storage.kinds import KINDS as KINDS  # re-exported
+from mergepipe.core.vocab import KINDS as KINDS  # re-exported
 from mergepipe.storage.store_types import Stamp
 
 Connectable = Catalog | Connection

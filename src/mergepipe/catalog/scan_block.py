@@ -20,8 +20,8 @@ from mergepipe.catalog.stats import (
     scan_block,
 )
 from mergepipe.core import delta_kernels
-from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.storage.grid import is_element_grid
 from mergepipe.storage.lora import lora_delta
 from mergepipe.storage.safetensors_format import TensorEntry, decode_array_into, to_float32

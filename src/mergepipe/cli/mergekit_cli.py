@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.cli.progress import IngestBar
-from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.request import MergeRequest
+from mergepipe.core.vocab import normalize_dtype
 from mergepipe.jobs.config import load_config
 
 EXCLUSIVE = (("base", "--base"), ("experts", "--experts"), ("op", "--op"), ("param", "--param"))
@@ -51,5 +51,5 @@ def config_request(cat: Catalog, args: argparse.Namespace) -> MergeRequest:
         for note in resolved.config.notes:
             print(f"note: {note}", file=sys.stderr)
     if getattr(args, "dtype", None):
-        request = replace(request, output_dtype=normalize_dtype(args.dtype))
+        request = replace(request, output_dtype=normalize_dtype(args.dtype, "output_dtype"))
     return request

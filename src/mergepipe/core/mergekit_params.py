@@ -6,7 +6,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from mergepipe.core.dtypes import DTYPE_NAMES, HF_DTYPE_NAMES
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import OperatorSpec, mergekit_methods
 from mergepipe.core.tensor_params import (
@@ -17,6 +16,7 @@ from mergepipe.core.tensor_params import (
     numbers,
     representative,
 )
+from mergepipe.core.vocab import DTYPE_NAMES, HF_DTYPE_NAMES, share_problem
 
 # mergekit methods no registered operator implements, and why each is refused.
 REFUSED_METHODS = {
@@ -117,9 +117,9 @@ def check_params(params: Mapping[str, Any], allowed: set[str], where: str,
 def _check_number(name: str, value: object, key: str, spec: OperatorSpec) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidRequest(f"{key}: must be a finite number, got {value!r}", field=key)
-    if name == "density" and not 0 < value <= 1:
-        raise InvalidRequest(f"{key}: {value} is outside (0, 1] (the fraction of each delta "
-                             "kept)", field=key)
+    why = share_problem(value) if name == "density" else None
+    if why is not None:  # here too, for per-tensor values: the pure parse refuses them
+        raise InvalidRequest(f"{key}: {why} (the fraction of each delta kept)", field=key)
 
 
 # per-model in mergekit (NON_BASE scope), one value per merge here

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.vocab import share_problem
 
 # The parameters a config may give per tensor: the per-model (NON_BASE) ones of mergekit's methods,
 # and slerp's `t`, a SHARED one: only the global `parameters:` give it (mergekit reads no model's
@@ -160,6 +161,7 @@ def _chain(chain: object, key: str, name: str) -> list[Setting]:
         raise InvalidRequest(f"{key}: must be a non-empty list of settings", field=key)
     out = [canonical(s, f"{key}[{i}]") for i, s in enumerate(chain)]
     for v in (x for s in out for x in numbers(s)):
-        if name == "density" and not 0 < v <= 1:
-            raise InvalidRequest(f"{key}: density {v} is outside (0, 1]", field=key)
+        why = share_problem(v) if name == "density" else None
+        if why is not None:
+            raise InvalidRequest(f"{key}: density {why}", field=key)
     return out

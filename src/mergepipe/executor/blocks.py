@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 from mergepipe.catalog.scan import BlockScan, TensorPlan, scan_full_block, untouched_scan
 from mergepipe.catalog.stats import NonFiniteDelta
-from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.operators import BlockContext, fused
 from mergepipe.core.operators.keyed_hash import expert_key
 from mergepipe.core.tensor_params import SHARED_PARAMS
+from mergepipe.core.vocab import DTYPE_SIZES, HF_DTYPE_NAMES
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.schedule import Step
-from mergepipe.storage.safetensors_format import TORCH_NAMES, TensorEntry
+from mergepipe.storage.safetensors_format import TensorEntry
 
 if TYPE_CHECKING:
     import torch
@@ -70,7 +70,7 @@ class ChunkMerger:
         for e in self.prep.experts:
             if e.kind == "full" and e.tensors[tensor].dtype != dt:
                 dt = "F32"  # F32 with anything, and F16 with BF16
-        return TORCH_NAMES[dt]
+        return HF_DTYPE_NAMES[dt]
 
     def load_lora_a(self, data: Mapping[Hashable, memoryview]) -> None:
         """Decode the lora_A matrices read with this chunk (in the reading order)."""

@@ -7,9 +7,9 @@ from typing import Any
 
 import yaml
 
-from mergepipe.core.dtypes import HF_DTYPE_NAMES
 from mergepipe.core.request import MergeRequest
 from mergepipe.core.tensor_params import SHARED_PARAMS
+from mergepipe.core.vocab import HF_DTYPE_NAMES
 
 CARD_FILE = "README.md"
 TAGS = ("merge", "mergepipe")

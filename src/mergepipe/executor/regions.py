@@ -17,9 +17,9 @@ from pathlib import Path
 
 import xxhash
 
-from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.core.hooks import hooks
+from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.stream import ExecutionResult, execute, output_hash
 from mergepipe.executor.writeback import Writeback

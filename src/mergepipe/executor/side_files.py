@@ -11,16 +11,16 @@ data extents only: a sparse file's holes stay holes in the output, never written
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mergepipe.core.dtypes import HF_DTYPE_NAMES
 from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.core.vocab import HF_DTYPE_NAMES
 from mergepipe.executor.kernel_copy import pwrite_all
 from mergepipe.executor.writer import write_json, write_new
+from mergepipe.storage import bounded_json
 from mergepipe.storage.fsconfine import current_roots, open_confined
 from mergepipe.storage.locations import basename, is_url
 from mergepipe.storage.store import store_for
@@ -188,7 +188,7 @@ def _write(dst: Path, data: bytes, dtype: str | None) -> None:
 def _write_config(data: bytes, dst: Path, dtype: str) -> bool:
     """config.json with the output dtype; False if it is not a JSON object (copied as is)."""
     try:
-        cfg = json.loads(data)
+        cfg = bounded_json.loads(data)
     except (ValueError, RecursionError):  # not JSON, or numbers too long to convert
         return False
     if not isinstance(cfg, dict):

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import SourceChanged
+from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.kernel_copy import copy_range, hash_back, open_source, pwrite_all
 from mergepipe.executor.writeback import Writeback
 from mergepipe.storage.checkpoint import INDEX_FILE

@@ -46,7 +46,8 @@ class ResolvedConfig:
             key = self.config.yaml_key(e.field)
             if key == e.field:
                 raise
-            raise InvalidRequest(f"{key}: {e.message}", field=key) from None
+            raise InvalidRequest(f"{key}: {e.message.removeprefix(f'{e.field}: ')}",
+                                 field=key) from None
 
 
 @dataclass

@@ -22,10 +22,11 @@ from mergepipe.catalog.fence import Fence, LeaseLost, hold
 from mergepipe.catalog.ingest import scan_model, write_model
 from mergepipe.catalog.models import find_model, find_models
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
-from mergepipe.core.errors import InvalidRequest, MergePipeError
+from mergepipe.core.errors import MergePipeError
 from mergepipe.core.hooks import hooks
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest
+from mergepipe.core.vocab import check_name
 from mergepipe.executor import publish, stream
 from mergepipe.executor.engine import LOCAL, Engine
 from mergepipe.executor.hub_ids import hub_ids
@@ -53,9 +54,7 @@ def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
                  max_queued: int | None = None) -> Queued:
     """Check the request against the catalog and the output, and queue the merge (with the
     ingestions of its inputs that are not registered yet, in one transaction)."""
-    if not output_name or "/" in output_name:
-        raise InvalidRequest(f"output name {output_name!r} must be a non-empty name without '/'",
-                             field="output.name")
+    check_name(output_name, "output.name")  # it becomes a model: the name rule of ingestion
     out = output_for(output_dir)
     out.check(overwrite=overwrite)
     request = check_inputs(cat, request, pending={j.model for j in ingests})

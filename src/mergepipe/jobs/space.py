@@ -12,9 +12,9 @@ from pathlib import Path
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import find_model, model_tensors
-from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InsufficientStorage
 from mergepipe.core.request import MergeRequest
+from mergepipe.core.vocab import DTYPE_SIZES
 
 NO_SPACE = {errno.ENOSPC: "the output disk is full", errno.EDQUOT: "the disk quota is used up",
             errno.EFBIG: "an output file is over the file-size limit"}

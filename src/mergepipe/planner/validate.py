@@ -56,7 +56,21 @@ def load_models(conn: Connection, request: MergeRequest) -> tuple[ModelInfo, lis
             raise InvalidRequest(f"expert {info.name!r} was derived from base {info.base!r}, "
                                  f"not from the request's base {request.base!r}", field=field)
         experts.append(info)
+    _check_ndim(conn, request)
     return base, experts
+
+
+def _check_ndim(conn: Connection, request: MergeRequest) -> None:
+    """The operator's fewest tensor dimensions (della ranks each row's entries; a 0-D tensor
+    has no row), checked against the base's tensors."""
+    need = request.spec.min_ndim
+    if not need:
+        return
+    for tensor, shape in conn.execute(load_sql("planner_base_tensors"), {"model": request.base}):
+        if len(shape) < need:
+            raise InvalidRequest(f"{request.operator} needs tensors of at least {need} "
+                                 f"dimension(s); base tensor {tensor!r} of {request.base!r} has "
+                                 f"shape {list(shape)}", field="operator")
 
 
 def check_request(cat: Catalog, request: MergeRequest) -> None:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mergepipe.core.errors import MergePipeError
+from mergepipe.core.schema import error_message, field_name
 
 log = logging.getLogger("mergepipe.service")
 
@@ -35,31 +36,6 @@ def error_body(code: str, message: str, field: str | None = None) -> dict[str, A
     return {"error": err}
 
 
-def field_name(loc: tuple[Any, ...] | list[Any]) -> str | None:
-    """('body', 'experts', 0, 'model') -> 'experts[0].model'; ('query', 'limit') -> 'limit'."""
-    parts = list(loc)
-    if parts and parts[0] in ("body", "query", "path", "header"):
-        parts = parts[1:]
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        elif isinstance(p, str) and not p.startswith("function-after") and "[" not in p:
-            out += f".{p}" if out else p
-    return out or None
-
-
-def _validation_message(err: dict[str, Any], field: str | None) -> str:
-    msg = str(err.get("msg", "invalid value"))
-    if err.get("type") == "json_invalid":
-        return "request body is not valid JSON"
-    if err.get("type") == "missing":
-        return f"{field} is required" if field else "a required field is missing"
-    if err.get("type") == "extra_forbidden":
-        return f"unknown field {field}" if field else msg
-    return f"{field}: {msg}" if field else msg
-
-
 def to_response(exc: Exception) -> JSONResponse:
     """The status and the error shape of any exception."""
     headers: dict[str, str] | None = None
@@ -75,7 +51,7 @@ def to_response(exc: Exception) -> JSONResponse:
         errors = list(exc.errors())
         first = errors[0] if errors else {}
         field = field_name(first.get("loc", ()))
-        status, body = 422, error_body("invalid_request", _validation_message(first, field), field)
+        status, body = 422, error_body("invalid_request", error_message(first, field), field)
     elif isinstance(exc, StarletteHTTPException):
         status = exc.status_code
         body = error_body(_HTTP_CODES.get(status, "http_error"), str(exc.detail))

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from mergepipe.catalog.queue import NewIngestJob
-from mergepipe.core.dtypes import normalize_dtype
 from mergepipe.core.errors import MergePipeError
-from mergepipe.core.request import MergeRequest, build_request
+from mergepipe.core.request import MergeRequest, request_of
 from mergepipe.jobs.config import load_config, not_found
 from mergepipe.service.schemas import PlanIn
 from mergepipe.service.state import AppState
@@ -24,16 +23,12 @@ class BodyRequest:
     notes: tuple[str, ...] = ()
 
 
-def body_request(st: AppState, body: PlanIn, output_dtype: str | None = None) -> BodyRequest:
+def body_request(st: AppState, body: PlanIn) -> BodyRequest:
     """The request of a body (422 naming the field). `budget`, `seed` and `output.dtype` of the
     body apply on top of a config; relative config paths are relative to the first data root."""
-    budget = body.budget.model_dump(exclude_none=True) if body.budget is not None else None
     if body.config_yaml is None:
-        assert body.base and body.experts and body.operator  # PlanIn checks them
-        return BodyRequest(build_request(
-            base=body.base, experts=[e.model_dump(exclude_none=True) for e in body.experts],
-            operator=body.operator, params=body.params, budget=budget, seed=body.seed,
-            output_dtype=output_dtype, strategy=body.strategy))
+        return BodyRequest(request_of(body.checked()))  # the body's schema checked it
+    budget = body.budget.value() if body.budget is not None else None
 
     def locate(text: str, key: str) -> str:
         try:
@@ -52,8 +47,9 @@ def body_request(st: AppState, body: PlanIn, output_dtype: str | None = None) ->
             raise
         key = f"config_yaml.{e.field}" if e.field else "config_yaml"
         raise type(e)(f"config_yaml: {e.message}", field=key) from None
-    if output_dtype:
-        request = replace(request, output_dtype=normalize_dtype(output_dtype))
-    request = replace(request, strategy=body.strategy)
+    if body.output_dtype():
+        request = replace(request, output_dtype=body.output_dtype())
+    if body.strategy is not None:
+        request = replace(request, strategy=body.strategy)
     jobs = [replace(j, field=f"config_yaml.{j.field}") for j in resolved.to_ingest]
     return BodyRequest(request, jobs, resolved.config.notes)

@@ -4,92 +4,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-Name = Field(min_length=1, max_length=128, description="letters, digits, '.', '_', '-'")
+# The request bodies are the core's request schema: one path of validation for the API, the CLI
+# and mergekit configs.
+from mergepipe.core.schema import In as _In
+from mergepipe.core.schema import MergeIn, ModelIn, PlanIn
 
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+__all__ = ["MergeIn", "ModelIn", "PlanIn"]
 
 
 class _Out(BaseModel):
     model_config = ConfigDict(extra="allow")
-
-
-# -- requests ---------------------------------------------------------------------------------
-class ModelIn(_In):
-    name: str = Name
-    path: str = Field(min_length=1, max_length=4096,
-                      description="checkpoint file or directory inside a data root "
-                                  "(relative paths: relative to the first root)")
-    kind: Literal["full", "delta", "lora"] = "full"
-    base: str | None = Field(None, min_length=1, max_length=128,
-                             description="the base model (omit to register a base)")
-    block_bytes: int | None = Field(None, gt=0, le=64 << 20, strict=True,
-                                    description="block size of the grid (bases only)")
-    stats: bool = Field(True, description="compute delta statistics (false: header-only)")
-    force: bool = Field(False, description="register an expert whose delta to its base is "
-                                           "far larger than a fine-tune's (docs/catalog.md)")
-
-
-class ExpertIn(_In):
-    model: str = Name
-    weight: float | None = Field(None, strict=True)  # strict: no "1" or true for a number
-    density: float | None = Field(None, strict=True)
-
-
-class BudgetIn(_In):
-    # strict: "0.5" and true are refused, not coerced (a budget is a number); the ranges are
-    # core.request's (field "budget")
-    fraction: float | None = Field(None, strict=True,
-                                   description="of the operator's full-read cost (above 1: "
-                                               "the full read)")
-    bytes: int | None = Field(None, strict=True, description="expert bytes, at most 2^63 - 1")
-
-    @model_validator(mode="after")
-    def _one(self) -> BudgetIn:
-        if (self.fraction is None) == (self.bytes is None):
-            raise ValueError('give exactly one of {"fraction": f} or {"bytes": n}')
-        return self
-
-
-class OutputIn(_In):
-    name: str = Name
-    dtype: Literal["F32", "F16", "BF16", "float32", "float16", "bfloat16"] | None = None
-
-
-class PlanIn(_In):
-    base: str | None = Field(None, min_length=1, max_length=128,
-                             description="required unless config_yaml is given")
-    experts: list[ExpertIn] | None = Field(None, min_length=1, max_length=256)
-    operator: str | None = Field(None, min_length=1, max_length=64)
-    params: dict[str, Any] | None = None
-    budget: BudgetIn | None = Field(None, description="default: the full read")
-    seed: int | None = Field(None, ge=0, lt=2**63, strict=True)
-    strategy: Literal["scratch", "incremental", "auto"] = Field(
-        "scratch", description="scratch (default): the standard merge, whatever merges the "
-                               "catalog holds; incremental: extend a stored merge of the same "
-                               "base and operator by the changed experts; auto: incremental "
-                               "only when its plan is complete and reads fewer bytes")
-    config_yaml: str | None = Field(
-        None, min_length=1, max_length=1_000_000,
-        description="a mergekit YAML config instead of base/experts/operator/params; its models "
-                    "are registered names or paths in the data roots (ingested on the fly)")
-
-    @model_validator(mode="after")
-    def _request_or_config(self) -> PlanIn:
-        given = [k for k in ("base", "experts", "operator", "params") if getattr(self, k)]
-        if self.config_yaml is not None and given:
-            raise ValueError(f"give either config_yaml or {'/'.join(given)}, not both")
-        missing = [k for k in ("base", "experts", "operator") if getattr(self, k) is None]
-        if self.config_yaml is None and missing:
-            raise ValueError(f"{', '.join(missing)} required (or a mergekit config_yaml)")
-        return self
-
-
-class MergeIn(PlanIn):
-    output: OutputIn
 
 
 class SqlIn(_In):

@@ -3,11 +3,12 @@ on the local disk or in remote storage (through the store of its scheme)."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
 from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.storage import bounded_json
+from mergepipe.storage.bounded_json import IntegerTooLong
 from mergepipe.storage.locations import absolute, basename, is_url, join, parent, parse_url
 from mergepipe.storage.safetensors_format import SafetensorsHeader, TensorEntry, read_header
 from mergepipe.storage.store import store_for
@@ -17,6 +18,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+CONFIG_FILE = "config.json"
 MAX_JSON_BYTES = 16 << 20  # an index or adapter config larger than this is refused
 MAX_INDEX_TENSORS = 262_144  # entries of an index's weight_map
 
@@ -69,9 +71,24 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     extra = sorted(join(p, n) for n, k in names.items()
                    if k == FILE and n not in weights and not n.endswith(".safetensors"))
     ckpt = _from_files(p, shards, extra, has_index=INDEX_FILE in names)
+    if names.get(CONFIG_FILE) == FILE:
+        _check_config(store, join(p, CONFIG_FILE))
     if INDEX_FILE in names:
         _check_index(store, p, ckpt)
     return ckpt
+
+
+def _check_config(store: Store, p: str) -> None:
+    """A merge rewrites the base's config.json (its dtype): one it could not parse for its
+    integers' length or nesting is refused now, not by every later merge. Other unreadable JSON
+    is copied as is."""
+    try:
+        bounded_json.loads(store.read_bytes(p, MAX_JSON_BYTES))
+    except (IntegerTooLong, RecursionError) as e:
+        why = str(e) if isinstance(e, IntegerTooLong) else "nested too deeply"
+        raise InvalidCheckpoint(f"{p}: {why}", field="path") from None
+    except (OSError, ValueError):
+        pass
 
 
 def _kind(store: Store, p: str) -> str | None:
@@ -159,10 +176,10 @@ def _load_json(store: Store, p: str) -> dict[str, object]:
     if _kind(store, p) != FILE:  # a FIFO or a device would block or never end
         raise InvalidCheckpoint(f"{p}: not a regular file")
     try:
-        data = json.loads(store.read_bytes(p, MAX_JSON_BYTES).decode())
+        data = bounded_json.loads(store.read_bytes(p, MAX_JSON_BYTES).decode())
     except OSError as e:
         raise InvalidCheckpoint(f"{p}: not readable JSON ({e.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, IntegerTooLong
         raise InvalidCheckpoint(f"{p}: not readable JSON ({e})") from None
     except RecursionError:
         raise InvalidCheckpoint(f"{p}: JSON nested too deeply") from None

@@ -4,27 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
+from mergepipe.core.vocab import check_name as check_name  # re-exported
 from mergepipe.storage.locations import is_url
 from mergepipe.storage.remote_paths import confine_url
-
-# Model and output names become directory names under the output root: one path segment.
-# Matched whole (fullmatch): with `$`, "e0\n" was a valid name (a second "e0" in listings, a
-# directory "nl\n", a crash writing the Location header).
-NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
-_NAME = re.compile(NAME_PATTERN)
-
-
-def check_name(name: str, field: str) -> str:
-    """A model / output name: letters, digits, '.', '_', '-'; no slash, no '..'."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
-        raise InvalidRequest(f"{field} {name!r} is not a valid name (1-128 of A-Z a-z 0-9 . _ -, "
-                             "starting with a letter or digit, no '..')", field=field)
-    return name
 
 
 def _inside(path: Path, root: Path) -> bool:

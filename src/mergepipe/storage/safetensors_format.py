@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mergepipe.core import checkpoint_limits
-from mergepipe.core.dtypes import DTYPE_SIZES
 from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.core.vocab import DTYPE_SIZES, HF_DTYPE_NAMES
+from mergepipe.storage import bounded_json
 from mergepipe.storage.locations import absolute
 from mergepipe.storage.storage import RangeReader, open_reader
 
@@ -29,14 +30,13 @@ if TYPE_CHECKING:
 MAX_HEADER_BYTES = 16 << 20
 MAX_NAME_CHARS = 1024
 # torch's names of the float dtypes
-TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a safetensors dtype name (imports torch)."""
     import torch
 
-    dtype: torch.dtype = getattr(torch, TORCH_NAMES[name])
+    dtype: torch.dtype = getattr(torch, HF_DTYPE_NAMES[name])
     return dtype
 
 
@@ -98,8 +98,8 @@ def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
         if own:
             reader.close()
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = bounded_json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, IntegerTooLong
         raise InvalidCheckpoint(f"{path}: header is not valid JSON ({e})") from None
     except RecursionError:
         raise InvalidCheckpoint(f"{path}: header JSON is nested too deeply") from None

@@ -11,7 +11,7 @@ from mergepipe.cli.job_options import add_engine_arguments, engine_of
 from mergepipe.cli.main import print_json
 from mergepipe.cli.progress import IngestBar
 from mergepipe.cli.table import human_bytes
-from mergepipe.storage.kinds import KINDS
+from mergepipe.core.vocab import KINDS
 
 if TYPE_CHECKING:
     from mergepipe.catalog.models import ModelRow

@@ -3,7 +3,7 @@ entries, keeping the density fraction in between (the catalog's band thresholds)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.errors import InvalidRequest
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
     from mergepipe.core.operators.base import BlockContext, ExpertBlock
 
 GAMMA = Param("gamma", float, 0.01, help="fraction of each delta's largest |entries| dropped "
-              "as outliers (mergekit's default 0.01)")
+              "as outliers (mergekit's default 0.01)", bounds=(0.0, 1.0))
 MERGEKIT_PARAMS = {"normalize": "normalize", "lambda": "lambda", "rescale": "rescale",
                    "gamma": "gamma"}
 
@@ -30,13 +30,6 @@ def cuts(numel: int, density: float, params: Mapping[str, Any]) -> tuple[int, in
     top = int(float(params.get("gamma", GAMMA.default)) * numel)
     bottom = max(0, numel - target - top)
     return numel - bottom - target, numel - bottom
-
-
-def check(params: Mapping[str, Any], densities: Sequence[float]) -> None:
-    gamma = float(params.get("gamma", GAMMA.default))
-    if not 0 <= gamma <= 1:
-        raise InvalidRequest(f"params.gamma {gamma:g} must be in [0, 1] (the fraction of largest "
-                             "entries dropped)", field="params.gamma")
 
 
 def band_mask(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
@@ -99,7 +92,7 @@ SPEC = OperatorSpec(
     name="breadcrumbs", title="Model Breadcrumbs",
     formula="M = B + lambda * sum_i w_i band(D_i; gamma, density_i)",
     kernel=breadcrumbs, normalize_default=False, additive=True, density=True,
-    params=(GAMMA,), cuts=cuts, check=check,
+    params=(GAMMA,), cuts=cuts,
     not_incremental=("the band thresholds are planned with each merge; extending a stored merge "
                      "is not implemented for band operators"),
     mergekit=MergekitMethod("breadcrumbs", params=MERGEKIT_PARAMS, translate=no_rescale),

@@ -9,7 +9,6 @@ from mergepipe.core.operators.breadcrumbs import (
     MERGEKIT_PARAMS,
     band_mask,
     band_native,
-    check,
     cuts,
     no_rescale,
 )
@@ -38,7 +37,7 @@ SPEC = OperatorSpec(
     name="breadcrumbs_ties", title="Model Breadcrumbs with TIES",
     formula="M = B + lambda * disjoint_sum_i(w_i band(D_i; gamma, density_i))",
     kernel=breadcrumbs_ties, normalize_default=False, additive=False, density=True,
-    params=(GAMMA,), cuts=cuts, check=check,
+    params=(GAMMA,), cuts=cuts,
     default_utility="per_tensor",  # as ties
     not_incremental=("breadcrumbs_ties elects each entry's sign over all experts together: one "
                      "expert more can flip signs everywhere"),

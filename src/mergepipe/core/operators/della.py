@@ -95,7 +95,7 @@ SPEC = OperatorSpec(
     name="della", title="DELLA",
     formula="M = B + lambda * disjoint_mean_i(w_i magprune(D_i; density_i, epsilon))",
     kernel=della, normalize_default=True, additive=False, density=True,
-    params=(EPSILON, RESCALE), check=check,
+    params=(EPSILON, RESCALE), check=check, min_ndim=1,  # magprune ranks within rows
     planning_unit="group",  # sign election, as dare_ties
     not_incremental=("della elects each entry's sign over all experts together: one expert more "
                      "can flip signs everywhere"),

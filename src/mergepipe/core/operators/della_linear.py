@@ -38,7 +38,7 @@ SPEC = OperatorSpec(
     name="della_linear", title="DELLA (linear)",
     formula="M = B + lambda * sum_i w_i magprune(D_i; density_i, epsilon)",
     kernel=della_linear, normalize_default=False, additive=False, density=True,
-    params=(EPSILON, RESCALE), check=check,
+    params=(EPSILON, RESCALE), check=check, min_ndim=1,  # magprune ranks within rows
     not_incremental=("the per-block L1 rescale and row ranks are computed with each merge; "
                      "extending a stored merge is not implemented for della"),
     mergekit=MergekitMethod("della_linear", params=MERGEKIT_PARAMS,

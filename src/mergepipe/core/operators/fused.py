@@ -27,10 +27,10 @@ from mergepipe.core.operators.base import BlockContext, Trim
 from mergepipe.core.operators.keyed_hash import _BITS, _start, _threshold
 from mergepipe.core.operators.spec import OperatorSpec
 from mergepipe.core.operators.weight_sum import weight_total
+from mergepipe.core.vocab import DTYPE_SIZES
 
 _fused: Any = native.EXTENSION  # None: the torch kernels serve
 
-SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
 def available() -> bool:
@@ -82,7 +82,7 @@ def merge_block(spec: OperatorSpec, base_raw: Any, base_dtype: str,
         args = [_ties_args(e, ctx.flat_offset) for e in experts]
     else:
         args = [(*_head(e), 0, 0.0, 0, 0.0, 0, 0) for e in experts]
-    out = np.empty(numel * SIZES[out_dtype], dtype=np.uint8)
+    out = np.empty(numel * DTYPE_SIZES[out_dtype], dtype=np.uint8)
     lam = ctx.lam
     oc, bc = CODES[out_dtype], CODES[base_dtype]
     if kernel == "ties":

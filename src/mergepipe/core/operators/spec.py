@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +14,8 @@ ParamValue = bool | float | str
 
 @dataclass(frozen=True)
 class Param:
-    """One global parameter of an operator: its type, default and allowed values."""
+    """One global parameter of an operator: its type, default and allowed values (the request
+    schema generates the operator's pydantic parameter model from these)."""
 
     name: str
     type: type[bool] | type[float] | type[str]
@@ -23,42 +23,7 @@ class Param:
     choices: tuple[str, ...] = ()  # for str parameters: the allowed values
     help: str = ""
     optional: bool = False  # kept in a request only when not the default (plan hashes stay)
-
-    def parse(self, value: object) -> ParamValue:
-        """The value as this parameter's type; InvalidRequest naming `params.<name>`."""
-        field_name = f"params.{self.name}"
-        if self.type is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in _BOOLS:
-                return _BOOLS[value.lower()]
-            raise InvalidRequest(f"{self.name} must be true or false, got {_short(value)}",
-                                 field=field_name)
-        if self.type is float:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidRequest(f"{field_name} must be a finite number, got "
-                                     f"{_short(value)}", field=field_name)
-            try:
-                v = float(value)
-            except OverflowError:
-                v = math.inf
-            if not math.isfinite(v):
-                raise InvalidRequest(f"{field_name} must be a finite number, got "
-                                     f"{_short(value)}", field=field_name)
-            return v
-        text = str(value)
-        if self.choices and text not in self.choices:
-            raise InvalidRequest(f"{self.name} {_short(value)} must be one of "
-                                 f"{', '.join(self.choices)}", field=field_name)
-        return text
-
-
-_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-
-def _short(v: object) -> str:
-    r = repr(v) if not isinstance(v, int) or v.bit_length() < 128 else "a very large integer"
-    return r if len(r) <= 40 else r[:37] + "..."
+    bounds: tuple[float, float] | None = None  # for float parameters: [low, high]
 
 
 @dataclass(frozen=True)
@@ -139,7 +104,7 @@ class OperatorSpec:
     # "group" selects all candidate experts' blocks of one output tensor together or none
     # (sign-electing / normalizing operators, whose output depends on which experts were read)
     planning_unit: str = "expert_block"
-    # the planner's default block ranking (request.UTILITY): "l2" = |alpha_i| ||D_itb|| per
+    # the planner's default block ranking (core.schema.UTILITY): "l2" = |alpha_i| ||D_itb|| per
     # byte; "per_tensor" divides by ||D_it|| so every tensor's share counts, not its scale
     default_utility: str = "l2"
     # None: M - B is a fixed-coefficient sum of per-expert terms (each term a function of one
@@ -164,6 +129,9 @@ class OperatorSpec:
     # the C kernel computing `kernel`'s blocks in one pass (None: the torch kernel only); a spec
     # whose kernel is replaced must drop it (dataclasses.replace(spec, kernel=k, fused=None))
     fused: FusedKernel | None = None
+    # the fewest dimensions a tensor must have (della ranks the entries of each row): a base
+    # with a smaller tensor is refused when the request is checked against the catalog
+    min_ndim: int = 0
 
     def __post_init__(self) -> None:
         if self.planning_unit not in PLANNING_UNITS:

@@ -36,7 +36,7 @@ router = APIRouter(prefix="/v1", tags=["merges"])
 @router.post("/merges", status_code=202, response_model=MergeAccepted,
              dependencies=[Depends(require_token)], summary="Start a budgeted merge job")
 def start_merge(body: MergeIn, response: Response, st: State) -> dict[str, Any]:
-    req = body_request(st, body, body.output.dtype)
+    req = body_request(st, body)
     out = output_dir(st.settings.output_root, body.output.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     queued = submit_merge(st.cat, req.request, body.output.name, out, ingests=req.to_ingest,

@@ -24,7 +24,7 @@ from mergepipe.service.schemas import (
 )
 from mergepipe.service.state import AppState, State
 from mergepipe.service.views import job_out, model_out
-from mergepipe.storage.paths import check_name, confine_source
+from mergepipe.storage.paths import confine_source
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
@@ -33,13 +33,8 @@ router = APIRouter(prefix="/v1", tags=["models"])
              dependencies=[Depends(require_token)],
              summary="Register a checkpoint: starts an ingestion job")
 def register_model(body: ModelIn, response: Response, st: State) -> dict[str, Any]:
-    name = check_name(body.name, "name")
-    if body.base is None and body.kind != "full":
-        raise InvalidRequest(f"a {body.kind} checkpoint needs a base model", field="base")
+    name = body.name  # the schema checked the name, the kind, the base and block_bytes
     if body.base is not None:
-        if body.block_bytes is not None:
-            raise InvalidRequest("block_bytes applies to bases only; experts use their base's "
-                                 "block grid", field="block_bytes")
         _check_base(st, body.base)
     path = confine_source(body.path, st.settings.data_roots, st.settings.remote_roots)
     queued = enqueue(st.cat, ingests=[NewIngestJob(

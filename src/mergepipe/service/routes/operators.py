@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from mergepipe.core.operators import REGISTRY, OperatorSpec, Param
-from mergepipe.core.request import LAMBDA, NORMALIZE, UNIT, UTILITY
+from mergepipe.core.schema import LAMBDA, NORMALIZE, UNIT, UTILITY
 from mergepipe.service.schemas import OperatorList
 
 router = APIRouter(prefix="/v1", tags=["operators"])
