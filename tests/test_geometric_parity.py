@@ -41,7 +41,7 @@ def _conformance(names, fam, cat, root: Path, tag: str) -> None:
     for name, cfg in cases.items():
         summary, ours = mp.run_ours(cat, cfg, root / "ours" / f"{tag}-{name}")
         assert summary["expert_bytes_read"] <= summary["full_read_bytes"]
-        table[name] = gp.ulps(ours, theirs[name])
+        table[name] = gp.ulps(ours, theirs[name], promoted=name in gp.PROMOTED)
         assert any(not torch.equal(ours[k], v) for k, v in base.items()), name
     print(json.dumps(table))
     for name, (differ, worst, _) in table.items():
@@ -53,16 +53,25 @@ def test_geometric_methods_give_mergekits_bytes(fam, cat, tmp_path):
     _conformance(FAST, fam, cat, tmp_path, "fast")
 
 
+def test_the_newer_methods_give_mergekits_bytes(fam, cat, tmp_path):
+    """nearswap, sce, multislerp and karcher: one config each in bf16 (all of them: slow)."""
+    _conformance([f"{m}-bfloat16" for m in gp.NEWER], fam, cat, tmp_path, "newer")
+
+
 @pytest.mark.slow
 def test_every_dtype_and_option_gives_mergekits_bytes(fam, cat, tmp_path):
     _conformance(list(gp.CASES), fam, cat, tmp_path, "all")
 
 
 @pytest.mark.parametrize("method", [
-    "model_stock", pytest.param("slerp", marks=pytest.mark.slow),
-    pytest.param("nuslerp", marks=pytest.mark.slow)])
+    "model_stock", "sce", pytest.param("slerp", marks=pytest.mark.slow),
+    *(pytest.param(m, marks=pytest.mark.slow) for m in ("nuslerp", "multislerp", "karcher",
+                                                         "nearswap", "ram", "ramplus_tl",
+                                                         "arcee_fusion"))])
 def test_under_a_budget_sound_and_deterministic(method, fam, cat, tmp_path):
-    cfg = gp.config(method, fam, "bfloat16", {"t": 0.3} if method == "slerp" else {})
+    params = {"slerp": {"t": 0.3}, "nearswap": {"t": 0.004},
+              "ramplus_tl": {"epsilon": 0.005}}.get(method, {})
+    cfg = gp.config(method, fam, "bfloat16", params)
     runs = [mp.run_ours(cat, cfg, tmp_path / f"{method}-b{i}", budget=0.4) for i in range(2)]
     for summary, _ in runs:
         assert 0 < summary["expert_bytes_read"] <= summary["budget_bytes"]
@@ -77,7 +86,7 @@ def test_under_a_budget_sound_and_deterministic(method, fam, cat, tmp_path):
 def test_expert_counts_and_config_checks(fam):
     from mergepipe.core.request import build_request
     for op, n, why in (("slerp", 2, "exactly 1 expert"), ("nuslerp", 1, "exactly 2 experts"),
-                       ("model_stock", 1, "at least 2 experts")):
+                       ("model_stock", 1, "at least 2 experts"), ("nearswap", 2, "exactly 1")):
         with pytest.raises(InvalidRequest, match=why) as e:
             build_request(base="b", operator=op,
                           experts=[{"model": f"x{i}"} for i in range(n)])
@@ -101,6 +110,21 @@ def test_expert_counts_and_config_checks(fam):
             {"model": e0, "parameters": {"weight": 1}}, {"model": e1, "parameters": {"weight": 1}}
         ]}))
     assert e.value.field == "base_model"
+    for method, key in (("nearswap", "parameters.t: missing"),
+                        ("karcher", "base_model: required: mergekit's karcher"),
+                        ("multislerp", "base_model: required: mergekit's multislerp")):
+        doc = {"merge_method": method, "models": [{"model": e0}, {"model": e1}]}
+        if method == "nearswap":
+            doc = {**doc, "base_model": base, "models": [{"model": e0}]}
+        with pytest.raises(InvalidRequest, match=key):
+            parse_config(json.dumps(doc))
+    for op, params, field in (("sce", {"select_topk": 1.5}, "params.select_topk"),
+                              ("nearswap", {"t": -1.0}, "params.t")):
+        with pytest.raises(InvalidRequest) as e:
+            build_request(base="b", operator=op, params=params,
+                          experts=[{"model": "x0"}] if op == "nearswap" else
+                          [{"model": "x0"}, {"model": "x1"}])
+        assert e.value.field == field
 
 
 def test_whole_tensors_stay_in_one_chunk_and_the_output_does_not_depend_on_chunks(

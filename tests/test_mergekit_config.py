@@ -144,8 +144,7 @@ def test_lora_reference() -> None:
 
 
 @pytest.mark.parametrize(("text", "key", "words"), [
-    ("merge_method: multislerp\nbase_model: b\nmodels: [e]", "merge_method", "not implemented yet"),
-    ("merge_method: karcher\nbase_model: b\nmodels: [e]", "merge_method", "iterative mean"),
+    ("merge_method: passthrough\nbase_model: b\nmodels: [e]", "merge_method", "frankenmerges"),
     ("merge_method: slerp\nbase_model: b\nmodels: [b, e]", "parameters.t", "missing"),
     ("merge_method: frob\nbase_model: b\nmodels: [e]", "merge_method", "unknown method"),
     ("base_model: b\nmodels: [e]", "merge_method", "required"),

@@ -20,14 +20,7 @@ from mergepipe.core.vocab import DTYPE_NAMES, HF_DTYPE_NAMES, share_problem
 
 # mergekit methods no registered operator implements, and why each is refused.
 REFUSED_METHODS = {
-    "multislerp": "not implemented yet (slerp merges two models, nuslerp two deltas)",
-    "karcher": "an iterative mean on the sphere of every full expert tensor; not implemented "
-               "yet (slerp and nuslerp are)",
     "passthrough": "stacks or copies layers (frankenmerges); there are no deltas to plan",
-    "sce": "variance-based selection needs every expert tensor at once; not implemented yet",
-    "nearswap": "needs the full expert tensor to compare with the base; not implemented yet",
-    "arcee_fusion": "needs the full expert tensors to score importance; not implemented yet",
-    "ram": "not implemented yet", "ramplus_tl": "not implemented yet",
 }
 REFUSED_KEYS = {
     "slices": "layer slices (layer_range, frankenmerges) change the architecture; MergePipe "

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 from mergepipe.core.operators import (
+    arcee_fusion,
     breadcrumbs,
     breadcrumbs_ties,
     dare_linear,
     dare_ties,
     della,
     della_linear,
+    karcher,
     linear,
     model_stock,
+    multislerp,
+    nearswap,
     nuslerp,
+    ram,
+    ramplus_tl,
+    sce,
     slerp,
     task_arithmetic,
     ties,
@@ -38,6 +45,13 @@ register(della_linear.SPEC)
 register(slerp.SPEC)
 register(nuslerp.SPEC)
 register(model_stock.SPEC)
+register(multislerp.SPEC)
+register(karcher.SPEC)
+register(nearswap.SPEC)
+register(sce.SPEC)
+register(ram.SPEC)
+register(ramplus_tl.SPEC)
+register(arcee_fusion.SPEC)
 
 __all__ = ["REGISTRY", "BlockContext", "ExpertBlock", "MergekitMethod", "Operator",
            "OperatorSpec", "Param", "get_operator", "mergekit_methods", "register", "unregister"]
