@@ -31,7 +31,7 @@ def test_help_lists_every_operator_and_parameter(command: str,
     text = _help(capsys, command)
     start = text.index("--op OP, --operator OP")  # the options, past the usage line
     op_help = text[start:text.index("--param KEY=VALUE", start)]
-    assert f"one of {len(REGISTRY)} operators" in op_help and len(REGISTRY) == 12
+    assert f"one of {len(REGISTRY)} operators" in op_help and len(REGISTRY) >= 12
     for spec in REGISTRY.values():
         assert re.search(rf"\b{spec.name}\b", op_help), spec.name
         for alias in spec.aliases:

@@ -58,7 +58,7 @@ def test_budget_resolution():
 
 
 @pytest.mark.parametrize("kw,field", [
-    ({"operator": "karcher"}, "operator"),
+    ({"operator": "frobnicate"}, "operator"),
     ({"budget": 0}, "budget.fraction"),
     ({"budget": -0.1}, "budget.fraction"),
     ({"budget": math.nan}, "budget.fraction"),
