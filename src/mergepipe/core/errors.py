@@ -103,3 +103,10 @@ class CatalogReadOnly(MergePipeError):
 
     status = 503
     code = "catalog_read_only"
+
+
+class JobTimeout(MergePipeError):
+    """A job ran past its total time limit (MERGEPIPE_JOB_TIMEOUT_S) waiting on the outside."""
+
+    status = 504
+    code = "job_timeout"

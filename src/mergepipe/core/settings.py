@@ -46,6 +46,7 @@ class Settings:
     shutdown_grace_s: float = 30.0       # how long `serve` waits for running jobs on SIGTERM
     max_queued_jobs: int = 1000          # more queued ingestions + merges are refused with 429
     lease_s: float = 30.0                # shared catalog: a dead worker's job is taken over after
+    job_timeout_s: float = 6 * 3600.0    # a job's total time limit on remote calls; then it fails
     engine: str = "local"                # merges run on "local" threads or as "ray" tasks
     ray_address: str | None = None       # an existing Ray cluster (None: a local Ray runtime)
     log_format: str = "text"             # "json": one JSON object per log line
@@ -86,6 +87,8 @@ class Settings:
             shutdown_grace_s=env_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
             max_queued_jobs=env_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),
             lease_s=env_number(e, "MERGEPIPE_LEASE_S", float, 30.0, minimum=1.0),
+            job_timeout_s=env_number(e, "MERGEPIPE_JOB_TIMEOUT_S", float, 6 * 3600.0,
+                                     minimum=0.001),
             engine=e.get("MERGEPIPE_ENGINE") or "local",
             ray_address=e.get("MERGEPIPE_RAY_ADDRESS") or None,
             log_format=(e.get("MERGEPIPE_LOG_FORMAT") or "text").lower(),

@@ -61,6 +61,9 @@ def share_problem(v: float) -> str | None:
 
 # -- checkpoints and merges ---------------------------------------------------------------------
 KINDS = ("full", "delta", "lora")  # how a model stores its weights
+# A queued ingestion of a config's URL: "lora" if the directory holds adapter_config.json, else
+# "full", decided by the job (a request thread never waits on the network to find out).
+AUTO = "auto"
 MIN_BLOCK_BYTES = 64
 MAX_BLOCK_BYTES = 64 << 20  # a merge holds about K x block size; 1 GiB blocks were accepted
 # How a merge is computed (docs/incremental.md). The default, scratch, never depends on which

@@ -14,6 +14,7 @@ from pathlib import Path
 from mergepipe.core.errors import Conflict, InvalidRequest
 from mergepipe.executor.manifest import MANIFEST_FILE
 from mergepipe.storage.locations import join, parse_url
+from mergepipe.storage.remote_scope import RemoteScope, current_scope, using
 from mergepipe.storage.store import s3_store
 from mergepipe.storage.store_types import FILE
 
@@ -59,6 +60,7 @@ class S3Output:
                        key=lambda f: (f.name == MANIFEST_FILE, f.name))
         uploads: list[tuple[str, str]] = []
         completed: list[str] = []
+        scope = current_scope()  # the job's deadline holds in the upload threads too
         try:
             with ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="mergepipe-up") as pool:
                 parts = []
@@ -66,22 +68,24 @@ class S3Output:
                     key = join(self.location, f.name)
                     uploads.append((key, self.store.start_upload(key)))
                     n = max(1, -(-f.stat().st_size // PART_BYTES))
-                    parts.append([pool.submit(self._part, f, key, uploads[-1][1], i)
+                    parts.append([pool.submit(self._part, scope, f, key, uploads[-1][1], i)
                                   for i in range(n)])
                 etags = [[p.result() for p in file_parts] for file_parts in parts]
             for (key, upload_id), tags in zip(uploads, etags, strict=True):
                 self.store.complete_upload(key, upload_id, tags)
                 completed.append(key)
         except BaseException:
-            self._undo(uploads, completed)
+            with using(RemoteScope()):  # clean up even past the deadline (own timeouts)
+                self._undo(uploads, completed)
             raise
         shutil.rmtree(stage, ignore_errors=True)
 
-    def _part(self, f: Path, key: str, upload_id: str, i: int) -> str:
+    def _part(self, scope: RemoteScope, f: Path, key: str, upload_id: str, i: int) -> str:
         with open(f, "rb") as fh:
             fh.seek(i * PART_BYTES)
             data = fh.read(PART_BYTES)
-        return str(self.store.upload_part(key, upload_id, i + 1, data))
+        with using(scope):
+            return str(self.store.upload_part(key, upload_id, i + 1, data))
 
     def _undo(self, uploads: list[tuple[str, str]], completed: list[str]) -> None:
         for key, upload_id in uploads:

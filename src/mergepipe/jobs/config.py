@@ -1,7 +1,9 @@
 """A mergekit config resolved against the catalog: models matched by name or path, or to ingest.
 
-Resolving never ingests: models the config names by an unregistered path come back as
-ingestion jobs to run (the CLI runs them in turn; the service queues them with the merge).
+Resolving never ingests, and never waits on the network (the service resolves configs in its
+request threads): models the config names by an unregistered path come back as ingestion jobs
+to run (the CLI runs them in turn; the service queues them with the merge); whether an expert
+named by URL is a LoRA adapter is left to its ingestion job (kind `auto`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_config import BudgetSpec, MergekitConfig, ModelRef, parse_config
 from mergepipe.core.request import MergeRequest, build_request
+from mergepipe.core.vocab import AUTO
 from mergepipe.storage.checkpoint import ADAPTER_CONFIG
 from mergepipe.storage.locations import basename, is_url, join, parse_url
 from mergepipe.storage.store import store_for
@@ -86,7 +89,9 @@ def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
         found = _match(ref, known.models, base=base, path=path) or _pending(known, path, base)
         if found is not None:
             return found
-        if _has_adapter_config(path):
+        if is_url(path):
+            kind = AUTO if kind == "full" and base is not None else kind  # found by the job
+        elif has_adapter_config(path):
             kind = "lora"
         job = NewIngestJob(_free_name(path, known.taken), kind, path, base, field=ref.key)
         known.taken.add(job.model)
@@ -159,7 +164,7 @@ def _same_path(a: str, b: str) -> bool:
         return False
 
 
-def _has_adapter_config(path: str) -> bool:
+def has_adapter_config(path: str) -> bool:
     """Whether the checkpoint at `path` is a PEFT adapter directory (it has adapter_config.json)."""
     target = join(path, ADAPTER_CONFIG)
     try:

@@ -17,7 +17,9 @@ from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.core.errors import MergePipeError
 from mergepipe.core.hooks import hooks
 from mergepipe.core.progress import Progress, ProgressFn
+from mergepipe.core.vocab import AUTO
 from mergepipe.executor.engine import LOCAL, Engine
+from mergepipe.jobs.config import has_adapter_config
 from mergepipe.jobs.failure import failure_message
 from mergepipe.storage.fsconfine import confined
 from mergepipe.storage.grid import DEFAULT_BLOCK_BYTES
@@ -43,7 +45,10 @@ def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path]
     elif data_roots:
         recheck_input(job.path, data_roots, field=job.field)
     with confined(data_roots) if data_roots else contextlib.nullcontext():
-        return ingest_model(cat, job.path, job.model, base=job.base, kind=job.kind,
+        kind = job.kind
+        if kind == AUTO:  # a config's URL: an adapter directory, or a full checkpoint
+            kind = "lora" if has_adapter_config(job.path) else "full"
+        return ingest_model(cat, job.path, job.model, base=job.base, kind=kind,
                             block_bytes=job.block_bytes or DEFAULT_BLOCK_BYTES,
                             with_stats=job.with_stats, progress=progress, guard=guard,
                             scan=engine.ingest_scan(), force=job.force)

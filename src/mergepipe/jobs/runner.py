@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue as fifo
 import shutil
@@ -23,6 +24,7 @@ from mergepipe.jobs.ingest import run_ingest_job
 from mergepipe.jobs.merge import run_merge
 from mergepipe.jobs.recovery import recover_interrupted
 from mergepipe.storage.paths import temp_dirs
+from mergepipe.storage.remote_scope import remote_scope
 
 log = logging.getLogger("mergepipe.jobs.runner")
 
@@ -115,6 +117,11 @@ class JobRunner:
             finally:
                 self.queue.task_done()
 
+    def _scope(self) -> contextlib.AbstractContextManager[None]:
+        """The remote scope a job runs in: redirects confined to the remote roots, every
+        remote call over by the job's time limit (MERGEPIPE_JOB_TIMEOUT_S) from its start."""
+        return remote_scope(self.settings.remote_roots, self.settings.job_timeout_s)
+
     def _run(self, job: Job) -> None:
         """Run `job` if it is still queued and its inputs are ready, then tell the observers."""
         started = time.monotonic()
@@ -134,7 +141,7 @@ class JobRunner:
             row = queue.get_ingest_job(self.cat, job.id)
             if row is None or row.status != "queued" or not self._inputs_ready(job, [row.base]):
                 return False
-            with request_context(row.request_id):
+            with request_context(row.request_id), self._scope():
                 log.info("ingestion %s of %r started", job.id, row.model)
                 run_ingest_job(self.cat, job.id, data_roots=self.settings.data_roots,
                                remote_roots=self.settings.remote_roots,
@@ -147,7 +154,7 @@ class JobRunner:
         names = [merge.base] + [str(e.get("model")) for e in merge.request.get("experts", [])]
         if not self._inputs_ready(job, names):
             return False
-        with request_context(merge.request_id):
+        with request_context(merge.request_id), self._scope():
             log.info("merge %s started", job.id)
             try:
                 run_merge(self.cat, job.id, progress=track, data_roots=self.settings.data_roots,

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urljoin
 
 import urllib3
 
-from mergepipe.core.errors import InvalidCheckpoint, SourceChanged
-from mergepipe.storage.locations import parse_url
+from mergepipe.core.errors import Forbidden, InvalidCheckpoint, InvalidRequest, SourceChanged
+from mergepipe.storage.http_watchdog import CURRENT, POOL_CLASSES, WATCHDOG
+from mergepipe.storage.locations import Url, parse_url
 from mergepipe.storage.remote_io import (
     RemoteConfig,
     Transient,
@@ -19,6 +23,7 @@ from mergepipe.storage.remote_io import (
     copy_body,
     with_retries,
 )
+from mergepipe.storage.remote_scope import RemoteScope, current_scope, using
 from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
 
 # HTTP cannot list a directory: these are the names a hub checkpoint directory uses.
@@ -28,19 +33,26 @@ PROBED_NAMES = (
     "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
     "merges.txt", "added_tokens.json", "chat_template.jinja",
 )
+REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 5
+MAX_LOCATION_CHARS = 8192
 
 
 class HttpStore:
-    """Files under an http(s):// base URL. A bearer token (MERGEPIPE_HTTP_TOKEN) is sent over
-    HTTPS, and over plain HTTP only to a loopback host; never across a redirect to another
-    host (urllib3 drops Authorization there)."""
+    """Files under an http(s):// base URL. Redirects are followed by hand, each hop checked
+    before it is followed (storage.remote_scope: under a remote root in a service job); a
+    bearer token (MERGEPIPE_HTTP_TOKEN) goes only to the exact origin (scheme, host, port) of
+    the URL asked for, over HTTPS or to a loopback host, and never after a hop to another
+    origin. Every request of a job ends by the job's deadline (the watchdog cuts off one that
+    is still running then)."""
 
     def __init__(self, cfg: RemoteConfig) -> None:
         self.cfg = cfg
         self._pool = urllib3.PoolManager(
             maxsize=32, timeout=urllib3.Timeout(connect=cfg.timeout_s, read=cfg.timeout_s),
             retries=urllib3.Retry(total=None, connect=0, read=0, status=0, other=0,
-                                  redirect=5, raise_on_status=False))
+                                  redirect=False, raise_on_status=False))
+        self._pool.pool_classes_by_scheme = POOL_CLASSES
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -54,7 +66,7 @@ class HttpStore:
             mtime_ns = int(parsedate_to_datetime(modified).timestamp() * 1e9) if modified else 0
         except (TypeError, ValueError):
             mtime_ns = 0
-        return Stamp(int(size), mtime_ns, r.headers.get("ETag"))
+        return Stamp(self.cfg.check_size(path, int(size)), mtime_ns, r.headers.get("ETag"))
 
     def kind(self, path: str) -> str | None:
         """A URL named *.safetensors or like a checkpoint's file (PROBED_NAMES) is a file, if it
@@ -69,10 +81,16 @@ class HttpStore:
         return FILE
 
     def entries(self, path: str) -> dict[str, str]:
-        """The PROBED_NAMES that exist under the directory URL (HEAD requests in parallel)."""
-        url = parse_url(path)
+        """The PROBED_NAMES that exist under the directory URL (HEAD requests in parallel, in
+        the caller's remote scope)."""
+        url, scope = parse_url(path), current_scope()
+
+        def exists(name: str) -> bool:
+            with using(scope):
+                return self._exists(str(url.child(name)))
+
         with ThreadPoolExecutor(8, thread_name_prefix="mergepipe-probe") as pool:
-            found = list(pool.map(lambda n: self._exists(str(url.child(n))), PROBED_NAMES))
+            found = list(pool.map(exists, PROBED_NAMES))
         return {n: FILE for n, ok in zip(PROBED_NAMES, found, strict=True) if ok}
 
     def _exists(self, path: str) -> bool:
@@ -106,15 +124,12 @@ class HttpStore:
             stats.add(requests=1)
             headers = {"Range": f"bytes={start}-{offset + n - 1}",
                        **({"If-Match": strong} if strong else {})}
-            r = self._request(path, "GET", headers)
-            try:
+            with self._open(path, "GET", headers) as r:
                 if r.status != 206:
                     raise InvalidCheckpoint(f"{path}: the server does not honour Range "
                                             f"requests (HTTP {r.status} to a ranged GET)")
                 check_content_range(path, r.headers.get("Content-Range"), start, offset + n)
                 copy_body(lambda k: _read(r, k), out, done, stats)
-            finally:
-                r.release_conn() if done[0] >= n else r.close()
 
         with_retries(f"{path} (bytes {offset}..{offset + n})", self.cfg, stats, attempt,
                      lambda: done[0])
@@ -122,45 +137,113 @@ class HttpStore:
     # -- requests ----------------------------------------------------------------------------
 
     def _call(self, path: str, method: str, headers: dict[str, str]) -> Any:
+        """A request without a body to read (HEAD), with retries; its response."""
         stats = FetchStats()
 
         def attempt() -> Any:
             stats.add(requests=1)
-            r = self._request(path, method, headers)
-            r.release_conn()
-            return r
+            with self._open(path, method, headers) as r:
+                return r
         return with_retries(path, self.cfg, stats, attempt)
 
-    def _request(self, path: str, method: str, headers: dict[str, str]) -> Any:
-        """One request; errors by status: retried (429, 5xx), missing, refused, changed."""
+    @contextlib.contextmanager
+    def _open(self, path: str, method: str, headers: dict[str, str]) -> Iterator[Any]:
+        """One request (and its redirects), watched until the caller is done with the body;
+        the connection goes back to the pool only when the body was read to its end."""
+        scope = current_scope()
+        watch = WATCHDOG.watch(scope.deadline) if scope.deadline is not None else None
+        CURRENT.watch = watch
+        r = None
         try:
-            r = self._pool.request(method, path, headers={**headers, **self._auth(path)},
-                                   preload_content=False)
-        except urllib3.exceptions.HTTPError as e:
-            raise Transient(f"{type(e).__name__}: {e}") from None
-        if r.status < 400:
-            return r
-        r.close()
-        if r.status == 429 or r.status >= 500:
-            raise Transient(f"HTTP {r.status}")
-        if r.status in (404, 410):
-            raise FileNotFoundError(errno.ENOENT, f"no such file (HTTP {r.status})", path)
-        if r.status in (401, 403):
-            raise PermissionError(errno.EACCES, f"access denied (HTTP {r.status}): set "
-                                  "MERGEPIPE_HTTP_TOKEN to a token that may read it", path)
-        if r.status == 412:
-            raise SourceChanged(f"{path} changed while it was being read (it no longer has "
-                                f"ETag {headers.get('If-Match')}); re-ingest it")
-        if r.status == 416:
-            raise InvalidCheckpoint(f"{path}: truncated: the file ends before "
-                                    f"{headers.get('Range')}")
-        raise InvalidCheckpoint(f"{path}: HTTP {r.status} to {method}")
+            r = self._follow(path, method, headers, scope)
+            _check_status(path, method, headers, r)
+            yield r
+        finally:
+            CURRENT.watch = None
+            if watch is not None:
+                WATCHDOG.unwatch(watch)
+            if r is not None:
+                if r.length_remaining == 0 and not (watch is not None and watch.fired):
+                    r.release_conn()
+                else:
+                    r.close()
 
-    def _auth(self, path: str) -> dict[str, str]:
-        url = parse_url(path)
+    def _follow(self, path: str, method: str, headers: dict[str, str],
+                scope: RemoteScope) -> Any:
+        """The response to `method path`, following redirects hop by hop: each target is
+        normalized and checked against the scope's roots before it is requested."""
+        start = parse_url(path)
+        url, query, trusted = start, "", True
+        for hop in range(MAX_REDIRECTS + 1):
+            target = str(url) + (f"?{query}" if query else "")
+            auth = self._auth(url) if trusted else {}
+            r = self._send(method, target, {**headers, **auth}, scope, hopped=hop > 0)
+            if r.status not in REDIRECTS:
+                return r
+            location = r.headers.get("Location")
+            r.close()  # never drained: a redirect's body may trickle
+            if not location:
+                raise InvalidCheckpoint(f"{path}: HTTP {r.status} without a Location")
+            url, query = _hop(path, target, location, start, scope)
+            trusted = trusted and url.origin == start.origin
+        raise InvalidCheckpoint(f"{path}: more than {MAX_REDIRECTS} redirects")
+
+    def _send(self, method: str, target: str, headers: dict[str, str], scope: RemoteScope,
+              *, hopped: bool) -> Any:
+        t = scope.cap(self.cfg.timeout_s)
+        try:
+            return self._pool.request(method, target, headers=headers, preload_content=False,
+                                      redirect=False, timeout=urllib3.Timeout(connect=t, read=t))
+        except urllib3.exceptions.HTTPError as e:
+            # after a redirect the reason is not told: where it led is not for the caller to
+            # learn (a redirect to a closed port must not tell it from an open one)
+            raise Transient(f"{type(e).__name__} after a redirect" if hopped
+                            else f"{type(e).__name__}: {e}") from None
+
+    def _auth(self, url: Url) -> dict[str, str]:
         if self.cfg.http_token and (url.scheme == "https" or _loopback(url.authority)):
             return {"Authorization": f"Bearer {self.cfg.http_token}"}
         return {}
+
+
+def _hop(path: str, current: str, location: str, start: Url, scope: RemoteScope
+         ) -> tuple[Url, str]:
+    """The next URL of a redirect from `current` to `location`, and its query: normalized
+    (parse_url) and under the scope's roots, else Forbidden. The message does not repeat the
+    target (no port or path scanning through error messages)."""
+    refused = Forbidden(f"{path}: the server redirected the request to a location outside the "
+                        "allowed remote roots; the redirect was not followed", field="path")
+    if len(location) > MAX_LOCATION_CHARS or any(ord(c) <= 32 or ord(c) == 127
+                                                 for c in location):
+        raise refused
+    head, _, query = urljoin(current, location).split("#", 1)[0].partition("?")
+    try:
+        url = parse_url(head, "redirect")
+    except InvalidRequest:
+        raise refused from None
+    if not scope.allows(url, start):
+        raise refused
+    return url, query
+
+
+def _check_status(path: str, method: str, headers: dict[str, str], r: Any) -> None:
+    """Errors by status: retried (429, 5xx), missing, refused, changed."""
+    if r.status < 400 and r.status not in REDIRECTS:
+        return
+    if r.status == 429 or r.status >= 500:
+        raise Transient(f"HTTP {r.status}")
+    if r.status in (404, 410):
+        raise FileNotFoundError(errno.ENOENT, f"no such file (HTTP {r.status})", path)
+    if r.status in (401, 403):
+        raise PermissionError(errno.EACCES, f"access denied (HTTP {r.status}): set "
+                              "MERGEPIPE_HTTP_TOKEN to a token that may read it", path)
+    if r.status == 412:
+        raise SourceChanged(f"{path} changed while it was being read (it no longer has "
+                            f"ETag {headers.get('If-Match')}); re-ingest it")
+    if r.status == 416:
+        raise InvalidCheckpoint(f"{path}: truncated: the file ends before "
+                                f"{headers.get('Range')}")
+    raise InvalidCheckpoint(f"{path}: HTTP {r.status} to {method}")
 
 
 def _read(r: Any, nbytes: int) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from mergepipe.core.errors import InvalidRequest
 
@@ -14,12 +14,19 @@ _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#]*
                   re.DOTALL)
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?$")
+_DEFAULT_PORTS = {"http": ":80", "https": ":443"}
+# Characters of a path segment left as they are in the canonical form of an http(s) URL (RFC
+# 3986 pchar, less ';', which some servers take as the start of path parameters).
+_SEGMENT_SAFE = "!$&'()*+,=:@"
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 
 
 @dataclass(frozen=True)
 class Url:
-    """A remote object or directory: scheme, bucket or host[:port], and the key (no leading
-    or trailing slash; '' for the bucket or the site's root)."""
+    """A remote object or directory: scheme, bucket or host[:port] (no default port), and the
+    key (no leading or trailing slash; '' for the bucket or the site's root). An http(s) key is
+    in canonical percent-encoded form (each segment decoded once, then encoded again the one
+    way); an S3 key is the object key itself."""
 
     scheme: str
     authority: str
@@ -31,10 +38,20 @@ class Url:
 
     @property
     def name(self) -> str:
-        return self.key.rsplit("/", 1)[-1]
+        """The last segment, decoded (a file name)."""
+        last = self.key.rsplit("/", 1)[-1]
+        return last if self.scheme == "s3" else unquote(last)
+
+    @property
+    def origin(self) -> tuple[str, str]:
+        """(scheme, host[:port]): where credentials may go (the exact origin a user named)."""
+        return self.scheme, self.authority
 
     def child(self, name: str) -> Url:
-        return Url(self.scheme, self.authority, f"{self.key}/{name}" if self.key else name)
+        """The file `name` inside this directory (one segment, encoded for http(s))."""
+        _check_segment(name, str(self), "name")
+        seg = name if self.scheme == "s3" else quote(name, safe=_SEGMENT_SAFE)
+        return Url(self.scheme, self.authority, f"{self.key}/{seg}" if self.key else seg)
 
     def parent(self) -> Url:
         return Url(self.scheme, self.authority, self.key.rsplit("/", 1)[0] if "/" in self.key
@@ -52,7 +69,11 @@ def is_url(path: object) -> bool:
 
 
 def parse_url(text: str, field: str = "path") -> Url:
-    """A checked URL: a known scheme, a bucket or host, no credentials, query or '..'."""
+    """A checked URL in canonical form: a known scheme, a bucket or host (lower case, no
+    default port), no credentials or query; each path segment percent-decoded once and refused
+    if it is '.' or '..' or holds a separator ('/', '\\'), a control character or another
+    escape (double encoding): what a server that decodes `%2F` or `%2e` would resolve
+    differently from the text checked against the remote roots."""
     m = _URL.match(text)
     if m is None:
         raise InvalidRequest(f"{field} {text!r} is not a URL", field=field)
@@ -71,11 +92,38 @@ def parse_url(text: str, field: str = "path") -> Url:
         what = "bucket name" if scheme == "s3" else "host"
         raise InvalidRequest(f"{field} {text!r}: {authority!r} is not a valid {what}",
                              field=field)
+    if scheme != "s3":
+        authority = authority.lower()
+        port = authority.rpartition(":")[2] if not authority.endswith("]") else ""
+        if ":" in authority and not authority.endswith("]") and not 0 < int(port) < 65536:
+            raise InvalidRequest(f"{field} {text!r}: port {port} is out of range", field=field)
+        authority = authority.removesuffix(_DEFAULT_PORTS[scheme])
     parts = [p for p in rest.split("/") if p]
-    if any(unquote(p) in (".", "..") for p in parts):
-        raise InvalidRequest(f"{field} {text!r}: '.' and '..' segments are not allowed",
-                             field=field)
-    return Url(scheme, authority.lower() if scheme != "s3" else authority, "/".join(parts))
+    for p in parts:
+        try:
+            decoded = unquote(p, errors="strict")
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"{field} {_short(text)}: a path segment is not UTF-8 once "
+                                 "percent-decoded", field=field) from None
+        _check_segment(decoded, text, field)
+    if scheme != "s3":
+        parts = [quote(unquote(p), safe=_SEGMENT_SAFE) for p in parts]
+    return Url(scheme, authority, "/".join(parts))
+
+
+def _check_segment(seg: str, text: str, field: str) -> None:
+    """A decoded path segment: not a dot segment (also as '..;x'), no separator, no control
+    character, no escape left in it (a server that decodes twice would see another path)."""
+    if seg.split(";", 1)[0] in (".", "..") or "/" in seg or "\\" in seg or \
+            any(ord(c) < 32 or ord(c) == 127 for c in seg) or _ESCAPE.search(seg):
+        raise InvalidRequest(f"{field} {_short(text)}: a path segment may not be '.' or '..' "
+                             "or hold a separator, control character or escape, encoded or "
+                             "not", field=field)
+
+
+def _short(text: str) -> str:
+    r = repr(text)
+    return r if len(r) <= 200 else r[:197] + "..."
 
 
 def absolute(path: str | os.PathLike[str]) -> str:

@@ -11,11 +11,15 @@ from typing import TypeVar
 
 from mergepipe.core.errors import InvalidCheckpoint, RemoteUnavailable
 from mergepipe.core.settings import env_number
+from mergepipe.storage.remote_scope import current_scope
 from mergepipe.storage.store_types import NETWORK, FetchStats
 
 T = TypeVar("T")
 MAX_BACKOFF_S = 8.0
 CHUNK_BYTES = 1 << 20  # a response body is copied into the caller's buffer this much at a time
+# The largest remote object read: a size claimed by a HEAD answer or a listing above it is
+# refused before anything is allocated or read for it (far above any checkpoint's file).
+MAX_OBJECT_BYTES = 1 << 40
 # AWS variables that select the S3 client (its credentials are read by boto3 itself).
 AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION",
                  "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
@@ -33,12 +37,14 @@ class Transient(Exception):
 
 @dataclass(frozen=True)
 class RemoteConfig:
-    """How remote stores are reached: attempts per request, backoff, timeout, the HTTP bearer
-    token, and the AWS variables that pick the S3 client (kept in memory only)."""
+    """How remote stores are reached: attempts per request, backoff, timeout (per connect and
+    per read; a job's deadline caps them), the largest object accepted, the HTTP bearer token,
+    and the AWS variables that pick the S3 client (kept in memory only)."""
 
     attempts: int = 5
     backoff_s: float = 0.25
     timeout_s: float = 30.0
+    max_object_bytes: int = MAX_OBJECT_BYTES
     http_token: str | None = field(default=None, repr=False)
     aws: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
@@ -49,6 +55,7 @@ class RemoteConfig:
             attempts=env_number(e, "MERGEPIPE_REMOTE_ATTEMPTS", int, 5, 1),
             backoff_s=env_number(e, "MERGEPIPE_REMOTE_BACKOFF_S", float, 0.25, 0.0),
             timeout_s=env_number(e, "MERGEPIPE_REMOTE_TIMEOUT_S", float, 30.0, 0.01),
+            max_object_bytes=env_number(e, "MERGEPIPE_MAX_FILE_BYTES", int, MAX_OBJECT_BYTES, 1),
             http_token=e.get("MERGEPIPE_HTTP_TOKEN") or None,
             aws=tuple((k, e[k]) for k in AWS_VARIABLES if e.get(k)))
 
@@ -59,17 +66,29 @@ class RemoteConfig:
         """Seconds to wait after `failures` failures in a row: exponential, full jitter."""
         return random.uniform(0, min(MAX_BACKOFF_S, self.backoff_s * 2 ** (failures - 1)))
 
+    def check_size(self, path: str, size: int) -> int:
+        """`size`, the size a store claims for `path`, unless it is over the limit (a lie
+        costs a 4xx, never memory or time in proportion to it)."""
+        if size > self.max_object_bytes:
+            raise InvalidCheckpoint(f"{path}: the store claims {size} bytes, over the limit of "
+                                    f"{self.max_object_bytes} for one file "
+                                    "(MERGEPIPE_MAX_FILE_BYTES)")
+        return size
+
 
 def with_retries(what: str, cfg: RemoteConfig, stats: FetchStats, attempt: Callable[[], T],
                  progress: Callable[[], int] = lambda: 0) -> T:
     """Run `attempt` (one request; it counts itself) until it succeeds, retrying Transient
     failures after a backoff. An attempt that made `progress` (bytes received) resets the count
-    of failures in a row; `cfg.attempts` failures in a row give up with RemoteUnavailable."""
-    failures, seen = 0, progress()
+    of failures in a row; `cfg.attempts` failures in a row give up with RemoteUnavailable.
+    Retries and backoff stay inside the job's deadline (storage.remote_scope): JobTimeout."""
+    failures, seen, scope = 0, progress(), current_scope()
     while True:
+        scope.check(what)
         try:
             return attempt()
         except Transient as e:
+            scope.check(what)  # an attempt cut off at the deadline is not retried
             now = progress()
             failures = 1 if now > seen else failures + 1
             seen = now
@@ -77,16 +96,19 @@ def with_retries(what: str, cfg: RemoteConfig, stats: FetchStats, attempt: Calla
                 raise RemoteUnavailable(f"{what}: {e.reason}; gave up after {failures} "
                                         "attempts in a row") from None
             stats.add(retries=1)
-            time.sleep(cfg.backoff(failures))
-
+            time.sleep(scope.cap(cfg.backoff(failures)))
 
 
 def copy_body(read: Callable[[int], bytes], out: memoryview, done: list[int],
               stats: FetchStats) -> None:
     """Copy a response body into `out[done[0]:]` as it arrives, counting every byte; a body
-    that ends early is Transient (the retry resumes at `done[0]`)."""
-    n = len(out)
+    that ends early is Transient (the retry resumes at `done[0]`); past the job's deadline,
+    Transient too (with_retries then fails the job)."""
+    n, scope = len(out), current_scope()
     while done[0] < n:
+        left = scope.remaining()
+        if left is not None and left <= 0:
+            raise Transient("the job's deadline passed while the body was arriving")
         chunk = read(min(CHUNK_BYTES, n - done[0]))
         if not chunk:
             raise Transient(f"the body ended after {done[0]} of {n} bytes")

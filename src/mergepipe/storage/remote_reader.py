@@ -7,6 +7,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from mergepipe.core.errors import InvalidCheckpoint
+from mergepipe.storage.remote_scope import current_scope, using
 from mergepipe.storage.store import remote_store
 from mergepipe.storage.store_types import FetchStats, Stamp
 
@@ -23,9 +24,13 @@ class RemoteReader:
 
     `read_ahead`: the caller reads objects front to back (ingestion, the base of a merge), so
     each is fetched in large windows from the first offset asked for, a few windows ahead, in
-    parallel; otherwise (a budgeted access set) exactly the ranges asked for are fetched."""
+    parallel; otherwise (a budgeted access set) exactly the ranges asked for are fetched.
+
+    Requests run in the remote scope of the thread that made the reader (its job's roots and
+    deadline), whichever thread reads."""
 
     def __init__(self, *, read_ahead: bool = False) -> None:
+        self.scope = current_scope()
         self._stats: dict[str, FetchStats] = {}
         self._pins: dict[str, Stamp] = {}
         self._lock = threading.Lock()
@@ -54,7 +59,8 @@ class RemoteReader:
         if pinned is not None:
             return pinned
         try:
-            st = remote_store(path).stat(path)
+            with using(self.scope):
+                st = remote_store(path).stat(path)
         except OSError as e:
             raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
         with self._lock:
@@ -80,7 +86,8 @@ class RemoteReader:
             stats = self._stats.setdefault(path, FetchStats())
             pin = self._pins.get(path)
         try:
-            remote_store(path).read_range(path, offset, out, pin, stats)
+            with using(self.scope):
+                remote_store(path).read_range(path, offset, out, pin, stats)
         except OSError as e:
             raise InvalidCheckpoint(f"{path}: cannot read ({e.strerror})") from None
 

@@ -81,7 +81,8 @@ class S3Store:
     def stat(self, path: str) -> Stamp:
         url = parse_url(path)
         r = self._call(path, FetchStats(), "head_object", Bucket=url.authority, Key=url.key)
-        return Stamp(int(r["ContentLength"]), int(r["LastModified"].timestamp() * 1e9),
+        return Stamp(self.cfg.check_size(path, int(r["ContentLength"])),
+                     int(r["LastModified"].timestamp() * 1e9),
                      r.get("ETag"), r.get("VersionId"))
 
     def kind(self, path: str) -> str | None:
