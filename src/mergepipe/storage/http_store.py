@@ -156,6 +156,8 @@ class HttpStore:
         r = None
         try:
             r = self._follow(path, method, headers, scope)
+            if watch is not None and watch.fired:  # cut off mid-headers: not an answer
+                raise Transient("cut off at the job's deadline")
             _check_status(path, method, headers, r)
             yield r
         finally:
