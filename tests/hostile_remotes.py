@@ -151,8 +151,8 @@ class Trickler:
                     conn.sendall(b"a")
                 return
             if request.startswith(b"HEAD"):
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: \"t\"\r\n\r\n"
-                             % self.size)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: \"t\"\r\n"
+                             b"Last-Modified: Fri, 04 Dec 2026 12:00:00 GMT\r\n\r\n" % self.size)
                 return self._answer(conn)
             text = request.decode("latin-1")
             start, end = 0, self.size - 1

@@ -18,7 +18,7 @@ from mergepipe.storage.remote_io import RemoteConfig
 from tests import factory
 from tests.api_helpers import assert_error, client_for, settings_for, wait
 from tests.hostile_remotes import Redirector, Trickler, self_signed
-from tests.remote_servers import file_server, free_port
+from tests.remote_servers import environ_for, file_server, free_port
 
 TOKEN = "hub-token-for-tests"
 WEIGHTS = "model.safetensors"
@@ -153,6 +153,26 @@ def test_a_trickling_or_silent_remote_fails_its_job_at_the_time_limit(
             r = c.post("/v1/models", json={"name": "ok", "path": str(tmp_path / "data" / "ok")})
             assert r.status_code == 202
             assert wait(c, "/v1/models/ok", timeout=15)["status"] == "ready"
+
+
+def test_a_trickling_s3_body_fails_its_job_at_the_time_limit(
+        site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a byte every 4 s: each read returns within the read timeout, the first one after the
+    # deadline (only the watchdog ends the body at the deadline itself)
+    slow = Trickler("body", interval=4.0,
+                    data=(site / "allowed" / "base" / WEIGHTS).read_bytes())
+    with slow.serve() as endpoint:
+        for k, v in environ_for(endpoint).items():
+            monkeypatch.setenv(k, v)
+        settings = settings_for(tmp_path, remote_roots=("s3://bucket/allowed",), workers=1,
+                                job_timeout_s=1.5)
+        with client_for(settings) as c:
+            t0 = time.monotonic()
+            job = ingest(c, "slow", f"s3://bucket/allowed/m/{WEIGHTS}", timeout=15)
+            took = time.monotonic() - t0
+    assert job["status"] == "failed", job
+    assert "time limit of 1.5 s (MERGEPIPE_JOB_TIMEOUT_S)" in job["error"], job
+    assert took < 1.5 + 2.0, took
 
 
 def test_a_config_naming_urls_is_resolved_by_its_jobs_not_the_request(site: Path,

@@ -15,6 +15,7 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -56,10 +57,12 @@ class Watch:
 
 
 def _shutdown(conn: Any) -> None:
-    dup = getattr(conn, "_watch_dup", None)
-    if dup is not None:
+    """Shut the connection's socket down: our connections through their duplicate descriptor,
+    another client's (boto3's, while its caller holds the response) through its socket."""
+    sock = getattr(conn, "_watch_dup", None) or getattr(conn, "sock", None)
+    if sock is not None:
         with contextlib.suppress(OSError):  # closed already
-            dup.shutdown(socket.SHUT_RDWR)
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 class Watchdog:
@@ -102,6 +105,21 @@ class Watchdog:
 
 WATCHDOG = Watchdog()
 CURRENT = threading.local()  # .watch: the Watch of the request this thread is making
+
+
+@contextlib.contextmanager
+def watching(conn: Any, deadline: float | None) -> Iterator[Watch | None]:
+    """Cut `conn` off at `deadline` while the body runs (None: no deadline, nothing watched).
+    The caller must hold the connection throughout (a response it is reading)."""
+    if deadline is None or conn is None:
+        yield None
+        return
+    w = WATCHDOG.watch(deadline)
+    w.attach(conn)
+    try:
+        yield w
+    finally:
+        WATCHDOG.unwatch(w)
 
 
 class _Watched:

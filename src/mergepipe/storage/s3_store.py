@@ -16,6 +16,7 @@ from mergepipe.storage.remote_io import (
     copy_body,
     with_retries,
 )
+from mergepipe.storage.remote_scope import current_scope
 from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
 
 
@@ -128,6 +129,8 @@ class S3Store:
         If-Match on the ETag); a broken or truncated body is resumed where it stopped."""
         if not len(out):
             return
+        from mergepipe.storage.http_watchdog import watching  # urllib3: with boto3, not before
+
         url, n, done = parse_url(path), len(out), [0]
         pinned = ({"VersionId": pin.version_id} if pin and pin.version_id
                   else {"IfMatch": pin.etag} if pin and pin.etag else {})
@@ -138,9 +141,12 @@ class S3Store:
             r = self._request(path, "get_object", Bucket=url.authority, Key=url.key,
                               Range=f"bytes={start}-{offset + n - 1}", **pinned)
             body = r["Body"]
+            # the job's deadline cuts off a body still arriving (a trickling endpoint)
+            conn = getattr(getattr(body, "_raw_stream", None), "connection", None)
             try:
-                check_content_range(path, r.get("ContentRange"), start, offset + n)
-                copy_body(lambda k: self._read_body(body, k), out, done, stats)
+                with watching(conn, current_scope().deadline):
+                    check_content_range(path, r.get("ContentRange"), start, offset + n)
+                    copy_body(lambda k: self._read_body(body, k), out, done, stats)
             finally:
                 body.close()
 
