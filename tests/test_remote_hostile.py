@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from mergepipe.core import checkpoint_limits
+from mergepipe.core.checkpoint_limits import CheckpointLimits
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.storage.locations import parse_url
-from mergepipe.storage.remote_io import RemoteConfig
+from mergepipe.storage.remote_io import check_size
 from tests import factory
 from tests.api_helpers import assert_error, client_for, settings_for, wait
 from tests.hostile_remotes import Redirector, Trickler, self_signed
@@ -201,9 +203,12 @@ def test_a_config_naming_urls_is_resolved_by_its_jobs_not_the_request(site: Path
             assert c.get("/v1/models/adapter").json()["kind"] == "lora"
 
 
-def test_a_size_claim_over_the_limit_is_refused() -> None:
-    cfg = RemoteConfig.from_env({"MERGEPIPE_MAX_FILE_BYTES": "100"})
-    assert cfg.check_size("http://h/x", 100) == 100
-    with pytest.raises(InvalidRequest, match="claims 101 bytes, over the limit of 100 for one "
-                       "file .MERGEPIPE_MAX_FILE_BYTES"):
-        cfg.check_size("http://h/x", 101)
+def test_a_size_claim_over_the_cap_is_refused_at_the_stat() -> None:
+    old = checkpoint_limits.install(CheckpointLimits(max_file_bytes=100))
+    try:
+        assert check_size("http://h/x", 100) == 100
+        with pytest.raises(InvalidRequest, match="claims 101 bytes, over the limit of 100 for "
+                           "one file .MERGEPIPE_MAX_FILE_BYTES"):
+            check_size("http://h/x", 101)
+    finally:
+        checkpoint_limits.install(old)

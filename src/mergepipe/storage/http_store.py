@@ -20,6 +20,7 @@ from mergepipe.storage.remote_io import (
     RemoteConfig,
     Transient,
     check_content_range,
+    check_size,
     copy_body,
     with_retries,
 )
@@ -66,7 +67,7 @@ class HttpStore:
             mtime_ns = int(parsedate_to_datetime(modified).timestamp() * 1e9) if modified else 0
         except (TypeError, ValueError):
             mtime_ns = 0
-        return Stamp(self.cfg.check_size(path, int(size)), mtime_ns, r.headers.get("ETag"))
+        return Stamp(check_size(path, int(size)), mtime_ns, r.headers.get("ETag"))
 
     def kind(self, path: str) -> str | None:
         """A URL named *.safetensors or like a checkpoint's file (PROBED_NAMES) is a file, if it

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from mergepipe.core import checkpoint_limits
 from mergepipe.core.errors import InvalidCheckpoint, RemoteUnavailable
 from mergepipe.core.settings import env_number
 from mergepipe.storage.remote_scope import current_scope
@@ -17,9 +18,6 @@ from mergepipe.storage.store_types import NETWORK, FetchStats
 T = TypeVar("T")
 MAX_BACKOFF_S = 8.0
 CHUNK_BYTES = 1 << 20  # a response body is copied into the caller's buffer this much at a time
-# The largest remote object read: a size claimed by a HEAD answer or a listing above it is
-# refused before anything is allocated or read for it (far above any checkpoint's file).
-MAX_OBJECT_BYTES = 1 << 40
 # AWS variables that select the S3 client (its credentials are read by boto3 itself).
 AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION",
                  "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
@@ -38,13 +36,12 @@ class Transient(Exception):
 @dataclass(frozen=True)
 class RemoteConfig:
     """How remote stores are reached: attempts per request, backoff, timeout (per connect and
-    per read; a job's deadline caps them), the largest object accepted, the HTTP bearer token,
-    and the AWS variables that pick the S3 client (kept in memory only)."""
+    per read; a job's deadline caps them), the HTTP bearer token, and the AWS variables that
+    pick the S3 client (kept in memory only)."""
 
     attempts: int = 5
     backoff_s: float = 0.25
     timeout_s: float = 30.0
-    max_object_bytes: int = MAX_OBJECT_BYTES
     http_token: str | None = field(default=None, repr=False)
     aws: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
@@ -55,7 +52,6 @@ class RemoteConfig:
             attempts=env_number(e, "MERGEPIPE_REMOTE_ATTEMPTS", int, 5, 1),
             backoff_s=env_number(e, "MERGEPIPE_REMOTE_BACKOFF_S", float, 0.25, 0.0),
             timeout_s=env_number(e, "MERGEPIPE_REMOTE_TIMEOUT_S", float, 30.0, 0.01),
-            max_object_bytes=env_number(e, "MERGEPIPE_MAX_FILE_BYTES", int, MAX_OBJECT_BYTES, 1),
             http_token=e.get("MERGEPIPE_HTTP_TOKEN") or None,
             aws=tuple((k, e[k]) for k in AWS_VARIABLES if e.get(k)))
 
@@ -66,14 +62,16 @@ class RemoteConfig:
         """Seconds to wait after `failures` failures in a row: exponential, full jitter."""
         return random.uniform(0, min(MAX_BACKOFF_S, self.backoff_s * 2 ** (failures - 1)))
 
-    def check_size(self, path: str, size: int) -> int:
-        """`size`, the size a store claims for `path`, unless it is over the limit (a lie
-        costs a 4xx, never memory or time in proportion to it)."""
-        if size > self.max_object_bytes:
-            raise InvalidCheckpoint(f"{path}: the store claims {size} bytes, over the limit of "
-                                    f"{self.max_object_bytes} for one file "
-                                    "(MERGEPIPE_MAX_FILE_BYTES)")
-        return size
+
+def check_size(path: str, size: int) -> int:
+    """`size`, the size a store claims for `path` (a HEAD answer, an S3 head), unless it is over
+    the cap on one checkpoint file (MERGEPIPE_MAX_FILE_BYTES): a lie costs a 4xx at the stat,
+    never a read, memory or time in proportion to it."""
+    cap = checkpoint_limits.current().max_file_bytes
+    if size > cap:
+        raise InvalidCheckpoint(f"{path}: the store claims {size} bytes, over the limit of {cap} "
+                                "for one file (MERGEPIPE_MAX_FILE_BYTES)", field="path")
+    return size
 
 
 def with_retries(what: str, cfg: RemoteConfig, stats: FetchStats, attempt: Callable[[], T],

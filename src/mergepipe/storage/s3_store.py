@@ -13,6 +13,7 @@ from mergepipe.storage.remote_io import (
     RemoteConfig,
     Transient,
     check_content_range,
+    check_size,
     copy_body,
     with_retries,
 )
@@ -82,7 +83,7 @@ class S3Store:
     def stat(self, path: str) -> Stamp:
         url = parse_url(path)
         r = self._call(path, FetchStats(), "head_object", Bucket=url.authority, Key=url.key)
-        return Stamp(self.cfg.check_size(path, int(r["ContentLength"])),
+        return Stamp(check_size(path, int(r["ContentLength"])),
                      int(r["LastModified"].timestamp() * 1e9),
                      r.get("ETag"), r.get("VersionId"))
 
