@@ -1,9 +1,11 @@
 """The Hugging Face Hub ids of a merge's input models, for the model card's `base_model`.
 
-A catalog name is not a Hub id. A model has one when its files say so: the `_name_or_path` of
-its config.json written as `org/name` (transformers records the id a model was loaded from), or
-a Hub cache directory (`.../models--org--name/snapshots/REV/`) it was read from. Merge outputs
-have none of their own (their config.json is their base's). Nothing is fetched.
+A catalog name is not a Hub id. A model has one when it was read from the Hub (`hf://org/name`),
+or when its files say so: the `_name_or_path` of its config.json written as `org/name`
+(transformers records the id a model was loaded from), or a Hub cache directory
+(`.../models--org--name/snapshots/REV/`) it was read from. Merge outputs have none of their own
+(their config.json is their base's). Nothing is fetched: the config.json of a model on S3 or
+behind HTTP is not read (those bytes would go past the merge's budget).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterable
 
 from mergepipe.catalog.models import ModelRow
 from mergepipe.core.errors import MergePipeError
-from mergepipe.storage.locations import basename, join, parent
+from mergepipe.storage.locations import basename, is_url, join, parent, parse_url
 from mergepipe.storage.store import store_for
 
 # the Hub's repository id: a namespace and a name of letters, digits, '-', '_' and '.'
@@ -36,6 +38,10 @@ def hub_ids(models: Iterable[ModelRow]) -> dict[str, str]:
 def hub_id(path: str) -> str | None:
     """The Hub id of the checkpoint at `path` (a directory or one .safetensors file)."""
     directory = parent(path) if basename(path).endswith(".safetensors") else path
+    if is_url(directory):
+        url = parse_url(directory)
+        repo = f"{url.authority}/{url.key.split('/', 1)[0].partition('@')[0]}"
+        return repo if url.scheme == "hf" and _valid(repo) else None
     m = _CACHE.search(directory.rstrip("/") + "/")
     if m and _valid(f"{m.group(1)}/{m.group(2)}"):
         return f"{m.group(1)}/{m.group(2)}"
