@@ -173,7 +173,6 @@ def test_lora_reference() -> None:
     ("merge_method: ties\nbase_model: b", "models", "required"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nfoo: 1", "foo", "unknown key"),
     ("merge_method: ties\nbase_model: b+lora\nmodels: [e]", "base_model", "full checkpoint"),
-    ("merge_method: ties\nbase_model: org/model@main\nmodels: [e]", "base_model", "revision"),
     ("merge_method: ties\nbase_model: b\nmodels:\n  - {model: e, extra: 1}", "models[0].extra",
      "unknown key"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nparameters: {normalize: maybe}",
@@ -259,10 +258,10 @@ def test_resolution_errors_name_the_key(catalog: Catalog, family: dict[str, Path
          "listed twice"),
         (f"merge_method: ties\nbase_model: base\nmodels: [{tmp_path / 'nope'}]\n"
          "parameters: {weight: 1}",
-         "models[0].model", "neither a registered model nor a local path"),
+         "models[0].model", "neither a registered model, a local path nor a Hub id"),
         # no base_model: a model soup, whose models must exist (a path or a registered name)
         ("merge_method: linear\nmodels: [e0, nowhere]\nparameters: {weight: 1}",
-         "models[1].model", "neither a registered model nor a local path"),
+         "models[1].model", "neither a registered model, a local path nor a Hub id"),
         (f"merge_method: ties\nbase_model: base\nmodels: [{family['e2']}+{family['e0']}]\n"
          "parameters: {weight: 1}",
          "models[0].model", "not base_model"),

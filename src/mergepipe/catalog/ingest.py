@@ -163,8 +163,8 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     if _file_stamps(ckpt) != stamps:
         raise InvalidCheckpoint(f"{ckpt.path}: files changed while being ingested; try again")
     ratio, worst = (None, None) if base is None else relative_norms(results, layout.norms)
-    if base is not None:
-        check_relative_norm(ckpt.path, base, ratio, worst, force)
+    if base is not None and kind == "full":  # a LoRA or delta file is the update itself: its
+        check_relative_norm(ckpt.path, base, ratio, worst, force)  # size says nothing of the base
     model = ModelRow(
         name=key, family=name, version=version,
         kind=kind, path=ckpt.path, base=base, status="ready", error=None,

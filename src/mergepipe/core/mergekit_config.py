@@ -32,7 +32,6 @@ from mergepipe.core.tensor_params import (
     representative,
 )
 
-_HUB_REVISION = re.compile(r"[\w.-]+/[\w.-]+@[\w./-]+")  # org/model@revision
 BudgetSpec = str | float | dict[str, Any] | Budget | None  # what build_request takes
 
 
@@ -291,18 +290,12 @@ def _base_weight(weight: object, key: str) -> float:
 
 def _ref(value: object, key: str) -> ModelRef:
     if isinstance(value, dict):
-        raise InvalidRequest(f"{key}: give the model as a string (a registered model name or a "
-                             "local path, optionally PATH+LORA_PATH)", field=key)
+        raise InvalidRequest(f"{key}: give the model as a string (a registered model name, a "
+                             "local path or a Hub id, optionally MODEL+LORA)", field=key)
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest(f"{key}: must be a model name or a local path", field=key)
     text = value.strip()
     model, _, lora = text.partition("+")
-    for part in (model, lora):  # decided on the text: no file-system oracle
-        if _HUB_REVISION.fullmatch(part):
-            raise InvalidRequest(f"{key}: {part!r} pins a Hub revision; MergePipe reads only local "
-                                 "checkpoints - download that revision and give its directory "
-                                 "(a local directory of that name: write ./" + part + ")",
-                                 field=key)
     if not model or (text.count("+") and not lora) or "+" in lora:
         raise InvalidRequest(f"{key}: {text!r} must be MODEL or MODEL+LORA_ADAPTER", field=key)
     return ModelRef(key, model, lora or None)

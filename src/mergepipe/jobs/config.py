@@ -18,12 +18,12 @@ from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import ModelRow, list_models
 from mergepipe.catalog.queue import NewIngestJob
-from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.mergekit_config import BudgetSpec, MergekitConfig, ModelRef, parse_config
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.core.vocab import AUTO
 from mergepipe.storage.checkpoint import ADAPTER_CONFIG
-from mergepipe.storage.locations import basename, is_url, join, parse_url
+from mergepipe.storage.locations import basename, hub_id_location, is_url, join, parse_url
 from mergepipe.storage.store import store_for
 
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -207,27 +207,46 @@ def _pending(known: _Known, path: str, base: str | None) -> str | None:
 
 
 def local_path(text: str, key: str) -> str:
-    """A checkpoint from the config: a URL (canonical), or a local path (relative to the
-    working directory) that exists."""
+    """A checkpoint from the config: a URL (canonical), a local path (relative to the working
+    directory) that exists, or else a Hub id (org/name[@revision]) as hf:// (as mergekit reads
+    them: a local directory of that name wins)."""
     if is_url(text):
-        return str(parse_url(text, key))
+        return _pinned(str(parse_url(text, key)), key)
     path = Path(text).expanduser()
-    if not path.exists():
+    if path.exists():
+        return str(path.resolve())
+    hub = hub_id_location(text)
+    if hub is None:
         raise not_found(text, key)
-    return str(path.resolve())
+    return _pinned(str(parse_url(hub, key)), key)
+
+
+def _pinned(url: str, key: str) -> str:
+    """A Hub location at its commit sha (what a registered model's path records), so a config
+    naming org/name finds the model ingested from it; other URLs as they are."""
+    if parse_url(url).scheme != "hf":
+        return url
+    from mergepipe.storage.hub import pin  # huggingface_hub: only for a Hub id
+
+    try:
+        return pin(url)
+    except MergePipeError as e:
+        raise type(e)(f"{key}: {e.message}", field=key) from None
 
 
 def not_found(text: str, key: str) -> InvalidRequest:
-    """The error for a model that is neither registered nor on disk (with the fix)."""
-    hub = re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None
-    hint = (f"; MergePipe never downloads - fetch it first (hf download {text} --local-dir DIR) "
-            "and give the directory" if hub else "")
-    return InvalidRequest(f"{key}: {text!r} is neither a registered model nor a local path{hint}",
-                          field=key)
+    """The error for a model that is neither registered, on disk nor a Hub id."""
+    return InvalidRequest(f"{key}: {text!r} is neither a registered model, a local path nor a "
+                          "Hub id (org/name[@revision])", field=key)
 
 
 def _free_name(path: str, taken: set[str]) -> str:
-    stem = _NAME_CHARS.sub("-", basename(path).removesuffix(".safetensors")).strip("-._")[:100]
+    """A model name from the checkpoint's file or folder name (a Hub repo's name, without its
+    revision), not taken yet."""
+    last = basename(path)
+    if is_url(path) and parse_url(path).scheme == "hf" and "/" not in parse_url(path).key:
+        last = last.partition("@")[0]
+    stem = _NAME_CHARS.sub("-", last.removesuffix(".safetensors")).strip("-._")[:100]
     stem = stem or "model"
     name, n = stem, 2
     while name in taken:

@@ -23,7 +23,7 @@ from mergepipe.jobs.config import has_adapter_config
 from mergepipe.jobs.failure import failure_message
 from mergepipe.storage.fsconfine import confined
 from mergepipe.storage.grid import DEFAULT_BLOCK_BYTES
-from mergepipe.storage.locations import is_url
+from mergepipe.storage.locations import is_url, parse_url
 from mergepipe.storage.paths import recheck_input
 from mergepipe.storage.remote_paths import confine_url
 
@@ -39,16 +39,21 @@ def run_ingestion(cat: Catalog, job: NewIngestJob, *, data_roots: Sequence[Path]
     its roots: the path must still lie inside them when the job starts, and every file is
     opened beneath its root (storage.fsconfine): a link swapped in later is refused too.
     `engine` ray: the statistics of a sharded checkpoint are one Ray task per shard file."""
-    if is_url(job.path):
+    path = job.path
+    if is_url(path):
         if remote_roots is not None:
-            confine_url(job.path, remote_roots, field=job.field)
+            confine_url(path, remote_roots, field=job.field)
+        if parse_url(path).scheme == "hf":  # the model records the commit its revision names
+            from mergepipe.storage.hub import pin
+
+            path = pin(path)
     elif data_roots:
-        recheck_input(job.path, data_roots, field=job.field)
+        recheck_input(path, data_roots, field=job.field)
     with confined(data_roots) if data_roots else contextlib.nullcontext():
         kind = job.kind
         if kind == AUTO:  # a config's URL: an adapter directory, or a full checkpoint
-            kind = "lora" if has_adapter_config(job.path) else "full"
-        return ingest_model(cat, job.path, job.model, base=job.base, kind=kind,
+            kind = "lora" if has_adapter_config(path) else "full"
+        return ingest_model(cat, path, job.model, base=job.base, kind=kind,
                             block_bytes=job.block_bytes or DEFAULT_BLOCK_BYTES,
                             with_stats=job.with_stats, progress=progress, guard=guard,
                             scan=engine.ingest_scan(), force=job.force)

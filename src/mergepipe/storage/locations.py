@@ -1,4 +1,5 @@
-"""Where a checkpoint file lives: a local path, or an s3:// / http(s):// URL (parse, join, name)."""
+"""Where a checkpoint file lives: a local path, or an s3://, http(s):// or hf:// URL (parse, join,
+name)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,16 @@ from urllib.parse import quote, unquote
 
 from mergepipe.core.errors import InvalidRequest
 
-SCHEMES = ("s3", "https", "http")
+SCHEMES = ("s3", "https", "http", "hf")
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#]*)(?P<rest>.*)$",
                   re.DOTALL)
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?$")
+# hf://: the authority is the Hub user or organization (storage.hub)
+_HUB_OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+# A Hub id as mergekit configs write them: org/name, optionally @revision.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
+                     r"(@[A-Za-z0-9._-]{1,128})?$")
 _DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 # Characters of a path segment left as they are in the canonical form of an http(s) URL (RFC
 # 3986 pchar, less ';', which some servers take as the start of path parameters).
@@ -63,6 +69,11 @@ class Url:
             not root.key or self.key == root.key or self.key.startswith(root.key + "/"))
 
 
+def hub_id_location(text: str) -> str | None:
+    """'org/name[@rev]' (a model in a mergekit config) as an hf:// location; None otherwise."""
+    return f"hf://{text}" if _HUB_ID.match(text) else None
+
+
 def is_url(path: object) -> bool:
     """Whether `path` names a remote location (any scheme://, refused later if unknown)."""
     return isinstance(path, str) and _URL.match(path) is not None
@@ -80,19 +91,19 @@ def parse_url(text: str, field: str = "path") -> Url:
     scheme, authority, rest = m.group("scheme").lower(), m.group("authority"), m.group("rest")
     if scheme not in SCHEMES:
         raise InvalidRequest(f"{field} {text!r}: scheme {scheme}:// is not supported (s3://, "
-                             "https://, http://)", field=field)
+                             "https://, http://, hf://)", field=field)
     if "@" in authority:
         raise InvalidRequest(f"{field}: a URL may not carry credentials; use the AWS "
                              "environment or MERGEPIPE_HTTP_TOKEN", field=field)
     if "?" in rest or "#" in rest or "\\" in rest or any(ord(c) < 32 for c in rest):
         raise InvalidRequest(f"{field} {text!r}: no query, fragment or control characters in a "
                              "checkpoint URL", field=field)
-    ok = _BUCKET.match(authority) if scheme == "s3" else _HOST.match(authority)
+    ok = {"s3": _BUCKET, "hf": _HUB_OWNER}.get(scheme, _HOST).match(authority)
     if not ok:
-        what = "bucket name" if scheme == "s3" else "host"
+        what = {"s3": "bucket name", "hf": "Hub user or organization"}.get(scheme, "host")
         raise InvalidRequest(f"{field} {text!r}: {authority!r} is not a valid {what}",
                              field=field)
-    if scheme != "s3":
+    if scheme not in ("s3", "hf"):
         authority = authority.lower()
         port = authority.rpartition(":")[2] if not authority.endswith("]") else ""
         if ":" in authority and not authority.endswith("]") and not 0 < int(port) < 65536:

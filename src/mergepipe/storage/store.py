@@ -26,15 +26,16 @@ def store_for(path: str) -> Store:
 
 
 def remote_store(path: str) -> RemoteStore:
-    """The S3 or HTTP store for a URL: one per scheme and configuration (endpoint,
+    """The S3, Hub or HTTP store for a URL: one per scheme and configuration (endpoint,
     credentials, retries: from the environment) per process."""
-    s3 = parse_url(path).scheme == "s3"
+    scheme = parse_url(path).scheme
     cfg = RemoteConfig.from_env()
-    key = ("s3" if s3 else "http", cfg)
+    kind = scheme if scheme in ("s3", "hf") else "http"
     with _lock:
-        store = _remote.get(key)
+        store = _remote.get((kind, cfg))
         if store is None:
-            store = _remote[key] = S3Store(cfg) if s3 else _http_store(cfg)
+            store = _remote[(kind, cfg)] = (S3Store(cfg) if kind == "s3" else
+                                            _hub_store(cfg) if kind == "hf" else _http_store(cfg))
         return store
 
 
@@ -43,6 +44,12 @@ def _http_store(cfg: RemoteConfig) -> RemoteStore:
     from mergepipe.storage.http_store import HttpStore
 
     return HttpStore(cfg)
+
+
+def _hub_store(cfg: RemoteConfig) -> RemoteStore:
+    from mergepipe.storage.hub import HubStore  # huggingface_hub loads with the first hf://
+
+    return HubStore(cfg)
 
 
 def s3_store(path: str) -> S3Store:
