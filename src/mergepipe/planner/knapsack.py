@@ -71,9 +71,12 @@ def select(conn: Connection, budget: int, grouped: bool = False) -> int:
     fill passes over the leftover until one adds nothing (grouped: whole groups only, as
     `build_candidates(region=...)` ranked them). Returns the bytes planned.
     No pass runs when the smallest unit left out is over the leftover (none could fit)."""
-    spent, smallest_left = conn.execute(load_sql("planner_prefix"), {"budget": budget}).one()
+    spent, smallest_left, lora = conn.execute(load_sql("planner_prefix"),
+                                              {"budget": budget}).one()
     spent = int(spent)
-    fill = load_sql("planner_fill_pass_group" if grouped else "planner_fill_pass")
+    # without lora_A bytes every unit costs its bytes: the plain passes select the same units
+    fill = load_sql(("planner_fill_pass_group" if grouped else "planner_fill_pass")
+                    + ("" if lora else "_plain"))
     n = 0
     while True:
         if spent > budget:  # impossible by construction; never hand out an unsound plan
