@@ -10,6 +10,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
@@ -56,7 +57,7 @@ def build(cat: Catalog, k: int, blocks_per_expert: int, block_bytes: int = 1 << 
 
 
 def merge_shares(catalog: str, base: str, experts: str, out: Path, repeat: int,
-                 budget: float = 0.1) -> list[dict[str, float]]:
+                 budget: float = 0.1) -> list[dict[str, Any]]:
     """Budget-`budget` linear and ties merges of a registered family, each `repeat` times (the
     first run warms the page cache and the imports, and is not counted): median make_plan
     seconds, plan_seconds and wall seconds of the merge, and the planning share."""
