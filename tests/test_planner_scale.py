@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mergepipe.benchmarks import planner_bench as bench
@@ -49,3 +51,25 @@ def test_synthetic_catalog(catalog: Catalog) -> None:
 def test_sixteen_experts_of_twenty_thousand_blocks(catalog: Catalog) -> None:
     bench.build(catalog, 16, 20_000)
     check(catalog, 16, 20_000)
+
+
+def test_bench_reports_the_planning_share_of_merges_of_a_real_family(
+        tmp_path: Path, family: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    from mergepipe.catalog.ingest import ingest_model
+    from tests.catalogs import new_catalog
+
+    location = new_catalog(tmp_path)
+    with Catalog(location) as cat:
+        ingest_model(cat, family["base"], "base", block_bytes=512)
+        for name in ("e0", "e1", "e2"):
+            ingest_model(cat, family[name], name, base="base", block_bytes=512)
+    bench.main(["--catalog", str(location), "--base", "base", "--experts", "e0,e1,e2",
+                "--out", str(tmp_path / "out"), "--repeat", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["linear", "ties"]
+    for line in lines:
+        share = float(line.rsplit("share ", 1)[1].rstrip("%"))
+        assert 0 < share < 100
+    # every run merged: the warm-up and the measured one of each operator
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "linear-0", "linear-1", "ties-0", "ties-1"]

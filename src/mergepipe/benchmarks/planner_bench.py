@@ -1,4 +1,7 @@
-"""Time make_plan on a synthetic catalog of many blocks: `python -m planner.bench`."""
+"""Time make_plan on a synthetic catalog of many blocks (`python -m
+mergepipe.benchmarks.planner_bench`), or, given the catalog of a real family (--catalog, --base,
+--experts, --out), the planning share of budgeted merges of it: the merge's plan_seconds (the
+plan and its check against the files) over its wall time, next to make_plan alone."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
@@ -52,18 +56,63 @@ def build(cat: Catalog, k: int, blocks_per_expert: int, block_bytes: int = 1 << 
                                      "above": list(range(100)), "tied": [1] * 100})
 
 
+def merge_shares(catalog: str, base: str, experts: str, out: Path, repeat: int,
+                 budget: float = 0.1) -> list[dict[str, Any]]:
+    """Budget-`budget` linear and ties merges of a registered family, each `repeat` times (the
+    first run warms the page cache and the imports, and is not counted): median make_plan
+    seconds, plan_seconds and wall seconds of the merge, and the planning share."""
+    from mergepipe.jobs.merge import merge
+
+    rows = []
+    with Catalog(catalog) as cat:
+        for op, params in (("linear", {}), ("ties", {"density": 0.5})):
+            req = build_request(base=base, experts=experts, operator=op, params=params,
+                                budget=budget)
+            plans, planned, walls = [], [], []
+            for i in range(repeat + 1):
+                plan_s = make_plan(cat, req).planning_seconds
+                s = merge(cat, req, out / f"{op}-{i}", output_name=f"planner-bench-{op}-{i}",
+                          overwrite=True)
+                if i:
+                    plans.append(plan_s)
+                    planned.append(s.plan_seconds or 0.0)
+                    walls.append(s.wall_seconds)
+            wall = statistics.median(walls)
+            rows.append({"operator": op, "budget": budget,
+                         "make_plan_s": statistics.median(plans),
+                         "plan_s": statistics.median(planned), "merge_wall_s": wall,
+                         "share": statistics.median(planned) / wall if wall else 0.0})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--experts", type=int, default=16)
+    ap.add_argument("--catalog", help="the catalog of a registered family (with --base, "
+                    "--experts as names, --out): time budget-0.1 merges of it")
+    ap.add_argument("--base", help="with --catalog: the base model's name")
+    ap.add_argument("--out", type=Path, help="with --catalog: where the merges are written")
+    ap.add_argument("--experts", default="16", help="expert count of the synthetic catalog; "
+                    "with --catalog: the experts' names, comma-separated")
     ap.add_argument("--blocks", type=int, default=20_000, help="blocks per expert")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
+    if args.catalog:
+        if not args.base or not args.out:
+            ap.error("--catalog needs --base, --experts (names) and --out")
+        for r in merge_shares(args.catalog, args.base, args.experts, args.out, args.repeat):
+            print(f"{r['operator']:7s} budget {r['budget']:4.2f}: make_plan {r['make_plan_s']:.3f}"
+                  f" s, merge plan_seconds {r['plan_s']:.3f} s of {r['merge_wall_s']:.3f} s "
+                  f"wall: planning share {100 * r['share']:.1f}%")
+        return
+    if not args.experts.isdigit():
+        ap.error("--experts: a number of synthetic experts (names only with --catalog)")
+    k = int(args.experts)
     with tempfile.TemporaryDirectory() as d, Catalog(Path(d) / "bench.duckdb") as cat:
         t0 = time.perf_counter()
-        build(cat, args.experts, args.blocks)
-        print(f"catalog: {args.experts} experts x {args.blocks} blocks "
+        build(cat, k, args.blocks)
+        print(f"catalog: {k} experts x {args.blocks} blocks "
               f"({time.perf_counter() - t0:.1f} s to build)")
-        experts = ",".join(f"e{i}" for i in range(1, args.experts + 1))
+        experts = ",".join(f"e{i}" for i in range(1, k + 1))
         for op, params in (("linear", {}), ("ties", {"density": 0.5})):
             for budget in (0.1, 0.5, 1.0):
                 req = build_request(base="base", experts=experts, operator=op, params=params,

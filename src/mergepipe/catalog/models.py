@@ -171,8 +171,9 @@ def models_details(cat: Connectable, names: Sequence[str]
         files[str(r.model)].append(_file_row(r))
     for r in _query(cat, "models_tensors", params):
         tensors[str(r.model)].append(_tensor_row(r))
-    for r in _query(cat, "models_blocks", params):
-        blocks[str(r.model)].append(_block_row(r))
+    # plain tuples, by position (the columns of models_blocks.sql): 10^4+ blocks a merge
+    for model, *fields in _tuples(cat, "models_blocks", params):
+        blocks[model].append(BlockRow(*fields))
     return files, tensors, blocks
 
 
@@ -218,6 +219,13 @@ def model_row(r: Row) -> ModelRow:
 
 def _float(v: Any) -> float | None:
     return None if v is None else float(v)
+
+
+def _tuples(cat: Connectable, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    if isinstance(cat, Catalog):
+        with cat.reader() as conn:
+            return conn.execute(load_sql(name), params).tuples()
+    return cat.execute(load_sql(name), params).tuples()
 
 
 def _query(cat: Connectable, name: str, params: dict[str, Any]) -> list[Row]:

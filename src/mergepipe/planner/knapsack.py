@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,15 +31,14 @@ def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[
     """Put the request's experts in this connection's temp table (bound parameters only).
     utility: the ranking score (mergepipe.request.UTILITIES). tensor_rows: per-(expert, tensor)
     rank weights and trim indexes (position, tensor, rank_weight, trim_j) that override the
-    expert's (per-tensor parameters)."""
-    conn.execute(load_sql("planner_request_create"))
-    conn.execute(load_sql("planner_request_insert"), [
-        {"position": i, "model": m.name, "rank_weight": w, "trim_j": j, "has_stats": m.has_stats,
-         "per_tensor": utility == "per_tensor"}
-        for i, (m, w, j) in enumerate(zip(experts, rank_weights, trim_js, strict=True))])
-    conn.execute(load_sql("planner_tensor_params_create"))
-    if tensor_rows:
-        conn.execute(load_sql("planner_tensor_params_insert"), list(tensor_rows))
+    expert's (per-tensor parameters). Two statements: each table is made from column lists."""
+    conn.execute(load_sql("planner_request_create"), {
+        "position": list(range(len(experts))), "model": [m.name for m in experts],
+        "rank_weight": list(rank_weights), "trim_j": list(trim_js),
+        "has_stats": [m.has_stats for m in experts], "per_tensor": utility == "per_tensor"})
+    conn.execute(load_sql("planner_tensor_params_create"),
+                 {k: [r[k] for r in tensor_rows]
+                  for k in ("position", "tensor", "rank_weight", "trim_j")})
 
 
 def build_candidates(conn: Connection, region: str | None = None) -> int:
@@ -47,15 +47,15 @@ def build_candidates(conn: Connection, region: str | None = None) -> int:
     together (PLANNING_UNITS); None: (expert, block) units one by one.
     Refuses (InvalidRequest) an expert whose statistics miss a candidate's rows."""
     conn.execute(load_sql("planner_candidates_create"))
-    gap = conn.execute(load_sql("planner_missing_stats")).first()
-    if gap is not None:
-        model, tensor, missing = gap
-        raise InvalidRequest(f"expert {model!r} is registered with statistics but has no "
-                             f"{missing} rows for tensor {tensor!r}; re-ingest it",
-                             field="experts")
     if region is not None:
         conn.execute(load_sql("planner_candidates_group"), {"region": region})
-    return int(conn.execute(load_sql("planner_full_read")).scalar_one())
+    full_read, missing = conn.execute(load_sql("planner_full_read")).one()
+    if missing:
+        model, tensor, what = conn.execute(load_sql("planner_missing_stats")).one()
+        raise InvalidRequest(f"expert {model!r} is registered with statistics but has no "
+                             f"{what} rows for tensor {tensor!r}; re-ingest it",
+                             field="experts")
+    return int(full_read)
 
 
 def cheapest_unit(conn: Connection, grouped: bool = False) -> int | None:
@@ -69,19 +69,26 @@ def cheapest_unit(conn: Connection, grouped: bool = False) -> int | None:
 def select(conn: Connection, budget: int, grouped: bool = False) -> int:
     """Greedy knapsack in rank order under `budget`: the prefix whose running cost fits, then
     fill passes over the leftover until one adds nothing (grouped: whole groups only, as
-    `build_candidates(region=...)` ranked them). Returns the bytes planned."""
-    fill = load_sql("planner_fill_pass_group" if grouped else "planner_fill_pass")
-    n, added, spent = 0, 0, 0
+    `build_candidates(region=...)` ranked them). Returns the bytes planned.
+    No pass runs when the smallest unit left out is over the leftover (none could fit)."""
+    spent, smallest_left, lora = conn.execute(load_sql("planner_prefix"),
+                                              {"budget": budget}).one()
+    spent = int(spent)
+    # without lora_A bytes every unit costs its bytes: the plain passes select the same units
+    fill = load_sql(("planner_fill_pass_group" if grouped else "planner_fill_pass")
+                    + ("" if lora else "_plain"))
+    n = 0
     while True:
-        added, spent = conn.execute(load_sql("planner_spent"),
-                                    {"pass": n, "budget": budget}).one()
-        spent = int(spent)
         if spent > budget:  # impossible by construction; never hand out an unsound plan
             raise BudgetViolation(f"planner selected {spent} bytes over the budget of {budget}")
-        if n > 0 and added == 0:
+        if smallest_left is None or smallest_left > budget - spent:
             return spent
         n += 1
-        conn.execute(fill, {"pass": n, "budget": budget, "remaining": budget - spent})
+        charged = conn.execute(fill, {"pass": n, "budget": budget,
+                                      "remaining": budget - spent}).tuples()
+        if not charged:
+            return spent
+        spent += sum(int(c) for (c,) in charged)
 
 
 def totals(conn: Connection, budget: int) -> dict[int, ExpertTotals]:
@@ -98,14 +105,15 @@ def omission_l2(conn: Connection, budget: int) -> float | None:
     return None if v is None else float(v)
 
 
-def access_set(conn: Connection, budget: int) -> tuple[Sequence[tuple[Any, ...]], str]:
+def access_set(conn: Connection, budget: int) -> tuple[list[tuple[Any, ...]], str]:
     """(model, tensor, block_index, nbytes, utility) of the selected blocks in rank order, and
-    the sha256 of the access set with the blocks' content hashes."""
-    conn.execute(load_sql("planner_access_create"), {"budget": budget})
+    the sha256 of the access set with the blocks' content hashes: one line per block, fields
+    separated by U+001F (model, tensor, block_index, content_hash), lines by a newline."""
     # Plain DB-API tuples: a full-budget plan has 10^5+ rows, and Row objects cost 2x.
-    rows = conn.execute(load_sql("planner_access")).tuples()
-    digest = conn.execute(load_sql("planner_access_digest")).scalar_one()
-    return rows, str(digest)
+    rows = conn.execute(load_sql("planner_access"), {"budget": budget}).tuples()
+    lines = "\n".join([f"{m}\x1f{t}\x1f{b}\x1f{h}" for m, t, b, _, _, h in rows])
+    digest = hashlib.sha256(lines.encode()).hexdigest()
+    return [r[:5] for r in rows], digest
 
 
 def trim_rows(conn: Connection) -> list[tuple[Any, ...]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -260,6 +261,30 @@ def _candidates(conn: Connection, request: MergeRequest
     return base, models, resolved, unit, knapsack.build_candidates(conn, PLANNING_UNITS[unit])
 
 
+# The base's content digest (the plan hash's base_content) per (catalog, model name, the row's
+# created_at): a model row's blocks are written with the row, in one transaction, and never
+# changed, and a name registered again is a new row; so a digest once read stays true.
+_CONTENT_DIGESTS: dict[tuple[str, str, str], str] = {}
+_CONTENT_DIGESTS_MAX = 256
+_CONTENT_DIGESTS_LOCK = threading.Lock()
+
+
+def base_content(cat: Catalog, conn: Connection, model: ModelInfo) -> str:
+    """sha256 of `model`'s block content hashes (knapsack.content_digest), read once per model
+    row and catalog."""
+    if model.created_at is None:  # no identity for the row: read it every time
+        return knapsack.content_digest(conn, model.name)
+    key = (str(cat.location), model.name, model.created_at)
+    digest = _CONTENT_DIGESTS.get(key)
+    if digest is None:
+        digest = knapsack.content_digest(conn, model.name)
+        with _CONTENT_DIGESTS_LOCK:
+            if len(_CONTENT_DIGESTS) >= _CONTENT_DIGESTS_MAX:
+                del _CONTENT_DIGESTS[next(iter(_CONTENT_DIGESTS))]
+            _CONTENT_DIGESTS[key] = digest
+    return digest
+
+
 def check_budget_reads(cat: Catalog, request: MergeRequest) -> None:
     """Refuse (InvalidRequest) a budget under the cheapest candidate unit, before a merge is
     queued: its plan would read no expert byte. Builds the candidates only (no knapsack)."""
@@ -289,9 +314,10 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
             rows, access_digest = knapsack.access_set(conn, budget)
             # C-level construction (row + rank): a full-budget plan has 10^5+ blocks.
             blocks = list(map(PlannedBlock._make, map(tuple.__add__, rows, zip(count()))))
-        trim_rows = knapsack.trim_rows(conn)
+        trim_rows = (knapsack.trim_rows(conn)
+                     if any(j is not None for j in trim_indexes(request)) else [])
         band_rows = knapsack.trim_grid_rows(conn) if request.spec.cuts else []
-        base_digest = knapsack.content_digest(conn, base.name)
+        base_digest = base_content(cat, conn, base)
         lora = knapsack.lora_identity(conn)
 
     trims = {(m, t): TrimThreshold(float(tau), int(above), int(tied), trim_k(j, numel))

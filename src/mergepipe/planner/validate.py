@@ -20,13 +20,15 @@ class ModelInfo:
     base: str | None
     has_stats: bool
     lora_scale: float | None
+    created_at: str | None = None  # the row's creation time: with the name, one row for good
 
 
 def _ready(row: ModelRow, role: str, field: str) -> ModelInfo:
     if row.status != "ready":
         why = f": {row.error}" if row.error else ""
         raise Conflict(f"{role} model {row.name!r} is {row.status}, not ready{why}", field=field)
-    return ModelInfo(row.name, row.kind, row.base, row.has_stats, row.lora_scale)
+    return ModelInfo(row.name, row.kind, row.base, row.has_stats, row.lora_scale,
+                     row.created_at)
 
 
 def load_models(conn: Connection, request: MergeRequest) -> tuple[ModelInfo, list[ModelInfo]]:

@@ -1,4 +1,24 @@
--- The access set in rank order, as PlannedBlock fields (rank is given by the row order).
-SELECT model, tensor, block_index, nbytes, utility
-FROM planner_access
+-- The access set in rank order (rank is given by the row order), as PlannedBlock fields plus
+-- each block's content hash (for the access digest): selected block units, and every block of
+-- each selected fallback tensor, with names and content hashes joined back.
+WITH selected AS (
+    SELECT c.unit_rank, c.block_index, c.nbytes, c.utility, c.fallback, r.model, t.tensor
+    FROM planner_candidates c
+    JOIN planner_request r ON r.position = c.position
+    JOIN tensors t ON t.model = r.model AND t.ordinal = c.ordinal
+    WHERE c.cumulative <= CAST(:budget AS BIGINT) OR c.pass IS NOT NULL
+)
+SELECT model, tensor, block_index, nbytes, utility, content_hash
+FROM (
+    SELECT s.unit_rank, s.model, s.tensor, s.block_index, s.nbytes, s.utility, b.content_hash
+    FROM selected s
+    JOIN blocks b ON b.model = s.model AND b.tensor = s.tensor AND b.block_index = s.block_index
+    WHERE NOT s.fallback
+    UNION ALL
+    SELECT s.unit_rank, s.model, s.tensor, b.block_index, b.nbytes, CAST(0 AS DOUBLE),
+           b.content_hash
+    FROM selected s
+    JOIN blocks b ON b.model = s.model AND b.tensor = s.tensor
+    WHERE s.fallback
+) AS a
 ORDER BY unit_rank, block_index

@@ -10,7 +10,8 @@
 --     same on every run; fallback units (whole tensors of experts without statistics) stay
 --     their own groups, ranked last in their previous order;
 --   * unit_rank: group order, then expert position, then block index;
---   * cost: bytes, plus lora_A on the first unit of each (expert, tensor) in the new order;
+--   * cost: bytes, plus lora_A on the first unit of each (expert, tensor) in the new order
+--     (only units with lora_A bytes are numbered: all units of an (expert, tensor) share them);
 --   * cumulative: running cost up to the END of the unit's group (RANGE over the group rank),
 --     so `cumulative <= B` selects whole groups, and SUM(cost) is still C_full.
 -- Regions are matched by tensor name, not ordinal (a LoRA expert's ordinals may differ).
@@ -27,10 +28,10 @@ WITH named AS (
     JOIN tensors t ON t.model = r.model AND t.ordinal = c.ordinal
 ),
 densities AS (
-    SELECT *, -(SUM(score) OVER (PARTITION BY g_tensor, g_block, g_fallback)
-                / SUM(nbytes) OVER (PARTITION BY g_tensor, g_block, g_fallback))
+    SELECT *, -(SUM(score) OVER g / SUM(nbytes) OVER g)
               AS g_neg_density   -- NULL exactly for fallback: ranked last
     FROM named
+    WINDOW g AS (PARTITION BY g_tensor, g_block, g_fallback)
 ),
 ranked AS (
     SELECT *,
@@ -44,11 +45,12 @@ ordered AS (
     FROM ranked
 ),
 costed AS (
+    SELECT *, nbytes AS cost FROM ordered WHERE lora_a_nbytes = 0
+    UNION ALL
     SELECT *, nbytes + CASE
-               WHEN lora_a_nbytes > 0 AND ROW_NUMBER() OVER (PARTITION BY position, ordinal
-                                                             ORDER BY unit_rank) = 1
+               WHEN ROW_NUMBER() OVER (PARTITION BY position, ordinal ORDER BY unit_rank) = 1
                THEN lora_a_nbytes ELSE 0 END AS cost
-    FROM ordered
+    FROM ordered WHERE lora_a_nbytes > 0
 )
 SELECT position, ordinal, block_index, n_blocks, nbytes, lora_a_nbytes, utility, fallback,
        missing, cost, score, unit_rank, group_rank,

@@ -4,7 +4,8 @@
 -- order whose running cost fits; lora_A is charged to the first unit of each untouched tensor.
 -- Repeating passes until one adds nothing is exactly the sequential greedy in rank order: a unit
 -- that does not fit at the start of a pass never fits later (the remainder only shrinks, and a
--- lora_A charged earlier in the same pass costs more than it saves).
+-- lora_A charged earlier in the same pass costs more than it saves). Returns the bytes charged
+-- to each unit it selected (none: the pass added nothing).
 UPDATE planner_candidates AS c
 SET pass = :pass, charged = p.cost
 FROM (
@@ -33,3 +34,4 @@ FROM (
     ) AS fitting
 ) AS p
 WHERE c.unit_rank = p.unit_rank AND p.running <= CAST(:remaining AS BIGINT)
+RETURNING charged

@@ -3,6 +3,7 @@
 -- bytes, plus lora_A once per (expert, tensor) not touched yet), take the longest prefix in
 -- group order whose running cost fits, whole groups only; lora_A is charged to the first unit
 -- of each untouched (expert, tensor) among the fitting groups, so a prefix never misses one.
+-- Returns the bytes charged to each unit it selected (none: the pass added nothing).
 -- Groups are never split: a group is selected (prefix or pass) with all its units.
 UPDATE planner_candidates AS c
 SET pass = :pass, charged = p.cost
@@ -41,3 +42,4 @@ FROM (
     ) AS fitting
 ) AS p
 WHERE c.unit_rank = p.unit_rank AND p.running <= CAST(:remaining AS BIGINT)
+RETURNING charged
