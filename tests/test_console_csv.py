@@ -9,6 +9,7 @@ import io
 import json
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None, reason="needs node to run the console's modules")
 
 
-def _csv_cells(tmp_path: Path, values: list[object]) -> list[str]:
+def _csv_cells(tmp_path: Path, values: Sequence[object]) -> list[str]:
     """csvCell of each value, joined as a CSV row, read back by Python's csv module."""
     mod = tmp_path / "ui.mjs"  # the same file as an ES module node can import
     shutil.copy(UI, mod)

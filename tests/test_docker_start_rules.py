@@ -23,7 +23,7 @@ from mergepipe.core.settings import Settings
 REPO = Path(__file__).resolve().parent.parent
 _VAR = re.compile(r"\$\$|\$\{(\w+)(?:(:?-)([^}]*))?\}|\$(\w+)")
 # what a user may have in the environment: nothing, a token, a password
-USER_ENVS = ({}, {"MERGEPIPE_API_TOKEN": "tok"}, {"POSTGRES_PASSWORD": "pw"})
+USER_ENVS: tuple[dict[str, str], ...] = ({}, {"MERGEPIPE_API_TOKEN": "tok"}, {"POSTGRES_PASSWORD": "pw"})
 
 
 def interpolate(value: str, user: dict[str, str]) -> str:

@@ -135,6 +135,7 @@ def test_the_manifest_and_the_catalog_agree(cat: Catalog, tmp_path: Path, strate
     if strategy == "scratch":
         assert executed == asked.to_dict()
     else:
+        assert row.plan is not None
         assert executed == row.plan["strategy"]["executed_request"]
         assert executed["experts"][0]["model"] == "m5"  # m5 x c, then the changed experts
         assert {e["model"] for e in executed["experts"][1:]} == {"e1", "e4", "e5"}
@@ -147,8 +148,9 @@ def test_the_manifest_and_the_catalog_agree(cat: Catalog, tmp_path: Path, strate
     edges = sorted((p, role, w) for p, role, w in _rows(
         cat, "SELECT parent, role, weight FROM lineage WHERE child = 'out'", r.merge_id))
     assert sorted((e["parent"], e["role"], e["weight"]) for e in doc["lineage"]) == edges
-    expected = [("base", "base", None), ("e0", "expert", 1.0), ("e1", "expert", 2.0),
-                ("e2", "expert", 1.0), ("e3", "expert", 1.0), ("e4", "expert", 1.0)]
+    expected: list[tuple[str, str, object]] = [  # object: a weight, None or pytest.approx
+        ("base", "base", None), ("e0", "expert", 1.0), ("e1", "expert", 2.0),
+        ("e2", "expert", 1.0), ("e3", "expert", 1.0), ("e4", "expert", 1.0)]
     if strategy == "incremental":
         expected.append(("m5", "previous", pytest.approx(5 / 6)))
     assert edges == sorted(expected, key=lambda e: (e[0], e[1]))
@@ -244,5 +246,6 @@ def test_identical_requests_give_identical_bytes_whatever_merges_are_stored(
         second.close()
     assert len(results) == 2
     for i, m in enumerate(ids):
+        assert m is not None
         assert weights(tmp_path / f"r{i}") == weights(tmp_path / "alone")
         assert results[m].output_hash == alone.output_hash and results[m].strategy == "scratch"

@@ -107,7 +107,8 @@ def test_adding_one_expert_to_k8_reads_the_stored_merge_and_the_new_expert(
     m8 = run(cat, tmp_path, "m8", req(experts(K), output_dtype=dtype))
     assert m8.strategy == "scratch" and m8.previous_merge is None
     # the default never reuses a stored merge; auto (asked for) takes the complete increment
-    assert plan_merge(cat, req(experts(K + 1), output_dtype=dtype)).strategy["chosen"] == "scratch"
+    default = plan_merge(cat, req(experts(K + 1), output_dtype=dtype)).strategy
+    assert default is not None and default["chosen"] == "scratch"
     plan = plan_merge(cat, req(experts(K + 1), output_dtype=dtype, strategy="auto"))
     st = plan.summary()["strategy"]
     assert st["chosen"] == "incremental" and st["incremental"]["previous_merge"] == m8.merge_id

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 import yaml
@@ -16,7 +16,14 @@ REQUEST_ARGS: dict[str, Any] = {"base": "org/base", "operator": "ties", "seed": 
                 "experts": EXPERTS, "params": {"normalize": True, "lambda": 1.0, "density": 0.5},
                 "budget": {"fraction": 0.3}}
 REQUEST = build_request(**REQUEST_ARGS)
-IDS = {"merge_id": "m-42", "plan_hash": "ab" * 32}
+
+
+class Ids(TypedDict):
+    merge_id: str
+    plan_hash: str
+
+
+IDS: Ids = {"merge_id": "m-42", "plan_hash": "ab" * 32}
 SUMMARY = {"budget_bytes": 3000, "full_read_bytes": 10_000, "planned_expert_bytes": 2990,
            "expert_bytes_read": 2990, "base_bytes_read": 12_000, "omission_bound": None}
 

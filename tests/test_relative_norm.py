@@ -49,7 +49,7 @@ def test_ingestion_records_the_relative_norm_and_refuses_another_base(
             total, worst = norms(family["base"], family[name], kind)
             assert m.delta_rel_norm == pytest.approx(total, rel=1e-4)
             assert m.delta_rel_norm_max == pytest.approx(worst, rel=1e-4)
-            assert m.delta_rel_norm < MAX_RELATIVE_DELTA
+            assert m.delta_rel_norm is not None and m.delta_rel_norm < MAX_RELATIVE_DELTA
         total, _ = norms(family["base"], family["foreign"])
         assert total > MAX_RELATIVE_DELTA  # two random bases: O(1) apart
         with pytest.raises(InvalidRequest, match=r"has 0\.\d+ times the base's norm .* above "
@@ -59,7 +59,8 @@ def test_ingestion_records_the_relative_norm_and_refuses_another_base(
         m = ingest_model(cat, family["foreign"], "foreign", base="base", force=True)
         assert m.delta_rel_norm == pytest.approx(total, rel=1e-4)
         with cat.reader() as conn:  # SQL: the models table shows it
-            rows = dict(conn.execute(SQL("SELECT name, delta_rel_norm FROM models")).fetchall())
+            found = conn.execute(SQL("SELECT name, delta_rel_norm FROM models")).fetchall()
+        rows: dict[str, float | None] = dict(found)
         assert rows["base"] is None and rows["foreign"] == pytest.approx(total, rel=1e-4)
         # without statistics there is no delta to measure: registered, no norm
         m = ingest_model(cat, family["foreign"], "foreign-h", base="base", with_stats=False)

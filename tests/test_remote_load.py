@@ -87,7 +87,9 @@ def timed(api: Api, path: str) -> float:
 
 def test_healthz_and_models_answer_within_a_second_with_50_trickling_remotes(
         served: Served) -> None:
-    api, trickler, results, threads = served.api, served.trickler, [], []
+    api, trickler = served.api, served.trickler
+    results: list[int | str] = []  # each POST's status, or the client's error
+    threads: list[threading.Thread] = []
     for i in range(IN_FLIGHT):  # 50 ingestions, one per worker, each held by the trickle
         url = f"{served.trickle_url}/allowed/x{i}/model.safetensors"
         api.ok("POST", "/v1/models", {"name": f"x{i}", "path": url, "base": "base"}, 202)
