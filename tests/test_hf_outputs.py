@@ -82,7 +82,10 @@ def test_linear_output_loads_generates_and_equals_torch_merge(
             "tokenizer_config.json", "README.md", "manifest.json"} <= names
     assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
     meta = front_matter(out / "README.md")
-    assert meta["base_model"] == ["base", *experts]
+    # catalog names are not Hub ids: base_model is left out, the names are under mergepipe:
+    assert "base_model" not in meta
+    assert meta["mergepipe"]["base"] == "base"
+    assert [e["model"] for e in meta["mergepipe"]["experts"]] == list(experts)
     assert {"merge", "mergepipe"} <= set(meta["tags"])
     assert meta["mergepipe"]["operator"] == "linear"
     assert meta["mergepipe"]["expert_bytes_read"] == summary["expert_bytes_read"]
