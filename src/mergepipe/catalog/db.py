@@ -206,10 +206,13 @@ class Catalog:
         with self.database.connect() as conn:
             yield conn.raw
 
-    def duckdb_connection(self) -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection of its own, for the caller to close (or closed with the catalog)."""
+    @contextmanager
+    def duckdb_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A DuckDB connection of its own, closed when the block ends; closing the catalog
+        interrupts what still runs on it and waits for the block to end."""
         assert isinstance(self.database, DuckDBDatabase), "a PostgreSQL catalog has none"
-        return self.database.cursor()
+        with self.database.own_cursor() as raw:
+            yield raw
 
     def query(self, statement: str | SQL, params: Mapping[str, Any] | None = None
               ) -> list[Row]:

@@ -55,11 +55,16 @@ def run_on(own: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, deadline
     """{columns, rows, truncated} of an already checked `sql` on `own` (engine limits set),
     interrupted at `deadline` (time.monotonic)."""
     fired = threading.Event()
+    ended = False
+    guard = threading.Lock()  # the timer never interrupts `own` once the query has ended
 
     def interrupt() -> None:
-        fired.set()
-        with contextlib.suppress(duckdb.Error):  # the query ended (its connection closed)
-            own.interrupt()
+        with guard:
+            if ended:
+                return
+            fired.set()
+            with contextlib.suppress(duckdb.Error):
+                own.interrupt()
 
     timer = threading.Timer(max(0.0, deadline - time.monotonic()), interrupt)
     timer.daemon = True
@@ -74,6 +79,8 @@ def run_on(own: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, deadline
                else InvalidRequest(f"query failed: {msg}", field="sql")) from None
     finally:
         timer.cancel()
+        with guard:
+            ended = True
         with contextlib.suppress(duckdb.Error):
             own.execute("ROLLBACK")
 
