@@ -80,15 +80,34 @@ def print_json(obj: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    if getattr(args, "beside_server", False):
+        # a command on a DuckDB catalog that a running `serve` holds: through its API
+        from mergepipe.cli import beside
+
+        try:
+            settings = Settings.from_env(catalog=args.catalog)
+            server = beside.find_server(settings.catalog)
+        except MergePipeError as e:
+            return report_error(args, e)
+        if server is not None:
+            rc = beside.relay(server, argv, args.command)
+            if rc is not None:
+                return rc
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command: its exit status, errors as one line on stderr (also what a server
+    runs for a CLI beside it, cli/relay.py)."""
     try:
-        args.settings = Settings.from_env(catalog=args.catalog)
-        checkpoint_limits.install(args.settings.checkpoint_limits())
+        if not hasattr(args, "settings"):  # (a relayed command comes with the caller's)
+            args.settings = Settings.from_env(catalog=args.catalog)
+            checkpoint_limits.install(args.settings.checkpoint_limits())
         rc = args.func(args)
     except MergePipeError as e:
-        one_line = " ".join(e.message.split("\n"))  # a message never spans lines
-        print(f"mergepipe {args.command}: error: {one_line}", file=sys.stderr)
-        return 2
+        return report_error(args, e)
     except KeyboardInterrupt:
         print(f"mergepipe {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -98,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     return int(rc or 0)
+
+
+def report_error(args: argparse.Namespace, e: MergePipeError) -> int:
+    one_line = " ".join(e.message.split("\n"))  # a message never spans lines
+    print(f"mergepipe {args.command}: error: {one_line}", file=sys.stderr)
+    return 2
 
 
 def entry() -> NoReturn:
