@@ -108,6 +108,13 @@ def run_command(args: argparse.Namespace) -> int:
         rc = args.func(args)
     except MergePipeError as e:
         return report_error(args, e)
+    except ModuleNotFoundError as e:
+        from mergepipe.cli.requires import missing_module
+
+        missing = missing_module(e)
+        if missing is None:
+            raise
+        return report_error(args, missing)
     except KeyboardInterrupt:
         print(f"mergepipe {args.command}: interrupted", file=sys.stderr)
         return 130
