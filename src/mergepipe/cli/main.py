@@ -87,14 +87,16 @@ def main(argv: list[str] | None = None) -> int:
         from mergepipe.cli import beside
 
         try:
-            settings = Settings.from_env(catalog=args.catalog)
-            server = beside.find_server(settings.catalog)
+            server = beside.find_server(Settings.from_env(catalog=args.catalog).catalog)
+            rc = None if server is None else beside.relay(server, argv, args.command)
         except MergePipeError as e:
             return report_error(args, e)
-        if server is not None:
-            rc = beside.relay(server, argv, args.command)
-            if rc is not None:
-                return rc
+        except KeyboardInterrupt:
+            print(f"mergepipe {args.command}: interrupted here; the command goes on in the "
+                  "server", file=sys.stderr)
+            return 130
+        if rc is not None:
+            return rc
     return run_command(args)
 
 
