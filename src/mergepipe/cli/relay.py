@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import io
 import json
@@ -142,7 +143,10 @@ def run_relayed(app: Any, doc: dict[str, Any], capture: _Capture) -> int:
                if str(k).startswith(ENV_PREFIX)}
         cwd = str(doc.get("cwd") or "/")
         try:
-            args.settings = Settings.from_env(env, catalog=str(state.settings.catalog))
+            settings = Settings.from_env(env, catalog=str(state.settings.catalog))
+            # (the caller's relative output root means its own directory, as run directly)
+            args.settings = dataclasses.replace(
+                settings, output_root=Path(cwd) / settings.output_root)
         except Exception as e:  # noqa: BLE001 - the caller's settings: its error, one line
             print(f"mergepipe {args.command}: error: {e}", file=sys.stderr)
             return 2

@@ -6,8 +6,8 @@ import argparse
 import dataclasses
 import os
 import signal
-from collections.abc import Mapping
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
