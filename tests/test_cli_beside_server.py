@@ -96,7 +96,7 @@ def test_commands_beside_a_server_answer_as_direct_runs(family: tuple[Path, Path
              PLAN, [*PLAN, "--json"], [*PLAN, "--blocks", "3"]]
     failing = [["sql", "SELECT nope FROM models"], ["sql", "DROP TABLE models"],
                ["plan", "--base", "base", "--experts", "nobody", "--op", "ties"],
-               ["replay", "m-nonexistent"]]
+               ["replay", "m-nonexistent"], ["rm", "nobody"]]
     direct = [ok(catalog, *argv, cwd=cwd) for argv in reads]
     direct_fail = [cli(catalog, *argv, cwd=cwd) for argv in failing]
 
