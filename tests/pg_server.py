@@ -74,3 +74,47 @@ def create_database(admin_url: str, name: str) -> str:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
     return admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+class StoppableServer:
+    """A server of its own for one test, which the test stops (an outage: its sessions end at
+    once, its data is kept) and starts again on the same port."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root, self.port = root, port
+        self.url = f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres"
+
+    def _pg_ctl(self, *args: str) -> None:
+        bindir = pg_bindir()
+        assert bindir is not None
+        subprocess.run(_as_server_user([str(bindir / "pg_ctl"), "-D", str(self.root / "data"),
+                                        *args]), check=True, capture_output=True)
+
+    def start(self) -> None:
+        opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
+                "-c max_connections=40")
+        self._pg_ctl("-l", str(self.root / "log"), "-o", opts, "-w", "-t", "60", "start")
+
+    def stop(self) -> None:
+        self._pg_ctl("-m", "fast", "-w", "stop")
+
+
+@contextmanager
+def stoppable_server() -> Iterator[StoppableServer]:
+    bindir = pg_bindir()
+    if bindir is None:
+        raise RuntimeError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin")
+    root = Path(tempfile.mkdtemp(prefix="mergepipe-test-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "nobody")
+    subprocess.run(_as_server_user([str(bindir / "initdb"), "-D", str(root / "data"), "-A",
+                                    "trust", "-U", SUPERUSER, "-E", "UTF8", "--no-sync",
+                                    "--locale=C"]), check=True, capture_output=True)
+    server = StoppableServer(root, _free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        subprocess.run(_as_server_user([str(bindir / "pg_ctl"), "-D", str(root / "data"), "-m",
+                                        "immediate", "-w", "stop"]), capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)

@@ -335,7 +335,8 @@ def test_the_cli_runs_with_the_same_limits(tmp_path: Path, monkeypatch: pytest.M
     from mergepipe.cli.main import main
 
     monkeypatch.setenv("MERGEPIPE_SQL_ROW_LIMIT", "5")
-    monkeypatch.setenv("MERGEPIPE_SQL_TIMEOUT_S", "0.5")
+    # (2 s: the first query of a fresh process, checks included, must fit on a loaded machine)
+    monkeypatch.setenv("MERGEPIPE_SQL_TIMEOUT_S", "2")
     Catalog(tmp_path / "c.duckdb").close()  # `mergepipe sql` never creates a catalog
     capsys.readouterr()
     assert main(["--catalog", str(tmp_path / "c.duckdb"), "sql", "SELECT * FROM range(50)",
@@ -347,4 +348,4 @@ def test_the_cli_runs_with_the_same_limits(tmp_path: Path, monkeypatch: pytest.M
                "SELECT count(*) FROM range(1000000) a, range(1000000) b"])
     err = capsys.readouterr().err.strip()
     assert rc != 0 and "time limit" in err and len(err.splitlines()) == 1, err
-    assert time.monotonic() - t0 < 0.5 + 1
+    assert time.monotonic() - t0 < 2 + 1

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import Any, Protocol
 
+from mergepipe.core.errors import MergePipeError
+
 # `:name` binds a parameter; `::` (a cast) and `\:` (a literal colon) do not, nor does a name
 # followed by a colon (write CAST(:x AS T)): SQLAlchemy's text() rule, which PostgreSQL uses.
 _PARAM = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
@@ -55,6 +57,15 @@ def parameter_sets(params: Params | Sequence[Params] | None) -> Params | list[Pa
 
 class IntegrityError(Exception):
     """A statement broke a unique, primary-key or foreign-key constraint."""
+
+
+class CatalogUnavailable(MergePipeError):
+    """The PostgreSQL catalog cannot be reached (server down, wrong URL, refused login): an
+    outage, not a bug, so a 503 that says when to try again."""
+
+    status = 503
+    code = "catalog_unavailable"
+    retry_after_s = 5
 
 
 class Row(tuple[Any, ...]):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.catalog import dialect
-from mergepipe.catalog.connection import SQL, Connection, Row
+from mergepipe.catalog.connection import SQL, CatalogUnavailable, Connection, Row
 from mergepipe.catalog.duckdb_database import DuckDBDatabase, read_only_error
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import Conflict, MergePipeError
@@ -87,13 +87,6 @@ def _lock_holder(msg: str) -> str:
     return f"PID {m.group(1)}" if m else "lock held"
 
 
-class CatalogUnavailable(MergePipeError):
-    """The PostgreSQL catalog cannot be reached (server down, wrong URL, refused login)."""
-
-    status = 503
-    code = "catalog_unavailable"
-
-
 class CatalogUnreadable(MergePipeError):
     """The catalog file cannot be opened as a DuckDB database (another kind of file, a newer
     DuckDB's format, no permission)."""
@@ -130,10 +123,11 @@ class Catalog:
                     self.migrate()
             except Exception as e:
                 self.close()
-                if self.postgres and _unreachable(e):
+                if self.postgres and (isinstance(e, CatalogUnavailable) or _unreachable(e)):
+                    cause = e.__cause__ if isinstance(e, CatalogUnavailable) else e
                     raise CatalogUnavailable(
                         f"cannot use the PostgreSQL catalog {dialect.display(location)}: "
-                        f"{_first_line(getattr(e, 'orig', e))}") from None
+                        f"{_first_line(getattr(cause, 'orig', cause))}") from None
                 raise
 
     @property
@@ -206,10 +200,13 @@ class Catalog:
         with self.database.connect() as conn:
             yield conn.raw
 
-    def duckdb_connection(self) -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection of its own, for the caller to close (or closed with the catalog)."""
+    @contextmanager
+    def duckdb_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A DuckDB connection of its own, closed when the block ends; closing the catalog
+        interrupts what still runs on it and waits for the block to end."""
         assert isinstance(self.database, DuckDBDatabase), "a PostgreSQL catalog has none"
-        return self.database.cursor()
+        with self.database.own_cursor() as raw:
+            yield raw
 
     def query(self, statement: str | SQL, params: Mapping[str, Any] | None = None
               ) -> list[Row]:
@@ -251,6 +248,18 @@ def _unreachable(e: Exception) -> bool:
     from mergepipe.catalog.postgres_database import unreachable  # only PostgreSQL's
 
     return unreachable(e)
+
+
+def outage(e: BaseException) -> CatalogUnavailable | None:
+    """The CatalogUnavailable an error of the catalog's database means, if it means one (an
+    error raised past the catalog's own translation: a reader role's session, a pool)."""
+    if isinstance(e, CatalogUnavailable):
+        return e
+    if not type(e).__module__.startswith(("sqlalchemy", "psycopg")):
+        return None  # (DuckDB catalogs never load SQLAlchemy for this)
+    from mergepipe.catalog.postgres_database import unavailable
+
+    return unavailable(e) if isinstance(e, Exception) else None
 
 
 def _first_line(e: object) -> str:

@@ -1,9 +1,22 @@
 """A DuckDB catalog file through DuckDB's own Python API (what a command opens in 0.02 s; the
-SQLAlchemy engine and its DuckDB dialect took 0.4 s to import and connect)."""
+SQLAlchemy engine and its DuckDB dialect took 0.4 s to import and connect).
+
+Closing waits for the calls still running on the database's connections (a user query past its
+time limit keeps running in its own thread until DuckDB's interrupt stops it): DuckDB refuses to
+close a connection busy with a call (ResourceInUseException), and a thread still inside DuckDB
+when the interpreter ends is unwound by force, which DuckDB answers by aborting the process
+(`terminate called after throwing an instance of ''`). So every connection handed out is
+tracked; `dispose()` interrupts those still open, waits for them, and the last one to be
+released closes the database if the wait ran out; at exit, every open database is disposed
+before the interpreter tears its threads down."""
 
 from __future__ import annotations
 
+import atexit
+import logging
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -11,6 +24,14 @@ from pathlib import Path
 from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result, parameter_sets
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import CatalogReadOnly
+
+log = logging.getLogger("mergepipe.catalog")
+
+# How long dispose() waits for calls still running on the database's connections (interrupted),
+# and how often it interrupts them again meanwhile.
+CLOSE_WAIT_S = 30.0
+INTERRUPT_EVERY_S = 0.1
+
 
 # What the operating system says when a file cannot be written whatever we do: an immutable
 # file or folder (chattr +i), a read-only mount, no write permission.
@@ -62,30 +83,65 @@ class DuckDBDatabase:
         # No file or network access from SQL: the catalog's SQL reads only the catalog.
         self.db = duckdb.connect(str(path), config={"enable_external_access": False})
         self._lock = threading.Lock()  # DuckDB's parent connection is not for threads
+        self._released = threading.Condition(self._lock)
+        self._open: set[duckdb.DuckDBPyConnection] = set()  # handed out, interruptible
+        self._held = 0  # handed out and not yet closed
+        # handed out and not yet freed: a connection object's destructor releases the GIL, and
+        # a thread that frees one while the interpreter ends is unwound inside DuckDB
+        self._objects: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
+        self._closing = False
+        self._closed = False
+        _LIVE.add(self)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A new connection to the database (it closes with the database at the latest)."""
+        """A new connection to the database, for the caller to `release()`."""
         with self._lock:
-            return self.db.cursor()
+            if self._closing:
+                raise duckdb.ConnectionException("the catalog is closed")
+            raw = self.db.cursor()
+            self._open.add(raw)
+            self._held += 1
+            self._objects.add(raw)
+            return raw
+
+    def release(self, raw: duckdb.DuckDBPyConnection) -> None:
+        """Close a connection from cursor() (rolling back what it began); the last one released
+        after dispose() gave up waiting closes the database."""
+        with self._lock:
+            self._open.discard(raw)  # never interrupted while it closes
+        try:
+            raw.close()
+        finally:
+            with self._lock:
+                self._held -= 1
+                self._released.notify_all()
+                if self._closing and not self._held and not self._closed:
+                    self._closed = True
+                    self.db.close()
+
+    @contextmanager
+    def own_cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """cursor(), released when the block ends."""
+        raw = self.cursor()
+        try:
+            yield raw
+        finally:
+            self.release(raw)
 
     @contextmanager
     def begin(self) -> Iterator[DuckDBConnection]:
         """A write transaction: committed when the block ends, rolled back if it raises;
         CatalogReadOnly if the file cannot be written."""
-        with self._writable():
-            raw = self.cursor()
+        with self._writable(), self.own_cursor() as raw:
+            raw.begin()
             try:
-                raw.begin()
-                try:
-                    yield DuckDBConnection(raw)
-                except BaseException:
-                    # (a fatal error may have ended the transaction already: report that one)
-                    with suppress(duckdb.Error):
-                        raw.rollback()
-                    raise
-                raw.commit()
-            finally:
-                raw.close()
+                yield DuckDBConnection(raw)
+            except BaseException:
+                # (a fatal error may have ended the transaction already: report that one)
+                with suppress(duckdb.Error):
+                    raw.rollback()
+                raise
+            raw.commit()
 
     @contextmanager
     def _writable(self) -> Iterator[None]:
@@ -101,13 +157,45 @@ class DuckDBDatabase:
     def connect(self) -> Iterator[DuckDBConnection]:
         """A read transaction: one consistent view of the catalog, nothing written (a
         catalog invalidated by a failed write: CatalogReadOnly too)."""
-        with self._writable():
-            raw = self.cursor()
-            try:
-                raw.begin()
-                yield DuckDBConnection(raw)
-            finally:
-                raw.close()  # rolls back whatever was begun
+        with self._writable(), self.own_cursor() as raw:  # its release rolls back
+            raw.begin()
+            yield DuckDBConnection(raw)
 
-    def dispose(self) -> None:
-        self.db.close()
+    def dispose(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Close the database: interrupt the calls still running on its connections and wait
+        up to `wait_s` for their holders to release them; past that, the last release closes
+        it."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            deadline = time.monotonic() + wait_s
+            while self._held:
+                # again and again: DuckDB forgets an interrupt that comes before a statement
+                # starts (a holder between two statements, or still preparing its query)
+                for raw in self._open:
+                    with suppress(duckdb.Error):
+                        raw.interrupt()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("catalog closing with %d call(s) still running after %.0fs: "
+                                "it closes when they end", self._held, wait_s)
+                    return
+                self._released.wait(min(INTERRUPT_EVERY_S, left))
+            self._closed = True
+            self.db.close()
+
+
+_LIVE: weakref.WeakSet[DuckDBDatabase] = weakref.WeakSet()
+
+
+@atexit.register
+def _dispose_all() -> None:
+    """At exit, no thread may still be inside DuckDB (see the module's docstring): every open
+    database is closed, and the connection objects its holders still reference are freed
+    (their threads drop them once their calls returned) before the interpreter ends."""
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    for database in list(_LIVE):
+        database.dispose(max(0.0, deadline - time.monotonic()))
+        while database._objects and time.monotonic() < deadline:
+            time.sleep(0.01)

@@ -10,7 +10,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result, parameter_sets
+from mergepipe.catalog.connection import (
+    SQL,
+    CatalogUnavailable,
+    IntegrityError,
+    Params,
+    Result,
+    parameter_sets,
+)
 from mergepipe.catalog.dialect import engine_url, to_postgres, unnest_rows
 from mergepipe.core.errors import CatalogReadOnly, InvalidRequest
 
@@ -51,15 +58,18 @@ class PostgresDatabase:
         except ImportError:
             raise InvalidRequest("a PostgreSQL catalog needs psycopg 3: pip install "
                                  "'mergepipe[cluster]'", field="catalog") from None
-        self.engine = sa.create_engine(engine_url(location), pool_pre_ping=True,
-                                       connect_args={"options": "-c timezone=UTC"}, **pool)
+        # UTF8 on the wire whatever the database's encoding (one created SQL_ASCII would give
+        # bytes for text, which SQLAlchemy cannot even read the server's version from)
+        self.engine = sa.create_engine(
+            engine_url(location), pool_pre_ping=True,
+            connect_args={"options": "-c timezone=UTC -c client_encoding=UTF8"}, **pool)
         sa.event.listen(self.engine, "connect", _register_loaders)
         sa.event.listen(self.engine, "before_cursor_execute", _rewrite, retval=True)
 
     @contextmanager
     def begin(self) -> Iterator[PostgresConnection]:
         try:
-            with self.engine.begin() as conn:
+            with _outages(), self.engine.begin() as conn:
                 yield PostgresConnection(conn)
         except sa.exc.DBAPIError as e:
             if getattr(e.orig, "sqlstate", None) != READ_ONLY_SQLSTATE:
@@ -71,7 +81,7 @@ class PostgresDatabase:
 
     @contextmanager
     def connect(self) -> Iterator[PostgresConnection]:
-        with self.engine.connect() as conn:
+        with _outages(), self.engine.connect() as conn:
             yield PostgresConnection(conn)
 
     def dispose(self) -> None:
@@ -81,6 +91,42 @@ class PostgresDatabase:
 def unreachable(e: Exception) -> bool:
     """Whether an error of the catalog says the server cannot be used (down, refused login)."""
     return isinstance(e, sa.exc.OperationalError)
+
+
+# SQLSTATE classes (and codes) of a server that cannot be used: connection exceptions, refused
+# authorization, no such database, out of resources; shut down, crashed, still starting.
+_OUTAGE_CLASSES = ("08", "28", "3D", "53")
+_OUTAGE_CODES = ("57P01", "57P02", "57P03")
+
+
+def unavailable(e: Exception) -> CatalogUnavailable | None:
+    """The outage a database error means, or None for any other error (a query cancelled by
+    its statement timeout, a serialization failure, a broken constraint)."""
+    import psycopg
+
+    orig = getattr(e, "orig", e)
+    lost = isinstance(e, sa.exc.DBAPIError) and e.connection_invalidated
+    if not lost and isinstance(orig, psycopg.OperationalError | psycopg.InterfaceError):
+        state = getattr(orig, "sqlstate", None)
+        lost = state is None or state[:2] in _OUTAGE_CLASSES or state in _OUTAGE_CODES
+    if not lost:
+        return None
+    text = str(orig).strip()
+    first = text.splitlines()[0] if text else type(orig).__name__
+    return CatalogUnavailable(f"the PostgreSQL catalog cannot be reached ({first}); retry "
+                              "shortly")
+
+
+@contextmanager
+def _outages() -> Iterator[None]:
+    """The database's errors that mean an outage, as CatalogUnavailable."""
+    try:
+        yield
+    except sa.exc.DBAPIError as e:
+        down = unavailable(e)
+        if down is None:
+            raise
+        raise down from e
 
 
 def _rewrite(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,

@@ -80,15 +80,43 @@ def print_json(obj: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    if getattr(args, "beside_server", False):
+        # a command on a DuckDB catalog that a running `serve` holds: through its API
+        from mergepipe.cli import beside
+
+        try:
+            server = beside.find_server(Settings.from_env(catalog=args.catalog).catalog)
+            rc = None if server is None else beside.relay(server, argv, args.command)
+        except MergePipeError as e:
+            return report_error(args, e)
+        except KeyboardInterrupt:
+            print(f"mergepipe {args.command}: interrupted here; the command goes on in the "
+                  "server", file=sys.stderr)
+            return 130
+        if rc is not None:
+            return rc
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command: its exit status, errors as one line on stderr (also what a server
+    runs for a CLI beside it, cli/relay.py)."""
     try:
-        args.settings = Settings.from_env(catalog=args.catalog)
-        checkpoint_limits.install(args.settings.checkpoint_limits())
+        if not hasattr(args, "settings"):  # (a relayed command comes with the caller's)
+            args.settings = Settings.from_env(catalog=args.catalog)
+            checkpoint_limits.install(args.settings.checkpoint_limits())
         rc = args.func(args)
     except MergePipeError as e:
-        one_line = " ".join(e.message.split("\n"))  # a message never spans lines
-        print(f"mergepipe {args.command}: error: {one_line}", file=sys.stderr)
-        return 2
+        return report_error(args, e)
+    except ModuleNotFoundError as e:
+        from mergepipe.cli.requires import missing_module
+
+        missing = missing_module(e)
+        if missing is None:
+            raise
+        return report_error(args, missing)
     except KeyboardInterrupt:
         print(f"mergepipe {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -98,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     return int(rc or 0)
+
+
+def report_error(args: argparse.Namespace, e: MergePipeError) -> int:
+    one_line = " ".join(e.message.split("\n"))  # a message never spans lines
+    print(f"mergepipe {args.command}: error: {one_line}", file=sys.stderr)
+    return 2
 
 
 def entry() -> NoReturn:

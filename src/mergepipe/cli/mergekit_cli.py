@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import replace
 
@@ -11,7 +12,7 @@ from mergepipe.cli.progress import IngestBar
 from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.request import MergeRequest
 from mergepipe.core.vocab import normalize_dtype
-from mergepipe.jobs.config import load_config
+from mergepipe.jobs.config import load_config, local_path
 
 EXCLUSIVE = (("base", "--base"), ("experts", "--experts"), ("op", "--op"), ("param", "--param"))
 
@@ -32,7 +33,10 @@ def config_request(cat: Catalog, args: argparse.Namespace) -> MergeRequest:
         raise InvalidRequest(f"{path}: cannot read the config ({why})", field="config") from None
     quiet = bool(getattr(args, "json", False))
     try:
-        request, resolved = load_config(cat, text, budget=args.budget, seed=args.seed)
+        cwd = getattr(args, "cwd", None)  # run beside a server: the caller's directory
+        locate = None if cwd is None else functools.partial(local_path, cwd=cwd)
+        request, resolved = load_config(cat, text, budget=args.budget, seed=args.seed,
+                                        locate=locate)
         if resolved.to_ingest:
             from mergepipe.jobs.ingest import run_ingestion  # torch: only when it runs
             with IngestBar(enabled=not quiet) as bar:

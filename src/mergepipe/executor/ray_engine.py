@@ -11,6 +11,7 @@ and the side files; the job layer then publishes and records exactly as with the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -66,9 +67,14 @@ class _Runtime:
                         ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False,
                                  object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                                  log_to_driver=False, logging_level=logging.ERROR)
-                except (ConnectionError, RuntimeError, ValueError) as e:
+                except Exception as e:  # noqa: BLE001 - whatever Ray raises (a dashboard
+                    # agent dying at start-up surfaces as a bare Exception): it did not start
+                    with contextlib.suppress(Exception):
+                        ray.shutdown()  # what did start of a runtime that failed
                     where = f"the Ray cluster at {address}" if address else "a local Ray runtime"
-                    raise RemoteUnavailable(f"cannot start or reach {where}: {e}") from None
+                    text = " ".join(str(e).split()) or type(e).__name__
+                    raise RemoteUnavailable(f"cannot start or reach {where} "
+                                            f"({type(e).__name__}): {text}") from None
                 self._owned = True
             self._users += 1
         return ray

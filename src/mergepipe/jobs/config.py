@@ -206,13 +206,13 @@ def _pending(known: _Known, path: str, base: str | None) -> str | None:
     return None
 
 
-def local_path(text: str, key: str) -> str:
-    """A checkpoint from the config: a URL (canonical), a local path (relative to the working
-    directory) that exists, or else a Hub id (org/name[@revision]) as hf:// (as mergekit reads
-    them: a local directory of that name wins)."""
+def local_path(text: str, key: str, cwd: str | None = None) -> str:
+    """A checkpoint from the config: a URL (canonical), a local path (relative to `cwd`,
+    default the working directory) that exists, or else a Hub id (org/name[@revision]) as
+    hf:// (as mergekit reads them: a local directory of that name wins)."""
     if is_url(text):
         return _pinned(str(parse_url(text, key)), key)
-    path = Path(text).expanduser()
+    path = Path(cwd or ".") / Path(text).expanduser()
     if path.exists():
         return str(path.resolve())
     hub = hub_id_location(text)

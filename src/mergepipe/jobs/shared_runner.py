@@ -14,11 +14,13 @@ import uuid
 from collections.abc import Sequence
 
 from mergepipe.catalog import leases, queue, records
+from mergepipe.catalog.connection import CatalogUnavailable
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.fence import Fence
 from mergepipe.catalog.models import find_model
 from mergepipe.catalog.queue import Job
 from mergepipe.core.settings import Settings
+from mergepipe.jobs.outage import Outage
 from mergepipe.jobs.recovery import clean_merge_outputs
 from mergepipe.jobs.runner import JobRunner
 
@@ -38,6 +40,7 @@ class SharedJobRunner(JobRunner):
         self.wake = threading.Event()
         self.held: set[Job] = set()
         self.fences: dict[Job, Fence] = {}  # the claim each held job runs under
+        self.outage = Outage()  # the catalog down: back off, one log line
 
     def start(self) -> None:
         for i in range(max(1, self.settings.workers)):
@@ -59,7 +62,11 @@ class SharedJobRunner(JobRunner):
         while not self.stopping.is_set():
             try:
                 got = leases.claim(self.cat, self.worker, self.lease_s)
-            except Exception:  # noqa: BLE001 - the catalog may be briefly unreachable
+                self.outage.succeeded()
+            except CatalogUnavailable as e:
+                self.stopping.wait(self.outage.failed(e))
+                continue
+            except Exception:  # noqa: BLE001 - a worker must survive any error
                 log.exception("worker %s could not claim a job", self.worker)
                 got = None
             if got is None:
@@ -81,6 +88,8 @@ class SharedJobRunner(JobRunner):
             self._run(job)
             if self._still_queued(job):  # inputs not ingested yet: back to the queue, later
                 leases.release(self.cat, job, self.worker, retry_after_s=RETRY_S)
+        except CatalogUnavailable as e:  # its lease expires: a worker takes it over later
+            self.stopping.wait(self.outage.failed(e))
         except Exception:  # noqa: BLE001 - a worker must survive any job
             log.exception("job %s %s crashed", job.kind, job.id)
         finally:
@@ -133,5 +142,7 @@ class SharedJobRunner(JobRunner):
                     if not leases.renew(self.cat, job, self.worker, self.lease_s):
                         log.debug("lease of %s %s not renewed (finished or lost)", job.kind,
                                   job.id)
+                except CatalogUnavailable as e:
+                    self.outage.failed(e)  # retried at the next beat
                 except Exception:  # noqa: BLE001 - retried at the next beat
                     log.exception("heartbeat of %s %s failed", job.kind, job.id)

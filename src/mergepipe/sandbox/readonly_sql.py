@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from typing import Any
 
 from mergepipe.catalog.db import Catalog
@@ -46,26 +48,22 @@ def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dic
         raise time_limit_error(lim) from None
 
 
-def sandbox_connection(cat: Catalog, sql: str, limits: SqlLimits) -> duckdb.DuckDBPyConnection:
+@contextmanager
+def sandbox_connection(cat: Catalog, sql: str, limits: SqlLimits
+                       ) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection of its own to the catalog's database, after every check of `sql`, with the
-    engine limits set (DuckDB's memory_limit, threads and temp size are database-wide)."""
+    engine limits set (DuckDB's memory_limit, threads and temp size are database-wide); closed
+    when the block ends, whatever the query did (nothing of it is kept)."""
     with cat.duckdb_reader() as raw:
         tables = {str(r[0]).lower() for r in raw.execute(SELECT_TABLES).fetchall()}
         check_all(raw, sql, tables)
-    own = cat.duckdb_connection()
-    try:
+    with cat.duckdb_connection() as own:
         set_engine_limits(own, limits)
-    except BaseException:
-        own.close()
-        raise
-    return own
+        yield own
 
 
 def _run_checked(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
-    """The work of run_readonly, in its slot's thread."""
+    """The work of run_readonly, in its slot's thread: the catalog's close() waits for it."""
     check_time_left(deadline, limits)
-    own = sandbox_connection(cat, sql, limits)
-    try:
+    with sandbox_connection(cat, sql, limits) as own:
         return run_on(own, sql, limits, deadline)
-    finally:
-        own.close()  # whatever the query did, nothing of it is kept

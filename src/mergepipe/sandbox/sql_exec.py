@@ -18,6 +18,8 @@ from mergepipe.sandbox.sql_guard import check_duckdb_tree, check_readonly, check
 
 # A query that gets its slot with less time than this left is not started.
 MIN_RUN_S = 0.05
+# How often a query past its deadline is interrupted again until it ends.
+INTERRUPT_EVERY_S = 0.1
 # Rows fetched from DuckDB at a time; the row and byte limits are checked after each batch.
 FETCH_ROWS = 64
 SELECT_TABLES = ("SELECT table_name FROM information_schema.tables "
@@ -55,14 +57,25 @@ def run_on(own: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, deadline
     """{columns, rows, truncated} of an already checked `sql` on `own` (engine limits set),
     interrupted at `deadline` (time.monotonic)."""
     fired = threading.Event()
+    done = threading.Event()
+    guard = threading.Lock()  # `own` is never interrupted once the query has ended
 
     def interrupt() -> None:
+        """At the deadline, interrupt `own`, and again every INTERRUPT_EVERY_S until the query
+        ends: DuckDB forgets an interrupt that comes before the statement starts."""
+        if done.wait(max(0.0, deadline - time.monotonic())):
+            return
         fired.set()
-        with contextlib.suppress(duckdb.Error):  # the query ended (its connection closed)
-            own.interrupt()
+        while True:
+            with guard:
+                if done.is_set():
+                    return
+                with contextlib.suppress(duckdb.Error):
+                    own.interrupt()
+            if done.wait(INTERRUPT_EVERY_S):
+                return
 
-    timer = threading.Timer(max(0.0, deadline - time.monotonic()), interrupt)
-    timer.daemon = True
+    timer = threading.Thread(target=interrupt, name="mergepipe-sql-deadline", daemon=True)
     try:
         own.execute("BEGIN TRANSACTION READ ONLY")
         timer.start()
@@ -73,7 +86,8 @@ def run_on(own: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, deadline
         raise (time_limit_error(limits) if fired.is_set()
                else InvalidRequest(f"query failed: {msg}", field="sql")) from None
     finally:
-        timer.cancel()
+        with guard:
+            done.set()
         with contextlib.suppress(duckdb.Error):
             own.execute("ROLLBACK")
 

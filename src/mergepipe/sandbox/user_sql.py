@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.db import Catalog, outage
 from mergepipe.core.sql_limits import SqlLimits
 from mergepipe.sandbox.readonly_pg import run_readonly_postgres
 from mergepipe.sandbox.readonly_sql import DEADLINE_GRACE_S, run_readonly
@@ -15,8 +15,14 @@ from mergepipe.sandbox.sql_slots import slots_for
 
 
 def _postgres(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
-    return run_readonly_postgres(cat, sql, row_limit=limits.row_limit,
-                                 timeout_s=limits.timeout_s, byte_limit=limits.result_bytes)
+    try:
+        return run_readonly_postgres(cat, sql, row_limit=limits.row_limit,
+                                     timeout_s=limits.timeout_s, byte_limit=limits.result_bytes)
+    except Exception as e:
+        down = outage(e)  # the reader role's session is not the catalog's own: translate here
+        if down is None:
+            raise
+        raise down from e
 
 
 def run_user_sql(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:

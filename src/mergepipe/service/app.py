@@ -44,14 +44,16 @@ Prometheus metrics are at `/metrics`. When the server has an API token,
 over this API is served at `/`."""
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """The application; the catalog opens (and migrates) and the workers start at start-up."""
+def create_app(settings: Settings, catalog: Catalog | None = None) -> FastAPI:
+    """The application; the catalog opens (and migrates) and the workers start at start-up.
+    `catalog`: one already open (`serve` opens it first, to report a catalog it cannot use in
+    one line), closed with the application."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         previous_limits = checkpoint_limits.install(settings.checkpoint_limits())
         remove_stale()  # SQL snapshot folders of servers killed without cleaning up
-        cat = Catalog(settings.catalog)
+        cat = catalog if catalog is not None else Catalog(settings.catalog)
         # a PostgreSQL catalog is shared with other servers and workers: claim jobs from it
         runner = (SharedJobRunner if cat.postgres else JobRunner)(cat, settings)
         app.state.mergepipe = AppState(settings=settings, cat=cat, runner=runner)

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mergepipe.catalog.db import outage
 from mergepipe.core.errors import MergePipeError
 from mergepipe.core.schema import error_message, field_name
 
@@ -41,11 +42,18 @@ def to_response(exc: Exception) -> JSONResponse:
     headers: dict[str, str] | None = None
     if isinstance(exc, StarletteHTTPException) and isinstance(exc.__cause__, MergePipeError):
         exc = exc.__cause__  # e.g. the body limit tripping while FastAPI reads the body
+    down = outage(exc)  # the catalog's database unreachable, however it surfaced
+    if down is not None:
+        exc = down
     if isinstance(exc, MergePipeError):
         status, body = exc.status, {"error": exc.to_dict()}
         if status == 401:
             headers = {"WWW-Authenticate": "Bearer"}
-        if status >= 500:
+        retry_after = getattr(exc, "retry_after_s", None)
+        if status == 503 and retry_after is not None:
+            headers = {"Retry-After": str(int(retry_after))}
+            log.warning("%s: %s", exc.code, exc.message)
+        elif status >= 500:
             log.error("internal error %s: %s", exc.code, exc.message)
     elif isinstance(exc, RequestValidationError):
         errors = list(exc.errors())

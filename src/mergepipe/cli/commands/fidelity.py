@@ -78,6 +78,12 @@ def run_units_study(args: argparse.Namespace, root: Path, command: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from mergepipe.cli.requires import require
+
+    if not args.render_only:  # (rewriting the report measures nothing)
+        require({"transformers": "pip install 'transformers>=5,<6' (or mergepipe[test])"},
+                "the study trains and evaluates a tiny Llama family")
+
     from mergepipe.benchmarks.fidelity.report import write_report
     from mergepipe.benchmarks.fidelity.run import FidelityConfig, quick_config, run_fidelity
     from mergepipe.cli.main import print_json

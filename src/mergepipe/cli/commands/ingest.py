@@ -45,19 +45,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_engine_arguments(p, job="ingestion", ray_help="ray: the statistics of a sharded "
                          "checkpoint as one Ray task per shard file")
     p.add_argument("--json", action="store_true", help="print the model as JSON")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, beside_server=True, local_paths=("path",))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.kind == "lora" and not args.no_stats:
         preload.start("torch")  # LoRA's product is torch's; full and delta scans never load it
-    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
     from mergepipe.catalog.queue import NewIngestJob
+    from mergepipe.cli.beside import open_catalog
 
     job = NewIngestJob(args.name, args.kind, str(args.path), args.base, args.block_bytes,
                        not args.no_stats, force=args.force)
-    s = args.settings
-    with Catalog(s.catalog) as cat, IngestBar(enabled=not args.json) as bar:
+    with open_catalog(args) as cat, IngestBar(enabled=not args.json) as bar:
         from mergepipe.jobs.ingest import run_ingestion
 
         model = run_ingestion(cat, job, progress=bar.update_for(args.name),

@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_engine_arguments(p, job="merge", ray_help="local: this process's threads; ray: Ray "
                          "tasks, one per output region")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, beside_server=True, local_paths=("config", "out"))
 
 
 def add_request_arguments(p: argparse.ArgumentParser) -> None:
@@ -136,16 +136,16 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest("--out is required", field="output")
     if request is None or needs_torch(request):
         preload.start("torch")  # while the catalog opens
-    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.cli.beside import in_server, open_catalog
 
-    s = args.settings
-    with Catalog(s.catalog) as cat, MergeBar(enabled=not args.json) as bar:
+    with open_catalog(args) as cat, MergeBar(enabled=not args.json) as bar:
         from mergepipe.cli.mergekit_cli import config_request
         from mergepipe.jobs.merge import merge
         from mergepipe.jobs.recovery import recover_interrupted
 
         engine = engine_of(args)
-        recover_interrupted(cat)  # merges of a killed `mergepipe merge`: we hold the catalog now
+        if not in_server(args):  # (a server recovers its own at start-up)
+            recover_interrupted(cat)  # merges of a killed `mergepipe merge`: we hold the catalog
         if request is None:
             request = with_strategy(config_request(cat, args), args)
         result = merge(cat, request, args.out, output_name=args.name, progress=bar.update,

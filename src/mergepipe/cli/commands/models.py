@@ -20,14 +20,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the registered models (the latest version of "
                        "each name; removed ones are left out)")
     p.add_argument("--json", action="store_true", help="print a JSON list of model objects")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, beside_server=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
     from mergepipe.catalog.models import list_models
+    from mergepipe.cli.beside import open_catalog
 
-    with Catalog(args.settings.catalog) as cat:
+    with open_catalog(args) as cat:
         models = list_models(cat)
     if args.json:
         print_json(models)

@@ -26,15 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also list the first N blocks of the access set in rank order "
                         "(-1: all); with --json, adds them as \"blocks\"")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, beside_server=True, local_paths=("config",))
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.cli.beside import open_catalog
     from mergepipe.jobs.planning import plan_merge
 
     request = None if args.config else request_from_args(args)
-    with Catalog(args.settings.catalog) as cat:
+    with open_catalog(args) as cat:
         if request is None:
             from mergepipe.cli.mergekit_cli import config_request  # torch: only for a config
             request = with_strategy(config_request(cat, args), args)

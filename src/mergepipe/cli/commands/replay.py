@@ -22,14 +22,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                                             "(default: a temporary directory, removed)")
     p.add_argument("--threads", type=int, help="read threads")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, beside_server=True, local_paths=("out",))
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.cli.beside import open_catalog
     from mergepipe.jobs.replay import replay
 
-    with Catalog(args.settings.catalog) as cat:
+    with open_catalog(args) as cat:
         result = replay(cat, args.merge_id, args.out, threads=args.threads)
     if args.json:
         print_json(result)

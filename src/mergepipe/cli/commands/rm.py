@@ -27,11 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also delete the model's directory if it is a merge output under the "
                    "output root")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, beside_server=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.cli.beside import open_catalog
     from mergepipe.core.errors import InvalidRequest
     from mergepipe.jobs.lifecycle import remove_merge, remove_model
 
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequest("--force and --delete-files apply to models, not to --merge",
                              field="merge")
     s = args.settings
-    with Catalog(s.catalog) as cat:
+    with open_catalog(args) as cat:
         if args.merge is not None:
             row = remove_merge(cat, args.merge)
             if args.json:

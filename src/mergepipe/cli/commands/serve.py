@@ -6,7 +6,10 @@ import argparse
 import dataclasses
 import os
 import signal
+import socket
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from mergepipe.cli.job_options import add_job_arguments, job_settings
 from mergepipe.core.errors import InvalidRequest, MergePipeError
@@ -33,7 +36,22 @@ def run(args: argparse.Namespace) -> int:
 
     s = start_settings(args.host, job_settings(args), os.environ)
     s.output_root.mkdir(parents=True, exist_ok=True)
-    config = uvicorn.Config(create_app(s), host=args.host, port=args.port,
+    from mergepipe.catalog.db import Catalog
+
+    sock = listen(args.host, args.port)  # before the catalog: a port in use changes nothing
+    try:
+        cat = Catalog(s.catalog)  # a catalog it cannot use is a one-line error, not a traceback
+    except BaseException:
+        sock.close()
+        raise
+    app: Any = create_app(s, cat)
+    relay = None
+    if isinstance(s.catalog, Path):  # DuckDB: the CLI beside it runs through this server
+        from mergepipe.cli.relay import CliRelay
+
+        relay = app = CliRelay(app, catalog=s.catalog, host=args.host,
+                               port=sock.getsockname()[1])
+    config = uvicorn.Config(app, host=args.host, port=args.port,
                             log_level=args.log_level, log_config=None,  # our handler (logs.py)
                             timeout_graceful_shutdown=5,
                             proxy_headers=False, server_header=False)
@@ -43,7 +61,12 @@ def run(args: argparse.Namespace) -> int:
     stopped_by: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopped_by.append(signum))
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if relay is not None:
+            relay.withdraw()
+        cat.close()  # (closed already at a clean shutdown)
     if not server.started:
         raise ServerFailed(f"the server did not start on {args.host}:{args.port} (see the log)")
     return 0
@@ -64,6 +87,15 @@ def start_settings(host: str, s: Settings, env: Mapping[str, str]) -> Settings:
         # allow-list guards loopback servers against DNS rebinding; the token guards this one.
         s = dataclasses.replace(s, allowed_hosts=("*",))
     return s
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket (port 0: any free port, which the advertisement names)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        raise ServerFailed(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 class ServerFailed(MergePipeError):

@@ -15,18 +15,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sql", help="read-only SQL over the catalog")
     p.add_argument("query", help="one SELECT (or WITH ... SELECT) statement")
     p.add_argument("--json", action="store_true", help='print {"columns": [...], "rows": [...]}')
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, beside_server=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.cli.beside import open_catalog
     from mergepipe.sandbox.user_sql import run_user_sql
 
     path = str(args.settings.catalog)
     if "://" not in path and not os.path.isfile(path):  # a query never creates a catalog
         raise NotFound(f"catalog {path!r} does not exist (--catalog / $MERGEPIPE_CATALOG)",
                        field="catalog")
-    with Catalog(args.settings.catalog) as cat:
+    with open_catalog(args) as cat:
         result = run_user_sql(cat, args.query, SqlLimits.from_settings(args.settings))
     if args.json:
         print_json(result)

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from mergepipe.catalog import queue
+from mergepipe.catalog.db import outage
 from mergepipe.core.errors import MergePipeError
 from mergepipe.service.schemas import Health
 from mergepipe.service.state import State
@@ -19,6 +20,7 @@ class Unavailable(MergePipeError):
 
     status = 503
     code = "unavailable"
+    retry_after_s = 5
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness and readiness")
@@ -27,7 +29,9 @@ def healthz(st: State) -> dict[str, Any]:
         queue.ping(st.cat)
         queued, running = queue.job_counts(st.cat)
     except Exception as e:  # noqa: BLE001 - any catalog failure means: not healthy
-        raise Unavailable(f"catalog does not answer ({type(e).__name__})") from None
+        down = outage(e)
+        why = down.message if down is not None else type(e).__name__
+        raise Unavailable(f"catalog does not answer ({why})") from None
     alive = sum(t.is_alive() for t in st.runner.threads)
     if alive == 0:
         raise Unavailable("no job worker is alive")
