@@ -113,11 +113,11 @@ def test_commands_beside_a_server_answer_as_direct_runs(family: tuple[Path, Path
         for argv, expected in zip(reads, direct, strict=True):
             got = ok(catalog, *argv, cwd=cwd)
             assert without_timing(got) == without_timing(expected), argv
-        for argv, expected in zip(failing, direct_fail, strict=True):
-            got = cli(catalog, *argv, cwd=cwd)
-            assert (got.returncode, got.stdout, got.stderr) == (
-                expected.returncode, expected.stdout, expected.stderr), argv
-            assert got.returncode != 0 and len(got.stderr.splitlines()) == 1
+        for argv, expected_run in zip(failing, direct_fail, strict=True):
+            run = cli(catalog, *argv, cwd=cwd)
+            assert (run.returncode, run.stdout, run.stderr) == (
+                expected_run.returncode, expected_run.stdout, expected_run.stderr), argv
+            assert run.returncode != 0 and len(run.stderr.splitlines()) == 1
 
         # writes through the server: a relative path and a relative --out, as a direct run
         line = ok(catalog, "ingest", "family/e2", "--name", "e2", "--base", "base", cwd=cwd)

@@ -131,7 +131,7 @@ def test_serve_and_worker_on_a_sql_ascii_database(tmp_path: Path,
                                str(tmp_path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
-        assert worker.stdout is not None
+        assert worker.stdout is not None and worker.stderr is not None
         line = worker.stdout.readline()
         assert line.startswith("worker ") and line.strip().endswith("ready"), (
             line, worker.stderr.read() if worker.poll() is not None else "")
