@@ -50,9 +50,11 @@ def shoot(page: Any, shots: Path, name: str, **kw: Any) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One chromium per session, with a new empty profile; never a browser of Playwright's own."""
+    """One chromium for this module, with a new empty profile; never a browser of Playwright's
+    own. Module-scoped: Playwright's sync API runs one instance at a time, and other modules
+    (tests/loopback_server.py) start their own."""
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing: .ci/run installs it (apt-get install -y chromium)")
