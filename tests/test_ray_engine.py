@@ -235,3 +235,36 @@ def test_cli_starts_and_stops_a_local_ray_runtime_for_the_merge(tmp_path: Path) 
     assert files_of(tmp_path / "ray").keys() == files_of(tmp_path / "local").keys()
     for n in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
         assert (tmp_path / "ray" / n).read_bytes() == (tmp_path / "local" / n).read_bytes()
+
+
+@pytest.mark.parametrize(("address", "tmpdir", "said"), [
+    ("auto", "empty", "the Ray cluster at auto (ConnectionError): Could not find any running Ray"),
+    ("", "a file", "a local Ray runtime (NotADirectoryError)"),
+], ids=["no-cluster-at-address", "local-runtime-cannot-start"])
+def test_a_ray_runtime_that_cannot_start_or_be_reached_is_one_line_naming_it(
+        tmp_path: Path, address: str, tmpdir: str, said: str) -> None:
+    """`--engine ray` in a fresh process where Ray cannot run: an address with no cluster
+    (`auto`, with a Ray temp dir that records none) or a local runtime that cannot start (its
+    temp dir is below a file). Exit 2 (the CLI's status for any failure), one stderr line
+    saying which runtime cannot be started or reached and Ray's reason, no traceback, no output
+    left, the merge recorded as failed."""
+    db = str(new_catalog(tmp_path))
+    with Catalog(db) as cat:
+        ingest_family(cat, tmp_path / "fam")
+    (tmp_path / "raytmp").mkdir()
+    (tmp_path / "afile").write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MERGEPIPE_RAY_ADDRESS")}
+    env["RAY_TMPDIR"] = str(tmp_path / "raytmp" if tmpdir == "empty" else tmp_path / "afile" / "x")
+    r = subprocess.run([sys.executable, "-m", "mergepipe", "--catalog", db, "merge", "--base",
+                        "base", "--experts", "e0,e1", "--op", "linear", "--out",
+                        str(tmp_path / "out"), "--engine", "ray",
+                        *(["--ray-address", address] if address else [])],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot start or reach {said}" in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+    with Catalog(db) as cat:  # the failed merge is recorded as failed, with the same reason
+        rows = [tuple(r) for r in cat.query(SQL("SELECT status, error FROM merges"))]
+    assert [s for s, _ in rows] == ["failed"] and "cannot start or reach" in rows[0][1]
