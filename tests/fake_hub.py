@@ -79,6 +79,35 @@ def _send_ranged(h: BaseHTTPRequestHandler, data: bytes, headers: dict[str, str]
     return len(body) if h.command == "GET" else 0
 
 
+_INFO = re.compile(r"^/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?$")
+_RESOLVE = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
+
+
+def _find_repo(hub: FakeHub, repo_id: str, revision: str) -> Repo | None:
+    repo = hub.repos.get(repo_id)
+    return repo if repo is not None and revision in ("main", repo.sha) else None
+
+
+def _info(hub: FakeHub, repo_id: str, revision: str) -> tuple[int, bytes, dict[str, str]]:
+    """The model info answer: (status, body, headers)."""
+    repo = _find_repo(hub, repo_id, revision)
+    if repo is None:
+        code = "RevisionNotFound" if repo_id in hub.repos else "RepoNotFound"
+        return 404, b"{}", {"X-Error-Code": code}
+    body = json.dumps({"id": repo_id, "modelId": repo_id, "sha": repo.sha,
+                       "private": False, "siblings": _siblings(repo)}).encode()
+    return 200, body, {"Content-Type": "application/json"}
+
+
+def _siblings(repo: Repo) -> list[dict[str, object]]:
+    """The Hub's file list of a repository: LFS fields for the safetensors files."""
+    return [{"rfilename": n, "size": len(d), "blobId": hashlib.sha1(d).hexdigest(),
+             **({"lfs": {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d),
+                         "pointerSize": 134}}
+                if n.endswith(".safetensors") else {})}
+            for n, d in sorted(repo.files.items())]
+
+
 def _hub_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -91,35 +120,20 @@ def _hub_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             with hub.lock:
                 hub.requests["hub"] += 1
             path = unquote(urlparse(self.path).path)
-            m = re.match(r"^/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?$", path)
-            if m:
-                return self._info(m.group(1), m.group(2) or "main")
-            m = re.match(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
-            if m:
-                return self._resolve(m.group(1), m.group(2), m.group(3))
-            _send(self, 404, b'{"error": "not found"}', {"Content-Type": "application/json"})
-
-        def _repo(self, repo_id: str, revision: str) -> Repo | None:
-            repo = hub.repos.get(repo_id)
-            return repo if repo is not None and revision in ("main", repo.sha) else None
+            info = _INFO.match(path)
+            resolve = _RESOLVE.match(path)
+            if info:
+                self._info(info.group(1), info.group(2) or "main")
+            elif resolve:
+                self._resolve(resolve.group(1), resolve.group(2), resolve.group(3))
+            else:
+                _send(self, 404, b'{"error": "not found"}', {"Content-Type": "application/json"})
 
         def _info(self, repo_id: str, revision: str) -> None:
-            repo = self._repo(repo_id, revision)
-            if repo is None:
-                code = "RevisionNotFound" if repo_id in hub.repos else "RepoNotFound"
-                return _send(self, 404, b"{}", {"X-Error-Code": code})
-            siblings = [{"rfilename": n, "size": len(d),
-                         "blobId": hashlib.sha1(d).hexdigest(),
-                         **({"lfs": {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d),
-                                     "pointerSize": 134}}
-                            if n.endswith(".safetensors") else {})}
-                        for n, d in sorted(repo.files.items())]
-            body = json.dumps({"id": repo_id, "modelId": repo_id, "sha": repo.sha,
-                               "private": False, "siblings": siblings}).encode()
-            _send(self, 200, body, {"Content-Type": "application/json"})
+            _send(self, *_info(hub, repo_id, revision))
 
         def _resolve(self, repo_id: str, revision: str, name: str) -> None:
-            repo = self._repo(repo_id, revision)
+            repo = _find_repo(hub, repo_id, revision)
             if repo is None or name not in repo.files:
                 return _send(self, 404, b"", {"X-Error-Code": "EntryNotFound"})
             data = repo.files[name]

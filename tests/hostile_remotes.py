@@ -136,12 +136,9 @@ class Trickler:
 
     def _answer(self, conn: socket.socket) -> None:
         try:
-            request = b""
-            while b"\r\n\r\n" not in request:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return
-                request += chunk
+            request = _read_request(conn)
+            if request is None:
+                return
             if self.mode == "silent":
                 self._stop.wait()
                 return
@@ -154,12 +151,7 @@ class Trickler:
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: \"t\"\r\n"
                              b"Last-Modified: Fri, 04 Dec 2026 12:00:00 GMT\r\n\r\n" % self.size)
                 return self._answer(conn)
-            text = request.decode("latin-1")
-            start, end = 0, self.size - 1
-            for line in text.split("\r\n"):
-                if line.lower().startswith("range: bytes="):
-                    a, _, b = line.split("=", 1)[1].partition("-")
-                    start, end = int(a), int(b or self.size - 1)
+            start, end = _range(request, self.size)
             conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n"
                          b"Content-Range: bytes %d-%d/%d\r\n\r\n"
                          % (end - start + 1, start, end, self.size))
@@ -169,6 +161,27 @@ class Trickler:
                 conn.sendall(self.data[i:i + 1])
         except OSError:
             return
+
+
+def _read_request(conn: socket.socket) -> bytes | None:
+    """A request's head, read up to its blank line; None if the peer closed first."""
+    request = b""
+    while b"\r\n\r\n" not in request:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return None
+        request += chunk
+    return request
+
+
+def _range(request: bytes, size: int) -> tuple[int, int]:
+    """The first and last byte a request's Range header asks for (the whole file without one)."""
+    start, end = 0, size - 1
+    for line in request.decode("latin-1").split("\r\n"):
+        if line.lower().startswith("range: bytes="):
+            a, _, b = line.split("=", 1)[1].partition("-")
+            start, end = int(a), int(b or size - 1)
+    return start, end
 
 
 def huge_header(shape: tuple[int, ...] = (1 << 20, 1 << 38)) -> tuple[bytes, int]:

@@ -51,6 +51,31 @@ QUERIES = ("SELECT count(*) FROM models", "SELECT * FROM merges ORDER BY merge_i
 
 def test_many_jobs_and_queries_at_once_through_a_real_server(tmp_path: Path) -> None:
     make_family(tmp_path / "data" / "family")
+    proc, api = _serve(tmp_path)
+    try:
+        _wait_healthy(proc, api, tmp_path)
+        api.ok("POST", "/v1/models", {"name": "base", "path": "family/base"}, status=202)
+        for e in EXPERTS:
+            api.ok("POST", "/v1/models", {"name": e, "path": f"family/{e}", "base": "base"},
+                   status=202)
+        for m in ("base", *EXPERTS):
+            assert api.wait(f"/v1/models/{m}")["status"] == "ready"
+        merges = _merges()
+        together = _all_at_once(api, merges)
+        _check_alone(api, merges, together, tmp_path / "outputs")
+        health = api.ok("GET", "/healthz")
+        assert health["queued"] == 0 and health["running"] == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(120) == 0
+        text = (tmp_path / "server.log").read_text(errors="ignore")
+        for word in ("TransactionContext", "Conflict on", "write-write", "Traceback"):
+            assert word not in text, text[-3000:]
+
+
+def _serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Api]:
+    """`mergepipe serve` started with 4 workers on the data under tmp_path."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
     env.update(MERGEPIPE_CATALOG=str(new_catalog(tmp_path)),
@@ -61,67 +86,61 @@ def test_many_jobs_and_queries_at_once_through_a_real_server(tmp_path: Path) -> 
     proc = subprocess.Popen([*mergepipe_command(), "serve", "--port", str(port), "--log-level",
                              "warning"], cwd=tmp_path, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
-    api = Api(port, token=TOKEN)
-    try:
-        for _ in range(600):
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if api.call("GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
-        api.ok("POST", "/v1/models", {"name": "base", "path": "family/base"}, status=202)
-        for e in EXPERTS:
-            api.ok("POST", "/v1/models", {"name": e, "path": f"family/{e}", "base": "base"},
-                   status=202)
-        for m in ("base", *EXPERTS):
-            assert api.wait(f"/v1/models/{m}")["status"] == "ready"
+    return proc, Api(port, token=TOKEN)
 
-        merges = _merges()
-        failures: list[Any] = []
 
-        def post(path: str, body: dict[str, Any]) -> Any:
-            code, obj = api.call("POST", path, body)
-            if code >= 300:
-                failures.append((path, body, code, obj))
-            return obj
+def _wait_healthy(proc: subprocess.Popen[bytes], api: Api, tmp_path: Path) -> None:
+    for _ in range(600):
+        assert proc.poll() is None, (tmp_path / "server.log").read_text()
+        try:
+            if api.call("GET", "/healthz")[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
 
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            jobs = {n: pool.submit(post, "/v1/merges", {**b, "output": {"name": n}})
-                    for n, b in merges.items()}
-            ingests = [pool.submit(post, "/v1/models", {"name": f"copy-{i}",
-                                                        "path": f"family/{EXPERTS[i % 3]}",
-                                                        "base": "base"}) for i in range(8)]
-            queries = [pool.submit(post, "/v1/sql", {"sql": q}) for q in QUERIES * 10]
-            ids = {n: f.result(timeout=120)["id"] for n, f in jobs.items() if f.result()}
-            [f.result(timeout=120) for f in ingests + queries]
-        assert not failures, failures[:3]
-        together = {n: api.wait(f"/v1/merges/{i}", timeout=600) for n, i in ids.items()}
-        for i in range(8):
-            assert api.wait(f"/v1/models/copy-{i}", timeout=600)["status"] == "ready"
-        print(f"{len(merges)} merges, 8 ingestions, {len(queries)} queries at once: "
-              f"{time.monotonic() - t0:.1f} s")
-        for n, doc in together.items():
-            assert doc["status"] == "succeeded", (n, doc)
 
-        out = tmp_path / "outputs"
-        for n, body in merges.items():  # the same merges, one at a time
-            alone = api.ok("POST", "/v1/merges", {**body, "output": {"name": f"{n}-alone"}},
-                           status=202)
-            a = api.wait(f"/v1/merges/{alone['id']}", timeout=300)
-            assert a["status"] == "succeeded", a
-            assert a["plan_hash"] == together[n]["plan_hash"], n
-            assert a["output_hash"] == together[n]["output_hash"], n
-            assert a["expert_bytes_read"] == together[n]["expert_bytes_read"], n
-            assert ((out / n / "model.safetensors").read_bytes()
-                    == (out / f"{n}-alone" / "model.safetensors").read_bytes()), n
-        health = api.ok("GET", "/healthz")
-        assert health["queued"] == 0 and health["running"] == 0
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(120) == 0
-        text = (tmp_path / "server.log").read_text(errors="ignore")
-        for word in ("TransactionContext", "Conflict on", "write-write", "Traceback"):
-            assert word not in text, text[-3000:]
+def _all_at_once(api: Api, merges: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every merge, 8 ingestions and the queries submitted at once; the merges' final jobs,
+    all succeeded, and the ingestions ready."""
+    failures: list[Any] = []
+
+    def post(path: str, body: dict[str, Any]) -> Any:
+        code, obj = api.call("POST", path, body)
+        if code >= 300:
+            failures.append((path, body, code, obj))
+        return obj
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        jobs = {n: pool.submit(post, "/v1/merges", {**b, "output": {"name": n}})
+                for n, b in merges.items()}
+        ingests = [pool.submit(post, "/v1/models", {"name": f"copy-{i}",
+                                                    "path": f"family/{EXPERTS[i % 3]}",
+                                                    "base": "base"}) for i in range(8)]
+        queries = [pool.submit(post, "/v1/sql", {"sql": q}) for q in QUERIES * 10]
+        ids = {n: f.result(timeout=120)["id"] for n, f in jobs.items() if f.result()}
+        [f.result(timeout=120) for f in ingests + queries]
+    assert not failures, failures[:3]
+    together = {n: api.wait(f"/v1/merges/{i}", timeout=600) for n, i in ids.items()}
+    for i in range(8):
+        assert api.wait(f"/v1/models/copy-{i}", timeout=600)["status"] == "ready"
+    print(f"{len(merges)} merges, 8 ingestions, {len(queries)} queries at once: "
+          f"{time.monotonic() - t0:.1f} s")
+    for n, doc in together.items():
+        assert doc["status"] == "succeeded", (n, doc)
+    return together
+
+
+def _check_alone(api: Api, merges: dict[str, dict[str, Any]], together: dict[str, Any],
+                 out: Path) -> None:
+    """The same merges, one at a time: the same plans, outputs and expert bytes."""
+    for n, body in merges.items():
+        alone = api.ok("POST", "/v1/merges", {**body, "output": {"name": f"{n}-alone"}},
+                       status=202)
+        a = api.wait(f"/v1/merges/{alone['id']}", timeout=300)
+        assert a["status"] == "succeeded", a
+        assert a["plan_hash"] == together[n]["plan_hash"], n
+        assert a["output_hash"] == together[n]["output_hash"], n
+        assert a["expert_bytes_read"] == together[n]["expert_bytes_read"], n
+        assert ((out / n / "model.safetensors").read_bytes()
+                == (out / f"{n}-alone" / "model.safetensors").read_bytes()), n

@@ -141,8 +141,21 @@ def test_console_end_to_end(page: Any, server: tuple[str, Api, Path], shots: Pat
     url, api, tmp = server
     page.goto(url + "/")
     page.locator("h1", has_text="Models").wait_for()
+    set_token_after_401(page)
+    ingest_family(page, api, shots)
+    plan = check_plan_explorer(page, api, shots)
+    merge_id, merge = run_merge(page, api, plan)
+    check_merge_page(page, api, merge_id, merge, shots)
+    check_lineage(page, shots)
+    check_frontier(page, merge_id, plan, shots)
+    check_sql(page, api, merge_id, shots)
 
-    # a write without the token: the API's 401 is shown and the token field asks for it
+    assert all(u.startswith((url, "blob:", "data:")) for u in page.requests), page.requests
+    assert [e for e in page.errors if "401" not in e] == [], page.errors
+
+
+def set_token_after_401(page: Any) -> None:
+    """A write without the token: the API's 401 is shown and the token field asks for it."""
     page.fill("#ingest-name", "base")
     page.fill("#ingest-path", "family/base")
     page.click("form.card button[type=submit]")
@@ -152,6 +165,9 @@ def test_console_end_to_end(page: Any, server: tuple[str, Api, Path], shots: Pat
     page.press("#token", "Enter")
     page.locator("#token-state", has_text="token set").wait_for()
 
+
+def ingest_family(page: Any, api: Api, shots: Path) -> None:
+    """The base and the experts ingested from the form; the models table shows them ready."""
     ingest(page, "base", "family/base")
     page.locator("#ingest-base option[value=base]").wait_for(state="attached")
     for e in EXPERTS:
@@ -165,7 +181,10 @@ def test_console_end_to_end(page: Any, server: tuple[str, Api, Path], shots: Pat
     row = page.locator("#models-table tbody tr", has_text="e1").inner_text()
     assert f"{stats['e1']['n_blocks']}" in row and "full" in row and "base" in row
 
-    # the plan explorer: task arithmetic, budget 40% set with the keyboard
+
+def check_plan_explorer(page: Any, api: Api, shots: Path) -> dict[str, Any]:
+    """The plan explorer: task arithmetic, budget 40% set with the keyboard, shows the API's
+    plan; that plan."""
     page.click("nav >> text=Plan explorer")
     page.select_option("#plan-op", "task_arithmetic")
     page.focus("#budget")
@@ -175,7 +194,7 @@ def test_console_end_to_end(page: Any, server: tuple[str, Api, Path], shots: Pat
     page.locator("#budget-out", has_text="40% of the full read").wait_for()
     request = {"base": "base", "experts": [{"model": e, "weight": 1.0} for e in EXPERTS],
                "operator": "task_arithmetic", "budget": {"fraction": 0.4}}
-    plan = api.ok("POST", "/v1/plans?tensors=true", request)
+    plan: dict[str, Any] = api.ok("POST", "/v1/plans?tensors=true", request)
     page.wait_for_function("h => document.querySelector('#plan-result').dataset.planHash === h",
                            arg=plan["plan_hash"])
     assert f"{plan['planned_expert_bytes']:,} bytes" in page.inner_text("#plan-bytes")
@@ -186,7 +205,11 @@ def test_console_end_to_end(page: Any, server: tuple[str, Api, Path], shots: Pat
     planned_cells = cells(page, "#plan-heatmap")
     assert planned_cells == {(c["model"], c["tensor"]): c["share"] for c in plan["tensors"]}
     shoot(page, shots, "plan-explorer", full_page=True)
+    return plan
 
+
+def run_merge(page: Any, api: Api, plan: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The explorer's plan merged from its button, progress shown to 100%; (id, merge job)."""
     page.fill("#plan-output", "ta-40")
     page.click("#start-merge")
     page.wait_for_url(re.compile(r"#/merge/m-"))
@@ -197,18 +220,11 @@ def test_console_end_to_end(page: Any, server: tuple[str, Api, Path], shots: Pat
         seen.add(page.inner_text("#merge-progress"))
         assert time.monotonic() < deadline, seen
         time.sleep(0.05)
-    merge = api.ok("GET", f"/v1/merges/{merge_id}")
+    merge: dict[str, Any] = api.ok("GET", f"/v1/merges/{merge_id}")
     total = merge["progress"]["total"]
     page.locator("#merge-progress", has_text=f"100% ({total}/{total} blocks)").wait_for()
     assert merge["plan_hash"] == plan["plan_hash"] and merge["status"] == "succeeded"
-
-    check_merge_page(page, api, merge_id, merge, shots)
-    check_lineage(page, shots)
-    check_frontier(page, merge_id, plan, shots)
-    check_sql(page, api, merge_id, shots)
-
-    assert all(u.startswith((url, "blob:", "data:")) for u in page.requests), page.requests
-    assert [e for e in page.errors if "401" not in e] == [], page.errors
+    return merge_id, merge
 
 
 def cells(page: Any, root: str) -> dict[tuple[str, str], float | None]:

@@ -123,37 +123,13 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     """
     t0 = time.perf_counter()
     _check_args(name, kind, base, block_bytes)
-    if base is not None:
-        base = resolve_key(cat, base)  # the exact version the expert is derived from
-        if split_ref(base)[0] == name:
-            raise InvalidRequest(f"model {name!r} cannot be its own base", field="base")
-    current = resolve_model(cat, name)
-    version = next_version(cat, name)
-    key = version_key(name, version)
-    if find_model(cat, key) is not None:
-        raise Conflict(f"model {key!r} already exists", field="name")
+    base, current, version, key = _new_version(cat, name, base)
     ckpt = _open(path, kind)
     stamps = _file_stamps(ckpt)
-    if base is None:
-        plans = [TensorPlan(t.name, "hash", t, block_rows(t.shape, t.itemsize, block_bytes),
-                            value_norm=True)
-                 for t in ckpt.tensors]
-        scales: list[float | None] = [None] * len(plans)
-        grid_bytes = block_bytes
-    else:
-        layout = _BaseLayout.load(cat, base)
-        if block_bytes not in (DEFAULT_BLOCK_BYTES, layout.block_bytes):
-            raise InvalidRequest(
-                f"experts use the block grid of their base: {base!r} has blocks of "
-                f"{layout.block_bytes} bytes, not {block_bytes}", field="block_bytes")
-        grid_bytes = layout.block_bytes
-        if kind == "lora":
-            plans, scales = _lora_plans(ckpt, layout, with_stats)
-        else:
-            plans = _expert_plans(ckpt, layout, kind, with_stats)
-            scales = [None] * len(plans)
-        if with_stats and kind == "full":
-            layout.check_unchanged(cat)
+    layout = None if base is None else _BaseLayout.load(cat, base)
+    plans, scales, grid_bytes = _plan_tensors(ckpt, layout, kind, block_bytes, with_stats)
+    if layout is not None and with_stats and kind == "full":
+        layout.check_unchanged(cat)
     _check_blocks(ckpt, plans)
     pins = [(h.path, stamp) for h, stamp in zip(ckpt.files, stamps, strict=True)]
     if scan is None or first_passes:
@@ -162,7 +138,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
         results, bytes_read = scan(plans, pins, progress)
     if _file_stamps(ckpt) != stamps:
         raise InvalidCheckpoint(f"{ckpt.path}: files changed while being ingested; try again")
-    ratio, worst = (None, None) if base is None else relative_norms(results, layout.norms)
+    ratio, worst = (None, None) if layout is None else relative_norms(results, layout.norms)
     if base is not None and kind == "full":  # a LoRA or delta file is the update itself: its
         check_relative_norm(ckpt.path, base, ratio, worst, force)  # size says nothing of the base
     model = ModelRow(
@@ -173,12 +149,58 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
         lora_scale=_common_scale(scales), source_merge=source_merge,
         ingest_seconds=time.perf_counter() - t0, delta_rel_norm=ratio,
         delta_rel_norm_max=worst)
-    files = {h.path: i for i, h in enumerate(ckpt.files)}
     # Checkpoint order; a LoRA adapter's tensors keep their base's ordinals.
-    ordinals = ([layout.ordinals[p.name] for p in plans] if kind == "lora"
+    ordinals = ([layout.ordinals[p.name] for p in plans] if layout is not None and kind == "lora"
                 else list(range(len(plans))))
+    scanned = _scanned(model, ckpt, stamps, plans, results, scales, ordinals)
+    scanned.bytes_read = bytes_read
+    if current is not None and source_merge is None and _same_content(cat, current, scanned):
+        scanned.same_as = current.name
+    return scanned
+
+
+def _new_version(cat: Catalog, name: str, base: str | None
+                 ) -> tuple[str | None, ModelRow | None, int, str]:
+    """(the exact base version, the name's live version, the new version and its key)."""
+    if base is not None:
+        base = resolve_key(cat, base)  # the exact version the expert is derived from
+        if split_ref(base)[0] == name:
+            raise InvalidRequest(f"model {name!r} cannot be its own base", field="base")
+    current = resolve_model(cat, name)
+    version = next_version(cat, name)
+    key = version_key(name, version)
+    if find_model(cat, key) is not None:
+        raise Conflict(f"model {key!r} already exists", field="name")
+    return base, current, version, key
+
+
+def _plan_tensors(ckpt: Checkpoint, layout: _BaseLayout | None, kind: str, block_bytes: int,
+                  with_stats: bool) -> tuple[list[TensorPlan], list[float | None], int]:
+    """(one scan plan per tensor, each tensor's LoRA scale, the block grid's bytes): a base on
+    its own grid, an expert on its base's."""
+    if layout is None:
+        plans = [TensorPlan(t.name, "hash", t, block_rows(t.shape, t.itemsize, block_bytes),
+                            value_norm=True)
+                 for t in ckpt.tensors]
+        return plans, [None] * len(plans), block_bytes
+    if block_bytes not in (DEFAULT_BLOCK_BYTES, layout.block_bytes):
+        raise InvalidRequest(
+            f"experts use the block grid of their base: {layout.name!r} has blocks of "
+            f"{layout.block_bytes} bytes, not {block_bytes}", field="block_bytes")
+    if kind == "lora":
+        plans, scales = _lora_plans(ckpt, layout, with_stats)
+        return plans, scales, layout.block_bytes
+    plans = _expert_plans(ckpt, layout, kind, with_stats)
+    return plans, [None] * len(plans), layout.block_bytes
+
+
+def _scanned(model: ModelRow, ckpt: Checkpoint, stamps: list[Stamp], plans: list[TensorPlan],
+             results: list[TensorResult], scales: list[float | None],
+             ordinals: list[int]) -> ScannedModel:
+    """The model's rows, column-wise."""
+    files = {h.path: i for i, h in enumerate(ckpt.files)}
     has_stats = model.has_stats
-    scanned = ScannedModel(
+    return ScannedModel(
         model=model,
         files=_columns([{"file_index": i, "path": h.path, "size": stamps[i].size,
                          "mtime_ns": stamps[i].mtime_ns, "header_len": h.header_len,
@@ -191,12 +213,8 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
         block_stats=_columns([_block_stats_row(r, i) for r in results
                               for i in range(len(r.hashes))]) if has_stats else None,
         tensor_stats=_columns([_tensor_stats_row(r) for r in results]) if has_stats else None,
-        bytes_read=bytes_read,
         file_stamps=stamps,
     )
-    if current is not None and source_merge is None and _same_content(cat, current, scanned):
-        scanned.same_as = current.name
-    return scanned
 
 
 def write_model(conn: Connection, scanned: ScannedModel, *, replace: bool = False) -> None:
@@ -211,19 +229,29 @@ def write_model(conn: Connection, scanned: ScannedModel, *, replace: bool = Fals
     name = scanned.name
     if find_model(conn, name) is not None:
         raise Conflict(f"model {name!r} already exists", field="name")
-    family = scanned.model.display_name
     if scanned.model.source_merge is not None:
-        if replace:
-            conn.execute(load_sql("models_replace"), {"family": family,
-                                                      "path": scanned.model.path})
-        elif conn.execute(load_sql("model_exists"), {"name": family}).scalar_one():
-            raise Conflict(f"model name {family!r} is taken; merge with --overwrite to replace "
-                           "it, or remove it first (mergepipe rm)", field="output.name")
+        _claim_merge_name(conn, scanned.model, replace)
     base = scanned.model.base
     if base is not None:
         row = find_model(conn, base)
         if row is None or row.status != "ready":
             raise NotFound(f"base model {base!r} is not in the catalog (any more)", field="base")
+    _insert_rows(conn, scanned)
+
+
+def _claim_merge_name(conn: Connection, model: ModelRow, replace: bool) -> None:
+    """A merge's output takes its name: Conflict if a live model has it, unless `replace`,
+    which retires the name's live versions and any live model in the output directory."""
+    family = model.display_name
+    if replace:
+        conn.execute(load_sql("models_replace"), {"family": family, "path": model.path})
+    elif conn.execute(load_sql("model_exists"), {"name": family}).scalar_one():
+        raise Conflict(f"model name {family!r} is taken; merge with --overwrite to replace "
+                       "it, or remove it first (mergepipe rm)", field="output.name")
+
+
+def _insert_rows(conn: Connection, scanned: ScannedModel) -> None:
+    name = scanned.name
     try:
         conn.execute(load_sql("model_insert"), scanned.model.to_dict())
         for table, cols in (("files_insert", scanned.files), ("tensors_insert", scanned.tensors),

@@ -385,12 +385,7 @@ def checked_request(base: str, experts: list[ExpertIn], operator: str, params: d
     """The checks that span fields (the fields themselves are checked): the request's fields,
     normalized (the operator's canonical name, its parameters with defaults)."""
     spec = get_operator(operator)
-    names = [e.model for e in experts]
-    for n in names:
-        if names.count(n) > 1:
-            raise InvalidRequest(f"expert {n!r} is listed twice", field="experts")
-        if n == base:
-            raise InvalidRequest(f"expert {n!r} is the base model", field="experts")
+    _check_expert_names(base, experts)
     why = spec.check_experts_count(len(experts))
     if why is not None:
         raise InvalidRequest(why, field="experts")
@@ -401,6 +396,26 @@ def checked_request(base: str, experts: list[ExpertIn], operator: str, params: d
             [n for n in TENSOR_PARAMS if n == "weight" or (n == "density" and spec.density)
              or spec.param(n) is not None])
         _check_tensor_scale(p["tensor_params"])
+    _check_coefficients(experts, p)
+    densities = _densities(spec, experts, p)
+    if spec.check is not None:
+        spec.check(p, densities)
+    return {"base": base, "experts": [e.model_dump() for e in experts], "operator": spec.name,
+            "params": p, "budget": None if budget is None else budget.value(), "seed": seed or 0,
+            "output_dtype": output_dtype, "strategy": strategy}
+
+
+def _check_expert_names(base: str, experts: list[ExpertIn]) -> None:
+    names = [e.model for e in experts]
+    for n in names:
+        if names.count(n) > 1:
+            raise InvalidRequest(f"expert {n!r} is listed twice", field="experts")
+        if n == base:
+            raise InvalidRequest(f"expert {n!r} is the base model", field="experts")
+
+
+def _check_coefficients(experts: list[ExpertIn], p: dict[str, Any]) -> None:
+    """lambda times the weights stays in range; normalized weights do not sum to zero."""
     weights = [e.weight for e in experts]
     total = abs(p["lambda"]) * sum(map(abs, weights))
     if abs(p["lambda"]) > MAX_COEFFICIENT or total > MAX_COEFFICIENT:
@@ -408,6 +423,11 @@ def checked_request(base: str, experts: list[ExpertIn], operator: str, params: d
                              f"{total:g}, over {MAX_COEFFICIENT:g}", field="params.lambda")
     if p["normalize"] and abs(sum(weights) + p.get("base_weight", 0.0)) < 1e-12:
         raise InvalidRequest("expert weights sum to zero with normalize=true", field="experts")
+
+
+def _densities(spec: OperatorSpec, experts: list[ExpertIn], p: dict[str, Any]) -> list[float]:
+    """Each expert's density (its own, else the operator's): only for sparsifying operators,
+    on the 1% grid where the operator trims by the catalog's thresholds."""
     if not spec.density and any(e.density is not None for e in experts):
         raise InvalidRequest(f"density applies to sparsifying operators, not {spec.name}",
                              field="density")
@@ -418,11 +438,7 @@ def checked_request(base: str, experts: list[ExpertIn], operator: str, params: d
                 raise InvalidRequest(
                     f"ties density {d} of expert {e.model!r} is not on the 1% grid the catalog "
                     "keeps exact trim thresholds for (use e.g. 0.53)", field="density")
-    if spec.check is not None:
-        spec.check(p, densities)
-    return {"base": base, "experts": [e.model_dump() for e in experts], "operator": spec.name,
-            "params": p, "budget": None if budget is None else budget.value(), "seed": seed or 0,
-            "output_dtype": output_dtype, "strategy": strategy}
+    return densities
 
 
 def _check_tensor_scale(settings: dict[str, Any]) -> None:

@@ -44,15 +44,38 @@ def prepare(cat: Catalog, plan: Plan) -> Prepared:
     """Load the inputs, check the files are unchanged and the plan fits the budget."""
     req = plan.request
     base, *experts = load_models(cat, [req.base, *(e.model for e in req.experts)])
+    _check_family(req.base, base, experts)
+    for m in (base, *experts):
+        m.check_files(cat)
+    selected = _select_blocks(plan, base, experts)
+    planned = _planned_bytes(selected, experts)
+    total = sum(planned.values())
+    if total > plan.budget_bytes:
+        raise BudgetViolation(f"plan {plan.plan_hash[:12]} needs {total} expert bytes, over its "
+                              f"budget of {plan.budget_bytes}")
+    ckpt = open_checkpoint(base.path)
+    on_disk = {absolute(h.path) for h in ckpt.files}
+    if on_disk != {absolute(f.path) for f in base.files.values()}:
+        raise SourceChanged(f"model {base.name!r}: the files at {base.path} are not the ones "
+                            f"ingested; re-ingest {base.name!r}")
+    return Prepared(plan, base, experts, ckpt, selected, planned, req.output_dtype)
+
+
+def _check_family(ref: str, base: ModelSource, experts: list[ModelSource]) -> None:
+    """The base (`ref` in the request) is a full base model and every expert derives from it."""
     if base.base is not None or base.kind != "full":
-        raise InvalidRequest(f"model {req.base!r} is not a base model (kind {base.kind}, base "
+        raise InvalidRequest(f"model {ref!r} is not a base model (kind {base.kind}, base "
                              f"{base.base!r})", field="base")
     for e in experts:
         if e.base != base.name:
             raise InvalidRequest(f"expert {e.name!r} has base {e.base!r}, not {base.name!r}",
                                  field="experts")
-    for m in (base, *experts):
-        m.check_files(cat)
+
+
+def _select_blocks(plan: Plan, base: ModelSource, experts: list[ModelSource]
+                   ) -> dict[tuple[int, str], list[BlockRow]]:
+    """The catalog's block of each planned block, by (expert position, tensor), in block
+    order; SourceChanged where the catalog no longer has what the plan was made from."""
     position = {e.name: i for i, e in enumerate(experts)}
     selected: dict[tuple[int, str], list[BlockRow]] = {}
     for pb in plan.blocks:
@@ -75,12 +98,19 @@ def prepare(cat: Catalog, plan: Plan) -> Prepared:
                                     f"{pb.block_index} covers rows {blk.row_start}..{blk.row_end}"
                                     f", the base's block {bblk.row_start}..{bblk.row_end}")
         selected.setdefault((i, pb.tensor), []).append(blk)
-    planned = {e.name: 0 for e in experts}
     for (i, tensor), blks in selected.items():
         blks.sort(key=lambda b: b.block_index)
         if len({b.block_index for b in blks}) != len(blks):
             raise InvalidRequest(f"plan lists a block of {experts[i].name!r} tensor {tensor!r} "
                                  "twice", field="plan")
+    return selected
+
+
+def _planned_bytes(selected: dict[tuple[int, str], list[BlockRow]],
+                   experts: list[ModelSource]) -> dict[str, int]:
+    """Expert bytes the selection reads, by expert (a LoRA tensor's lora_A included)."""
+    planned = {e.name: 0 for e in experts}
+    for (i, tensor), blks in selected.items():
         planned[experts[i].name] += sum(b.nbytes for b in blks)
         if experts[i].kind == "lora":
             lora_a = experts[i].tensors[tensor].lora_a
@@ -88,16 +118,7 @@ def prepare(cat: Catalog, plan: Plan) -> Prepared:
                 raise InvalidCheckpoint(f"LoRA model {experts[i].name!r}: tensor {tensor!r} has "
                                         "no lora_A in the catalog; re-ingest it")
             planned[experts[i].name] += lora_a.nbytes
-    total = sum(planned.values())
-    if total > plan.budget_bytes:
-        raise BudgetViolation(f"plan {plan.plan_hash[:12]} needs {total} expert bytes, over its "
-                              f"budget of {plan.budget_bytes}")
-    ckpt = open_checkpoint(base.path)
-    on_disk = {absolute(h.path) for h in ckpt.files}
-    if on_disk != {absolute(f.path) for f in base.files.values()}:
-        raise SourceChanged(f"model {base.name!r}: the files at {base.path} are not the ones "
-                            f"ingested; re-ingest {base.name!r}")
-    return Prepared(plan, base, experts, ckpt, selected, planned, req.output_dtype)
+    return planned
 
 
 def output_layout(prep: Prepared) -> list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]]:

@@ -23,7 +23,7 @@ from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.stream import ExecutionResult, execute, output_hash
 from mergepipe.executor.writeback import Writeback
-from mergepipe.executor.writer import CheckpointWriter, _Slot
+from mergepipe.executor.writer import CheckpointWriter, OutputTensor, _Slot
 from mergepipe.storage.fsconfine import confined, current_roots
 from mergepipe.storage.safetensors_format import encode_header
 
@@ -147,6 +147,19 @@ def combine(layout: Layout, regions: Sequence[Region], results: dict[int, Execut
             raise RuntimeError(f"output region {reg.index} wrote tensors {got[:3]}.. of "
                                f"{reg.file}, not its own")
         by_name.update({t.name: t for t in res.tensors})
+    tensors = _in_layout(layout, by_name)
+    parts = list(results.values())
+    fetched, by_model = _expert_counters(parts)
+    passes = {k: v for r in parts for k, v in r.first_passes.items()}
+    return ExecutionResult(tensors, output_hash(tensors), sum(r.expert_bytes_read for r in parts),
+                           by_model, fetched, sum(r.base_bytes_read for r in parts),
+                           sum(r.blocks_total for r in parts),
+                           sum(r.expert_blocks_read for r in parts), exec_seconds, [], [],
+                           passes, sum(r.kernel_copied_bytes for r in parts))
+
+
+def _in_layout(layout: Layout, by_name: dict[str, OutputTensor]) -> list[OutputTensor]:
+    """The output tensors in layout order, each checked against its layout entry."""
     tensors = []
     for fname, specs in layout:
         for name, dtype, shape in specs:
@@ -155,7 +168,12 @@ def combine(layout: Layout, regions: Sequence[Region], results: dict[int, Execut
                 raise RuntimeError(f"output tensor {name!r} came back as {t.dtype} "
                                    f"{list(t.shape)} in {t.file}")
             tensors.append(t)
-    parts = list(results.values())
+    return tensors
+
+
+def _expert_counters(parts: list[ExecutionResult]
+                     ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """The regions' expert fetch statistics and expert bytes by model, summed."""
     fetched: dict[str, dict[str, int]] = {}
     by_model: dict[str, int] = {}
     for r in parts:
@@ -165,9 +183,4 @@ def combine(layout: Layout, regions: Sequence[Region], results: dict[int, Execut
                 acc[k] = acc.get(k, 0) + v
         for m, n in r.expert_bytes_by_model.items():
             by_model[m] = by_model.get(m, 0) + n
-    passes = {k: v for r in parts for k, v in r.first_passes.items()}
-    return ExecutionResult(tensors, output_hash(tensors), sum(r.expert_bytes_read for r in parts),
-                           by_model, fetched, sum(r.base_bytes_read for r in parts),
-                           sum(r.blocks_total for r in parts),
-                           sum(r.expert_blocks_read for r in parts), exec_seconds, [], [],
-                           passes, sum(r.kernel_copied_bytes for r in parts))
+    return fetched, by_model

@@ -95,27 +95,33 @@ def _incremental_plan(cat: Catalog, request: MergeRequest, budget_bytes: int, *,
     best: tuple[Plan, Increment] | None = None
     reason = None
     for inc in incs[:MAX_PRICED]:
-        if inc.previous.budgeted and inc.previous.omission_bound is None:
-            reason = (f"merge {inc.previous.merge_id} read under a budget without a bound: "
-                      "its omission could not be carried")
-            continue
-        try:
-            plan = make_plan(cat, increment_request(request, inc, budget_bytes))
-        except MergePipeError as e:  # e.g. M_old's statistics or files changed
-            reason = f"merge {inc.previous.merge_id}: {e}"
-            continue
-        if complete and plan.planned_expert_bytes < plan.full_read_bytes:
-            reason = (f"the increment from merge {inc.previous.merge_id} needs "
-                      f"{plan.full_read_bytes} expert bytes (its output and the changed "
-                      f"experts), over the budget of {budget_bytes}: it would leave blocks out")
-            continue
-        plan.omission_bound, plan.omission_bound_l2 = carried_bounds(
-            inc, plan.omission_bound, plan.omission_bound_l2)
-        if best is None or plan.planned_expert_bytes < best[0].planned_expert_bytes:
+        plan, why = _priced(cat, request, inc, budget_bytes, complete=complete)
+        if plan is None:
+            reason = why
+        elif best is None or plan.planned_expert_bytes < best[0].planned_expert_bytes:
             best = (plan, inc)
     if best is None:
         return None, None, reason
     return best[0], best[1], None
+
+
+def _priced(cat: Catalog, request: MergeRequest, inc: Increment, budget_bytes: int, *,
+            complete: bool) -> tuple[Plan | None, str | None]:
+    """The plan of one increment with its carried bounds, or why it cannot be used."""
+    if inc.previous.budgeted and inc.previous.omission_bound is None:
+        return None, (f"merge {inc.previous.merge_id} read under a budget without a bound: "
+                      "its omission could not be carried")
+    try:
+        plan = make_plan(cat, increment_request(request, inc, budget_bytes))
+    except MergePipeError as e:  # e.g. M_old's statistics or files changed
+        return None, f"merge {inc.previous.merge_id}: {e}"
+    if complete and plan.planned_expert_bytes < plan.full_read_bytes:
+        return None, (f"the increment from merge {inc.previous.merge_id} needs "
+                      f"{plan.full_read_bytes} expert bytes (its output and the changed "
+                      f"experts), over the budget of {budget_bytes}: it would leave blocks out")
+    plan.omission_bound, plan.omission_bound_l2 = carried_bounds(
+        inc, plan.omission_bound, plan.omission_bound_l2)
+    return plan, None
 
 
 def _cheaper(inc: Plan, scratch: Plan) -> bool:

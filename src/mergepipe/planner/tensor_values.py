@@ -53,16 +53,7 @@ def resolve_request(request: MergeRequest, tensors: Sequence[tuple[str, int]]) -
             d = _value(settings, "density", i, tensor, t, scalar_d[i])
             weights.append(w)
             densities.append(1.0 if d is None else d)
-            shared = {}
-            for name in SHARED_PARAMS:
-                own = float(request.params.get(name, 0.0))
-                v = _value(settings, name, i, tensor, t, own)
-                if v is None:
-                    raise InvalidRequest(f"params.{name}: Missing required parameter {name} for "
-                                         f"{tensor} (no filter of the global {name} names this "
-                                         "tensor)", field=f"params.{name}")
-                if v != own:
-                    shared[name] = v
+            shared = _shared(settings, request.params, i, tensor, t)
             if shared:
                 values[(e.model, tensor)] = shared
         alphas = spec.coefficients(weights, request.params)
@@ -76,6 +67,23 @@ def resolve_request(request: MergeRequest, tensors: Sequence[tuple[str, int]]) -
             if diff:
                 values[(e.model, tensor)] = {**values.get((e.model, tensor), {}), **diff}
     return Resolved(values, rows)
+
+
+def _shared(settings: dict[str, Any], params: dict[str, Any], i: int, tensor: str, t: float
+            ) -> dict[str, float]:
+    """Expert i's shared parameters (slerp's t, ...) at `tensor` that differ from the global
+    scalar ones."""
+    shared = {}
+    for name in SHARED_PARAMS:
+        own = float(params.get(name, 0.0))
+        v = _value(settings, name, i, tensor, t, own)
+        if v is None:
+            raise InvalidRequest(f"params.{name}: Missing required parameter {name} for "
+                                 f"{tensor} (no filter of the global {name} names this "
+                                 "tensor)", field=f"params.{name}")
+        if v != own:
+            shared[name] = v
+    return shared
 
 
 def _value(settings: dict[str, Any], name: str, i: int, tensor: str, t: float,

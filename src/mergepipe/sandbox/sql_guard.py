@@ -195,6 +195,26 @@ def check_duckdb_tree(raw: duckdb.DuckDBPyConnection, sql: str,
                       tables: Collection[str]) -> None:
     """The checks of check_readonly again, over DuckDB's own parse tree (json_serialize_sql):
     a query that sqlglot and DuckDB read differently cannot slip a function or a table past."""
+    stack: list[tuple[Any, frozenset[str]]] = [(_duckdb_tree(raw, sql), frozenset())]
+    while stack:
+        n, ctes = stack.pop()
+        if isinstance(n, list):
+            stack.extend((v, ctes) for v in n)
+            continue
+        if not isinstance(n, dict):
+            continue
+        ctes = _push_ctes(n, ctes, stack)
+        if n.get("type") == "RECURSIVE_CTE_NODE":  # its name is visible in the recursive part
+            own = frozenset(ctes | {str(n.get("cte_name", "")).lower()})
+            stack.append((n.get("right"), own))
+            stack.extend((v, ctes) for k, v in n.items() if k not in ("right", "cte_map"))
+            continue
+        _check_duckdb_node(n, tables, ctes)
+        stack.extend((v, ctes) for k, v in n.items() if k != "cte_map")
+
+
+def _duckdb_tree(raw: duckdb.DuckDBPyConnection, sql: str) -> dict[str, Any]:
+    """DuckDB's parse tree of `sql` (json_serialize_sql); InvalidRequest if it has none."""
     try:
         row = raw.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchone()
         doc = json.loads(row[0]) if row else None
@@ -205,32 +225,25 @@ def check_duckdb_tree(raw: duckdb.DuckDBPyConnection, sql: str,
     if not isinstance(doc, dict) or doc.get("error"):
         msg = doc.get("error_message") if isinstance(doc, dict) else None
         raise InvalidRequest(f"sql is not one plain SELECT ({msg or 'unreadable'})", field="sql")
-    stack: list[tuple[Any, frozenset[str]]] = [(doc, frozenset())]
-    while stack:
-        n, ctes = stack.pop()
-        if isinstance(n, list):
-            stack.extend((v, ctes) for v in n)
+    return doc
+
+
+def _push_ctes(n: dict[str, Any], ctes: frozenset[str],
+               stack: list[tuple[Any, frozenset[str]]]) -> frozenset[str]:
+    """Push the bodies of node n's WITH entries, each seeing the ones before it; the CTE names
+    visible in the rest of n."""
+    cte_map = n.get("cte_map")
+    entries = cte_map.get("map") if isinstance(cte_map, dict) else None
+    if not entries:
+        return ctes
+    inner = set(ctes)
+    for entry in entries if isinstance(entries, list) else [entries]:
+        if not isinstance(entry, dict):
+            stack.append((entry, frozenset(inner)))
             continue
-        if not isinstance(n, dict):
-            continue
-        cte_map = n.get("cte_map")
-        entries = cte_map.get("map") if isinstance(cte_map, dict) else None
-        if entries:
-            inner = set(ctes)
-            for entry in entries if isinstance(entries, list) else [entries]:
-                if not isinstance(entry, dict):
-                    stack.append((entry, frozenset(inner)))
-                    continue
-                stack.append((entry.get("value"), frozenset(inner)))
-                inner.add(str(entry.get("key", "")).lower())
-            ctes = frozenset(inner)
-        if n.get("type") == "RECURSIVE_CTE_NODE":  # its name is visible in the recursive part
-            own = frozenset(ctes | {str(n.get("cte_name", "")).lower()})
-            stack.append((n.get("right"), own))
-            stack.extend((v, ctes) for k, v in n.items() if k not in ("right", "cte_map"))
-            continue
-        _check_duckdb_node(n, tables, ctes)
-        stack.extend((v, ctes) for k, v in n.items() if k != "cte_map")
+        stack.append((entry.get("value"), frozenset(inner)))
+        inner.add(str(entry.get("key", "")).lower())
+    return frozenset(inner)
 
 
 def _check_duckdb_node(n: dict[str, Any], tables: Collection[str], ctes: frozenset[str]) -> None:

@@ -19,15 +19,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         too_big = PayloadTooLarge(f"request body exceeds the {self.max_bytes} byte limit")
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None:
-            try:
-                n = int(length)
-            except ValueError:
-                n = -1
-            if n > self.max_bytes:
-                await to_response(too_big)(scope, receive, send)
-                return
+        if _declared_length(scope) > self.max_bytes:
+            await to_response(too_big)(scope, receive, send)
+            return
         seen = 0
         started = False
 
@@ -54,3 +48,10 @@ class BodyLimit:
             await to_response(e)(scope, receive, send)
 
 
+def _declared_length(scope: Scope) -> int:
+    """The request's Content-Length; -1 when absent or not a number."""
+    length = dict(scope.get("headers") or []).get(b"content-length")
+    try:
+        return -1 if length is None else int(length)
+    except ValueError:
+        return -1

@@ -159,23 +159,12 @@ def _walk(rfd: int, rel: str, flags: int, mode: int) -> int:
             last = not parts
             want = flags if last else os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
             try:
-                fd = os.open(name, want | os.O_NOFOLLOW, mode, dir_fd=stack[-1])
-                if want & _O_PATH and stat.S_ISLNK(os.fstat(fd).st_mode):
-                    os.close(fd)  # O_PATH | O_NOFOLLOW opens the link itself: resolve it
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel)
+                fd = _open_nofollow(name, want, mode, stack[-1], rel)
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST):
                     raise
-                try:
-                    target = os.readlink(name, dir_fd=stack[-1])
-                except OSError:
-                    raise e from None  # not a link: the open's own error
                 links += 1
-                if links > _MAX_LINKS:
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel) from None
-                if target.startswith("/"):
-                    raise OSError(errno.EXDEV, "a link leaves the root", rel) from None
-                parts[:0] = [c for c in target.split("/") if c not in ("", ".")]
+                parts[:0] = _link_parts(name, stack[-1], rel, e, links)
                 continue
             if last:
                 return fd
@@ -187,3 +176,26 @@ def _walk(rfd: int, rel: str, flags: int, mode: int) -> int:
     finally:
         for fd in stack:
             os.close(fd)
+
+
+def _open_nofollow(name: str, want: int, mode: int, dirfd: int, rel: str) -> int:
+    """Open one component under `dirfd` without following a link (ELOOP for one)."""
+    fd = os.open(name, want | os.O_NOFOLLOW, mode, dir_fd=dirfd)
+    if want & _O_PATH and stat.S_ISLNK(os.fstat(fd).st_mode):
+        os.close(fd)  # O_PATH | O_NOFOLLOW opens the link itself: resolve it
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel)
+    return fd
+
+
+def _link_parts(name: str, dirfd: int, rel: str, error: OSError, links: int) -> list[str]:
+    """The components of the link `name` under `dirfd` (the `links`-th of the walk), relative
+    to it; `error` (the open's own) when `name` is not a link."""
+    try:
+        target = os.readlink(name, dir_fd=dirfd)
+    except OSError:
+        raise error from None  # not a link: the open's own error
+    if links > _MAX_LINKS:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel) from None
+    if target.startswith("/"):
+        raise OSError(errno.EXDEV, "a link leaves the root", rel) from None
+    return [c for c in target.split("/") if c not in ("", ".")]

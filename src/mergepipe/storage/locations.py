@@ -98,17 +98,7 @@ def parse_url(text: str, field: str = "path") -> Url:
     if "?" in rest or "#" in rest or "\\" in rest or any(ord(c) < 32 for c in rest):
         raise InvalidRequest(f"{field} {text!r}: no query, fragment or control characters in a "
                              "checkpoint URL", field=field)
-    ok = {"s3": _BUCKET, "hf": _HUB_OWNER}.get(scheme, _HOST).match(authority)
-    if not ok:
-        what = {"s3": "bucket name", "hf": "Hub user or organization"}.get(scheme, "host")
-        raise InvalidRequest(f"{field} {text!r}: {authority!r} is not a valid {what}",
-                             field=field)
-    if scheme not in ("s3", "hf"):
-        authority = authority.lower()
-        port = authority.rpartition(":")[2] if not authority.endswith("]") else ""
-        if ":" in authority and not authority.endswith("]") and not 0 < int(port) < 65536:
-            raise InvalidRequest(f"{field} {text!r}: port {port} is out of range", field=field)
-        authority = authority.removesuffix(_DEFAULT_PORTS[scheme])
+    authority = _authority(scheme, authority, text, field)
     parts = [p for p in rest.split("/") if p]
     for p in parts:
         try:
@@ -120,6 +110,22 @@ def parse_url(text: str, field: str = "path") -> Url:
     if scheme != "s3":
         parts = [quote(unquote(p), safe=_SEGMENT_SAFE) for p in parts]
     return Url(scheme, authority, "/".join(parts))
+
+
+def _authority(scheme: str, authority: str, text: str, field: str) -> str:
+    """A checked bucket, Hub owner or host; a host in lower case without its default port."""
+    ok = {"s3": _BUCKET, "hf": _HUB_OWNER}.get(scheme, _HOST).match(authority)
+    if not ok:
+        what = {"s3": "bucket name", "hf": "Hub user or organization"}.get(scheme, "host")
+        raise InvalidRequest(f"{field} {text!r}: {authority!r} is not a valid {what}",
+                             field=field)
+    if scheme in ("s3", "hf"):
+        return authority
+    authority = authority.lower()
+    port = authority.rpartition(":")[2] if not authority.endswith("]") else ""
+    if ":" in authority and not authority.endswith("]") and not 0 < int(port) < 65536:
+        raise InvalidRequest(f"{field} {text!r}: port {port} is out of range", field=field)
+    return authority.removesuffix(_DEFAULT_PORTS[scheme])
 
 
 def _check_segment(seg: str, text: str, field: str) -> None:

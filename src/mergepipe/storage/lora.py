@@ -108,21 +108,8 @@ def lora_targets(config: Mapping[str, object], tensors: list[TensorEntry],
             raise InvalidCheckpoint(f"{where}: module {module!r} has no {missing} tensor")
         a, b = ab["A"], ab["B"]
         tensor = f"{module}.weight"
-        shape = base_shapes.get(tensor)
-        if shape is None:
-            raise InvalidCheckpoint(f"{where}: module {module!r}: the base has no tensor "
-                                    f"{tensor!r}")
-        if len(shape) != 2:
-            raise InvalidCheckpoint(f"{where}: tensor {tensor!r} has shape {list(shape)} in the "
-                                    "base; LoRA needs a 2-D weight")
-        if len(a.shape) != 2 or len(b.shape) != 2:
-            raise InvalidCheckpoint(f"{where}: module {module!r}: lora_A {list(a.shape)} and "
-                                    f"lora_B {list(b.shape)} must be 2-D")
+        _check_shapes(module, tensor, a, b, base_shapes.get(tensor), where)
         rank = a.shape[0]
-        if a.shape[1] != shape[1] or b.shape[0] != shape[0] or b.shape[1] != rank:
-            raise InvalidCheckpoint(
-                f"{where}: module {module!r}: lora_B {list(b.shape)} @ lora_A {list(a.shape)} "
-                f"does not fit base tensor {tensor!r} of shape {list(shape)}")
         want = configured_rank(config, module)
         if rank != want:
             raise InvalidCheckpoint(f"{where}: module {module!r}: lora_A has rank {rank} but "
@@ -132,6 +119,24 @@ def lora_targets(config: Mapping[str, object], tensors: list[TensorEntry],
     if not out:
         raise InvalidCheckpoint(f"{where}: the adapter has no lora_A / lora_B tensors")
     return out
+
+
+def _check_shapes(module: str, tensor: str, a: TensorEntry, b: TensorEntry,
+                  shape: tuple[int, ...] | None, where: str) -> None:
+    """lora_B @ lora_A has the shape of the 2-D base tensor."""
+    if shape is None:
+        raise InvalidCheckpoint(f"{where}: module {module!r}: the base has no tensor "
+                                f"{tensor!r}")
+    if len(shape) != 2:
+        raise InvalidCheckpoint(f"{where}: tensor {tensor!r} has shape {list(shape)} in the "
+                                "base; LoRA needs a 2-D weight")
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        raise InvalidCheckpoint(f"{where}: module {module!r}: lora_A {list(a.shape)} and "
+                                f"lora_B {list(b.shape)} must be 2-D")
+    if a.shape[1] != shape[1] or b.shape[0] != shape[0] or b.shape[1] != a.shape[0]:
+        raise InvalidCheckpoint(
+            f"{where}: module {module!r}: lora_B {list(b.shape)} @ lora_A {list(a.shape)} "
+            f"does not fit base tensor {tensor!r} of shape {list(shape)}")
 
 
 def _unsupported_key(name: str) -> str:

@@ -8,7 +8,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -77,37 +77,9 @@ def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
     """Parse and validate the header of one safetensors file, reading only the header bytes
     (through `reader`, whose counters then include them; default: a reader of its own)."""
     path = absolute(path)
-    own = reader is None
-    reader = reader if reader is not None else open_reader(random_access=True)
-    try:
-        size = reader.size(path)
-        limits = checkpoint_limits.current()
-        if size > limits.max_file_bytes:
-            raise InvalidCheckpoint(f"{path}: {size} bytes, over the limit of "
-                                    f"{limits.max_file_bytes} for one checkpoint file "
-                                    "(MERGEPIPE_MAX_FILE_BYTES)", field="path")
-        if size < 8:
-            raise InvalidCheckpoint(f"{path}: file too short for a safetensors header")
-        (n,) = struct.unpack("<Q", reader.read(path, 0, 8))
-        if n > MAX_HEADER_BYTES:
-            raise InvalidCheckpoint(f"{path}: header length {n} exceeds the {MAX_HEADER_BYTES} limit")
-        if 8 + n > size:
-            raise InvalidCheckpoint(f"{path}: header length {n} is larger than the file ({size} bytes)")
-        raw = bytes(reader.read(path, 8, n))
-    finally:
-        if own:
-            reader.close()
-    try:
-        header = bounded_json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, IntegerTooLong
-        raise InvalidCheckpoint(f"{path}: header is not valid JSON ({e})") from None
-    except RecursionError:
-        raise InvalidCheckpoint(f"{path}: header JSON is nested too deeply") from None
-    if not isinstance(header, dict):
-        raise InvalidCheckpoint(f"{path}: header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise InvalidCheckpoint(f"{path}: __metadata__ is not an object")
+    limits = checkpoint_limits.current()
+    size, n, raw = _header_bytes(path, reader, limits.max_file_bytes)
+    header, metadata = _parse_header(path, raw)
     if len(header) > limits.max_tensors_per_file:
         raise InvalidCheckpoint(f"{path}: {len(header)} tensors in one file, over the limit of "
                                 f"{limits.max_tensors_per_file} (MERGEPIPE_MAX_TENSORS_PER_FILE)",
@@ -122,6 +94,46 @@ def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
     _check_tiling(path, entries, data_start, size)
     return SafetensorsHeader(path, data_start, size, {str(k): str(v) for k, v in metadata.items()},
                              entries)
+
+
+def _header_bytes(path: str, reader: RangeReader | None, max_file_bytes: int
+                  ) -> tuple[int, int, bytes]:
+    """(the file's size, its header's length, its JSON bytes), checked against the limits."""
+    own = reader is None
+    reader = reader if reader is not None else open_reader(random_access=True)
+    try:
+        size = reader.size(path)
+        if size > max_file_bytes:
+            raise InvalidCheckpoint(f"{path}: {size} bytes, over the limit of "
+                                    f"{max_file_bytes} for one checkpoint file "
+                                    "(MERGEPIPE_MAX_FILE_BYTES)", field="path")
+        if size < 8:
+            raise InvalidCheckpoint(f"{path}: file too short for a safetensors header")
+        (n,) = struct.unpack("<Q", reader.read(path, 0, 8))
+        if n > MAX_HEADER_BYTES:
+            raise InvalidCheckpoint(f"{path}: header length {n} exceeds the {MAX_HEADER_BYTES} limit")
+        if 8 + n > size:
+            raise InvalidCheckpoint(f"{path}: header length {n} is larger than the file ({size} bytes)")
+        return size, n, bytes(reader.read(path, 8, n))
+    finally:
+        if own:
+            reader.close()
+
+
+def _parse_header(path: str, raw: bytes) -> tuple[dict[str, Any], dict[Any, Any]]:
+    """(tensor name -> entry, __metadata__) of a header's JSON bytes."""
+    try:
+        header = bounded_json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, IntegerTooLong
+        raise InvalidCheckpoint(f"{path}: header is not valid JSON ({e})") from None
+    except RecursionError:
+        raise InvalidCheckpoint(f"{path}: header JSON is nested too deeply") from None
+    if not isinstance(header, dict):
+        raise InvalidCheckpoint(f"{path}: header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise InvalidCheckpoint(f"{path}: __metadata__ is not an object")
+    return header, metadata
 
 
 def _check_tiling(path: str, entries: list[TensorEntry], data_start: int, size: int) -> None:
@@ -152,17 +164,7 @@ def _entry(path: str, name: str, info: object, data_start: int, data_len: int,
                                 f"{MAX_NAME_CHARS} characters or with control characters")
     if not isinstance(info, dict):
         raise InvalidCheckpoint(f"{path}: tensor {name!r}: entry is not an object")
-    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
-        raise InvalidCheckpoint(
-            f"{path}: tensor {name!r}: dtype {dtype!r} unsupported (F32, F16, BF16)")
-    if (not isinstance(shape, list) or len(shape) > 8
-            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**48
-                       for d in shape)):
-        raise InvalidCheckpoint(f"{path}: tensor {name!r}: invalid shape {shape!r}")
-    if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
-        raise InvalidCheckpoint(f"{path}: tensor {name!r}: invalid data_offsets {offsets!r}")
+    dtype, shape, offsets = _entry_fields(path, name, info)
     begin, end = offsets
     numel = 1
     for d in shape:
@@ -181,6 +183,23 @@ def _entry(path: str, name: str, info: object, data_start: int, data_len: int,
         raise InvalidCheckpoint(
             f"{path}: tensor {name!r}: {end - begin} bytes for shape {shape} of {dtype}")
     return TensorEntry(name, dtype, tuple(shape), path, data_start + begin, end - begin)
+
+
+def _entry_fields(path: str, name: str, info: dict[Any, Any]
+                  ) -> tuple[str, list[int], list[int]]:
+    """An entry's dtype, shape and data_offsets, each of the right type."""
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        raise InvalidCheckpoint(
+            f"{path}: tensor {name!r}: dtype {dtype!r} unsupported (F32, F16, BF16)")
+    if (not isinstance(shape, list) or len(shape) > 8
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**48
+                       for d in shape)):
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: invalid shape {shape!r}")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        raise InvalidCheckpoint(f"{path}: tensor {name!r}: invalid data_offsets {offsets!r}")
+    return dtype, shape, offsets
 
 
 def to_float32(raw: bytes | bytearray | memoryview, dtype: str,

@@ -63,23 +63,30 @@ class Norms:
         self.delta_tensor = {(m, t): float(v) for m, t, v in tstats}
 
 
-def variants(cands: list[Candidate], n: Norms) -> dict[str, Score]:
-    """Name -> per-byte score (higher first) of each variant."""
-    eps = 1e-12
+def _totals(cands: list[Candidate], n: Norms, eps: float) -> tuple[
+        dict[str, float], dict[str, float], dict[tuple[str, str], float],
+        dict[tuple[str, str], int]]:
+    """Per expert: utility and relative-change totals; per (expert, tensor): the block
+    utilities' total in L2 (|alpha_i| * ||D_it||) and the bytes."""
     expert_tot: dict[str, float] = {}
     rel_tot: dict[str, float] = {}
+    squares: dict[tuple[str, str], float] = {}
+    tensor_bytes: dict[tuple[str, str], int] = {}
     for c in cands:
+        key = (c.model, c.tensor)
         expert_tot[c.model] = expert_tot.get(c.model, 0.0) + c.utility
         rel = c.utility / max(n.base_block[(c.tensor, c.block_index)], eps)
         rel_tot[c.model] = rel_tot.get(c.model, 0.0) + rel
-    alpha_tensor: dict[tuple[str, str], float] = {}  # |alpha_i| * ||D_it||: the block utilities' tensor total in L2
-    for c in cands:
-        key = (c.model, c.tensor)
-        alpha_tensor[key] = alpha_tensor.get(key, 0.0) + c.utility ** 2
-    alpha_tensor = {k: math.sqrt(v) for k, v in alpha_tensor.items()}
-    tensor_bytes: dict[tuple[str, str], int] = {}
-    for c in cands:
-        tensor_bytes[(c.model, c.tensor)] = tensor_bytes.get((c.model, c.tensor), 0) + c.nbytes
+        squares[key] = squares.get(key, 0.0) + c.utility ** 2
+        tensor_bytes[key] = tensor_bytes.get(key, 0) + c.nbytes
+    alpha_tensor = {k: math.sqrt(v) for k, v in squares.items()}
+    return expert_tot, rel_tot, alpha_tensor, tensor_bytes
+
+
+def variants(cands: list[Candidate], n: Norms) -> dict[str, Score]:
+    """Name -> per-byte score (higher first) of each variant."""
+    eps = 1e-12
+    expert_tot, rel_tot, alpha_tensor, tensor_bytes = _totals(cands, n, eps)
 
     def relative(c: Candidate) -> float:
         return c.utility / max(n.base_block[(c.tensor, c.block_index)], eps) / c.nbytes
