@@ -70,9 +70,16 @@ class BlockContext:
 Operator = Callable[["torch.Tensor", list[ExpertBlock], BlockContext], "torch.Tensor"]
 
 
+def as_read(e: ExpertBlock) -> ReadExpert | None:
+    """The expert as read (its delta never None), or None when its block was not read: with
+    `read_experts`, the one place a kernel learns which experts were read."""
+    if isinstance(e, ReadExpert):
+        return e
+    if e.delta is None:
+        return None
+    return ReadExpert(e.index, e.model, e.delta, e.weight, e.density, e.trim, e.key, e.value)
+
+
 def read_experts(experts: list[ExpertBlock]) -> list[ReadExpert]:
-    """The experts whose block was read, in request order (omitted ones add nothing): the one
-    place a kernel learns which were read; their deltas are never None."""
-    return [e if isinstance(e, ReadExpert) else
-            ReadExpert(e.index, e.model, e.delta, e.weight, e.density, e.trim, e.key, e.value)
-            for e in experts if e.delta is not None]
+    """The experts whose block was read, in request order (omitted ones add nothing)."""
+    return [r for r in map(as_read, experts) if r is not None]

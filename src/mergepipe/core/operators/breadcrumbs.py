@@ -12,7 +12,7 @@ from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
 
-    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock, ReadExpert
 
 GAMMA = Param("gamma", float, 0.01, help="fraction of each delta's largest |entries| dropped "
               "as outliers (mergekit's default 0.01)", bounds=(0.0, 1.0))
@@ -32,29 +32,27 @@ def cuts(numel: int, density: float, params: Mapping[str, Any]) -> tuple[int, in
     return numel - bottom - target, numel - bottom
 
 
-def band_mask(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+def band_mask(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
     """mergekit arithmetic: the band's mask (from the float32 delta) applied in the compute dtype."""
     from mergepipe.core.operators.sparsify import scratch
 
-    assert e.delta is not None
     kept = band_into(e, scratch.like("mk-band", e.delta), ctx.flat_offset)
     return delta * (kept != 0)
 
 
-def band_native(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext, j: int
+def band_native(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext, j: int
                 ) -> torch.Tensor:
     from mergepipe.core.operators.sparsify import scratch
     return band_into(e, scratch.like(("w", j), delta), ctx.flat_offset)
 
 
-def band_into(e: ExpertBlock, out: torch.Tensor, flat_offset: int) -> torch.Tensor:
+def band_into(e: ReadExpert, out: torch.Tensor, flat_offset: int) -> torch.Tensor:
     """out = the entries of e.delta between the two cuts (others zero). Both cuts use the
     expert's keyed rule at a tied threshold, so the upper cut's kept set is inside the lower's."""
     import numpy as np
 
     from mergepipe.core.operators.sparsify import flat, scratch, trimmed_into
 
-    assert e.delta is not None
     trimmed_into(e.delta, e.trim, e.key, flat_offset, out)
     upper = getattr(e.trim, "upper", None)
     if upper is not None:

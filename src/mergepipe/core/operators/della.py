@@ -12,7 +12,7 @@ from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
 
-    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock, ReadExpert
 
 EPSILON = Param("epsilon", float, 0.15, help="spread of the keep probabilities: density - "
                 "epsilon for the smallest |entry| of a row to density + epsilon for the largest")
@@ -43,7 +43,7 @@ def rescale_from_mergekit(params: dict[str, Any], notes: list[str]) -> dict[str,
                          field="parameters.rescale")
 
 
-def magprune(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+def magprune(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
     """mergekit's della_magprune on one block, its dtypes and order, with keyed draws: rank
     |delta| within each row (stable order at ties), keep with probability
     (density - eps) + 2 eps (rank - 1) / (cols - 1), rescale to the block's L1 norm."""
@@ -74,7 +74,7 @@ def magprune(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Te
     return masked.to(delta.dtype).reshape(delta.shape)
 
 
-def magprune_native(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext, j: int
+def magprune_native(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext, j: int
                     ) -> torch.Tensor:
     return magprune(e, delta, ctx).clone() if e.density >= 1 else magprune(e, delta, ctx)
 

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock, ReadExpert
 
-# sparsify(expert, delta in the compute dtype, delta as float32) -> the sparsified delta
-Sparsify = Callable[["ExpertBlock", "torch.Tensor", "BlockContext"], "torch.Tensor"]
+# sparsify(a read expert, its delta in the compute dtype, ctx) -> the sparsified delta (the
+# expert's float32 delta is e.delta)
+Sparsify = Callable[["ReadExpert", "torch.Tensor", "BlockContext"], "torch.Tensor"]
 
 
 def compute_dtype(ctx: BlockContext) -> torch.dtype:
@@ -49,15 +50,15 @@ def gta(base32: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext, *,
     """mergekit's generalized task arithmetic (task_arithmetic, ties, dare_*) on one block."""
     import torch
 
+    from mergepipe.core.operators.base import as_read
+
     dt = compute_dtype(ctx)
     base = base32.to(dt)
-    deltas = base.new_empty((len(experts), *base.shape))
-    for i, e in enumerate(experts):
-        delta = (expert_value(base32, e, dt) - base) if e.delta is not None else (
-            torch.zeros_like(base))
-        if sparsify is not None and e.delta is not None:
-            delta = sparsify(e, delta, ctx)
-        deltas[i] = delta
+    deltas = base.new_zeros((len(experts), *base.shape))  # unread: a zero delta, its weight kept
+    for i, r in enumerate(map(as_read, experts)):
+        if r is not None:
+            delta = expert_value(base32, r, dt) - base
+            deltas[i] = delta if sparsify is None else sparsify(r, delta, ctx)
     weights = torch.tensor([e.weight for e in experts], dtype=dt)
     while deltas.dim() > weights.dim():
         weights.unsqueeze_(-1)
@@ -104,16 +105,15 @@ def linear(base32: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
     return result[0].to(dt).float()
 
 
-def magnitude_mask(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+def magnitude_mask(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
     """TIES trim: the catalog threshold's mask (float32 deltas) applied in the compute dtype."""
     from mergepipe.core.operators.sparsify import scratch, trimmed_into
 
-    assert e.delta is not None
     kept = trimmed_into(e.delta, e.trim, e.key, ctx.flat_offset, scratch.like("mk-trim", e.delta))
     return delta * (kept != 0)
 
 
-def whole_magnitude(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+def whole_magnitude(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
     """mergekit 0.1.5's `magnitude` on a whole expert tensor in the compute dtype: keep exactly
     k = max(1, int(density * n)) entries, the largest |delta| (ranked as float32, as mergekit
     ranks them on the CPU); of the entries tied at the k-th, the ones with the smallest keyed
@@ -151,7 +151,7 @@ def whole_magnitude(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> t
     return masked * (before / after)
 
 
-def random_mask(e: ExpertBlock, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+def random_mask(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
     """DARE: keyed Bernoulli(density) mask, mergekit's work dtype and L1 rescale (per block)."""
     import torch
 
