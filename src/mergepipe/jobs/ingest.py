@@ -24,8 +24,7 @@ from mergepipe.jobs.failure import failure_message
 from mergepipe.storage.fsconfine import confined
 from mergepipe.storage.grid import DEFAULT_BLOCK_BYTES
 from mergepipe.storage.locations import is_url, parse_url
-from mergepipe.storage.paths import recheck_input
-from mergepipe.storage.remote_paths import confine_url
+from mergepipe.storage.paths import confine_url, recheck_input
 
 log = logging.getLogger("mergepipe.jobs.ingest")
 

@@ -1,4 +1,5 @@
-"""Confinement: ingestion paths inside the data roots, merge outputs inside the output root."""
+"""Confinement: ingestion paths inside the data roots, URLs under the remote roots, merge outputs
+inside the output root."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from pathlib import Path
 
 from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
 from mergepipe.core.vocab import check_name as check_name  # re-exported
-from mergepipe.storage.locations import is_url
-from mergepipe.storage.remote_paths import confine_url
+from mergepipe.storage.locations import is_url, parse_url
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -44,6 +44,21 @@ def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> 
         raise InvalidRequest(f"{field} {_short(raw)} is not a usable path ({e.strerror})",
                              field=field) from None
     return real
+
+
+def confine_url(raw: str, remote_roots: Sequence[str], field: str = "path") -> str:
+    """The canonical form of the URL `raw` if it lies under a remote root (whole path
+    segments: s3://bucket/team does not allow s3://bucket/team-b). Existence is left to the
+    ingestion job, which names the missing object."""
+    if not remote_roots:
+        raise Forbidden("no remote roots are configured (MERGEPIPE_REMOTE_ROOTS); the server "
+                        "may not read any URL", field=field)
+    url = parse_url(raw, field)
+    roots = [parse_url(r, "MERGEPIPE_REMOTE_ROOTS") for r in remote_roots]
+    if not any(url.within(r) for r in roots):
+        raise Forbidden(f"{field} {str(url)!r} is outside the allowed remote roots",
+                        field=field)
+    return str(url)
 
 
 def confine_source(raw: str, data_roots: Sequence[Path], remote_roots: Sequence[str],
