@@ -51,15 +51,32 @@ QUERIES = ("SELECT count(*) FROM models", "SELECT * FROM merges ORDER BY merge_i
 
 def test_many_jobs_and_queries_at_once_through_a_real_server(tmp_path: Path) -> None:
     make_family(tmp_path / "data" / "family")
-    proc, api = _serve(tmp_path)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
+    env.update(MERGEPIPE_CATALOG=str(new_catalog(tmp_path)),
+               MERGEPIPE_DATA_ROOTS=str(tmp_path / "data"),
+               MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "outputs"), MERGEPIPE_WORKERS="4",
+               MERGEPIPE_API_TOKEN=TOKEN)
+    log = (tmp_path / "server.log").open("ab")
+    proc = subprocess.Popen([*mergepipe_command(), "serve", "--port", str(port), "--log-level",
+                             "warning"], cwd=tmp_path, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    api = Api(port, token=TOKEN)
     try:
-        _wait_healthy(proc, api, tmp_path)
+        for _ in range(600):
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()
+            try:
+                if api.call("GET", "/healthz")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
         api.ok("POST", "/v1/models", {"name": "base", "path": "family/base"}, status=202)
         for e in EXPERTS:
             api.ok("POST", "/v1/models", {"name": e, "path": f"family/{e}", "base": "base"},
                    status=202)
         for m in ("base", *EXPERTS):
             assert api.wait(f"/v1/models/{m}")["status"] == "ready"
+
         merges = _merges()
         together = _all_at_once(api, merges)
         _check_alone(api, merges, together, tmp_path / "outputs")
@@ -72,31 +89,6 @@ def test_many_jobs_and_queries_at_once_through_a_real_server(tmp_path: Path) -> 
         text = (tmp_path / "server.log").read_text(errors="ignore")
         for word in ("TransactionContext", "Conflict on", "write-write", "Traceback"):
             assert word not in text, text[-3000:]
-
-
-def _serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Api]:
-    """`mergepipe serve` started with 4 workers on the data under tmp_path."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-    env.update(MERGEPIPE_CATALOG=str(new_catalog(tmp_path)),
-               MERGEPIPE_DATA_ROOTS=str(tmp_path / "data"),
-               MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "outputs"), MERGEPIPE_WORKERS="4",
-               MERGEPIPE_API_TOKEN=TOKEN)
-    log = (tmp_path / "server.log").open("ab")
-    proc = subprocess.Popen([*mergepipe_command(), "serve", "--port", str(port), "--log-level",
-                             "warning"], cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    return proc, Api(port, token=TOKEN)
-
-
-def _wait_healthy(proc: subprocess.Popen[bytes], api: Api, tmp_path: Path) -> None:
-    for _ in range(600):
-        assert proc.poll() is None, (tmp_path / "server.log").read_text()
-        try:
-            if api.call("GET", "/healthz")[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.1)
 
 
 def _all_at_once(api: Api, merges: dict[str, dict[str, Any]]) -> dict[str, Any]:
