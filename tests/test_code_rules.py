@@ -10,7 +10,7 @@ import pytest
 
 from mergepipe.core import hooks
 from mergepipe.core.operators import REGISTRY
-from mergepipe.core.operators.base import ExpertBlock, ReadExpert, read_experts
+from mergepipe.core.operators.base import ExpertBlock, ReadExpert, as_read, read_experts
 from mergepipe.core.operators.ties import grid_index, on_grid
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,13 +87,29 @@ def test_read_experts_gives_the_read_experts_with_their_deltas() -> None:
     assert [(type(e), e.index, e.delta is d, e.weight) for e in read] == [(ReadExpert, 1, True, 0.5)]
 
 
+def test_as_read_tells_a_read_expert_from_an_unread_one() -> None:
+    import torch
+
+    d = torch.ones(3)
+    unread = ExpertBlock(0, "a", None, 1.0, 1.0, None, 0)
+    read = ReadExpert(1, "b", d, 0.5, 1.0, None, 1)
+    as_block = ExpertBlock(2, "c", d, 0.25, 0.5, None, 2)
+    assert as_read(unread) is None and as_read(read) is read
+    converted = as_read(as_block)
+    assert type(converted) is ReadExpert and converted == ReadExpert(2, "c", d, 0.25, 0.5, None, 2)
+
+
 def test_kernels_do_not_filter_deltas_again() -> None:
-    """`read_experts` is the one place that knows a block was not read."""
+    """`as_read` / `read_experts` are the one place that knows a block was not read: no kernel
+    filters or asserts on a None delta again (a sparsifier takes a ReadExpert)."""
     ops = SRC / "core" / "operators"
     again = [p.name for p in sorted(ops.glob("*.py"))
              if "read_experts(" in p.read_text() and p.name != "base.py"
              and "delta is not None" in p.read_text()]
     assert again == []
+    asserted = [p.name for p in sorted(ops.glob("*.py"))
+                if re.search(r"assert \w+\.delta is not None", p.read_text())]
+    assert asserted == []
 
 
 def test_the_density_grid_is_tested_in_one_place() -> None:
