@@ -16,7 +16,8 @@ import pytest
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.sandbox.readonly_sql import SqlLimits, run_readonly
+from mergepipe.core.sql_limits import SqlLimits
+from mergepipe.sandbox.user_sql import run_readonly
 
 pytestmark = pytest.mark.duckdb_only("DuckDB's connections")
 
@@ -69,7 +70,8 @@ import sys, time
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.sandbox.readonly_sql import SqlLimits, run_readonly
+from mergepipe.core.sql_limits import SqlLimits
+from mergepipe.sandbox.user_sql import run_readonly
 
 cat = Catalog(sys.argv[1])
 for _ in range(3):

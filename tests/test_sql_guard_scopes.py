@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.sandbox.readonly_sql import SELECT_TABLES, SqlLimits, run_readonly
+from mergepipe.core.sql_limits import SqlLimits
+from mergepipe.sandbox.sql_exec import SELECT_TABLES
 from mergepipe.sandbox.sql_guard import check_duckdb_tree, check_readonly
+from mergepipe.sandbox.user_sql import run_readonly
 
 pytestmark = pytest.mark.duckdb_only("the guard over DuckDB's parse tree and system views")
 

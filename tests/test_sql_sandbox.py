@@ -15,13 +15,11 @@ import pytest
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import Busy, InvalidRequest
-from mergepipe.sandbox import readonly_sql
-from mergepipe.sandbox.readonly_sql import (
-    ALLOWED_TABLE_FUNCTIONS,
-    SqlLimits,
-    check_readonly,
-    run_readonly,
-)
+from mergepipe.core.sql_limits import SqlLimits
+from mergepipe.sandbox import sql_exec, user_sql
+from mergepipe.sandbox.sql_guard import ALLOWED_TABLE_FUNCTIONS, check_readonly
+from mergepipe.sandbox.sql_slots import slots_for
+from mergepipe.sandbox.user_sql import run_readonly
 from tests.api_helpers import assert_error, client_for, settings_for
 
 pytestmark = pytest.mark.duckdb_only(
@@ -152,7 +150,7 @@ def test_duckdb_syntax_over_the_catalog_is_allowed(cat: tuple[Catalog, Path], sq
 def test_nothing_was_changed_by_the_refused_statements(cat: tuple[Catalog, Path]) -> None:
     c, secret = cat
     with c.duckdb_reader() as raw:
-        tables = {r[0] for r in raw.execute(readonly_sql.SELECT_TABLES).fetchall()}
+        tables = {r[0] for r in raw.execute(sql_exec.SELECT_TABLES).fetchall()}
     assert {"models", "merges"} <= tables and "t" not in tables
     assert secret.read_text() == f"x\n{SECRET}\n"
     assert not (secret.parent / "x.csv").exists()
@@ -176,7 +174,7 @@ def test_row_byte_and_time_limits(cat: tuple[Catalog, Path]) -> None:
 def hold_slots(limits: SqlLimits) -> threading.Event:
     """Take every slot of `limits` with queries-in-progress until the returned event is set."""
     release = threading.Event()
-    slots = readonly_sql.slots_for(limits)
+    slots = slots_for(limits)
     for _ in range(limits.slots):
         slots.acquire(time.monotonic())
         slots.start(lambda: (release.wait(30), {})[1])
@@ -188,7 +186,7 @@ def test_a_query_deaf_to_interrupts_still_answers_in_time_and_holds_one_slot(
     """One huge scalar ignores DuckDB's interrupt until it is computed: the caller gets the
     time-limit error anyway, and such queries cannot take more than their slots."""
     c, _ = cat
-    monkeypatch.setattr(readonly_sql, "DEADLINE_GRACE_S", 0.2)
+    monkeypatch.setattr(user_sql, "DEADLINE_GRACE_S", 0.2)
     # about 2 s of work that DuckDB's interrupt cannot stop (md5 of a huge string can be)
     slow = "SELECT length(regexp_replace(repeat('a', 30000000), 'a', 'bb', 'g'))"
     t0 = time.monotonic()
@@ -278,7 +276,7 @@ def test_duckdbs_own_parse_tree_is_checked_too(cat: tuple[Catalog, Path], sql: s
     """Were sqlglot to read a query differently from DuckDB (and miss a function or a table),
     the same checks over DuckDB's parse tree still refuse it."""
     c, secret = cat
-    monkeypatch.setattr(readonly_sql, "check_readonly", lambda *a, **k: None)
+    monkeypatch.setattr(sql_exec, "check_readonly", lambda *a, **k: None)  # sqlglot's check off
     with pytest.raises(InvalidRequest) as err:
         run_readonly(c, sql.format(secret=secret, dir=secret.parent), SqlLimits(timeout_s=5))
     assert "not allowed" in err.value.message or "not a catalog table" in err.value.message \

@@ -72,7 +72,7 @@ def check_functions(sql: str) -> None:
 def run_readonly_postgres(cat: Catalog, sql: str, *, row_limit: int = 10_000,
                           timeout_s: float = 10.0, byte_limit: int = 16 << 20
                           ) -> dict[str, Any]:
-    """{columns, rows, truncated}, as `readonly_sql.run_readonly` gives on DuckDB."""
+    """{columns, rows, truncated}, as `user_sql.run_readonly` gives on DuckDB."""
     check_functions(sql)
     ensure_reader_role(cat)
     with cat.engine.connect() as conn:
