@@ -60,27 +60,6 @@ class _Known:
     models: list[ModelRow]
     pending: dict[str, NewIngestJob]  # by name: queued ingestions, and this config's own
     taken: set[str]
-    locate: Locate
-    to_ingest: list[NewIngestJob] = field(default_factory=list)  # this config's own
-
-    def find(self, ref: ModelRef, base: str | None, kind: str) -> str:
-        """The model `ref` names: a registered or queued one, else a new ingestion job's."""
-        found = _match(ref, self.models, base=base)
-        if found is not None:
-            return found
-        path = self.locate(ref.text, ref.key)
-        found = _match(ref, self.models, base=base, path=path) or _pending(self, path, base)
-        if found is not None:
-            return found
-        if is_url(path):
-            kind = AUTO if kind == "full" and base is not None else kind  # found by the job
-        elif has_adapter_config(path):
-            kind = "lora"
-        job = NewIngestJob(_free_name(path, self.taken), kind, path, base, field=ref.key)
-        self.taken.add(job.model)
-        self.pending[job.model] = job
-        self.to_ingest.append(job)
-        return job.model
 
 
 def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
@@ -99,22 +78,44 @@ def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
     models = list_models(cat)
     # a queued merge's output name is claimed too: an ingestion named after it would be refused
     taken = {m.display_name for m in models} | set(pending) | set(reserved) | queue.pending_outputs(cat)
-    known = _Known(models, pending, taken, locate)
+    known = _Known(models, pending, taken)
+    to_ingest: list[NewIngestJob] = []
+
+    def find(ref: ModelRef, base: str | None, kind: str) -> str:
+        found = _match(ref, known.models, base=base)
+        if found is not None:
+            return found
+        path = locate(ref.text, ref.key)
+        found = _match(ref, known.models, base=base, path=path) or _pending(known, path, base)
+        if found is not None:
+            return found
+        if is_url(path):
+            kind = AUTO if kind == "full" and base is not None else kind  # found by the job
+        elif has_adapter_config(path):
+            kind = "lora"
+        job = NewIngestJob(_free_name(path, known.taken), kind, path, base, field=ref.key)
+        known.taken.add(job.model)
+        known.pending[job.model] = job
+        to_ingest.append(job)
+        return job.model
+
     inferred = _infer_base(cfg, known.models, locate) if cfg.base is None else None
     if cfg.base is None and inferred is None:
         cfg = cfg.as_soup()  # a model soup: one of the models becomes the base
-    base_name = known.find(cfg.base, None, "full") if cfg.base is not None else str(inferred)
-    return ResolvedConfig(cfg, base_name, _expert_names(cfg, base_name, known), known.to_ingest)
+    base_name = find(cfg.base, None, "full") if cfg.base is not None else str(inferred)
+    names = _experts(cfg, base_name, find)
+    return ResolvedConfig(cfg, base_name, names, to_ingest)
 
 
-def _expert_names(cfg: MergekitConfig, base_name: str, known: _Known) -> list[str]:
-    """The model of each expert of the config, in order; an adapter only onto the base."""
+def _experts(cfg: MergekitConfig, base_name: str,
+             find: Callable[[ModelRef, str | None, str], str]) -> list[str]:
+    """The catalog names of the config's experts, found or queued for ingestion by `find`."""
     names: list[str] = []
     for e in cfg.experts:
         if e.ref.lora is None:
-            found = known.find(e.ref, base_name, "full")
+            found = find(e.ref, base_name, "full")
         elif cfg.base is not None and e.ref.same_model(cfg.base):
-            found = known.find(ModelRef(e.ref.key, e.ref.lora), base_name, "lora")
+            found = find(ModelRef(e.ref.key, e.ref.lora), base_name, "lora")
         else:
             raise InvalidRequest(
                 f"{e.ref.key}: {e.ref.text}+{e.ref.lora} applies the adapter to {e.ref.text}, "
