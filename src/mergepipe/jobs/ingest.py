@@ -14,13 +14,12 @@ from mergepipe.catalog.fence import Fence, LeaseLost, hold_ingest
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.catalog.models import ModelRow
 from mergepipe.catalog.queue import NewIngestJob
-from mergepipe.core.errors import MergePipeError
+from mergepipe.core.errors import MergePipeError, failure_message
 from mergepipe.core.hooks import hooks
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.vocab import AUTO
 from mergepipe.executor.engine import LOCAL, Engine
 from mergepipe.jobs.config import has_adapter_config
-from mergepipe.jobs.failure import failure_message
 from mergepipe.storage.fsconfine import confined
 from mergepipe.storage.grid import DEFAULT_BLOCK_BYTES
 from mergepipe.storage.locations import is_url, parse_url

@@ -22,7 +22,7 @@ from mergepipe.catalog.fence import Fence, LeaseLost, hold
 from mergepipe.catalog.ingest import scan_model, write_model
 from mergepipe.catalog.models import find_model, find_models
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
-from mergepipe.core.errors import MergePipeError
+from mergepipe.core.errors import MergePipeError, failure_message
 from mergepipe.core.hooks import hooks
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest
@@ -35,7 +35,6 @@ from mergepipe.executor.model_card import CARD_FILE, render_model_card
 from mergepipe.executor.outputs import LocalOutput, output_for
 from mergepipe.executor.s3_output import S3Output
 from mergepipe.executor.stream import ExecutionResult, Prepared
-from mergepipe.jobs.failure import failure_message
 from mergepipe.jobs.planning import check_inputs
 from mergepipe.jobs.report import MergeSummary, outcome_record, plan_record, summary
 from mergepipe.jobs.space import check_space, out_of_space_is_507
