@@ -212,21 +212,23 @@ def test_kernels_are_block_split_invariant_and_keep_their_inputs(op):
 
 
 def test_band_keeps_the_gamma_density_band():
-    from mergepipe.core.operators import BlockContext, ExpertBlock
+    from mergepipe.core.operators import BlockContext
+    from mergepipe.core.operators.base import ReadExpert
     from mergepipe.core.operators.breadcrumbs import band_native
 
     d = torch.arange(1.0, 101.0)  # no ties: the band is exact
-    e = ExpertBlock(0, "e", d, 1.0, 0.5, _band(d, 0.5, 0.1), 7)
+    e = ReadExpert(0, "e", d, 1.0, 0.5, _band(d, 0.5, 0.1), 7)
     out = band_native(e, d, BlockContext("t", 0, 0), 0)
     assert torch.equal(out != 0, (d > 40) & (d <= 90))  # drop the 10 largest, keep the next 50
 
 
 def test_della_keep_probability_follows_the_rank():
-    from mergepipe.core.operators import BlockContext, ExpertBlock
+    from mergepipe.core.operators import BlockContext
+    from mergepipe.core.operators.base import ReadExpert
     from mergepipe.core.operators.della import magprune
 
     d = torch.arange(1.0, 20001.0)  # one row: rank = value
-    e = ExpertBlock(0, "e", d, 1.0, 0.5, None, 3)
+    e = ReadExpert(0, "e", d, 1.0, 0.5, None, 3)
     out = magprune(e, d, BlockContext("t", 0, 0, {"epsilon": 0.2, "rescale": "none"}))
     kept = (out != 0).double()
     low, high = float(kept[:2000].mean()), float(kept[-2000:].mean())
