@@ -15,7 +15,6 @@ from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.executor.manifest import MANIFEST_FILE
 from mergepipe.jobs.lifecycle import remove_merge
 from mergepipe.jobs.merge import submit_merge
-from mergepipe.service.auth import require_token
 from mergepipe.service.requests import body_request
 from mergepipe.service.schemas import (
     IdenticalTensors,
@@ -26,7 +25,7 @@ from mergepipe.service.schemas import (
     TensorShares,
     TouchedPage,
 )
-from mergepipe.service.state import State
+from mergepipe.service.state import State, require_token
 from mergepipe.service.views import merge_out
 from mergepipe.storage.paths import output_dir
 

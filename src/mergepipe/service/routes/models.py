@@ -13,7 +13,6 @@ from mergepipe.catalog.queue import Job, NewIngestJob, enqueue
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.core.jsonable import jsonable
 from mergepipe.jobs.lifecycle import remove_model
-from mergepipe.service.auth import require_token
 from mergepipe.service.schemas import (
     IngestJobOut,
     ModelIn,
@@ -22,7 +21,7 @@ from mergepipe.service.schemas import (
     ModelRemoved,
     ModelStatsList,
 )
-from mergepipe.service.state import AppState, State
+from mergepipe.service.state import AppState, State, require_token
 from mergepipe.service.views import job_out, model_out
 from mergepipe.storage.paths import confine_source
 

@@ -10,10 +10,9 @@ from mergepipe.catalog.summaries import plan_tensor_shares
 from mergepipe.core.errors import Conflict
 from mergepipe.core.jsonable import jsonable
 from mergepipe.jobs.planning import plan_merge
-from mergepipe.service.auth import require_token
 from mergepipe.service.requests import body_request
 from mergepipe.service.schemas import PlanIn
-from mergepipe.service.state import State
+from mergepipe.service.state import State, require_token
 
 router = APIRouter(prefix="/v1", tags=["plans"])
 
