@@ -152,8 +152,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     # Checkpoint order; a LoRA adapter's tensors keep their base's ordinals.
     ordinals = ([layout.ordinals[p.name] for p in plans] if layout is not None and kind == "lora"
                 else list(range(len(plans))))
-    scanned = _scanned(model, ckpt, stamps, plans, results, scales, ordinals)
-    scanned.bytes_read = bytes_read
+    scanned = _scanned(model, ckpt, stamps, plans, results, scales, ordinals, bytes_read)
     if current is not None and source_merge is None and _same_content(cat, current, scanned):
         scanned.same_as = current.name
     return scanned
@@ -196,7 +195,7 @@ def _plan_tensors(ckpt: Checkpoint, layout: _BaseLayout | None, kind: str, block
 
 def _scanned(model: ModelRow, ckpt: Checkpoint, stamps: list[Stamp], plans: list[TensorPlan],
              results: list[TensorResult], scales: list[float | None],
-             ordinals: list[int]) -> ScannedModel:
+             ordinals: list[int], bytes_read: int) -> ScannedModel:
     """The model's rows, column-wise."""
     files = {h.path: i for i, h in enumerate(ckpt.files)}
     has_stats = model.has_stats
@@ -213,6 +212,7 @@ def _scanned(model: ModelRow, ckpt: Checkpoint, stamps: list[Stamp], plans: list
         block_stats=_columns([_block_stats_row(r, i) for r in results
                               for i in range(len(r.hashes))]) if has_stats else None,
         tensor_stats=_columns([_tensor_stats_row(r) for r in results]) if has_stats else None,
+        bytes_read=bytes_read,
         file_stamps=stamps,
     )
 
