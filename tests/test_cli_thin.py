@@ -36,8 +36,8 @@ def _runtime_imports(tree: ast.AST) -> list[str]:
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.orelse:
-                visit(child)
+            for stmt in node.orelse:
+                visit(stmt)
             return
         if isinstance(node, ast.Import):
             out.extend(a.name for a in node.names)
@@ -119,7 +119,7 @@ def test_the_cli_answers_what_the_api_returns(family: dict[str, Any], tmp_path: 
         assert [m["name"] for m in jsonable(cat.models())] == ["base", "e1", "e2"]
         assert ours.has_stats and cat.model("e1").has_stats
 
-        req = dict(base="base", experts="e1,e2:0.5", operator="ties",
+        req: dict[str, Any] = dict(base="base", experts="e1,e2:0.5", operator="ties",
                    params={"density": 0.5}, budget=0.4, seed=2)
         plan = cli_json(capsys, db, "plan", "--base", "base", "--experts", "e1,e2:0.5",
                         "--op", "ties", "--param", "density=0.5", "--budget", "0.4",
@@ -150,3 +150,27 @@ def test_the_cli_answers_what_the_api_returns(family: dict[str, Any], tmp_path: 
         removed = cli_json(capsys, db, "rm", "by-cli")
         assert removed["retired"] == ["by-cli"]
         assert sorted(m.name for m in cat.models()) == ["base", "by-api", "e1", "e2"]
+
+
+def test_the_api_and_the_service_share_lineage(tmp_path: Path) -> None:
+    """One lineage function under both: the API's unknown model is the service's 404 (its
+    message and field), and a model's ancestors are the route's."""
+    import mergepipe
+    from mergepipe.service.routes.lineage import lineage
+    from mergepipe.service.state import AppState
+
+    base = factory.make_base(tmp_path / "base", seed=6)
+    factory.make_expert(base, tmp_path / "e1", seed=7)
+    with mergepipe.Catalog(tmp_path / "c.duckdb") as cat:
+        cat.ingest(base, "base", progress=False)
+        cat.ingest(tmp_path / "e1", "e1", base="base", progress=False)
+        cat.merge(base="base", experts=["e1"], operator="linear", out=tmp_path / "m",
+                  progress=False)
+        with pytest.raises(mergepipe.NotFound) as e:
+            cat.lineage("ghost")
+        assert (e.value.message, e.value.field) == ("model 'ghost' not found", "name")
+        route = lineage("m", AppState(cat.settings, cat.db, None))  # type: ignore[arg-type]
+        ours = cat.lineage("m")
+        assert route["ancestors"] == jsonable(ours.ancestors)
+        assert {(e["parent"], e["role"]) for e in route["ancestors"]} == {
+            ("base", "base"), ("e1", "expert")}

@@ -251,7 +251,7 @@ class _Bars:
         if self._bar is None:
             from tqdm.auto import tqdm
             self._bar = tqdm(total=p.total, desc=self.label, unit=self.unit, leave=False,
-                             unit_scale=self.unit == "B", file=sys.stderr)
+                             unit_scale=self.unit == "B", unit_divisor=1024, file=sys.stderr)
         self._bar.total = p.total
         self._bar.n = p.done
         self._bar.refresh()

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from mergepipe.cli.progress import IngestBar
+from mergepipe.cli.main import progress_bars
 from mergepipe.core.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -25,7 +25,6 @@ def config_request(cat: Catalog, args: argparse.Namespace) -> MergeRequest:
                              "config says what to merge (--budget, --seed and --dtype still "
                              "apply)", field="config")
     quiet = bool(getattr(args, "json", False))
-    with IngestBar(enabled=not quiet) as bar:
-        return cat.config(args.config, budget=args.budget, seed=args.seed, dtype=args.dtype,
-                          progress=bar.update, cwd=getattr(args, "cwd", None),  # beside a server
-                          report=None if quiet else lambda line: print(line, file=sys.stderr))
+    return cat.config(args.config, budget=args.budget, seed=args.seed, dtype=args.dtype,
+                      progress=progress_bars(args), cwd=getattr(args, "cwd", None),  # relayed
+                      report=None if quiet else lambda line: print(line, file=sys.stderr))

@@ -229,19 +229,23 @@ class CliRelay:
         local = peer in LOOPBACK_PEERS or peer == self.advert.host  # (our own address)
         if scope.get("method") != "POST" or not local or not hmac.compare_digest(
                 given.encode(), self.advert.secret.encode()):
-            return await _refuse(send, 403, "forbidden", "the CLI relay takes POSTs with the "
-                                 "advertised secret, from this machine only")
+            await _refuse(send, 403, "forbidden", "the CLI relay takes POSTs with the "
+                          "advertised secret, from this machine only")
+            return None
         body = await _body(receive)
         if body is None:
-            return await _refuse(send, 413, "payload_too_large", "relay request too large")
+            await _refuse(send, 413, "payload_too_large", "relay request too large")
+            return None
         try:
             doc = json.loads(body)
         except ValueError:
             doc = None
         if not isinstance(doc, dict):
-            return await _refuse(send, 400, "bad_request", "relay request is not a JSON object")
+            await _refuse(send, 400, "bad_request", "relay request is not a JSON object")
+            return None
         if not hasattr(self.inner.state, "mergepipe"):
-            return await _refuse(send, 503, "starting", "the server is not started yet")
+            await _refuse(send, 503, "starting", "the server is not started yet")
+            return None
         return doc
 
 

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 
 from mergepipe.cli import preload
 from mergepipe.cli.job_options import add_engine_arguments, with_engine
-from mergepipe.cli.main import print_json
-from mergepipe.cli.progress import IngestBar
+from mergepipe.cli.main import print_json, progress_bars
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.vocab import KINDS
 
@@ -54,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
     from mergepipe.cli.beside import open_catalog
 
     with_engine(args)
-    with open_catalog(args) as cat, IngestBar(enabled=not args.json) as bar:
+    with open_catalog(args) as cat:
         model = cat.ingest(args.path, args.name, base=args.base, kind=args.kind,
                            block_bytes=args.block_bytes, stats=not args.no_stats,
-                           force=args.force, progress=bar.update)
+                           force=args.force, progress=progress_bars(args))
     if args.json:
         print_json(model)
     else:

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from mergepipe.cli import preload
 from mergepipe.cli.job_options import add_engine_arguments, with_engine
-from mergepipe.cli.main import print_json
-from mergepipe.cli.progress import MergeBar
+from mergepipe.cli.main import print_json, progress_bars
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import REGISTRY
@@ -141,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     from mergepipe.cli.beside import in_server, open_catalog
 
     with_engine(args)
-    with open_catalog(args) as cat, MergeBar(enabled=not args.json) as bar:
+    with open_catalog(args) as cat:
         from mergepipe.cli.mergekit_cli import config_request
         from mergepipe.jobs.recovery import recover_interrupted
 
@@ -150,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         if request is None:
             request = with_strategy(config_request(cat, args), args)
         result = cat.merge(request, out=args.out, name=args.name, overwrite=args.overwrite,
-                           threads=args.threads, progress=bar.update)
+                           threads=args.threads, progress=progress_bars(args))
     if args.json:
         print_json(result)
     else:
