@@ -353,7 +353,7 @@ def test_internal_faults_are_500_without_internals(
     def boom(*a: Any) -> Any:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(lineage_route.records, "lineage", boom)
+    monkeypatch.setattr(lineage_route, "model_lineage", boom)
     c = TestClient(client.app, raise_server_exceptions=False, base_url=BASE_URL)
     err = assert_error(c.get("/v1/lineage/base"), 500, "internal_error")
     assert "secret" not in err["message"]

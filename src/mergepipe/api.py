@@ -12,14 +12,11 @@ or a notebook, returning typed results and raising `mergepipe.MergePipeError` su
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from mergepipe.catalog.db import Catalog as CatalogDatabase
-from mergepipe.catalog.lifecycle import resolve_key
-from mergepipe.catalog.models import ModelRow, get_model, list_models
 from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest, build_request
@@ -27,7 +24,10 @@ from mergepipe.core.settings import Settings
 from mergepipe.core.sql_limits import SqlLimits
 from mergepipe.core.vocab import normalize_dtype
 
-if TYPE_CHECKING:  # the executor, the planner and torch load with the first merge or plan
+if TYPE_CHECKING:  # the catalog opens with a Catalog (the CLI builds requests first, while
+    # torch loads); the executor, the planner and torch load with the first merge or plan
+    from mergepipe.catalog.db import Catalog as CatalogDatabase
+    from mergepipe.catalog.models import ModelRow
     from mergepipe.catalog.records import LineageEdge, MergeRow
     from mergepipe.executor.engine import Engine
     from mergepipe.jobs.lifecycle import Removal
@@ -60,18 +60,33 @@ class Catalog:
 
     Without `location`, $MERGEPIPE_CATALOG, else ./mergepipe.duckdb. The settings (data roots,
     SQL limits, engine) come from the environment unless given. Use it as a context manager,
-    or call close()."""
+    or call close().
+
+    The CLI's commands are methods of this class too (cli/commands/), and the service's routes
+    call the same job functions these methods call: one implementation per operation."""
 
     def __init__(self, location: str | Path | None = None, *,
                  settings: Settings | None = None) -> None:
         s = settings or Settings.from_env()
         if location is not None:
             s = replace(s, catalog=Settings.from_env({}, catalog=str(location)).catalog)
+        from mergepipe.catalog.db import Catalog as CatalogDatabase
+
         self.settings = s
         self.db = CatalogDatabase(s.catalog)
+        self._owned = True
+
+    @classmethod
+    def over(cls, db: CatalogDatabase, settings: Settings) -> Catalog:
+        """A Catalog over a database that is already open (a server's, for a CLI command
+        relayed to it): close() leaves the database open."""
+        self = cls.__new__(cls)
+        self.settings, self.db, self._owned = settings, db, False
+        return self
 
     def close(self) -> None:
-        self.db.close()
+        if self._owned:
+            self.db.close()
 
     def __enter__(self) -> Self:
         return self
@@ -90,11 +105,13 @@ class Catalog:
         from mergepipe.jobs.ingest import run_ingestion
 
         job = NewIngestJob(name, kind, str(path), base, block_bytes, stats, force=force)
-        with _Bars(progress, f"ingesting {name}", unit="B") as bar:
+        with _Bars(progress, f"ingesting {name}", unit="B", model=name) as bar:
             return run_ingestion(self.db, job, progress=bar.report, engine=self._engine())
 
     def models(self) -> list[ModelRow]:
         """Every registered model, as `mergepipe models` lists them."""
+        from mergepipe.catalog.models import list_models
+
         return list_models(self.db)
 
     def remove(self, name: str, *, force: bool = False, delete_files: bool = False
@@ -116,10 +133,14 @@ class Catalog:
     def model(self, name: str) -> ModelRow:
         """One model: a name's latest version, or `name~N` that version (docs/lifecycle.md);
         NotFound when no model has that name."""
+        from mergepipe.catalog.lifecycle import resolve_key
+        from mergepipe.catalog.models import get_model
+
         return get_model(self.db, resolve_key(self.db, name))
 
     # -- plans and merges -------------------------------------------------------------------
-    def request(self, *, base: str,
+    @staticmethod
+    def request(*, base: str,
                 experts: str | Sequence[str | tuple[str, float] | dict[str, Any]],
                 operator: str, params: dict[str, Any] | None = None,
                 budget: float | int | str | None = None, seed: int = 0,
@@ -132,24 +153,37 @@ class Catalog:
 
     def config(self, config: str | Path, *, budget: float | int | str | None = None,
                seed: int = 0, dtype: str | None = None,
-               progress: bool | ProgressFn = True) -> MergeRequest:
+               progress: bool | ProgressFn = True, cwd: str | Path | None = None,
+               report: Callable[[str], None] | None = None) -> MergeRequest:
         """The request of a mergekit YAML config (a path or the YAML text); local checkpoints
-        it names that are not registered yet are ingested first."""
-        from mergepipe.jobs.config import load_config
+        it names that are not registered yet are ingested first. Relative paths in it are
+        relative to `cwd` (default: the working directory); `report` receives one line per
+        checkpoint registered and per note on how the config was read."""
+        from mergepipe.jobs.config import load_config, local_path
         from mergepipe.jobs.ingest import run_ingestion
 
         text, where = _config_text(config)
+        tell = report or (lambda line: None)
+        locate = None if cwd is None else (lambda t, key: local_path(t, key, cwd=str(cwd)))
         try:
-            request, resolved = load_config(self.db, text, budget=_budget_text(budget), seed=seed)
+            request, resolved = load_config(self.db, text, budget=_budget_text(budget),
+                                            seed=seed, locate=locate)
             for job in resolved.to_ingest:
-                with _Bars(progress, f"ingesting {job.model}", unit="B") as bar:
+                with _Bars(progress, f"ingesting {job.model}", unit="B", model=job.model) as bar:
                     try:
                         run_ingestion(self.db, job, progress=bar.report)
                     except MergePipeError as e:
                         raise type(e)(f"{job.field}: {e.message}", field=job.field) from None
+                role = ("as the base" if job.base is None else
+                        f"as an expert of {job.base!r}, with delta statistics")
+                tell(f"registered {job.model!r} in the catalog {role}")
         except MergePipeError as e:
             raise type(e)(f"{where}: {e.message}", field=e.field) from None
-        return replace(request, output_dtype=normalize_dtype(dtype)) if dtype else request
+        for note in resolved.config.notes:
+            tell(f"note: {note}")
+        if dtype:
+            request = replace(request, output_dtype=normalize_dtype(dtype, "output_dtype"))
+        return request
 
     def plan(self, request: MergeRequest | None = None, **fields: Any) -> Plan:
         """Plan a merge without running it: the request, or the fields of request()."""
@@ -188,10 +222,9 @@ class Catalog:
 
     def lineage(self, name: str) -> Lineage:
         """What `name` was merged from, and what was merged from it (NotFound if unknown)."""
-        from mergepipe.catalog.records import lineage
+        from mergepipe.catalog.lifecycle import model_lineage
 
-        name = get_model(self.db, resolve_key(self.db, name)).name
-        ancestors, descendants = lineage(self.db, name)
+        _, ancestors, descendants = model_lineage(self.db, name)
         return Lineage(ancestors, descendants)
 
     def _engine(self) -> Engine:
@@ -203,21 +236,22 @@ class Catalog:
 class _Bars:
     """Progress as tqdm.auto bars (widgets in a notebook), a caller's callback, or nothing."""
 
-    def __init__(self, progress: bool | ProgressFn, label: str, unit: str) -> None:
+    def __init__(self, progress: bool | ProgressFn, label: str, unit: str,
+                 model: str | None = None) -> None:
         self.callback = progress if callable(progress) else None
         self.enabled = progress is True
-        self.label, self.unit = label, unit
+        self.label, self.unit, self.model = label, unit, model
         self._bar: Any = None
 
     def report(self, p: Progress) -> None:
-        if self.callback is not None:
-            self.callback(p)
+        if self.callback is not None:  # (an ingestion's scan does not know the model's name)
+            self.callback(replace(p, model=p.model or self.model))
         if not self.enabled:
             return
         if self._bar is None:
             from tqdm.auto import tqdm
             self._bar = tqdm(total=p.total, desc=self.label, unit=self.unit, leave=False,
-                             unit_scale=self.unit == "B", file=sys.stderr)
+                             unit_scale=self.unit == "B", unit_divisor=1024, file=sys.stderr)
         self._bar.total = p.total
         self._bar.n = p.done
         self._bar.refresh()

@@ -14,8 +14,8 @@ from typing import Any
 
 from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import Catalog, load_sql
-from mergepipe.catalog.models import ModelRow, model_row
-from mergepipe.catalog.records import merge_row
+from mergepipe.catalog.models import ModelRow, find_model, model_row
+from mergepipe.catalog.records import LineageEdge, lineage, merge_row
 from mergepipe.core.errors import Conflict, NotFound
 
 Connectable = Catalog | Connection
@@ -50,6 +50,17 @@ def resolve_key(cat: Connectable, ref: str) -> str:
     it is not found, as before versions)."""
     row = resolve_model(cat, ref)
     return row.name if row is not None else ref
+
+
+def model_lineage(cat: Catalog, ref: str) -> tuple[str, list[LineageEdge], list[LineageEdge]]:
+    """(the model's key, its ancestors, its descendants) for a name (its latest version) or
+    `name~N`, a retired version's exact key too; NotFound when no model has that name. (The
+    Python API's and the service's lineage.)"""
+    key = resolve_key(cat, ref)
+    ancestors, descendants = lineage(cat, key)
+    if not ancestors and not descendants and find_model(cat, key) is None:
+        raise NotFound(f"model {key!r} not found", field="name")
+    return key, ancestors, descendants
 
 
 def next_version(cat: Connectable, family: str) -> int:

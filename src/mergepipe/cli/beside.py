@@ -11,7 +11,7 @@ process is gone, or nothing answers at its address) is ignored: the command runs
 A PostgreSQL catalog needs none of it: every process connects to the database itself.
 
 A command takes part by `set_defaults(beside_server=True)` on its parser, opening its catalog
-with `open_catalog(args)` and naming its local path options in `local_paths` (made absolute
+with `open_catalog(args)` (the Python API's `Catalog`) and naming its local path options in `local_paths` (made absolute
 against the caller's working directory in the server)."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from mergepipe.core.errors import MergePipeError
 if TYPE_CHECKING:
     import argparse
 
-    from mergepipe.catalog.db import Catalog
+    from mergepipe.api import Catalog
+    from mergepipe.catalog.db import Catalog as CatalogDatabase
 
 ADVERT_SUFFIX = ".server.json"
 RELAY_PATH = "/v1/cli"
@@ -185,15 +186,14 @@ def _error_message(body: bytes) -> str:
 # -- what a command uses ----------------------------------------------------------------------
 @contextlib.contextmanager
 def open_catalog(args: argparse.Namespace) -> Iterator[Catalog]:
-    """The command's catalog: the server's own when it runs beside a server (left open), or the
+    """The command's catalog, as the Python API (`mergepipe.Catalog`) with the command's
+    settings: over the server's own database when it runs beside a server (left open), or the
     one the settings name, opened for the command and closed after it."""
-    shared: Catalog | None = getattr(args, "server_catalog", None)
-    if shared is not None:
-        yield shared
-        return
-    from mergepipe.catalog.db import Catalog  # start-up: imported only when it runs
+    from mergepipe.api import Catalog  # start-up: imported only when it runs
 
-    with Catalog(args.settings.catalog) as cat:
+    shared: CatalogDatabase | None = getattr(args, "server_catalog", None)
+    with (Catalog(settings=args.settings) if shared is None
+          else Catalog.over(shared, args.settings)) as cat:
         yield cat
 
 

@@ -6,14 +6,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mergepipe.core import logs
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.settings import Settings
-
-if TYPE_CHECKING:  # torch loads with the engine, not with the parser
-    from mergepipe.executor.engine import Engine
 
 
 def add_job_arguments(p: argparse.ArgumentParser, *, data_root_help: str,
@@ -58,9 +54,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, ray_help: str, job: str)
                         f"default: a local Ray runtime started for the {job})")
 
 
-def engine_of(args: argparse.Namespace) -> Engine:
-    """The engine the options (else the settings) name."""
-    from mergepipe.executor.engine import Engine
-
+def with_engine(args: argparse.Namespace) -> None:
+    """--engine and --ray-address applied to the command's settings (else the settings')."""
     s: Settings = args.settings
-    return Engine(args.engine or s.engine, args.ray_address or s.ray_address)
+    args.settings = dataclasses.replace(s, engine=args.engine or s.engine,
+                                        ray_address=args.ray_address or s.ray_address)

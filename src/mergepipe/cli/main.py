@@ -79,6 +79,11 @@ def print_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
+def progress_bars(args: argparse.Namespace) -> bool:
+    """Whether a command shows the API's progress bars: on a terminal, unless --json."""
+    return not getattr(args, "json", False) and sys.stderr.isatty()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)

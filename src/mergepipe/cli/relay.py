@@ -206,6 +206,22 @@ class CliRelay:
             remove_advert(self.advert)
 
     async def _relay(self, scope: Scope, receive: Receive, send: Send) -> None:
+        doc = await self._admit(scope, receive, send)
+        if doc is None:
+            return
+        capture = _Capture(asyncio.get_running_loop())
+        work = asyncio.get_running_loop().run_in_executor(
+            None, run_relayed, self.inner, doc, capture)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/x-ndjson")]})
+        await _stream(capture, work, send)
+        await send({"type": "http.response.body",
+                    "body": (json.dumps({"rc": work.result()}) + "\n").encode(),
+                    "more_body": False})
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> dict[str, Any] | None:
+        """The request's JSON object, once its sender, size and shape are checked; None when
+        it was refused (the refusal sent)."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers") or []}
         peer = (scope.get("client") or ("", 0))[0]
@@ -213,51 +229,51 @@ class CliRelay:
         local = peer in LOOPBACK_PEERS or peer == self.advert.host  # (our own address)
         if scope.get("method") != "POST" or not local or not hmac.compare_digest(
                 given.encode(), self.advert.secret.encode()):
-            await _json(send, 403, {"error": {"code": "forbidden", "message":
-                        "the CLI relay takes POSTs with the advertised secret, from this "
-                        "machine only"}})
-            return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if len(body) > MAX_REQUEST_BYTES:
-                await _json(send, 413, {"error": {"code": "payload_too_large",
-                                                  "message": "relay request too large"}})
-                return
-            if msg["type"] != "http.request" or not msg.get("more_body"):
-                break
+            await _refuse(send, 403, "forbidden", "the CLI relay takes POSTs with the "
+                          "advertised secret, from this machine only")
+            return None
+        body = await _body(receive)
+        if body is None:
+            await _refuse(send, 413, "payload_too_large", "relay request too large")
+            return None
         try:
             doc = json.loads(body)
-            if not isinstance(doc, dict):
-                raise ValueError
         except ValueError:
-            await _json(send, 400, {"error": {"code": "bad_request",
-                                              "message": "relay request is not a JSON object"}})
-            return
+            doc = None
+        if not isinstance(doc, dict):
+            await _refuse(send, 400, "bad_request", "relay request is not a JSON object")
+            return None
         if not hasattr(self.inner.state, "mergepipe"):
-            await _json(send, 503, {"error": {"code": "starting", "message":
-                                              "the server is not started yet"}})
+            await _refuse(send, 503, "starting", "the server is not started yet")
+            return None
+        return doc
+
+
+async def _body(receive: Receive) -> bytes | None:
+    """The request body; None past MAX_REQUEST_BYTES."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if len(body) > MAX_REQUEST_BYTES:
+            return None
+        if msg["type"] != "http.request" or not msg.get("more_body"):
+            return body
+
+
+async def _stream(capture: _Capture, work: asyncio.Future[int], send: Send) -> None:
+    """Send what the command prints, as JSON lines, until it ends."""
+    while True:
+        done = work.done()
+        lines = [json.dumps({kind: text}) + "\n" for kind, text in _merge(capture.take())]
+        if lines:
+            await send({"type": "http.response.body", "body": "".join(lines).encode(),
+                        "more_body": True})
+        if done:
             return
-        capture = _Capture(asyncio.get_running_loop())
-        work = asyncio.get_running_loop().run_in_executor(
-            None, run_relayed, self.inner, doc, capture)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/x-ndjson")]})
-        while True:
-            done = work.done()
-            lines = [json.dumps({kind: text}) + "\n" for kind, text in _merge(capture.take())]
-            if lines:
-                await send({"type": "http.response.body", "body": "".join(lines).encode(),
-                            "more_body": True})
-            if done:
-                break
-            capture.ready.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(capture.ready.wait(), 0.2)
-        rc = work.result()
-        await send({"type": "http.response.body",
-                    "body": (json.dumps({"rc": rc}) + "\n").encode(), "more_body": False})
+        capture.ready.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(capture.ready.wait(), 0.2)
 
 
 def _merge(chunks: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -271,7 +287,9 @@ def _merge(chunks: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
-async def _json(send: Send, status: int, body: dict[str, Any]) -> None:
+async def _refuse(send: Send, status: int, code: str, message: str) -> None:
+    """A JSON error response (the service's error shape)."""
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+    await send({"type": "http.response.body", "body": json.dumps(
+        {"error": {"code": code, "message": message}}).encode()})

@@ -7,9 +7,8 @@ import re
 from typing import TYPE_CHECKING
 
 from mergepipe.cli import preload
-from mergepipe.cli.job_options import add_engine_arguments, engine_of
-from mergepipe.cli.main import print_json
-from mergepipe.cli.progress import IngestBar
+from mergepipe.cli.job_options import add_engine_arguments, with_engine
+from mergepipe.cli.main import print_json, progress_bars
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.vocab import KINDS
 
@@ -51,16 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.kind == "lora" and not args.no_stats:
         preload.start("torch")  # LoRA's product is torch's; full and delta scans never load it
-    from mergepipe.catalog.queue import NewIngestJob
     from mergepipe.cli.beside import open_catalog
 
-    job = NewIngestJob(args.name, args.kind, str(args.path), args.base, args.block_bytes,
-                       not args.no_stats, force=args.force)
-    with open_catalog(args) as cat, IngestBar(enabled=not args.json) as bar:
-        from mergepipe.jobs.ingest import run_ingestion
-
-        model = run_ingestion(cat, job, progress=bar.update_for(args.name),
-                              engine=engine_of(args))
+    with_engine(args)
+    with open_catalog(args) as cat:
+        model = cat.ingest(args.path, args.name, base=args.base, kind=args.kind,
+                           block_bytes=args.block_bytes, stats=not args.no_stats,
+                           force=args.force, progress=progress_bars(args))
     if args.json:
         print_json(model)
     else:

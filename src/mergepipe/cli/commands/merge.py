@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.cli import preload
-from mergepipe.cli.job_options import add_engine_arguments, engine_of
-from mergepipe.cli.main import print_json
-from mergepipe.cli.progress import MergeBar
+from mergepipe.cli.job_options import add_engine_arguments, with_engine
+from mergepipe.cli.main import print_json, progress_bars
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import REGISTRY
-from mergepipe.core.request import DEFAULT_STRATEGY, STRATEGIES, MergeRequest, build_request
+from mergepipe.core.request import DEFAULT_STRATEGY, STRATEGIES, MergeRequest
 
 if TYPE_CHECKING:
     from mergepipe.jobs.report import MergeSummary
@@ -117,12 +116,14 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 def request_from_args(args: argparse.Namespace) -> MergeRequest:
     """The merge request given by --base/--experts/--op/... options."""
+    from mergepipe.api import Catalog
+
     for opt in ("base", "experts", "op"):
         if not getattr(args, opt):
             raise InvalidRequest(f"--{opt} is required", field=opt)
-    return build_request(base=args.base, experts=args.experts, operator=args.op,
-                         params=parse_params(args.param), budget=args.budget, seed=args.seed,
-                         output_dtype=args.dtype, strategy=args.strategy)
+    return Catalog.request(base=args.base, experts=args.experts, operator=args.op,
+                           params=parse_params(args.param), budget=args.budget,
+                           seed=args.seed, dtype=args.dtype, strategy=args.strategy)
 
 
 def with_strategy(request: MergeRequest, args: argparse.Namespace) -> MergeRequest:
@@ -138,18 +139,17 @@ def run(args: argparse.Namespace) -> int:
         preload.start("torch")  # while the catalog opens
     from mergepipe.cli.beside import in_server, open_catalog
 
-    with open_catalog(args) as cat, MergeBar(enabled=not args.json) as bar:
+    with_engine(args)
+    with open_catalog(args) as cat:
         from mergepipe.cli.mergekit_cli import config_request
-        from mergepipe.jobs.merge import merge
         from mergepipe.jobs.recovery import recover_interrupted
 
-        engine = engine_of(args)
         if not in_server(args):  # (a server recovers its own at start-up)
-            recover_interrupted(cat)  # merges of a killed `mergepipe merge`: we hold the catalog
+            recover_interrupted(cat.db)  # merges of a killed `mergepipe merge`: we hold the file
         if request is None:
             request = with_strategy(config_request(cat, args), args)
-        result = merge(cat, request, args.out, output_name=args.name, progress=bar.update,
-                       threads=args.threads, overwrite=args.overwrite, engine=engine)
+        result = cat.merge(request, out=args.out, name=args.name, overwrite=args.overwrite,
+                           threads=args.threads, progress=progress_bars(args))
     if args.json:
         print_json(result)
     else:

@@ -24,11 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.catalog.models import list_models
     from mergepipe.cli.beside import open_catalog
 
     with open_catalog(args) as cat:
-        models = list_models(cat)
+        models = cat.models()
     if args.json:
         print_json(models)
     else:

@@ -31,14 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mergepipe.cli.beside import open_catalog
-    from mergepipe.jobs.planning import plan_merge
 
     request = None if args.config else request_from_args(args)
     with open_catalog(args) as cat:
         if request is None:
             from mergepipe.cli.mergekit_cli import config_request  # torch: only for a config
             request = with_strategy(config_request(cat, args), args)
-        plan = plan_merge(cat, request)
+        plan = cat.plan(request)
     shown = plan.blocks if args.blocks < 0 else plan.blocks[:args.blocks]
     if args.json:
         out = plan.summary()

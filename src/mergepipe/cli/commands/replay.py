@@ -27,10 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mergepipe.cli.beside import open_catalog
-    from mergepipe.jobs.replay import replay
 
     with open_catalog(args) as cat:
-        result = replay(cat, args.merge_id, args.out, threads=args.threads)
+        result = cat.replay(args.merge_id, args.out, threads=args.threads)
     if args.json:
         print_json(result)
     else:

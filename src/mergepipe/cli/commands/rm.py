@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from mergepipe.cli.main import print_json
 
@@ -33,24 +32,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from mergepipe.cli.beside import open_catalog
     from mergepipe.core.errors import InvalidRequest
-    from mergepipe.jobs.lifecycle import remove_merge, remove_model
 
     if args.merge is not None and (args.force or args.delete_files):
         raise InvalidRequest("--force and --delete-files apply to models, not to --merge",
                              field="merge")
-    s = args.settings
     with open_catalog(args) as cat:
         if args.merge is not None:
-            row = remove_merge(cat, args.merge)
+            row = cat.remove_merge(args.merge)
             if args.json:
                 print_json(row)
             else:
                 what = "retired" if row.retired_at else row.status
                 print(f"merge {row.merge_id}: {what}")
             return 0
-        removal = remove_model(cat, args.name, force=args.force,
-                               delete_files=args.delete_files,
-                               output_root=Path(s.output_root).absolute())
+        removal = cat.remove(args.name, force=args.force, delete_files=args.delete_files)
     if args.json:
         print_json(removal.to_dict())
         return 0

@@ -36,11 +36,11 @@ def run(args: argparse.Namespace) -> int:
 
     s = start_settings(args.host, job_settings(args), os.environ)
     s.output_root.mkdir(parents=True, exist_ok=True)
-    from mergepipe.catalog.db import Catalog
+    from mergepipe.api import Catalog
 
     sock = listen(args.host, args.port)  # before the catalog: a port in use changes nothing
     try:
-        cat = Catalog(s.catalog)  # a catalog it cannot use is a one-line error, not a traceback
+        cat = Catalog(settings=s).db  # one it cannot use: a one-line error, not a traceback
     except BaseException:
         sock.close()
         raise

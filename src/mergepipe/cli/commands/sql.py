@@ -8,7 +8,6 @@ import os
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import print_table
 from mergepipe.core.errors import NotFound
-from mergepipe.core.sql_limits import SqlLimits
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,16 +19,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mergepipe.cli.beside import open_catalog
-    from mergepipe.sandbox.user_sql import run_user_sql
 
     path = str(args.settings.catalog)
     if "://" not in path and not os.path.isfile(path):  # a query never creates a catalog
         raise NotFound(f"catalog {path!r} does not exist (--catalog / $MERGEPIPE_CATALOG)",
                        field="catalog")
     with open_catalog(args) as cat:
-        result = run_user_sql(cat, args.query, SqlLimits.from_settings(args.settings))
+        result = cat.sql(args.query)
     if args.json:
         print_json(result)
     else:
-        print_table(result["columns"], result["rows"])
+        print_table(result.columns, result.rows)
     return 0

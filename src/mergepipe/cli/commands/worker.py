@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.catalog.db import Catalog
+    from mergepipe.api import Catalog
     from mergepipe.jobs.shared_runner import SharedJobRunner
 
     check_catalog(args.settings)
@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: stop.set())
-    with Catalog(s.catalog) as cat:
-        runner = SharedJobRunner(cat, s)
+    with Catalog(settings=s) as cat:
+        runner = SharedJobRunner(cat.db, s)
         runner.start()
         print(f"worker {runner.worker} ready", flush=True)
         stop.wait()

@@ -6,10 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from mergepipe.catalog import records
-from mergepipe.catalog.lifecycle import resolve_key
-from mergepipe.catalog.models import find_model
-from mergepipe.core.errors import NotFound
+from mergepipe.catalog.lifecycle import model_lineage
 from mergepipe.core.jsonable import jsonable
 from mergepipe.service.schemas import LineageOut
 from mergepipe.service.state import State
@@ -20,10 +17,8 @@ router = APIRouter(prefix="/v1", tags=["lineage"])
 @router.get("/lineage/{name}", response_model=LineageOut,
             summary="Ancestors and descendants of a model with roles and weights")
 def lineage(name: str, st: State) -> dict[str, Any]:
-    name = resolve_key(st.cat, name)  # a name means its latest version; name~N that version
-    ancestors, descendants = records.lineage(st.cat, name)
-    if not ancestors and not descendants and find_model(st.cat, name) is None:
-        raise NotFound(f"model {name!r} not found", field="name")
+    # a name means its latest version; name~N that version (the Python API's lineage too)
+    name, ancestors, descendants = model_lineage(st.cat, name)
     depth = max((e.depth or 0 for e in ancestors), default=0)
     return {"name": name, "ancestors": jsonable(ancestors), "descendants": jsonable(descendants),
             "depth": depth}
