@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -237,24 +238,27 @@ def test_cli_starts_and_stops_a_local_ray_runtime_for_the_merge(tmp_path: Path) 
         assert (tmp_path / "ray" / n).read_bytes() == (tmp_path / "local" / n).read_bytes()
 
 
-@pytest.mark.parametrize(("address", "tmpdir", "said"), [
-    ("auto", "empty", "the Ray cluster at auto (ConnectionError): Could not find any running Ray"),
-    ("", "a file", "a local Ray runtime (NotADirectoryError)"),
+@pytest.mark.parametrize(("address", "said"), [
+    ("127.0.0.1:PORT", "the Ray cluster at 127.0.0.1:PORT (nothing answers there: Connection refused)"),
+    ("", "a local Ray runtime (NotADirectoryError)"),
 ], ids=["no-cluster-at-address", "local-runtime-cannot-start"])
 def test_a_ray_runtime_that_cannot_start_or_be_reached_is_one_line_naming_it(
-        tmp_path: Path, address: str, tmpdir: str, said: str) -> None:
-    """`--engine ray` in a fresh process where Ray cannot run: an address with no cluster
-    (`auto`, with a Ray temp dir that records none) or a local runtime that cannot start (its
-    temp dir is below a file). Exit 2 (the CLI's status for any failure), one stderr line
+        tmp_path: Path, address: str, said: str) -> None:
+    """`--engine ray` in a fresh process where Ray cannot run: an address where no cluster
+    listens (Ray itself would retry, then end the process) or a local runtime that cannot start
+    (its temp dir is below a file). Exit 2 (the CLI's status for any failure), one stderr line
     saying which runtime cannot be started or reached and Ray's reason, no traceback, no output
     left, the merge recorded as failed."""
     db = str(new_catalog(tmp_path))
     with Catalog(db) as cat:
         ingest_family(cat, tmp_path / "fam")
-    (tmp_path / "raytmp").mkdir()
     (tmp_path / "afile").write_text("")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    address, said = address.replace("PORT", port), said.replace("PORT", port)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MERGEPIPE_RAY_ADDRESS")}
-    env["RAY_TMPDIR"] = str(tmp_path / "raytmp" if tmpdir == "empty" else tmp_path / "afile" / "x")
+    env["RAY_TMPDIR"] = str(tmp_path / "afile" / "x")
     r = subprocess.run([sys.executable, "-m", "mergepipe", "--catalog", db, "merge", "--base",
                         "base", "--experts", "e0,e1", "--op", "linear", "--out",
                         str(tmp_path / "out"), "--engine", "ray",

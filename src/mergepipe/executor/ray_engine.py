@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +40,24 @@ from mergepipe.storage.locations import basename
 RAY_TASK_RETRIES = 3  # a region whose worker process dies is run again, this many times
 REGIONS_PER_CPU = 2  # regions per CPU of the cluster: a slow region delays the merge less
 LOCAL_OBJECT_STORE_BYTES = 256 << 20  # a local runtime's object store (plans and results only)
+GCS_PROBE_SECONDS = 5.0  # a cluster address must accept a connection within this
+
+
+def _probe(address: str) -> None:
+    """Refuse a `host:port` cluster address where nothing accepts a connection: Ray itself
+    retries, then ends the whole process (the server's too) instead of raising. `auto` and
+    `ray://` client addresses are Ray's to resolve."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise InvalidRequest(f"Ray address {address!r} is not host:port, auto or ray://host:port",
+                             field="ray_address")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), GCS_PROBE_SECONDS).close()
+    except OSError as e:
+        raise RemoteUnavailable(f"cannot start or reach the Ray cluster at {address} "
+                                f"(nothing answers there: {e.strerror or e})") from None
 
 
 class _Runtime:
@@ -61,12 +80,15 @@ class _Runtime:
             if self._users == 0 and not ray.is_initialized():
                 try:
                     if address:
+                        _probe(address)
                         ray.init(address=address, log_to_driver=False,
                                  logging_level=logging.ERROR)
                     else:
                         ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False,
                                  object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                                  log_to_driver=False, logging_level=logging.ERROR)
+                except MergePipeError:
+                    raise
                 except Exception as e:  # noqa: BLE001 - whatever Ray raises (a dashboard
                     # agent dying at start-up surfaces as a bare Exception): it did not start
                     with contextlib.suppress(Exception):
