@@ -93,3 +93,17 @@ def test_the_process_ends_cleanly_while_queries_run(tmp_path: Path, sql: str, ho
                           cwd=repo, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "done\n" and proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize("sql", ["DROP TABLE models", "SELECT nope FROM models"])
+def test_a_refused_query_ends_the_command_at_once(tmp_path: Path, sql: str) -> None:
+    """A CLI query that fails (refused, or DuckDB's binder error) exits with its one line right
+    away: the failed call's connection, kept alive only by the error's traceback, is freed at
+    exit instead of being waited for until the close deadline (30 s)."""
+    db = tmp_path / "c.duckdb"
+    Catalog(db).close()
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "mergepipe", "--catalog", str(db), "sql", sql],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert time.monotonic() - start < 15, "the exit waited for the close deadline"

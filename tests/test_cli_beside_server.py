@@ -88,15 +88,30 @@ def without_timing(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if "planning" not in line)
 
 
+READS = [["models"], ["models", "--json"],
+         ["sql", "SELECT name, kind, base FROM models ORDER BY name"],
+         ["sql", "SELECT name, n_tensors FROM models ORDER BY name", "--json"],
+         PLAN, [*PLAN, "--json"], [*PLAN, "--blocks", "3"]]
+FAILING = [["sql", "SELECT nope FROM models"], ["sql", "DROP TABLE models"],
+           ["plan", "--base", "base", "--experts", "nobody", "--op", "ties"],
+           ["replay", "m-nonexistent"], ["rm", "nobody"]]
+
+
 def test_commands_beside_a_server_answer_as_direct_runs(family: tuple[Path, Path]) -> None:
+    """A read, a plan and a refusal through a running server, then writes (ingest, merge):
+    the direct runs' output, exit status and errors."""
+    beside_a_server(family, [READS[1], READS[5]], [FAILING[1]])
+
+
+@pytest.mark.slow
+def test_every_command_beside_a_server_answers_as_its_direct_run(
+        family: tuple[Path, Path]) -> None:
+    beside_a_server(family, READS, FAILING)
+
+
+def beside_a_server(family: tuple[Path, Path], reads: list[list[str]],
+                    failing: list[list[str]]) -> None:
     cwd, catalog = family
-    reads = [["models"], ["models", "--json"],
-             ["sql", "SELECT name, kind, base FROM models ORDER BY name"],
-             ["sql", "SELECT name, n_tensors FROM models ORDER BY name", "--json"],
-             PLAN, [*PLAN, "--json"], [*PLAN, "--blocks", "3"]]
-    failing = [["sql", "SELECT nope FROM models"], ["sql", "DROP TABLE models"],
-               ["plan", "--base", "base", "--experts", "nobody", "--op", "ties"],
-               ["replay", "m-nonexistent"], ["rm", "nobody"]]
     direct = [ok(catalog, *argv, cwd=cwd) for argv in reads]
     direct_fail = [cli(catalog, *argv, cwd=cwd) for argv in failing]
 
