@@ -14,7 +14,7 @@ import pytest
 
 from tests.api_helpers import EXPERTS, make_family
 from tests.catalogs import new_catalog
-from tests.live_server import start_server
+from tests.live_server import Api, start_server
 
 pytestmark = pytest.mark.slow
 
