@@ -108,6 +108,22 @@ def run_ours(cat: Catalog, cfg: dict[str, Any], out: Path, **kw: Any
     return summary, load_raw(out)
 
 
+def budgeted_and_full(cat: Catalog, cfg: dict[str, Any], out: Path, prefix: str = ""
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two merges of `cfg` at 40% of the full read (out/PREFIXb0, b1): each within its budget,
+    one plan, equal outputs; then the full merge (out/PREFIXfull), whose output differs. The
+    summaries of the first budgeted merge and of the full one."""
+    runs = [run_ours(cat, cfg, out / f"{prefix}b{i}", budget=0.4) for i in range(2)]
+    for summary, _ in runs:
+        assert 0 < summary["expert_bytes_read"] <= summary["budget_bytes"]
+    (s0, a), (s1, b) = runs
+    assert s0["plan_hash"] == s1["plan_hash"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    full, ref = run_ours(cat, cfg, out / f"{prefix}full")
+    assert any(not torch.equal(a[k], ref[k]) for k in a)
+    return s0, full
+
+
 def load_raw(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
     tensors: dict[str, torch.Tensor] = {}

@@ -4,9 +4,7 @@ catalog conflict reaches a client, and every output equals the same merge run al
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 
 from tests.api_helpers import EXPERTS, make_family
 from tests.catalogs import new_catalog
-from tests.test_server_e2e import Api, free_port, mergepipe_command
+from tests.live_server import Api, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -51,25 +49,11 @@ QUERIES = ("SELECT count(*) FROM models", "SELECT * FROM merges ORDER BY merge_i
 
 def test_many_jobs_and_queries_at_once_through_a_real_server(tmp_path: Path) -> None:
     make_family(tmp_path / "data" / "family")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-    env.update(MERGEPIPE_CATALOG=str(new_catalog(tmp_path)),
-               MERGEPIPE_DATA_ROOTS=str(tmp_path / "data"),
-               MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "outputs"), MERGEPIPE_WORKERS="4",
-               MERGEPIPE_API_TOKEN=TOKEN)
-    log = (tmp_path / "server.log").open("ab")
-    proc = subprocess.Popen([*mergepipe_command(), "serve", "--port", str(port), "--log-level",
-                             "warning"], cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    api = Api(port, token=TOKEN)
+    proc, api = start_server(tmp_path, {"MERGEPIPE_CATALOG": str(new_catalog(tmp_path)),
+                                        "MERGEPIPE_DATA_ROOTS": str(tmp_path / "data"),
+                                        "MERGEPIPE_OUTPUT_ROOT": str(tmp_path / "outputs"),
+                                        "MERGEPIPE_WORKERS": "4"}, token=TOKEN, up_s=60)
     try:
-        for _ in range(600):
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if api.call("GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
         api.ok("POST", "/v1/models", {"name": "base", "path": "family/base"}, status=202)
         for e in EXPERTS:
             api.ok("POST", "/v1/models", {"name": e, "path": f"family/{e}", "base": "base"},

@@ -12,7 +12,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,16 +21,13 @@ import pytest
 
 from tests.api_helpers import EXPERTS, make_family
 from tests.catalogs import new_catalog
-from tests.test_server_e2e import REPO, Api, free_port, mergepipe_command
+from tests.live_server import Api, serving
+from tests.loopback_server import chromium
 
-CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "console-token"
 BLOCK_BYTES = 512  # tensors of several blocks: shares between 0 and 1
-# Without the background-networking flags chromium calls out, and this network refuses it.
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-sync_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 
 @pytest.fixture(scope="session")
@@ -52,23 +48,12 @@ def shoot(page: Any, shots: Path, name: str, **kw: Any) -> Path:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One chromium for this module, with a new empty profile; never a browser of Playwright's
-    own. Module-scoped: Playwright's sync API runs one instance at a time, and other modules
-    (tests/loopback_server.py) start their own."""
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs it (apt-get install -y chromium)")
-        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium (as .ci/run does)")
-    with sync_api.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(CHROMIUM),
-            headless=True, args=FLAGS, viewport={"width": 1280, "height": 800},
-            accept_downloads=True)
+    """One chromium for this module. Module-scoped: Playwright's sync API runs one instance at
+    a time, and other modules (tests/loopback_server.py) start their own."""
+    with chromium(tmp_path_factory.mktemp("chromium-profile"),
+                  viewport={"width": 1280, "height": 800}, accept_downloads=True) as ctx:
         ctx.set_default_timeout(15_000)
-        try:
-            yield ctx
-        finally:
-            ctx.close()
+        yield ctx
 
 
 @pytest.fixture(scope="module")
@@ -76,33 +61,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Api,
     tmp = tmp_path_factory.mktemp("console-server")
     data = tmp / "data"
     make_family(data / "family")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-    env.update(MERGEPIPE_CATALOG=str(new_catalog(tmp)), MERGEPIPE_API_TOKEN=TOKEN,
-               MERGEPIPE_DATA_ROOTS=str(data), MERGEPIPE_OUTPUT_ROOT=str(tmp / "outputs"),
-               MERGEPIPE_WORKERS="2", PYTHONPATH=str(REPO))
-    log = (tmp / "server.log").open("wb")
-    proc = subprocess.Popen([*mergepipe_command(), "serve", "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], cwd=tmp, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    api = Api(port, TOKEN)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (tmp / "server.log").read_text()
-            try:
-                if api.call("GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "server not up in 30 s"
-            time.sleep(0.1)
+    with serving(tmp, {"MERGEPIPE_CATALOG": str(new_catalog(tmp)),
+                       "MERGEPIPE_DATA_ROOTS": str(data),
+                       "MERGEPIPE_OUTPUT_ROOT": str(tmp / "outputs"), "MERGEPIPE_WORKERS": "2"},
+                 token=TOKEN, graceful=True) as (_, api):
         yield api.base, api, tmp
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
-        assert "Traceback" not in (tmp / "server.log").read_text()
+    assert "Traceback" not in (tmp / "server.log").read_text()
 
 
 @pytest.fixture(scope="module")

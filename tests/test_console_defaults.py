@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from tests.api_helpers import EXPERTS, make_family, register_family, run_merge, ties_body
+from tests.live_server import Api
 from tests.loopback_server import offline_browser, serving
-from tests.test_server_e2e import Api
 
 
 @pytest.fixture(scope="module")

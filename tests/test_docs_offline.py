@@ -17,8 +17,8 @@ from mergepipe.core.settings import Settings
 from mergepipe.service.app import create_app
 from mergepipe.service.routes.console import CSP
 from tests.catalogs import new_catalog
+from tests.live_server import Api
 from tests.loopback_server import offline_browser, serving
-from tests.test_server_e2e import Api
 
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options"}
 

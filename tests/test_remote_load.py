@@ -6,8 +6,6 @@ a refusal (the 4xx code of the job's error), never a block grid built for the cl
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +17,7 @@ import pytest
 
 from tests import factory
 from tests.hostile_remotes import Liar, Trickler, wait_until
-from tests.test_server_e2e import REPO, Api, free_port, mergepipe_command
+from tests.live_server import Api, serving
 
 IN_FLIGHT = 50
 JOB_TIMEOUT_S = 10
@@ -41,38 +39,16 @@ def served(tmp_path: Path) -> Iterator[Served]:
     data = tmp_path / "data"
     factory.make_base(data / "base", seed=0)
     slow, liar = Trickler("headers", interval=0.2), Liar()
-    with slow.serve() as trickle_url, liar.serve() as liar_url:
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-        env.update(MERGEPIPE_CATALOG=str(tmp_path / "catalog.duckdb"),
-                   MERGEPIPE_DATA_ROOTS=str(data), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "out"),
-                   MERGEPIPE_REMOTE_ROOTS=f"{trickle_url}/allowed {liar_url}/allowed",
-                   MERGEPIPE_JOB_TIMEOUT_S=str(JOB_TIMEOUT_S),
-                   MERGEPIPE_WORKERS=str(IN_FLIGHT + 2),  # the 50 ingestions at once
-                   PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
-        log = (tmp_path / "server.log").open("wb")
-        proc = subprocess.Popen([*mergepipe_command(), "serve", "--host", "127.0.0.1",
-                                 "--port", str(port), "--log-level", "warning"],
-                                cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-        api = Api(port)
-        try:
-            for _ in range(300):
-                assert proc.poll() is None, (tmp_path / "server.log").read_text()
-                try:
-                    if api.call("GET", "/healthz")[0] == 200:
-                        break
-                except OSError:
-                    time.sleep(0.1)
-            else:
-                pytest.fail("server did not come up in 30 s")
-            # register the base (the imports an ingestion needs are made, not measured)
-            api.ok("POST", "/v1/models", {"name": "base", "path": str(data / "base")}, 202)
-            assert api.wait("/v1/models/base", timeout=60)["status"] == "ready"
-            yield Served(psutil.Process(proc.pid), api, trickle_url, liar_url, liar, slow)
-        finally:
-            proc.kill()
-            proc.wait(10)
-            log.close()
+    with slow.serve() as trickle_url, liar.serve() as liar_url, serving(tmp_path, {
+            "MERGEPIPE_CATALOG": str(tmp_path / "catalog.duckdb"),
+            "MERGEPIPE_DATA_ROOTS": str(data), "MERGEPIPE_OUTPUT_ROOT": str(tmp_path / "out"),
+            "MERGEPIPE_REMOTE_ROOTS": f"{trickle_url}/allowed {liar_url}/allowed",
+            "MERGEPIPE_JOB_TIMEOUT_S": str(JOB_TIMEOUT_S),
+            "MERGEPIPE_WORKERS": str(IN_FLIGHT + 2)}) as (proc, api):  # 50 ingestions at once
+        # register the base (the imports an ingestion needs are made, not measured)
+        api.ok("POST", "/v1/models", {"name": "base", "path": str(data / "base")}, 202)
+        assert api.wait("/v1/models/base", timeout=60)["status"] == "ready"
+        yield Served(psutil.Process(proc.pid), api, trickle_url, liar_url, liar, slow)
 
 
 def timed(api: Api, path: str) -> float:

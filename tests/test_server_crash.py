@@ -3,7 +3,6 @@ the jobs show as failed, nothing half-made is visible, temp outputs are gone, re
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -13,7 +12,7 @@ import pytest
 
 from tests import factory
 from tests.catalogs import new_catalog
-from tests.test_server_e2e import Api, free_port, mergepipe_command
+from tests.live_server import Api, free_port, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -22,22 +21,10 @@ SHAPES: dict[str, tuple[int, ...]] = {f"model.layers.{i}.mlp.{p}.weight": (1024,
 
 
 def start(tmp: Path, port: int, catalog: Path | str) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-    env.update(MERGEPIPE_CATALOG=str(catalog), MERGEPIPE_DATA_ROOTS=str(tmp / "data"),
-               MERGEPIPE_OUTPUT_ROOT=str(tmp / "outputs"), MERGEPIPE_WORKERS="1")
-    proc = subprocess.Popen([*mergepipe_command(), "serve", "--port", str(port),
-                             "--log-level", "warning"], cwd=tmp, env=env,
-                            stdout=(tmp / "server.log").open("ab"), stderr=subprocess.STDOUT)
-    api = Api(port)
-    for _ in range(300):
-        assert proc.poll() is None, (tmp / "server.log").read_text()
-        try:
-            if api.call("GET", "/healthz")[0] == 200:
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    pytest.fail("server did not start")
+    return start_server(tmp, {"MERGEPIPE_CATALOG": str(catalog),
+                              "MERGEPIPE_DATA_ROOTS": str(tmp / "data"),
+                              "MERGEPIPE_OUTPUT_ROOT": str(tmp / "outputs"),
+                              "MERGEPIPE_WORKERS": "1"}, port=port)[0]
 
 
 def kill_when(api: Api, proc: subprocess.Popen[bytes], path: str, status: str) -> bool:

@@ -2,105 +2,30 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.api_helpers import EXPERTS, make_family
 from tests.catalogs import new_catalog
+from tests.live_server import Api, serving
 
-REPO = Path(__file__).resolve().parent.parent
 TOKEN = "e2e-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def mergepipe_command() -> list[str]:
-    """The installed `mergepipe` entry point (as in the container), else `python -m mergepipe`."""
-    script = Path(sys.executable).parent / "mergepipe"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "mergepipe"]
-
-
-class Api:
-    """A minimal JSON client (standard library), as a user's script would be."""
-
-    def __init__(self, port: int, token: str | None = None) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-        self.token = token
-
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
-
-    def ok(self, method: str, path: str, body: Any = None, status: int = 200) -> Any:
-        code, obj = self.call(method, path, body)
-        assert code == status, (method, path, code, obj)
-        return obj
-
-    def wait(self, path: str, timeout: float = 120) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            obj = self.ok("GET", path)
-            if obj["status"] in ("ready", "succeeded", "failed"):
-                return dict(obj)
-            assert time.monotonic() < deadline, f"{path} still {obj['status']}"
-            time.sleep(0.1)
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Api, Path]]:
     data = tmp_path / "data"
     make_family(data / "family")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
     # The container's start command and settings (Dockerfile / docker-compose.yml), on loopback.
-    env.update(MERGEPIPE_CATALOG=str(new_catalog(tmp_path)), MERGEPIPE_API_TOKEN=TOKEN,
-               MERGEPIPE_DATA_ROOTS=str(data), MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "outputs"),
-               MERGEPIPE_WORKERS="2", PYTHONPATH=str(REPO))
-    log = (tmp_path / "server.log").open("wb")
-    proc = subprocess.Popen([*mergepipe_command(), "serve", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"],
-                            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-    api = Api(port, TOKEN)
-    try:
-        for _ in range(300):
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if api.call("GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("server did not come up in 30 s")
+    with serving(tmp_path, {"MERGEPIPE_CATALOG": str(new_catalog(tmp_path)),
+                            "MERGEPIPE_DATA_ROOTS": str(data),
+                            "MERGEPIPE_OUTPUT_ROOT": str(tmp_path / "outputs"),
+                            "MERGEPIPE_WORKERS": "2"}, token=TOKEN) as (proc, api):
         yield proc, api, tmp_path
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        log.close()
 
 
 def test_serve_end_to_end(server: tuple[subprocess.Popen[bytes], Api, Path]) -> None:

@@ -141,30 +141,16 @@ def _status_kib(pid: int, key: str) -> int:
 
 
 def test_a_size_claim_bomb_costs_a_real_server_a_4xx_and_constant_memory(tmp_path: Path) -> None:
+    from tests.live_server import serving
     from tests.size_claim_probe import sparse_checkpoint
-    from tests.test_server_e2e import Api, free_port, mergepipe_command
 
     if not _sparse_ok(tmp_path, 1 << 41):
         pytest.skip("this file system cannot hold a 2 TiB sparse file")
     data = tmp_path / "data"
     bomb = sparse_checkpoint(data / "bomb", 1 << 20, 1 << 20)  # [2**20, 2**20] BF16: 2 TiB
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-    env.update(MERGEPIPE_CATALOG=str(tmp_path / "c.duckdb"), MERGEPIPE_DATA_ROOTS=str(data),
-               MERGEPIPE_OUTPUT_ROOT=str(tmp_path / "out"),
-               PYTHONPATH=os.environ.get("PYTHONPATH", str(ROOT)))
-    proc = subprocess.Popen([*mergepipe_command(), "serve", "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    api = Api(port)
-    try:
-        for _ in range(600):
-            assert proc.poll() is None, "the server exited"
-            try:
-                if api.call("GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+    with serving(tmp_path, {"MERGEPIPE_CATALOG": str(tmp_path / "c.duckdb"),
+                            "MERGEPIPE_DATA_ROOTS": str(data),
+                            "MERGEPIPE_OUTPUT_ROOT": str(tmp_path / "out")}, up_s=60) as (proc, api):
         if not _hwm_reset(proc.pid):
             pytest.skip("needs /proc/PID/clear_refs to measure the server's peak memory")
         rss0 = _status_kib(proc.pid, "VmRSS")
@@ -177,6 +163,3 @@ def test_a_size_claim_bomb_costs_a_real_server_a_4xx_and_constant_memory(tmp_pat
         assert "MERGEPIPE_MAX_FILE_BYTES" in m["error"] and "model.safetensors" in m["error"]
         assert _status_kib(proc.pid, "VmHWM") - rss0 < CEILING
         assert api.call("GET", "/healthz")[0] == 200
-    finally:
-        proc.kill()
-        proc.wait(10)

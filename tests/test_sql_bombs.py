@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.test_server_e2e import REPO, Api, free_port, mergepipe_command
+from tests.live_server import Api, serving
 
 pytestmark = pytest.mark.duckdb_only("memory bombs against DuckDB's SQL workers")
 
@@ -29,26 +28,10 @@ RSS_CEILING = 1.5e9
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[psutil.Process, Api]]:
     tmp = tmp_path_factory.mktemp("bombs")
     (tmp / "data").mkdir()
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-    env.update(MERGEPIPE_CATALOG=str(tmp / "catalog.duckdb"), MERGEPIPE_DATA_ROOTS=str(tmp / "data"),
-               MERGEPIPE_OUTPUT_ROOT=str(tmp / "outputs"), MERGEPIPE_SQL_TIMEOUT_S=str(TIME_LIMIT_S),
-               PYTHONPATH=str(REPO))
-    log = (tmp / "server.log").open("wb")
-    proc = subprocess.Popen([*mergepipe_command(), "serve", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"],
-                            cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
-    api = Api(port)
-    try:
-        for _ in range(300):
-            assert proc.poll() is None, (tmp / "server.log").read_text()
-            try:
-                if api.call("GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("server did not come up in 30 s")
+    with serving(tmp, {"MERGEPIPE_CATALOG": str(tmp / "catalog.duckdb"),
+                       "MERGEPIPE_DATA_ROOTS": str(tmp / "data"),
+                       "MERGEPIPE_OUTPUT_ROOT": str(tmp / "outputs"),
+                       "MERGEPIPE_SQL_TIMEOUT_S": str(TIME_LIMIT_S)}) as (proc, api):
         # the sandbox's first use is not measured: it starts the SQL worker processes (their
         # imports take about a second, longer on a busy host, past the 2 s time limit)
         for _ in range(120):
@@ -56,10 +39,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[psutil.Pr
                 break
             time.sleep(0.5)
         yield psutil.Process(proc.pid), api
-    finally:
-        proc.kill()
-        proc.wait(10)
-        log.close()
 
 
 def vm_hwm(pid: int) -> int:

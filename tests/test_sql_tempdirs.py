@@ -9,30 +9,13 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 from mergepipe.sandbox.sql_snapshot import LOCK_FILE, PREFIX, _hold_lock, remove_stale
-from tests.test_server_e2e import REPO, Api, free_port, mergepipe_command
+from tests.live_server import Api, start_server
 
 
 def _serve(tmp_path: Path, tmp: Path, log: str) -> tuple[subprocess.Popen[bytes], Api]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MERGEPIPE_")}
-    env.update(MERGEPIPE_CATALOG=str(tmp_path / "c.duckdb"), TMPDIR=str(tmp),
-               PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO)))
-    proc = subprocess.Popen([*mergepipe_command(), "serve", "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], cwd=tmp_path, env=env,
-                            stdout=(tmp_path / log).open("wb"), stderr=subprocess.STDOUT)
-    api = Api(port)
-    for _ in range(600):
-        assert proc.poll() is None, (tmp_path / log).read_text()
-        try:
-            if api.call("GET", "/healthz")[0] == 200:
-                return proc, api
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    pytest.fail("server did not come up in 60 s")
+    return start_server(tmp_path, {"MERGEPIPE_CATALOG": str(tmp_path / "c.duckdb"),
+                                   "TMPDIR": str(tmp)}, log=log, up_s=60)
 
 
 def _snapshot_dirs(tmp: Path) -> list[Path]:

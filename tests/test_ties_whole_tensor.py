@@ -120,14 +120,7 @@ def test_the_request_decides_the_path_and_the_plan_needs_no_grid_thresholds(fam,
 
 def test_under_a_budget_the_merge_is_sound_and_deterministic(fam, cat, tmp_path):
     cfg = _config("gradient", fam, "bfloat16")
-    runs = [mp.run_ours(cat, cfg, tmp_path / f"b{i}", budget=0.4) for i in range(2)]
-    for summary, _ in runs:
-        assert 0 < summary["expert_bytes_read"] <= summary["budget_bytes"]
-    (s0, a), (s1, b) = runs
-    assert s0["plan_hash"] == s1["plan_hash"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    full, ref = mp.run_ours(cat, cfg, tmp_path / "full")
-    assert any(not torch.equal(a[k], ref[k]) for k in a)
+    mp.budgeted_and_full(cat, cfg, tmp_path)
 
 
 @pytest.mark.parametrize("params, experts, match", [

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from mergepipe.core.vocab import DTYPE_SIZES, normalize_dtype
+from mergepipe.core.vocab import DTYPE_SIZES, HF_DTYPE_NAMES, normalize_dtype
 from mergepipe.storage.safetensors_format import encode_header, torch_dtype
 
 FAMILY_FILE = "family.json"
@@ -76,7 +76,6 @@ class LlamaShape:
         return sum(math.prod(s) for _, s in self.tensors())
 
     def config(self, dtype: str) -> dict[str, Any]:
-        torch_name = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype]
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                 "hidden_size": self.hidden, "intermediate_size": self.intermediate,
                 "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
@@ -85,7 +84,7 @@ class LlamaShape:
                 "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
                 "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
                 "initializer_range": BASE_STD, "bos_token_id": 1, "eos_token_id": 2,
-                "dtype": torch_name}
+                "dtype": HF_DTYPE_NAMES[dtype]}
 
 
 def shape_for_size(size_mb: float, itemsize: int = 2) -> LlamaShape:

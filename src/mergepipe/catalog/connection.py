@@ -146,6 +146,26 @@ class Mappings(list[dict[str, Any]]):
         return self[0]
 
 
+class DriverConnection:
+    """`execute` over one driver's connection: `_run` runs a statement once, or once per mapping
+    of a list (an empty list runs nothing); the driver's `integrity_error` is IntegrityError."""
+
+    integrity_error: type[Exception] = IntegrityError
+
+    def execute(self, statement: SQL, params: Params | Sequence[Params] | None = None
+                ) -> Result:
+        sets = parameter_sets(params)
+        if sets == []:
+            return Result([], [], 0)
+        try:
+            return self._run(statement, sets)
+        except self.integrity_error as e:
+            raise IntegrityError(str(getattr(e, "orig", None) or e)) from e
+
+    def _run(self, statement: SQL, sets: Params | list[Params]) -> Result:
+        raise NotImplementedError
+
+
 class Connection(Protocol):
     """A catalog connection inside one transaction (a writer's or a reader's)."""
 

@@ -18,11 +18,11 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from mergepipe.catalog.connection import SQL, IntegrityError, Params, Result, parameter_sets
+from mergepipe.catalog.connection import SQL, DriverConnection, Params, Result
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import CatalogReadOnly
 
@@ -52,24 +52,19 @@ def read_only_error(path: Path, e: BaseException) -> CatalogReadOnly | None:
         f"or immutable (a read-only mount, chattr +i, no write permission). Make it writable (chattr -i, remount read-write, fix the owner){restart}")
 
 
-class DuckDBConnection:
+class DuckDBConnection(DriverConnection):
     """One DuckDB connection to the catalog, in one transaction."""
+
+    integrity_error = duckdb.IntegrityError
 
     def __init__(self, raw: duckdb.DuckDBPyConnection) -> None:
         self.raw = raw
 
-    def execute(self, statement: SQL, params: Params | Sequence[Params] | None = None
-                ) -> Result:
-        sets = parameter_sets(params)
-        if sets == []:
-            return Result([], [], 0)
-        try:
-            if isinstance(sets, list):
-                self.raw.executemany(statement.numbered, [statement.values(p) for p in sets])
-            else:
-                self.raw.execute(statement.numbered, statement.values(sets))
-        except duckdb.IntegrityError as e:
-            raise IntegrityError(str(e)) from e
+    def _run(self, statement: SQL, sets: Params | list[Params]) -> Result:
+        if isinstance(sets, list):
+            self.raw.executemany(statement.numbered, [statement.values(p) for p in sets])
+        else:
+            self.raw.execute(statement.numbered, statement.values(sets))
         description = self.raw.description
         if not description:
             return Result([], [], self.raw.rowcount)

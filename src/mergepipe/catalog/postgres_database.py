@@ -3,7 +3,7 @@ every statement and results read back as DuckDB returns them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from typing import Any
@@ -13,10 +13,9 @@ import sqlalchemy as sa
 from mergepipe.catalog.connection import (
     SQL,
     CatalogUnavailable,
-    IntegrityError,
+    DriverConnection,
     Params,
     Result,
-    parameter_sets,
 )
 from mergepipe.catalog.dialect import engine_url, to_postgres, unnest_rows
 from mergepipe.core.errors import CatalogReadOnly, InvalidRequest
@@ -29,21 +28,16 @@ def _text(statement: SQL) -> sa.TextClause:
     return sa.text(statement.text)
 
 
-class PostgresConnection:
+class PostgresConnection(DriverConnection):
     """One pooled connection, in one transaction."""
+
+    integrity_error = sa.exc.IntegrityError
 
     def __init__(self, conn: sa.Connection) -> None:
         self.sa = conn
 
-    def execute(self, statement: SQL, params: Params | Sequence[Params] | None = None
-                ) -> Result:
-        sets = parameter_sets(params)
-        if sets == []:
-            return Result([], [], 0)
-        try:
-            res = self.sa.execute(_text(statement), sets)
-        except sa.exc.IntegrityError as e:
-            raise IntegrityError(str(e.orig)) from e
+    def _run(self, statement: SQL, sets: Params | list[Params]) -> Result:
+        res = self.sa.execute(_text(statement), sets)
         if not res.returns_rows:
             return Result([], [], res.rowcount)
         return Result(list(res.keys()), [tuple(r) for r in res], res.rowcount)

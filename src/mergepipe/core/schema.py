@@ -28,12 +28,12 @@ from mergepipe.core.operators.ties import on_grid
 from mergepipe.core.tensor_params import TENSOR_PARAMS, check_request_settings, numbers
 from mergepipe.core.vocab import (
     DTYPE_HELP,
-    DTYPE_NAMES,
     KINDS,
     MAX_BLOCK_BYTES,
     MIN_BLOCK_BYTES,
     NAME_RULE,
     STRATEGIES,
+    dtype_name,
     name_problem,
     share_problem,
 )
@@ -94,13 +94,6 @@ def _name(v: str) -> str:
     return v
 
 
-def _dtype(v: object) -> str:
-    key = v.removeprefix("torch.") if isinstance(v, str) else None
-    if key not in DTYPE_NAMES:
-        raise ValueError(f"unsupported dtype {str(v)[:40]!r} (use {DTYPE_HELP})")
-    return DTYPE_NAMES[key]
-
-
 def _share(v: float) -> float:
     why = share_problem(v)
     if why is not None:
@@ -128,7 +121,7 @@ Fraction = Annotated[Finite, AfterValidator(_share),
 ByteCount = Annotated[int, Field(strict=True, gt=0, description="expert bytes, at most 2^63 - 1"),
                       AfterValidator(_bigint)]
 Seed = Annotated[int, Field(strict=True, ge=0, lt=2**63)]
-Dtype = Annotated[Literal["F32", "F16", "BF16"], BeforeValidator(_dtype),
+Dtype = Annotated[Literal["F32", "F16", "BF16"], BeforeValidator(dtype_name),
                   Field(description=DTYPE_HELP)]
 Strategy = Literal[STRATEGIES]  # type: ignore[valid-type]
 Kind = Literal[KINDS]  # type: ignore[valid-type]

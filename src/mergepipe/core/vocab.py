@@ -16,13 +16,21 @@ DTYPE_NAMES = {**{n: n for n in DTYPE_SIZES}, **{v: k for k, v in HF_DTYPE_NAMES
 DTYPE_HELP = "float32, float16 or bfloat16 (or F32, F16, BF16, fp32, fp16, bf16)"
 
 
-def normalize_dtype(name: object, field: str = "dtype") -> str:
-    """'bfloat16' / 'bf16' / 'BF16' / 'torch.bfloat16' -> 'BF16'; refuses what we cannot merge."""
+def dtype_name(name: object) -> str:
+    """'bfloat16' / 'bf16' / 'BF16' / 'torch.bfloat16' -> 'BF16'; ValueError for what we cannot
+    merge."""
     key = name.removeprefix("torch.") if isinstance(name, str) else None
     if key not in DTYPE_NAMES:
-        raise InvalidRequest(f"{field}: unsupported dtype {str(name)[:40]!r} (use {DTYPE_HELP})",
-                             field=field)
+        raise ValueError(f"unsupported dtype {str(name)[:40]!r} (use {DTYPE_HELP})")
     return DTYPE_NAMES[key]
+
+
+def normalize_dtype(name: object, field: str = "dtype") -> str:
+    """dtype_name, refusing with InvalidRequest naming `field`."""
+    try:
+        return dtype_name(name)
+    except ValueError as e:
+        raise InvalidRequest(f"{field}: {e}", field=field) from None
 
 
 # -- names --------------------------------------------------------------------------------------

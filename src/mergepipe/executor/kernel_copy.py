@@ -12,30 +12,17 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Sequence
 
 import xxhash
 
 from mergepipe.core.errors import InvalidCheckpoint
-from mergepipe.storage.fsconfine import open_confined
+from mergepipe.storage.storage import open_source as open_source  # (writer.py imports it here)
 
 READ_BACK_BYTES = 4 << 20  # the buffer the copied bytes are read back and hashed through
 
 _NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM,
                    errno.EBADF, errno.ETXTBSY}
-
-
-def open_source(path: str, roots: Sequence[str] | None) -> int:
-    """A read-only fd of a base file, beneath its root in a confined job; a regular file only."""
-    try:  # O_NONBLOCK: a FIFO planted as a checkpoint must not hang the open
-        fd = open_confined(path, os.O_RDONLY | os.O_NONBLOCK, roots)
-    except OSError as e:
-        raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise InvalidCheckpoint(f"{path}: not a regular file")
-    return fd
 
 
 def copy_range(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int,

@@ -71,26 +71,23 @@ class ModelSource:
 
     def verify_block(self, block: BlockRow, raw: bytes | bytearray | memoryview) -> None:
         """Raise SourceChanged unless `raw` has the block's catalogued xxh3-128 content hash."""
-        got = xxhash.xxh3_128_hexdigest(raw)
-        if got != block.content_hash:
-            raise SourceChanged(
-                f"model {self.name!r}: tensor {block.tensor!r} block {block.block_index} in "
-                f"{self.file_path(block.file_index)} (bytes {block.byte_offset}.."
-                f"{block.byte_offset + block.nbytes}) does not match the catalog's content hash: "
-                f"the file changed after ingestion; re-ingest {self.name!r}")
+        self._verify(raw, block.content_hash, f"tensor {block.tensor!r} block {block.block_index}",
+                     block.file_index, block.byte_offset, block.nbytes)
 
     def verify_lora_a(self, tensor: str, spec: LoraA, raw: bytes | bytearray | memoryview
                       ) -> None:
         """Raise SourceChanged unless `raw` has lora_A's catalogued xxh3-128 content hash (no
         check for a catalog row from before migration 0004, which has no hash)."""
-        if spec.content_hash is None:
-            return
-        got = xxhash.xxh3_128_hexdigest(raw)
-        if got != spec.content_hash:
+        if spec.content_hash is not None:
+            self._verify(raw, spec.content_hash, f"tensor {tensor!r} lora_A", spec.file_index,
+                         spec.offset, spec.nbytes)
+
+    def _verify(self, raw: bytes | bytearray | memoryview, content_hash: str, what: str,
+                file_index: int, offset: int, nbytes: int) -> None:
+        if xxhash.xxh3_128_hexdigest(raw) != content_hash:
             raise SourceChanged(
-                f"model {self.name!r}: tensor {tensor!r} lora_A in "
-                f"{self.file_path(spec.file_index)} (bytes {spec.offset}.."
-                f"{spec.offset + spec.nbytes}) does not match the catalog's content hash: "
+                f"model {self.name!r}: {what} in {self.file_path(file_index)} (bytes {offset}.."
+                f"{offset + nbytes}) does not match the catalog's content hash: "
                 f"the file changed after ingestion; re-ingest {self.name!r}")
 
 

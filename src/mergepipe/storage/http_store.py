@@ -17,11 +17,11 @@ from mergepipe.core.errors import Forbidden, InvalidCheckpoint, InvalidRequest, 
 from mergepipe.storage.http_watchdog import CURRENT, POOL_CLASSES, WATCHDOG
 from mergepipe.storage.locations import Url, parse_url
 from mergepipe.storage.remote_io import (
+    RangedBody,
+    RangedReads,
     RemoteConfig,
     Transient,
-    check_content_range,
     check_size,
-    copy_body,
     with_retries,
 )
 from mergepipe.storage.remote_scope import RemoteScope, current_scope, using
@@ -39,7 +39,7 @@ MAX_REDIRECTS = 5
 MAX_LOCATION_CHARS = 8192
 
 
-class HttpStore:
+class HttpStore(RangedReads):
     """Files under an http(s):// base URL. Redirects are followed by hand, each hop checked
     before it is followed (storage.remote_scope: under a remote root in a service job); a
     bearer token (MERGEPIPE_HTTP_TOKEN) goes only to the exact origin (scheme, host, port) of
@@ -101,39 +101,19 @@ class HttpStore:
             return False
         return True
 
-    def read_bytes(self, path: str, limit: int) -> bytes:
-        size = self.stat(path).size
-        if size > limit:
-            raise OSError(errno.EFBIG, f"{size} bytes, over the limit of {limit}")
-        buf = bytearray(size)
-        self.read_range(path, 0, memoryview(buf), None, FetchStats())
-        return bytes(buf)
-
     # -- byte ranges -------------------------------------------------------------------------
 
-    def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
-                   stats: FetchStats) -> None:
-        """Fill `out` from `offset` with ranged GETs (If-Match on a strong ETag when pinned); a
-        broken or truncated body is resumed where it stopped."""
-        if not len(out):
-            return
-        n, done = len(out), [0]
+    @contextlib.contextmanager
+    def _ranged(self, path: str, start: int, end: int, pin: Stamp | None
+                ) -> Iterator[RangedBody]:
+        """A ranged GET, If-Match on a strong ETag when pinned."""
         strong = pin.etag if pin and pin.etag and not pin.etag.startswith("W/") else None
-
-        def attempt() -> None:
-            start = offset + done[0]
-            stats.add(requests=1)
-            headers = {"Range": f"bytes={start}-{offset + n - 1}",
-                       **({"If-Match": strong} if strong else {})}
-            with self._open(path, "GET", headers) as r:
-                if r.status != 206:
-                    raise InvalidCheckpoint(f"{path}: the server does not honour Range "
-                                            f"requests (HTTP {r.status} to a ranged GET)")
-                check_content_range(path, r.headers.get("Content-Range"), start, offset + n)
-                copy_body(lambda k: _read(r, k), out, done, stats)
-
-        with_retries(f"{path} (bytes {offset}..{offset + n})", self.cfg, stats, attempt,
-                     lambda: done[0])
+        headers = {"Range": f"bytes={start}-{end - 1}", **({"If-Match": strong} if strong else {})}
+        with self._open(path, "GET", headers) as r:
+            if r.status != 206:
+                raise InvalidCheckpoint(f"{path}: the server does not honour Range "
+                                        f"requests (HTTP {r.status} to a ranged GET)")
+            yield r.headers.get("Content-Range"), lambda k: _read(r, k)
 
     # -- requests ----------------------------------------------------------------------------
 

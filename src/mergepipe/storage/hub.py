@@ -23,7 +23,7 @@ from typing import Any
 
 from mergepipe.core.errors import InvalidRequest, NotFound, RemoteUnavailable
 from mergepipe.storage.locations import Url, parse_url
-from mergepipe.storage.remote_io import RemoteConfig, check_size
+from mergepipe.storage.remote_io import RemoteConfig, WholeReads, check_size
 from mergepipe.storage.remote_scope import RemoteScope, current_scope, using
 from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
 
@@ -152,7 +152,7 @@ def pin(location: str) -> str:
     return ref.location(snapshot(ref.repo, ref.revision).sha)
 
 
-class HubStore:
+class HubStore(WholeReads):
     """The files of Hub repositories (the Store protocol, and byte ranges)."""
 
     def __init__(self, cfg: RemoteConfig) -> None:
@@ -188,14 +188,6 @@ class HubStore:
             raise FileNotFoundError(2, f"{ref.path!r} is not a file of {snap.repo}@{snap.sha}")
         # a commit's files never change: the sha is the version (no If-Match on the storage)
         return Stamp(check_size(path, snap.files[ref.path]), 0, None)
-
-    def read_bytes(self, path: str, limit: int) -> bytes:
-        size = self.stat(path).size
-        if size > limit:
-            raise OSError(27, f"{size} bytes, over the limit of {limit}")
-        buf = bytearray(size)
-        self.read_range(path, 0, memoryview(buf), None, FetchStats())
-        return bytes(buf)
 
     def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
                    stats: FetchStats) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -13,9 +15,11 @@ from mergepipe.core import checkpoint_limits
 from mergepipe.core.errors import InvalidCheckpoint, RemoteUnavailable
 from mergepipe.core.settings import env_number
 from mergepipe.storage.remote_scope import current_scope
-from mergepipe.storage.store_types import NETWORK, FetchStats
+from mergepipe.storage.store_types import NETWORK, FetchStats, Stamp
 
 T = TypeVar("T")
+# What one ranged GET gives: its Content-Range header and a reader of its body (n bytes at most).
+RangedBody = tuple[str | None, Callable[[int], bytes]]
 MAX_BACKOFF_S = 8.0
 CHUNK_BYTES = 1 << 20  # a response body is copied into the caller's buffer this much at a time
 # AWS variables that select the S3 client (its credentials are read by boto3 itself).
@@ -130,3 +134,51 @@ def check_content_range(path: str, content_range: str | None, start: int, end: i
     if int(first) != start or int(last) != end - 1:
         raise InvalidCheckpoint(f"{path}: the store answered bytes {span} to a request for "
                                 f"{start}..{end - 1}")
+
+
+class WholeReads:
+    """`read_bytes` of a remote store, from its `stat` and `read_range`."""
+
+    def stat(self, path: str) -> Stamp:
+        raise NotImplementedError
+
+    def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
+                   stats: FetchStats) -> None:
+        raise NotImplementedError
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        size = self.stat(path).size
+        if size > limit:
+            raise OSError(errno.EFBIG, f"{size} bytes, over the limit of {limit}")
+        buf = bytearray(size)
+        self.read_range(path, 0, memoryview(buf), None, FetchStats())
+        return bytes(buf)
+
+
+class RangedReads(WholeReads):
+    """`read_range` of a store that answers ranged GETs (`_ranged`), with retries."""
+
+    cfg: RemoteConfig
+
+    def _ranged(self, path: str, start: int, end: int, pin: Stamp | None
+                ) -> AbstractContextManager[RangedBody]:
+        """One GET of bytes [start, end) of `path` (of the pinned version)."""
+        raise NotImplementedError
+
+    def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
+                   stats: FetchStats) -> None:
+        """Fill `out` from `offset` with ranged GETs; a broken or truncated body is resumed
+        where it stopped."""
+        if not len(out):
+            return
+        n, done = len(out), [0]
+
+        def attempt() -> None:
+            start = offset + done[0]
+            stats.add(requests=1)
+            with self._ranged(path, start, offset + n, pin) as (content_range, read):
+                check_content_range(path, content_range, start, offset + n)
+                copy_body(read, out, done, stats)
+
+        with_retries(f"{path} (bytes {offset}..{offset + n})", self.cfg, stats, attempt,
+                     lambda: done[0])

@@ -9,14 +9,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.storage.remote_scope import current_scope, using
 from mergepipe.storage.store import remote_store
-from mergepipe.storage.store_types import FetchStats, Stamp
+from mergepipe.storage.store_types import ByteReader, FetchStats, Stamp
 
 WINDOW_BYTES = 8 << 20  # a sequential reader fetches objects in windows this large
 WINDOWS_AHEAD = 2       # ... and this many windows ahead of the one being read
 MAX_WINDOWS = 6         # memory: at most this many windows held at once (48 MiB)
 
 
-class RemoteReader:
+class RemoteReader(ByteReader):
     """A RangeReader over URLs. Each object is read at one version: the one pinned by the
     caller (its stamp at ingestion), else the one its first stat saw; reads ask the store for
     exactly that version (VersionId / If-Match), so a changed object fails, never mixes.
@@ -69,11 +69,6 @@ class RemoteReader:
     def size(self, path: str) -> int:
         return self.stamp(path).size
 
-    def read(self, path: str, offset: int, nbytes: int) -> bytearray:
-        buf = bytearray(nbytes)
-        self.read_into(path, offset, memoryview(buf))
-        return buf
-
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         if self._ahead is not None:
             self._ahead.read_into(path, offset, out)
@@ -94,12 +89,6 @@ class RemoteReader:
     def close(self) -> None:
         if self._ahead is not None:
             self._ahead.close()
-
-    def __enter__(self) -> RemoteReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _ReadAhead:

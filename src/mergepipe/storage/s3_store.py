@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import threading
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChanged
 from mergepipe.storage.locations import Url, parse_url
 from mergepipe.storage.remote_io import (
+    RangedBody,
+    RangedReads,
     RemoteConfig,
     Transient,
-    check_content_range,
     check_size,
-    copy_body,
     with_retries,
 )
 from mergepipe.storage.remote_scope import current_scope
@@ -43,7 +45,7 @@ DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "
 MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"}
 
 
-class S3Store:
+class S3Store(RangedReads):
     """Objects of any S3-compatible store. The endpoint, region and credentials come from the
     standard AWS environment and profile (boto3's chain); boto3's own retries are off so that
     every attempt is counted and a broken body resumes at its first missing byte."""
@@ -114,45 +116,27 @@ class S3Store:
                 out.pop("", None)  # a "directory marker" object
                 return out
 
-    def read_bytes(self, path: str, limit: int) -> bytes:
-        size = self.stat(path).size
-        if size > limit:
-            raise OSError(errno.EFBIG, f"{size} bytes, over the limit of {limit}")
-        buf = bytearray(size)
-        self.read_range(path, 0, memoryview(buf), None, FetchStats())
-        return bytes(buf)
-
     # -- byte ranges -------------------------------------------------------------------------
 
-    def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
-                   stats: FetchStats) -> None:
-        """Fill `out` from `offset` with ranged GETs of the pinned version (VersionId, else
-        If-Match on the ETag); a broken or truncated body is resumed where it stopped."""
-        if not len(out):
-            return
+    @contextlib.contextmanager
+    def _ranged(self, path: str, start: int, end: int, pin: Stamp | None
+                ) -> Iterator[RangedBody]:
+        """A ranged GET of the pinned version (VersionId, else If-Match on the ETag)."""
         from mergepipe.storage.http_watchdog import watching  # urllib3: with boto3, not before
 
-        url, n, done = parse_url(path), len(out), [0]
+        url = parse_url(path)
         pinned = ({"VersionId": pin.version_id} if pin and pin.version_id
                   else {"IfMatch": pin.etag} if pin and pin.etag else {})
-
-        def attempt() -> None:
-            start = offset + done[0]
-            stats.add(requests=1)
-            r = self._request(path, "get_object", Bucket=url.authority, Key=url.key,
-                              Range=f"bytes={start}-{offset + n - 1}", **pinned)
-            body = r["Body"]
-            # the job's deadline cuts off a body still arriving (a trickling endpoint)
-            conn = getattr(getattr(body, "_raw_stream", None), "connection", None)
-            try:
-                with watching(conn, current_scope().deadline):
-                    check_content_range(path, r.get("ContentRange"), start, offset + n)
-                    copy_body(lambda k: self._read_body(body, k), out, done, stats)
-            finally:
-                body.close()
-
-        with_retries(f"{path} (bytes {offset}..{offset + n})", self.cfg, stats, attempt,
-                     lambda: done[0])
+        r = self._request(path, "get_object", Bucket=url.authority, Key=url.key,
+                          Range=f"bytes={start}-{end - 1}", **pinned)
+        body = r["Body"]
+        # the job's deadline cuts off a body still arriving (a trickling endpoint)
+        conn = getattr(getattr(body, "_raw_stream", None), "connection", None)
+        try:
+            with watching(conn, current_scope().deadline):
+                yield r.get("ContentRange"), lambda k: self._read_body(body, k)
+        finally:
+            body.close()
 
     @staticmethod
     def _read_body(body: Any, nbytes: int) -> bytes:

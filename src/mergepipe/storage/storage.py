@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.storage.fsconfine import current_roots, open_confined
 from mergepipe.storage.locations import is_url
 from mergepipe.storage.remote_reader import RemoteReader
-from mergepipe.storage.store_types import FetchStats, Stamp
+from mergepipe.storage.store_types import ByteReader, FetchStats, Stamp
 
 
 class RangeReader(Protocol):
@@ -46,7 +46,7 @@ def open_reader(*, random_access: bool = False) -> SourceReader:
                         RemoteReader(read_ahead=not random_access))
 
 
-class SourceReader:
+class SourceReader(ByteReader):
     """Dispatch by scheme: local paths to a LocalFileReader, URLs to a RemoteReader; the
     counters cover both (for local files a request is one read call, never retried)."""
 
@@ -82,11 +82,6 @@ class SourceReader:
     def size(self, path: str) -> int:
         return self._for(path).size(path)
 
-    def read(self, path: str, offset: int, nbytes: int) -> bytearray:
-        buf = bytearray(nbytes)
-        self.read_into(path, offset, memoryview(buf))
-        return buf
-
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         reader = self._for(path)
         reader.read_into(path, offset, out)
@@ -98,14 +93,8 @@ class SourceReader:
         self.local.close()
         self.remote.close()
 
-    def __enter__(self) -> SourceReader:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class LocalFileReader:
+class LocalFileReader(ByteReader):
     """Reads byte ranges with os.pread from files kept open; thread-safe; counts bytes per file."""
 
     def __init__(self, *, random_access: bool = False) -> None:
@@ -122,13 +111,7 @@ class LocalFileReader:
         with self._lock:
             fd = self._fds.get(path)
             if fd is None:
-                try:  # O_NONBLOCK: a FIFO planted as a checkpoint must not hang the open
-                    fd = open_confined(path, os.O_RDONLY | os.O_NONBLOCK, self.roots)
-                except OSError as e:
-                    raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    os.close(fd)
-                    raise InvalidCheckpoint(f"{path}: not a regular file")
+                fd = open_source(path, self.roots)
                 if self.random_access:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 self._fds[path] = fd
@@ -137,11 +120,6 @@ class LocalFileReader:
     def size(self, path: str) -> int:
         """The file's size in bytes (it is opened, and kept open, for reading)."""
         return os.fstat(self._fd(path)).st_size
-
-    def read(self, path: str, offset: int, nbytes: int) -> bytearray:
-        buf = bytearray(nbytes)
-        self.read_into(path, offset, memoryview(buf))
-        return buf
 
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         """Fill `out` with the bytes at `offset`; a short read means the file was truncated."""
@@ -165,11 +143,18 @@ class LocalFileReader:
                 os.close(fd)
             self._fds.clear()
 
-    def __enter__(self) -> LocalFileReader:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def open_source(path: str, roots: Sequence[str] | None) -> int:
+    """A read-only fd of a checkpoint file, beneath its root in a confined job; a regular file
+    only."""
+    try:  # O_NONBLOCK: a FIFO planted as a checkpoint must not hang the open
+        fd = open_confined(path, os.O_RDONLY | os.O_NONBLOCK, roots)
+    except OSError as e:
+        raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InvalidCheckpoint(f"{path}: not a regular file")
+    return fd
 
 
 def drop_page_cache(paths: Iterable[str]) -> None:

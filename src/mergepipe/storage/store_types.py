@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Self
 
 # What an entry of a directory is: a regular file, a directory, or something else (a FIFO...).
 FILE, DIR, OTHER = "file", "dir", "other"
@@ -74,3 +74,24 @@ class RemoteStore(Store, Protocol):
 
     def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
                    stats: FetchStats) -> None: ...
+
+
+class ByteReader:
+    """`read` and `with` (closing at the block's end) for a reader of byte ranges."""
+
+    def read_into(self, path: str, offset: int, out: memoryview) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def read(self, path: str, offset: int, nbytes: int) -> bytearray:
+        buf = bytearray(nbytes)
+        self.read_into(path, offset, memoryview(buf))
+        return buf
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

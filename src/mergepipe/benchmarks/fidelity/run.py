@@ -7,6 +7,8 @@ import platform
 import shutil
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -233,16 +235,17 @@ def machine() -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(), "engine": engine_version()}
 
 
-def run_fidelity(cfg: FidelityConfig, root: Path, *, retrain: bool = False) -> dict[str, Any]:
-    """Build (or reuse) the family under root, run every merge, return the results dict."""
-    t0 = time.perf_counter()
+@contextmanager
+def ingested_family(cfg: Any, root: Path, work_name: str, retrain: bool
+                    ) -> Iterator[tuple[dict[str, Any], Evaluator, Path, Catalog, dict[str, Any]]]:
+    """Build (or reuse) the family of `cfg` under root, ingest it into a new catalog in
+    root/`work_name`: (family, evaluator, work folder, catalog, results started)."""
     torch.set_num_threads(cfg.threads)
     root.mkdir(parents=True, exist_ok=True)
     family = build_family(cfg.family, root, rebuild=retrain)
-    work = root / "run"
+    work = root / work_name
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
-    experts = list(family["experts"])
     ev = Evaluator(eval_set(list(cfg.family.tasks), cfg.eval_per_task, cfg.eval_seed))
     results: dict[str, Any] = {
         "config": cfg.to_dict(), "family": family, "machine": machine(),
@@ -250,9 +253,17 @@ def run_fidelity(cfg: FidelityConfig, root: Path, *, retrain: bool = False) -> d
     }
     with Catalog(work / "catalog.duckdb") as cat:
         ingest_model(cat, family["base"]["path"], "base", block_bytes=cfg.block_bytes)
-        for e in experts:
+        for e in family["experts"]:
             ingest_model(cat, family["experts"][e]["path"], e, base="base",
                          block_bytes=cfg.block_bytes)
+        yield family, ev, work, cat, results
+
+
+def run_fidelity(cfg: FidelityConfig, root: Path, *, retrain: bool = False) -> dict[str, Any]:
+    """Build (or reuse) the family under root, run every merge, return the results dict."""
+    t0 = time.perf_counter()
+    with ingested_family(cfg, root, "run", retrain) as (family, ev, work, cat, results):
+        experts = list(family["experts"])
         for op in cfg.operators:
             run = OperatorRun(cfg, cat, ev, work, "base", experts, op)
             results["operators"].append(run.run(

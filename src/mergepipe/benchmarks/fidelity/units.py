@@ -8,19 +8,14 @@ import json
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from mergepipe.benchmarks.fidelity.family import FamilySpec, build_family
+from mergepipe.benchmarks.fidelity.family import FamilySpec
 from mergepipe.benchmarks.fidelity.model import ModelSize, TrainSpec
 from mergepipe.benchmarks.fidelity.random_plan import candidates, random_group_plan, random_plan
-from mergepipe.benchmarks.fidelity.run import Evaluator, OperatorSpec, _execute, machine
-from mergepipe.benchmarks.fidelity.tasks import eval_set
+from mergepipe.benchmarks.fidelity.run import Evaluator, OperatorSpec, _execute, ingested_family
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.ingest import ingest_model
 from mergepipe.core.request import build_request
 from mergepipe.planner.plan import Plan, make_plan
 
@@ -152,25 +147,10 @@ def run_units(cfg: UnitsConfig, root: Path, *, retrain: bool = False,
               name: str = "units") -> dict[str, Any]:
     """Build (or reuse) the family under root, run every merge, write root/<name>.json."""
     t0 = time.perf_counter()
-    torch.set_num_threads(cfg.threads)
-    root.mkdir(parents=True, exist_ok=True)
-    family = build_family(cfg.family, root, rebuild=retrain)
-    work = root / f"{name}-run"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    experts = list(family["experts"])
-    ev = Evaluator(eval_set(list(cfg.family.tasks), cfg.eval_per_task, cfg.eval_seed))
-    res: dict[str, Any] = {"config": cfg.to_dict(), "family": family, "machine": machine(),
-                           "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                           "operators": []}
-    with Catalog(work / "catalog.duckdb") as cat:
-        ingest_model(cat, family["base"]["path"], "base", block_bytes=cfg.block_bytes)
-        for e in experts:
-            ingest_model(cat, family["experts"][e]["path"], e, base="base",
-                         block_bytes=cfg.block_bytes)
+    with ingested_family(cfg, root, f"{name}-run", retrain) as (family, ev, work, cat, res):
         for op in cfg.operators:
             print(f"  {op.name}", flush=True)
-            res["operators"].append(UnitRun(cfg, cat, ev, work, experts, op).run(
+            res["operators"].append(UnitRun(cfg, cat, ev, work, list(family["experts"]), op).run(
                 Path(family["base"]["path"])))
     shutil.rmtree(work, ignore_errors=True)
     res["seconds"] = time.perf_counter() - t0

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators.gta_native import gta_either
 from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
@@ -76,14 +77,8 @@ def no_rescale(params: dict[str, Any], notes: list[str]) -> dict[str, Any]:
 def breadcrumbs(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
                 ) -> torch.Tensor:
     """M = B + lambda * sum_i w_i band(D_i) (normalize divides by sum_i w_i)."""
-    from mergepipe.core.operators import gta_native
-    from mergepipe.core.operators import mergekit_arith as mk
-
-    if mk.uses_mergekit_arith(ctx):
-        return mk.gta(base, experts, ctx, sparsify=band_mask, consensus=False,
+    return gta_either(base, experts, ctx, mergekit=band_mask, native=band_native, consensus=False,
                       normalize_default=False)
-    return gta_native.gta(base, experts, ctx, sparsify=band_native, consensus=False,
-                          normalize_default=False)
 
 
 SPEC = OperatorSpec(

@@ -12,6 +12,7 @@ from mergepipe.core.operators.breadcrumbs import (
     cuts,
     no_rescale,
 )
+from mergepipe.core.operators.gta_native import gta_either
 from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
 
 if TYPE_CHECKING:
@@ -23,14 +24,8 @@ if TYPE_CHECKING:
 def breadcrumbs_ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
                      ) -> torch.Tensor:
     """M = B + lambda * disjoint_sum_i(w_i band(D_i)) (normalize: disjoint mean)."""
-    from mergepipe.core.operators import gta_native
-    from mergepipe.core.operators import mergekit_arith as mk
-
-    if mk.uses_mergekit_arith(ctx):
-        return mk.gta(base, experts, ctx, sparsify=band_mask, consensus=True,
+    return gta_either(base, experts, ctx, mergekit=band_mask, native=band_native, consensus=True,
                       normalize_default=False)
-    return gta_native.gta(base, experts, ctx, sparsify=band_native, consensus=True,
-                          normalize_default=False)
 
 
 SPEC = OperatorSpec(

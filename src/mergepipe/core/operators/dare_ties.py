@@ -4,46 +4,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mergepipe.core.operators.base import read_experts
 from mergepipe.core.operators.dare_params import MERGEKIT_PARAMS, RESCALE, rescale_from_mergekit
+from mergepipe.core.operators.gta_native import gta_either
 from mergepipe.core.operators.spec import FusedKernel, MergekitMethod, OperatorSpec
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
 
-    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock, ReadExpert
 
 
 def dare_ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
     """DARE drop and rescale per expert, then the TIES election (normalize default false)."""
-    from mergepipe.core.operators import mergekit_arith as mk
+    from mergepipe.core.operators.mergekit_arith import random_mask
 
-    if mk.uses_mergekit_arith(ctx):
-        return mk.gta(base, experts, ctx, sparsify=mk.random_mask, consensus=True,
+    return gta_either(base, experts, ctx, mergekit=random_mask, native=_dropped, consensus=True,
                       normalize_default=False)
-    import torch
 
-    from mergepipe.core.operators.sparsify import (
-        dropped_into,
-        elect_into,
-        finish_into,
-        scale_,
-        scratch,
-    )
 
-    read = read_experts(experts)
-    if not read:
-        return base.clone()
-    rescale = str(ctx.params.get("rescale", "density"))
-    dropped = []
-    for j, e in enumerate(read):
-        w = dropped_into(e.delta, e.density, e.key, ctx.flat_offset, rescale,
-                         scratch.like(("w", j), base))
-        dropped.append(scale_(w, e.weight))
-    out = torch.empty_like(base)
-    divisor = scratch.like("divisor", base) if ctx.normalize(False) else None
-    elect_into(dropped, [e.weight for e in read], out, divisor)
-    return finish_into(out, base, ctx.lam, divisor)
+def _dropped(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext, j: int) -> torch.Tensor:
+    from mergepipe.core.operators.sparsify import dropped_into, scratch
+
+    return dropped_into(delta, e.density, e.key, ctx.flat_offset,
+                        str(ctx.params.get("rescale", "density")), scratch.like(("w", j), delta))
 
 
 SPEC = OperatorSpec(

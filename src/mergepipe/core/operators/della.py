@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators.gta_native import gta_either
 from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
@@ -81,14 +82,8 @@ def magprune_native(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext, j: in
 
 def della(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
     """M = B + lambda * disjoint_mean_i(w_i magprune(D_i))."""
-    from mergepipe.core.operators import gta_native
-    from mergepipe.core.operators import mergekit_arith as mk
-
-    if mk.uses_mergekit_arith(ctx):
-        return mk.gta(base, experts, ctx, sparsify=magprune, consensus=True,
+    return gta_either(base, experts, ctx, mergekit=magprune, native=magprune_native, consensus=True,
                       normalize_default=True)
-    return gta_native.gta(base, experts, ctx, sparsify=magprune_native, consensus=True,
-                          normalize_default=True)
 
 
 SPEC = OperatorSpec(

@@ -13,6 +13,7 @@ from mergepipe.core.operators.della import (
     magprune_native,
     rescale_from_mergekit,
 )
+from mergepipe.core.operators.gta_native import gta_either
 from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec
 
 if TYPE_CHECKING:
@@ -24,14 +25,8 @@ if TYPE_CHECKING:
 def della_linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
                  ) -> torch.Tensor:
     """M = B + lambda * sum_i w_i magprune(D_i) (normalize divides by sum_i w_i)."""
-    from mergepipe.core.operators import gta_native
-    from mergepipe.core.operators import mergekit_arith as mk
-
-    if mk.uses_mergekit_arith(ctx):
-        return mk.gta(base, experts, ctx, sparsify=magprune, consensus=False,
+    return gta_either(base, experts, ctx, mergekit=magprune, native=magprune_native, consensus=False,
                       normalize_default=False)
-    return gta_native.gta(base, experts, ctx, sparsify=magprune_native, consensus=False,
-                          normalize_default=False)
 
 
 SPEC = OperatorSpec(

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import torch
 
     from mergepipe.core.operators.base import BlockContext, ExpertBlock, ReadExpert
+    from mergepipe.core.operators.mergekit_arith import Sparsify
 
 # sparsify(expert, its float32 delta, ctx, j) -> a new float32 tensor (never e.delta itself)
 NativeSparsify = Callable[["ReadExpert", "torch.Tensor", "BlockContext", int], "torch.Tensor"]
@@ -49,3 +50,17 @@ def gta(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext, *,
     ordered_sum_into(weighted, out)
     total = weight_total(ctx.all_weights) if ctx.normalize(normalize_default) else None
     return finish_into(out, base, ctx.lam, total)
+
+
+def gta_either(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext, *,
+               mergekit: Sparsify, native: NativeSparsify, consensus: bool,
+               normalize_default: bool) -> torch.Tensor:
+    """mergekit's arithmetic (mergekit_arith.gta, sparsified by `mergekit`) where the request
+    asks for it, else the float32 form (gta, sparsified by `native`)."""
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.gta(base, experts, ctx, sparsify=mergekit, consensus=consensus,
+                      normalize_default=normalize_default)
+    return gta(base, experts, ctx, sparsify=native, consensus=consensus,
+               normalize_default=normalize_default)
