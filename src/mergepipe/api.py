@@ -185,20 +185,37 @@ class Catalog:
             request = replace(request, output_dtype=normalize_dtype(dtype, "output_dtype"))
         return request
 
-    def plan(self, request: MergeRequest | None = None, **fields: Any) -> Plan:
-        """Plan a merge without running it: the request, or the fields of request()."""
+    def plan(self, request: MergeRequest | None = None, *,
+             target_deviation: float | None = None, **fields: Any) -> Plan:
+        """Plan a merge without running it: the request, or the fields of request().
+        `target_deviation` (instead of a budget): the smallest budget, in steps of 0.01 of the
+        full read, whose predicted deviation is at most it (docs/FIDELITY.md); the plan's
+        `budget_search` says how it was found."""
         from mergepipe.jobs.planning import plan_merge
 
-        return plan_merge(self.db, request or self.request(**fields))
+        req = request or self.request(**fields)
+        target = _target(target_deviation, fields)
+        if target is None:
+            return plan_merge(self.db, req)
+        from mergepipe.jobs.planning import plan_for_deviation
+
+        return plan_for_deviation(self.db, req, target)[1]
 
     def merge(self, request: MergeRequest | None = None, *, out: str | Path,
               name: str | None = None, overwrite: bool = False, threads: int | None = None,
-              progress: bool | ProgressFn = True, **fields: Any) -> MergeSummary:
+              progress: bool | ProgressFn = True, target_deviation: float | None = None,
+              **fields: Any) -> MergeSummary:
         """Plan, execute and publish a merge into `out` (a directory or s3:// prefix) and
-        register the output as model `name` (default: the directory's name)."""
+        register the output as model `name` (default: the directory's name).
+        `target_deviation`: instead of a budget, as for plan()."""
         from mergepipe.jobs.merge import merge
 
         req = request or self.request(**fields)
+        target = _target(target_deviation, fields)
+        if target is not None:
+            from mergepipe.jobs.planning import plan_for_deviation
+
+            req, _, _ = plan_for_deviation(self.db, req, target)
         with _Bars(progress, "merging", unit="block") as bar:
             return merge(self.db, req, out, output_name=name, progress=bar.report,
                          threads=threads, overwrite=overwrite, engine=self._engine())
@@ -278,6 +295,13 @@ def _experts(experts: str | Sequence[str | tuple[str, float] | dict[str, Any]]
         else:
             out.append({"model": e[0], "weight": e[1]})
     return out
+
+
+def _target(target: float | None, fields: dict[str, Any]) -> float | None:
+    """A target deviation checked (InvalidRequest naming target_deviation)."""
+    from mergepipe.core.schema import check_target_deviation
+
+    return check_target_deviation(target, budget_given=fields.get("budget") is not None)
 
 
 def _budget_text(budget: float | int | str | None) -> str | None:

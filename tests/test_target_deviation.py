@@ -1,0 +1,120 @@
+"""The predicted deviation of a plan and --target-deviation (CLI, API, Python API), on a tiny
+catalog with hand-picked statistics (tests/planner_rows.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.cli.main import main
+from tests.catalogs import new_catalog
+from tests.planner_rows import Blk, Model, Ten, add_model, base_like
+
+E0 = [Ten("t0", [Blk(100, 4), Blk(100, 0), Blk(100, 1)]), Ten("t1", [Blk(100, 2), Blk(40, 1)])]
+E1 = [Ten("t0", [Blk(100, 6), Blk(100, 2), Blk(100, 2)]), Ten("t1", [Blk(100, 0), Blk(40, 3)])]
+# alpha = (2, 1) (task_arithmetic, lambda 2, e1 weight 0.5): per (tensor, block) the summed
+# utility is t0.0 2x4+6, t0.1 0+2, t0.2 2x1+2, t1.0 2x2+0, t1.1 2x1+3
+UPDATE_L2 = math.sqrt(14**2 + 2**2 + 4**2 + 4**2 + 5**2)
+REQUEST = ("--experts", "e0,e1:0.5", "--op", "task_arithmetic", "--param", "lambda=2")
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    path = new_catalog(tmp_path, "cat")
+    with Catalog(path) as cat:
+        add_model(cat, base_like("B", E0))
+        add_model(cat, Model("e0", E0, base="B"))
+        add_model(cat, Model("e1", E1, base="B"))
+        add_model(cat, Model("nostats", E1, base="B", has_stats=False))
+    return str(path)
+
+
+def plan(db: str, capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["--catalog", db, "plan", "--base", "B", *args, "--json"]) == 0
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_predicted_deviation_is_hand_computed(db: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = plan(db, capsys, *REQUEST, "--budget", "200B")
+    # omitted per block (test_planner_cli): sqrt(72); the full update bound: sqrt(257)
+    assert out["update_bound_l2"] == pytest.approx(UPDATE_L2)
+    assert out["predicted_deviation"] == pytest.approx(math.sqrt(72) / UPDATE_L2)
+    assert plan(db, capsys, *REQUEST)["predicted_deviation"] == 0.0  # the full read
+    assert main(["--catalog", db, "plan", "--base", "B", *REQUEST, "--budget", "200B"]) == 0
+    shown = capsys.readouterr().out
+    assert f"predicted dev.  {math.sqrt(72) / UPDATE_L2:.4g} " in shown
+    # no bound, no prediction: ties, and an expert without statistics
+    assert plan(db, capsys, "--experts", "e0", "--op", "ties", "--param", "density=0.5",
+                "--budget", "0.5")["predicted_deviation"] is None
+    assert plan(db, capsys, "--experts", "e0,nostats", "--op", "linear",
+                "--budget", "0.5")["predicted_deviation"] is None
+
+
+@pytest.mark.parametrize("target", [0.9, 0.6, 0.35, 0.1])
+def test_target_picks_the_smallest_grid_budget(db: str, capsys: pytest.CaptureFixture[str],
+                                               target: float) -> None:
+    out = plan(db, capsys, *REQUEST, "--target-deviation", str(target))
+    search = out["budget_search"]
+    f = search["fraction"]
+    assert out["budget"] == {"fraction": f} and out["predicted_deviation"] <= target
+    assert search["predicted_deviation"] == out["predicted_deviation"]
+    assert search["resolution"] == 0.01 and search["plans"] <= 8
+    # the plan of that budget, asked for directly, is the same plan
+    assert plan(db, capsys, *REQUEST, "--budget", str(f))["plan_hash"] == out["plan_hash"]
+    # the grid point under it misses the target (or reads no expert byte at all)
+    below = round(f - 0.01, 2)
+    assert search["below"] == below
+    code = main(["--catalog", db, "plan", "--base", "B", *REQUEST, "--budget", str(below),
+                 "--json"])
+    captured = capsys.readouterr()
+    if code == 0:
+        assert json.loads(captured.out)["predicted_deviation"] > target
+    else:
+        assert "reads no expert byte" in captured.err and search["below_deviation"] is None
+
+
+def test_target_zero_needs_the_full_read(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    out = plan(db, capsys, *REQUEST, "--target-deviation", "0")
+    assert out["budget_search"]["fraction"] == 1.0 and out["predicted_deviation"] == 0.0
+    assert out["budget_search"]["below_deviation"] > 0
+
+
+def test_readable_output_says_how_the_budget_was_chosen(
+        db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--catalog", db, "plan", "--base", "B", *REQUEST,
+                 "--target-deviation", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "target          deviation <= 0.5: budget " in out and "grid 0.01" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--target-deviation", "0.5", "--budget", "0.3"), "give either a budget or a target"),
+    (("--target-deviation", "1.5"), "target_deviation: Input should be less than or equal to 1"),
+    (("--target-deviation", "-0.1"), "greater than or equal to 0"),
+    (("--target-deviation", "nan"), "target_deviation: Input should be a finite number"),
+    (("--target-deviation", "half"), "target deviation 'half' is not a number"),
+])
+def test_bad_targets_are_one_line(db: str, capsys: pytest.CaptureFixture[str],
+                                  args: tuple[str, ...], message: str) -> None:
+    assert main(["--catalog", db, "plan", "--base", "B", *REQUEST, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("request_args", "why"), [
+    (("--experts", "e0", "--op", "ties", "--param", "density=0.5"), "ties"),
+    (("--experts", "e0,nostats", "--op", "linear"), "no statistics for nostats"),
+])
+def test_no_prediction_no_target(db: str, capsys: pytest.CaptureFixture[str],
+                                 request_args: tuple[str, ...], why: str) -> None:
+    assert main(["--catalog", db, "plan", "--base", "B", *request_args,
+                 "--target-deviation", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "no predicted deviation" in err and why in err and "give a budget" in err
