@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the catalog opens with a Catalog (the CLI builds requests f
     from mergepipe.catalog.db import Catalog as CatalogDatabase
     from mergepipe.catalog.models import ModelRow
     from mergepipe.catalog.records import LineageEdge, MergeRow
+    from mergepipe.evaluation.compare import Comparison
     from mergepipe.executor.engine import Engine
     from mergepipe.jobs.lifecycle import Removal
     from mergepipe.jobs.replay import ReplayResult
@@ -227,6 +228,16 @@ class Catalog:
 
         return replay(self.db, merge_id, Path(out) if out is not None else None,
                       threads=threads)
+
+    # -- evaluation -------------------------------------------------------------------------
+    def compare(self, model_a: str, model_b: str, text: str, *, tokens: int = 2048,
+                tokenizer: str | None = None) -> Comparison:
+        """Teacher-forced KL(A || B) per token and both perplexities of two registered models
+        on the first `tokens` tokens of `text` (CPU; needs the `eval` extra). `tokenizer`: the
+        model whose tokenizer to use (default: A's, else B's)."""
+        from mergepipe.evaluation.compare import compare
+
+        return compare(self.db, model_a, model_b, text, tokens=tokens, tokenizer=tokenizer)
 
     # -- queries ----------------------------------------------------------------------------
     def sql(self, query: str) -> SqlResult:
