@@ -118,3 +118,33 @@ def test_no_prediction_no_target(db: str, capsys: pytest.CaptureFixture[str],
                  "--target-deviation", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "no predicted deviation" in err and why in err and "give a budget" in err
+
+
+def test_api_plans_with_a_target(db: str, tmp_path: Path) -> None:
+    from tests import api_helpers
+
+    body = {"base": "B", "experts": [{"model": "e0"}, {"model": "e1", "weight": 0.5}],
+            "operator": "task_arithmetic", "params": {"lambda": 2}}
+    settings = api_helpers.settings_for(tmp_path, catalog=db)
+    with api_helpers.client_for(settings) as c:
+        r = c.post("/v1/plans", json={**body, "target_deviation": 0.35})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["budget_search"]["fraction"] == 0.56  # as the CLI's search (hand-checked)
+        assert out["predicted_deviation"] <= 0.35 < out["budget_search"]["below_deviation"]
+        same = c.post("/v1/plans", json={**body, "budget": {"fraction": 0.56}}).json()
+        assert same["plan_hash"] == out["plan_hash"]
+        assert same["predicted_deviation"] == out["predicted_deviation"]
+        for extra, field in [({"target_deviation": 2}, "target_deviation"),
+                             ({"target_deviation": "0.5"}, "target_deviation"),
+                             ({"target_deviation": 0.5, "budget": {"fraction": 0.5}},
+                              "target_deviation")]:
+            for path in ("/v1/plans", "/v1/merges"):
+                payload = {**body, **extra, **({"output": {"name": "o"}} if "merges" in path
+                                                else {})}
+                bad = c.post(path, json=payload)
+                assert bad.status_code == 422, (path, extra, bad.text)
+                assert bad.json()["error"]["field"] == field
+        ties = c.post("/v1/plans", json={**body, "operator": "ties", "params": {},
+                                         "target_deviation": 0.5})
+        assert ties.status_code == 422 and "no predicted deviation" in ties.text
