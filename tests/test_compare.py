@@ -32,7 +32,7 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         cat.ingest(base, "base", progress=False)
         for name in ("chat", "bare"):
             cat.ingest(root / "data" / name, name, base="base", progress=False)
-    (root / "text.txt").write_text(tiny_lm.TEXT * 2)
+    (root / "text.txt").write_text(" ".join([tiny_lm.TEXT] * 2))
     return {"root": root, "catalog": Path(str(catalog)), "text": root / "text.txt"}
 
 

@@ -148,3 +148,28 @@ def test_api_plans_with_a_target(db: str, tmp_path: Path) -> None:
         ties = c.post("/v1/plans", json={**body, "operator": "ties", "params": {},
                                          "target_deviation": 0.5})
         assert ties.status_code == 422 and "no predicted deviation" in ties.text
+
+
+def test_merge_with_a_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests import factory
+
+    base = factory.make_base(tmp_path / "base", seed=0)
+    for i in range(2):
+        factory.make_expert(base, tmp_path / f"e{i}", seed=10 + i)
+    db = str(new_catalog(tmp_path))
+    assert main(["--catalog", db, "ingest", str(base), "--name", "base"]) == 0
+    for i in range(2):
+        assert main(["--catalog", db, "ingest", str(tmp_path / f"e{i}"), "--name", f"e{i}",
+                     "--base", "base"]) == 0
+    capsys.readouterr()
+    assert main(["--catalog", db, "merge", "--base", "base", "--experts", "e0,e1",
+                 "--op", "linear", "--target-deviation", "0.4", "--out",
+                 str(tmp_path / "out"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    search = out["budget_search"]
+    assert out["predicted_deviation"] == search["predicted_deviation"] <= 0.4
+    assert search["below_deviation"] > 0.4 and 0 < search["fraction"] < 1
+    assert out["budget_bytes"] == math.floor(search["fraction"] * out["full_read_bytes"])
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["predicted_deviation"] == out["predicted_deviation"]
+    assert manifest["plan"]["budget"] == {"fraction": search["fraction"]}

@@ -190,7 +190,7 @@ class Catalog:
              target_deviation: float | None = None, **fields: Any) -> Plan:
         """Plan a merge without running it: the request, or the fields of request().
         `target_deviation` (instead of a budget): the smallest budget, in steps of 0.01 of the
-        full read, whose predicted deviation is at most it (docs/FIDELITY.md); the plan's
+        full read, whose predicted deviation is at most it (docs/deviation.md); the plan's
         `budget_search` says how it was found."""
         from mergepipe.jobs.planning import plan_merge
 

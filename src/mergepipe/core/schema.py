@@ -135,7 +135,7 @@ Kind = Literal[KINDS]  # type: ignore[valid-type]
 BlockBytes = Annotated[int, Field(strict=True, ge=MIN_BLOCK_BYTES, le=MAX_BLOCK_BYTES)]
 # A plan's predicted deviation is a share of the full merge's update bound: 0 .. 1
 Deviation = Annotated[Finite, Field(ge=0, le=1, description=(
-    "the largest predicted deviation accepted (docs/FIDELITY.md#predicted-deviation): the "
+    "the largest predicted deviation accepted (docs/deviation.md#predicted-deviation): the "
     "budget is the smallest fraction of the full read, in steps of 0.01, whose plan meets it"))]
 
 

@@ -1,5 +1,5 @@
 """Teacher-forced comparison of two registered models on a text: KL(A || B) per token and each
-model's perplexity (docs/FIDELITY.md#compare-two-models).
+model's perplexity (docs/deviation.md#compare-two-models).
 
 Both models read the same token ids (one tokenizer) in windows of at most their context
 length; at every position that has a next token, A's and B's next-token distributions give

@@ -91,7 +91,7 @@ DEVIATION_STEPS = 100
 
 @dataclass(frozen=True)
 class BudgetSearch:
-    """How a target deviation chose its budget (docs/FIDELITY.md#predicted-deviation)."""
+    """How a target deviation chose its budget (docs/deviation.md#predicted-deviation)."""
 
     target: float
     fraction: float               # the budget chosen: the smallest grid point that meets target

@@ -133,7 +133,7 @@ class Plan:
     def predicted_deviation(self) -> float | None:
         """omission_bound_l2 / update_bound_l2: the share of the full merge's update (its
         bound) that the plan may leave out; 0 at the full budget, 1 reading nothing; None
-        without a bound (docs/FIDELITY.md#predicted-deviation)."""
+        without a bound (docs/deviation.md#predicted-deviation)."""
         if self.omission_bound_l2 is None or self.update_bound_l2 is None:
             return None
         if self.update_bound_l2 <= 0.0:

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(r.to_dict())
         return 0
     print(f"compare {r.model_a!r} (A) with {r.model_b!r} (B) on {r.tokens} tokens "
-          f"({r.tokenizer!r}'s tokenizer; {r.positions} predictions in {r.windows} window(s) "
+          f"(tokenizer of {r.tokenizer!r}; {r.positions} predictions in {r.windows} window(s) "
           f"of at most {r.context})")
     print(f"  KL(A || B)      {r.kl:.6g} nats per token")
     print(f"  perplexity A    {r.perplexity_a:.6g}")

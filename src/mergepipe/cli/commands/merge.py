@@ -55,7 +55,7 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-deviation", metavar="X",
                    help="instead of --budget: the smallest budget (a fraction of the full read, "
                         "in steps of 0.01) whose plan's predicted deviation is at most X, in "
-                        "[0, 1] (additive operators; docs/FIDELITY.md#predicted-deviation)")
+                        "[0, 1] (additive operators; docs/deviation.md#predicted-deviation)")
     p.add_argument("--seed", type=int, default=0, help="seed of the keyed random generator")
     p.add_argument("--dtype", help="output dtype: bf16 | fp16 | fp32 (default: the base's)")
     p.add_argument("--strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,

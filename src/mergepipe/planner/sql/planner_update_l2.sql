@@ -1,7 +1,7 @@
 -- The full merge's update bound of additive operators: planner_omission_l2 with every unit
 -- omitted (budget 0),
 --   ||M_full - base||_2 <= sqrt( sum over (tensor, block) of (sum of the units' utility)^2 ),
--- the denominator of a plan's predicted deviation (docs/FIDELITY.md#predicted-deviation).
+-- the denominator of a plan's predicted deviation (docs/deviation.md#predicted-deviation).
 -- NULL when a unit has no utility (fallback: no bound).
 SELECT CASE WHEN COUNT(*) FILTER (WHERE total IS NULL) > 0 THEN NULL
             ELSE sqrt(COALESCE(SUM(total * total), 0)) END
