@@ -123,8 +123,8 @@ def test_no_prediction_no_target(db: str, capsys: pytest.CaptureFixture[str],
 def test_api_plans_with_a_target(db: str, tmp_path: Path) -> None:
     from tests import api_helpers
 
-    body = {"base": "B", "experts": [{"model": "e0"}, {"model": "e1", "weight": 0.5}],
-            "operator": "task_arithmetic", "params": {"lambda": 2}}
+    body: dict[str, Any] = {"base": "B", "operator": "task_arithmetic", "params": {"lambda": 2},
+                            "experts": [{"model": "e0"}, {"model": "e1", "weight": 0.5}]}
     settings = api_helpers.settings_for(tmp_path, catalog=db)
     with api_helpers.client_for(settings) as c:
         r = c.post("/v1/plans", json={**body, "target_deviation": 0.35})
@@ -135,10 +135,11 @@ def test_api_plans_with_a_target(db: str, tmp_path: Path) -> None:
         same = c.post("/v1/plans", json={**body, "budget": {"fraction": 0.56}}).json()
         assert same["plan_hash"] == out["plan_hash"]
         assert same["predicted_deviation"] == out["predicted_deviation"]
-        for extra, field in [({"target_deviation": 2}, "target_deviation"),
-                             ({"target_deviation": "0.5"}, "target_deviation"),
-                             ({"target_deviation": 0.5, "budget": {"fraction": 0.5}},
-                              "target_deviation")]:
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"target_deviation": 2}, "target_deviation"),
+            ({"target_deviation": "0.5"}, "target_deviation"),
+            ({"target_deviation": 0.5, "budget": {"fraction": 0.5}}, "target_deviation")]
+        for extra, field in cases:
             for path in ("/v1/plans", "/v1/merges"):
                 payload = {**body, **extra, **({"output": {"name": "o"}} if "merges" in path
                                                 else {})}
