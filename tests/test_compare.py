@@ -27,10 +27,15 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tiny_lm.make_lm(root / "data" / "base", seed=0)
     tiny_lm.make_lm_expert(base, root / "data" / "chat", seed=1)
     tiny_lm.make_lm_expert(base, root / "data" / "bare", seed=2, tokenizer=False)
+    # the base's weights under a config that does not describe them, and one of no known type
+    for name, change in (("narrow", {"hidden_size": 8}), ("alien", {"model_type": "alien"})):
+        odd = tiny_lm.make_lm_expert(base, root / "data" / name, seed=3)
+        config = json.loads((odd / "config.json").read_text())
+        (odd / "config.json").write_text(json.dumps({**config, **change}))
     catalog = catalogs.new_catalog(root)
     with mergepipe.Catalog(catalog) as cat:
         cat.ingest(base, "base", progress=False)
-        for name in ("chat", "bare"):
+        for name in ("chat", "bare", "narrow", "alien"):
             cat.ingest(root / "data" / name, name, base="base", progress=False)
     (root / "text.txt").write_text(" ".join([tiny_lm.TEXT] * 2))
     return {"root": root, "catalog": Path(str(catalog)), "text": root / "text.txt"}
@@ -93,6 +98,19 @@ def test_the_tokenizer_comes_from_a_model_that_has_one(family: dict[str, Path]) 
         with pytest.raises(mergepipe.InvalidRequest) as e:
             compare(cat.db, "bare", "bare", tiny_lm.TEXT)
         assert e.value.field == "tokenizer" and "'bare'" in e.value.message
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("narrow", "its weights do not fit its config.json"),
+    ("alien", "does not describe a causal LM transformers knows"),
+])
+def test_a_config_that_does_not_describe_the_weights(family: dict[str, Path], name: str,
+                                                     message: str) -> None:
+    with mergepipe.Catalog(family["catalog"]) as cat, \
+            pytest.raises(mergepipe.InvalidRequest) as e:
+        compare(cat.db, "base", name, tiny_lm.TEXT)
+    assert e.value.field == "model_b" and f"model {name!r}" in e.value.message
+    assert message in e.value.message and e.value.status == 422
 
 
 def test_cli(family: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

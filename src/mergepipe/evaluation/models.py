@@ -89,7 +89,7 @@ def load_lm(model: LocalModel, field: str) -> Any:
     try:
         config = tf.AutoConfig.from_pretrained(str(model.directory))
         lm = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    except (ValueError, OSError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 - transformers parsing a user's file: any refusal
         raise InvalidCheckpoint(f"model {model.name!r}: {model.directory / CONFIG_FILE} does "
                                 f"not describe a causal LM transformers knows: "
                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}",
@@ -132,7 +132,7 @@ def load_tokenizer(model: LocalModel, field: str) -> Any:
                              "to use", field=field)
     try:
         return transformers().AutoTokenizer.from_pretrained(str(model.directory))
-    except (ValueError, OSError, KeyError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - transformers parsing a user's files: any refusal
         raise InvalidCheckpoint(f"model {model.name!r}: its tokenizer files cannot be read: "
                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}",
                                 field=field) from None
