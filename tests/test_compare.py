@@ -168,6 +168,12 @@ def test_api(family: dict[str, Path], tmp_path: Path) -> None:
             ({"model_a": "base", "model_b": "nobody", "text": "the cat"}, 404, "model_b"),
             ({"model_a": "bare", "model_b": "bare", "text": "the cat"}, 422, "tokenizer"),
         ]
+        from mergepipe.service.routes import compare as route
+
+        with route._ONE_AT_A_TIME:  # a comparison running: another is refused, not queued
+            busy = c.post("/v1/compare", json={"model_a": "base", "model_b": "chat",
+                                               "text": "the cat"})
+        assert busy.status_code == 429 and "a comparison is running" in busy.text
         for payload, status, field in bad:
             r = c.post("/v1/compare", json=payload)
             assert r.status_code == status, (payload, r.text)
