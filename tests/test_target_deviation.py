@@ -57,7 +57,7 @@ def test_predicted_deviation_is_hand_computed(db: str,
                 "--budget", "0.5")["predicted_deviation"] is None
 
 
-@pytest.mark.parametrize("target", [0.9, 0.6, 0.35, 0.1])
+@pytest.mark.parametrize("target", [0.99, 0.9, 0.6, 0.35, 0.1])
 def test_target_picks_the_smallest_grid_budget(db: str, capsys: pytest.CaptureFixture[str],
                                                target: float) -> None:
     out = plan(db, capsys, *REQUEST, "--target-deviation", str(target))
