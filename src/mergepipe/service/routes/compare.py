@@ -12,9 +12,8 @@ from fastapi import APIRouter, Depends
 
 from mergepipe.core.errors import Busy
 from mergepipe.evaluation.compare import compare as run_compare
-from mergepipe.service.auth import require_token
 from mergepipe.service.schemas import CompareIn, CompareOut
-from mergepipe.service.state import State
+from mergepipe.service.state import State, require_token
 
 router = APIRouter(prefix="/v1", tags=["compare"])
 _ONE_AT_A_TIME = threading.Lock()
