@@ -41,12 +41,11 @@ def read_text(path: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from mergepipe.cli.beside import open_catalog
-    from mergepipe.evaluation.compare import compare
 
     text = read_text(args.text)
     with open_catalog(args) as cat:
-        r = compare(cat, args.model_a, args.model_b, text, tokens=args.tokens,
-                    tokenizer=args.tokenizer)
+        r = cat.compare(args.model_a, args.model_b, text, tokens=args.tokens,
+                        tokenizer=args.tokenizer)
     if args.json:
         print_json(r.to_dict())
         return 0
