@@ -291,3 +291,64 @@ def check_sql(page: Any, api: Api, merge_id: str, shots: Path) -> None:
     with page.expect_download() as d:
         page.click("text=Download JSON")
     assert json.loads(Path(d.value.path()).read_text())["rows"] == want
+
+
+def test_console_target_deviation_and_compare(page: Any, server: tuple[str, Api, Path],
+                                              shots: Path) -> None:
+    """The plan explorer finds the budget of a target deviation and shows the prediction; the
+    merge page shows it too; the compare page shows the KL and perplexities the API computes."""
+    from tests import tiny_lm
+
+    url, api, tmp = server
+    lm = tiny_lm.make_lm(tmp / "data" / "lm" / "lm-base", seed=0)
+    tiny_lm.make_lm_expert(lm, tmp / "data" / "lm" / "lm-chat", seed=1, scale=0.1)
+    api.ok("POST", "/v1/models", {"name": "lm-base", "path": "lm/lm-base"}, status=202)
+    assert api.wait("/v1/models/lm-base")["status"] == "ready"
+    api.ok("POST", "/v1/models", {"name": "lm-chat", "path": "lm/lm-chat", "base": "lm-base"},
+           status=202)
+    assert api.wait("/v1/models/lm-chat")["status"] == "ready"
+    asked = {"base": "lm-base", "experts": [{"model": "lm-chat", "weight": 1.0}],
+             "operator": "task_arithmetic"}
+    full = api.ok("POST", "/v1/merges", {**asked, "output": {"name": "lm-full"}}, status=202)
+
+    page.goto(url + "/#/plan")
+    page.fill("#token", TOKEN)
+    page.press("#token", "Enter")
+    page.locator("#plan-base option[value=lm-base]").wait_for(state="attached")
+    page.select_option("#plan-base", "lm-base")
+    page.select_option("#plan-op", "task_arithmetic")
+    page.fill("#plan-target", "0.5")
+    page.click("#find-budget")
+    want = api.ok("POST", "/v1/plans", {**asked, "target_deviation": 0.5})
+    f = round(100 * want["budget_search"]["fraction"])
+    page.locator("#budget-out", has_text=f"{f}% of the full read").wait_for()
+    assert f"{f}% of the full read predicts" in page.inner_text("#target-result")
+    page.wait_for_function("h => document.querySelector('#plan-result').dataset.planHash === h",
+                           arg=want["plan_hash"])
+    shown = numbers(page.inner_text("#plan-deviation"))
+    assert math.isclose(shown[0], want["predicted_deviation"], rel_tol=1e-3)
+    assert want["predicted_deviation"] <= 0.5
+    shoot(page, shots, "plan-target", full_page=True)
+    page.fill("#plan-output", "lm-half")
+    page.click("#start-merge")
+    page.wait_for_url(re.compile(r"#/merge/m-"))
+    assert api.wait(f"/v1/merges/{page.url.rsplit('/', 1)[1]}")["status"] == "succeeded"
+    assert api.wait(f"/v1/merges/{full['id']}")["status"] == "succeeded"
+    page.locator("#merge-status", has_text="succeeded").wait_for()
+    assert math.isclose(numbers(page.inner_text("#merge-deviation"))[0],
+                        want["predicted_deviation"], rel_tol=1e-3)
+
+    page.goto(url + "/#/compare?a=lm-full&b=lm-half")
+    page.locator("#compare-a option[value=lm-full]").wait_for(state="attached")
+    page.fill("#compare-text", tiny_lm.TEXT)
+    page.click("#compare-run")
+    page.locator("#compare-kl").wait_for(timeout=60_000)
+    r = api.ok("POST", "/v1/compare", {"model_a": "lm-full", "model_b": "lm-half",
+                                       "text": tiny_lm.TEXT, "tokens": 2048})
+    assert r["kl"] > 0
+    for sel, key in (("#compare-kl", "kl"), ("#compare-ppl-a", "perplexity_a"),
+                     ("#compare-ppl-b", "perplexity_b")):
+        assert math.isclose(numbers(page.inner_text(sel))[0], r[key], rel_tol=1e-3), sel
+    assert f"{r['tokens']} (" in page.inner_text("#compare-tokens")
+    shoot(page, shots, "compare", full_page=True)
+    assert [e for e in page.errors if "401" not in e] == [], page.errors

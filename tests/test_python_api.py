@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import factory
+from tests import factory, tiny_lm
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "python.md"
 
@@ -25,13 +25,17 @@ def test_every_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     base = factory.make_base(tmp_path / "family" / "base", seed=0)
     for i, name in enumerate(("math", "code")):
         factory.make_expert(base, tmp_path / "family" / name, seed=10 + i)
+    lm = tiny_lm.make_lm(tmp_path / "family" / "lm-base", seed=0)
+    tiny_lm.make_lm_expert(lm, tmp_path / "family" / "lm-chat", seed=1, scale=0.1)
+    (tmp_path / "family" / "notes.txt").write_text(tiny_lm.TEXT)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MERGEPIPE_CATALOG", raising=False)
     namespace: dict[str, object] = {}
     for i, code in enumerate(examples()):
         exec(compile(code, f"{DOC.name} example {i + 1}", "exec"), namespace)  # noqa: S102
     assert (tmp_path / "out" / "ties-30" / "manifest.json").is_file()
-    assert sorted(os.listdir(tmp_path / "out")) == ["avg", "ta-50", "ties-30"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["avg", "lm-cheap", "lm-full", "ta-50",
+                                                    "ties-30"]
 
 
 def test_the_api_and_the_cli_make_the_same_plan(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the catalog opens with a Catalog (the CLI builds requests f
     from mergepipe.catalog.db import Catalog as CatalogDatabase
     from mergepipe.catalog.models import ModelRow
     from mergepipe.catalog.records import LineageEdge, MergeRow
+    from mergepipe.evaluation.compare import Comparison
     from mergepipe.executor.engine import Engine
     from mergepipe.jobs.lifecycle import Removal
     from mergepipe.jobs.replay import ReplayResult
@@ -185,20 +186,37 @@ class Catalog:
             request = replace(request, output_dtype=normalize_dtype(dtype, "output_dtype"))
         return request
 
-    def plan(self, request: MergeRequest | None = None, **fields: Any) -> Plan:
-        """Plan a merge without running it: the request, or the fields of request()."""
+    def plan(self, request: MergeRequest | None = None, *,
+             target_deviation: float | None = None, **fields: Any) -> Plan:
+        """Plan a merge without running it: the request, or the fields of request().
+        `target_deviation` (instead of a budget): the smallest budget, in steps of 0.01 of the
+        full read, whose predicted deviation is at most it (docs/deviation.md); the plan's
+        `budget_search` says how it was found."""
         from mergepipe.jobs.planning import plan_merge
 
-        return plan_merge(self.db, request or self.request(**fields))
+        req = request or self.request(**fields)
+        target = _target(target_deviation, fields)
+        if target is None:
+            return plan_merge(self.db, req)
+        from mergepipe.jobs.planning import plan_for_deviation
+
+        return plan_for_deviation(self.db, req, target)[1]
 
     def merge(self, request: MergeRequest | None = None, *, out: str | Path,
               name: str | None = None, overwrite: bool = False, threads: int | None = None,
-              progress: bool | ProgressFn = True, **fields: Any) -> MergeSummary:
+              progress: bool | ProgressFn = True, target_deviation: float | None = None,
+              **fields: Any) -> MergeSummary:
         """Plan, execute and publish a merge into `out` (a directory or s3:// prefix) and
-        register the output as model `name` (default: the directory's name)."""
+        register the output as model `name` (default: the directory's name).
+        `target_deviation`: instead of a budget, as for plan()."""
         from mergepipe.jobs.merge import merge
 
         req = request or self.request(**fields)
+        target = _target(target_deviation, fields)
+        if target is not None:
+            from mergepipe.jobs.planning import plan_for_deviation
+
+            req, _, _ = plan_for_deviation(self.db, req, target)
         with _Bars(progress, "merging", unit="block") as bar:
             return merge(self.db, req, out, output_name=name, progress=bar.report,
                          threads=threads, overwrite=overwrite, engine=self._engine())
@@ -210,6 +228,16 @@ class Catalog:
 
         return replay(self.db, merge_id, Path(out) if out is not None else None,
                       threads=threads)
+
+    # -- evaluation -------------------------------------------------------------------------
+    def compare(self, model_a: str, model_b: str, text: str, *, tokens: int = 2048,
+                tokenizer: str | None = None) -> Comparison:
+        """Teacher-forced KL(A || B) per token and both perplexities of two registered models
+        on the first `tokens` tokens of `text` (CPU; needs the `eval` extra). `tokenizer`: the
+        model whose tokenizer to use (default: A's, else B's)."""
+        from mergepipe.evaluation.compare import compare
+
+        return compare(self.db, model_a, model_b, text, tokens=tokens, tokenizer=tokenizer)
 
     # -- queries ----------------------------------------------------------------------------
     def sql(self, query: str) -> SqlResult:
@@ -278,6 +306,13 @@ def _experts(experts: str | Sequence[str | tuple[str, float] | dict[str, Any]]
         else:
             out.append({"model": e[0], "weight": e[1]})
     return out
+
+
+def _target(target: float | None, fields: dict[str, Any]) -> float | None:
+    """A target deviation checked (InvalidRequest naming target_deviation)."""
+    from mergepipe.core.schema import check_target_deviation
+
+    return check_target_deviation(target, budget_given=fields.get("budget") is not None)
 
 
 def _budget_text(budget: float | int | str | None) -> str | None:

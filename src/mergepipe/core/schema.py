@@ -126,6 +126,10 @@ Dtype = Annotated[Literal["F32", "F16", "BF16"], BeforeValidator(dtype_name),
 Strategy = Literal[STRATEGIES]  # type: ignore[valid-type]
 Kind = Literal[KINDS]  # type: ignore[valid-type]
 BlockBytes = Annotated[int, Field(strict=True, ge=MIN_BLOCK_BYTES, le=MAX_BLOCK_BYTES)]
+# A plan's predicted deviation is a share of the full merge's update bound: 0 .. 1
+Deviation = Annotated[Finite, Field(ge=0, le=1, description=(
+    "the largest predicted deviation accepted (docs/deviation.md#predicted-deviation): the "
+    "budget is the smallest fraction of the full read, in steps of 0.01, whose plan meets it"))]
 
 
 class In(BaseModel):
@@ -199,7 +203,13 @@ class _RequestFields(In):
                           "holds; incremental: extend a stored merge of the same base and "
                           "operator by the changed experts; auto: incremental only when its "
                           "plan is complete and reads fewer bytes")
+    target_deviation: Deviation | None = None
     _checked: dict[str, Any] | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _budget_or_target(self) -> _RequestFields:
+        check_target_deviation(self.target_deviation, budget_given=self.budget is not None)
+        return self
 
     def checked(self) -> dict[str, Any]:
         """The request's fields checked and normalized (core.request.request_of makes the
@@ -371,6 +381,27 @@ def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any
 
 
 # -- the whole request --------------------------------------------------------------------------
+
+class _TargetIn(In):
+    target_deviation: Deviation
+
+
+def check_target_deviation(value: Any, *, budget_given: bool) -> float | None:
+    """A target deviation (None: none) checked: a number in [0, 1], and no budget beside it
+    (the target chooses the budget). InvalidRequest naming target_deviation."""
+    if value is None:
+        return None
+    if budget_given:
+        raise InvalidRequest("give either a budget or a target deviation, not both (the "
+                             "target chooses the budget)", field="target_deviation")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise InvalidRequest(f"target deviation {value[:40]!r} is not a number",
+                                 field="target_deviation") from None
+    return validate(_TargetIn, {"target_deviation": value}).target_deviation
+
 
 def checked_request(base: str, experts: list[ExpertIn], operator: str, params: dict[str, Any],
                     budget: BudgetIn | None, seed: int | None, output_dtype: str | None,

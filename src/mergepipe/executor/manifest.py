@@ -31,7 +31,8 @@ def input_digest(prep: Prepared, model: str) -> str:
 
 
 def io_figures(prep: Prepared, result: ExecutionResult) -> dict[str, Any]:
-    """Budget, full / planned / realized expert bytes, base bytes and the omission bounds."""
+    """Budget, full / planned / realized expert bytes, base bytes, the omission bounds and the
+    predicted deviation."""
     plan = prep.plan
     return {
         "budget_bytes": plan.budget_bytes,
@@ -41,6 +42,7 @@ def io_figures(prep: Prepared, result: ExecutionResult) -> dict[str, Any]:
         "base_bytes_read": result.base_bytes_read,
         "omission_bound": plan.omission_bound,
         "omission_bound_l2": plan.omission_bound_l2,
+        "predicted_deviation": plan.predicted_deviation,
     }
 
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.lifecycle import resolve_key, split_ref
 from mergepipe.catalog.models import ModelRow, find_models
-from mergepipe.core.errors import Conflict, NotFound
-from mergepipe.core.request import MergeRequest
+from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
+from mergepipe.core.request import Budget, MergeRequest
 from mergepipe.planner.incremental import choose_plan
 from mergepipe.planner.plan import Plan, check_budget_reads
 from mergepipe.planner.validate import check_request
@@ -82,3 +83,76 @@ def plan_merge(cat: Catalog, request: MergeRequest) -> Plan:
     """The plan a merge of `request` would execute now (a dry run: nothing is read or recorded),
     by its strategy (`planner.incremental`)."""
     return choose_plan(cat, check_inputs(cat, request, budget=False))
+
+
+# The budget grid of a target deviation: fractions k / DEVIATION_STEPS of the full read.
+DEVIATION_STEPS = 100
+
+
+@dataclass(frozen=True)
+class BudgetSearch:
+    """How a target deviation chose its budget (docs/deviation.md#predicted-deviation)."""
+
+    target: float
+    fraction: float               # the budget chosen: the smallest grid point that meets target
+    predicted_deviation: float    # its plan's
+    below: float | None           # the grid point under it, whose plan misses the target
+    below_deviation: float | None  # (None: it reads no expert byte, or it is budget 0)
+    plans: int                    # plans the search made
+    resolution: float = 1 / DEVIATION_STEPS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target_deviation": self.target, "fraction": self.fraction,
+                "predicted_deviation": self.predicted_deviation, "below": self.below,
+                "below_deviation": self.below_deviation, "resolution": self.resolution,
+                "plans": self.plans}
+
+
+def plan_for_deviation(cat: Catalog, request: MergeRequest, target: float
+                       ) -> tuple[MergeRequest, Plan, BudgetSearch]:
+    """The smallest budget on the grid of fractions k/100 of the full read whose plan's predicted
+    deviation is at most `target`: the request with that budget, its plan, and the search.
+    A bisection: its answer meets the target and the grid point just under it does not (budget
+    0, reading nothing, predicts 1). The full budget predicts 0, so a target in [0, 1] is always
+    met; a request without a predicted deviation (no omission bound) is refused."""
+    request = check_inputs(cat, request, budget=False)
+    made = 0
+
+    def at(k: int) -> tuple[MergeRequest, Plan | None]:
+        nonlocal made
+        asked = replace(request, budget=Budget(fraction=k / DEVIATION_STEPS))
+        made += 1
+        try:
+            return asked, choose_plan(cat, asked)
+        except InvalidRequest as e:
+            if e.field == "budget" and k < DEVIATION_STEPS:  # reads no expert byte
+                return asked, None
+            raise
+
+    hi_req, hi_plan = at(DEVIATION_STEPS)
+    assert hi_plan is not None
+    full = hi_plan.predicted_deviation
+    if full is None:
+        why = (hi_plan.omission_bound_note or "no omission bound").removeprefix("no bound: ")
+        raise InvalidRequest(f"target deviation: {request.operator} plans of these experts have "
+                             f"no predicted deviation ({why}); give a budget instead",
+                             field="target_deviation")
+    if full > target:  # the full read omits nothing: only rounding could get here
+        raise InvalidRequest(f"target deviation {target:g} is not met even by the full read "
+                             f"(predicted {full:.6g})", field="target_deviation")
+    lo, hi = 0, DEVIATION_STEPS
+    lo_dev: float | None = None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        asked, plan = at(mid)
+        dev = None if plan is None else plan.predicted_deviation
+        if plan is not None and dev is not None and dev <= target:
+            hi, hi_req, hi_plan = mid, asked, plan
+        else:
+            lo, lo_dev = mid, dev
+    chosen = hi_plan.predicted_deviation
+    assert chosen is not None
+    search = BudgetSearch(target, hi / DEVIATION_STEPS, chosen,
+                          lo / DEVIATION_STEPS if lo else None, lo_dev if lo else None, made)
+    hi_plan.budget_search = search.to_dict()
+    return hi_req, hi_plan, search

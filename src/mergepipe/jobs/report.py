@@ -40,6 +40,7 @@ class MergeSummary:
     base_bytes_read: int
     omission_bound: float | None
     omission_bound_l2: float | None
+    predicted_deviation: float | None  # docs/deviation.md#predicted-deviation
     output: str
     output_name: str | None
     output_hash: str

@@ -105,6 +105,13 @@ def omission_l2(conn: Connection, budget: int) -> float | None:
     return None if v is None else float(v)
 
 
+def update_l2(conn: Connection) -> float | None:
+    """`omission_l2` with every candidate omitted: the bound of the full merge's update, the
+    denominator of the predicted deviation (None when a unit has no statistics)."""
+    v = conn.execute(load_sql("planner_update_l2")).scalar_one()
+    return None if v is None else float(v)
+
+
 def access_set(conn: Connection, budget: int) -> tuple[list[tuple[Any, ...]], str]:
     """(model, tensor, block_index, nbytes, utility) of the selected blocks in rank order, and
     the sha256 of the access set with the blocks' content hashes: one line per block, fields

@@ -123,6 +123,22 @@ class Plan:
     # a plan that reads no expert byte although some could be read: the smallest budget that
     # reads one (the cheapest candidate unit); None otherwise (planner.incremental refuses it)
     min_useful_bytes: int | None = None
+    # omission_bound_l2 with nothing read (every candidate omitted): the bound of the full
+    # merge's update, the predicted deviation's denominator; None where omission_bound_l2 is
+    update_bound_l2: float | None = None
+    # how a target deviation chose the budget (jobs.planning.BudgetSearch.to_dict); None: given
+    budget_search: dict[str, Any] | None = None
+
+    @property
+    def predicted_deviation(self) -> float | None:
+        """omission_bound_l2 / update_bound_l2: the share of the full merge's update (its
+        bound) that the plan may leave out; 0 at the full budget, 1 reading nothing; None
+        without a bound (docs/deviation.md#predicted-deviation)."""
+        if self.omission_bound_l2 is None or self.update_bound_l2 is None:
+            return None
+        if self.update_bound_l2 <= 0.0:
+            return 0.0  # no expert differs from the base: nothing to leave out
+        return self.omission_bound_l2 / self.update_bound_l2
 
     def selected(self) -> dict[tuple[str, str], set[int]]:
         """(model, tensor) -> indexes of the blocks to read."""
@@ -159,6 +175,7 @@ class Plan:
             experts=experts, candidate_blocks=int(doc.get("candidate_blocks") or 0),
             omission_bound_note=doc.get("omission_bound_note"),
             omission_bound_l2=doc.get("omission_bound_l2"),
+            update_bound_l2=doc.get("update_bound_l2"),
             planning_seconds=float(doc.get("planning_seconds") or 0.0),
             unit=str(doc.get("unit") or "expert_block"),
             strategy=doc.get("strategy"),
@@ -186,12 +203,15 @@ class Plan:
             "omission_bound": self.omission_bound,
             "omission_bound_l2": self.omission_bound_l2,
             "omission_bound_note": self.omission_bound_note,
+            "update_bound_l2": self.update_bound_l2,
+            "predicted_deviation": self.predicted_deviation,
             "fallback_experts": list(self.fallback_experts),
             "fallback_order": FALLBACK_ORDER if self.fallback_experts else None,
             "planning_seconds": self.planning_seconds,
             "unit": self.unit,
             "unit_region": PLANNING_UNITS.get(self.unit),
             **({"strategy": self.strategy} if self.strategy is not None else {}),
+            **({"budget_search": self.budget_search} if self.budget_search is not None else {}),
             **({"tensor_params": tensor_value_rows(self.tensor_params)}
                if self.tensor_params else {}),
         }
@@ -310,6 +330,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         per_expert = knapsack.totals(conn, budget)
         bound_l2 = (knapsack.omission_l2(conn, budget)
                     if request.spec.additive else None)
+        update_l2 = knapsack.update_l2(conn) if bound_l2 is not None else None
         with _gc_paused():
             rows, access_digest = knapsack.access_set(conn, budget)
             # C-level construction (row + rank): a full-budget plan has 10^5+ blocks.
@@ -332,6 +353,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     # min: both are sound; the sums are rounded in different orders (SQL vs fsum), and the
     # reported l2 bound must never exceed the omission bound (docs/catalog.md#definitions) by a rounding ulp
     bound_l2 = None if bound is None or bound_l2 is None else min(bound_l2, bound)
+    update_l2 = None if bound_l2 is None else update_l2
     touched = {(b.model, b.tensor) for b in blocks} if trims else set()
     digest = plan_hash(
         request=request.to_dict(),
@@ -351,4 +373,5 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         blocks=blocks, trims=trims, experts=experts,
         candidate_blocks=sum(e.candidate_blocks for e in experts), omission_bound_note=note,
         omission_bound_l2=bound_l2, planning_seconds=time.perf_counter() - t0, unit=unit,
-        tensor_params=resolved.values, min_useful_bytes=min_useful)
+        tensor_params=resolved.values, min_useful_bytes=min_useful,
+        update_bound_l2=update_l2)

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 # The request bodies are the core's request schema: one path of validation for the API, the CLI
 # and mergekit configs.
 from mergepipe.core.schema import In as _In
-from mergepipe.core.schema import MergeIn, ModelIn, PlanIn
+from mergepipe.core.schema import MergeIn, ModelIn, PlanIn, Ref
 
 __all__ = ["MergeIn", "ModelIn", "PlanIn"]
 
@@ -20,6 +20,22 @@ class _Out(BaseModel):
 
 class SqlIn(_In):
     sql: str = Field(min_length=1, max_length=100_000)
+
+
+# The most tokens one POST /v1/compare reads: the request runs while the client waits.
+MAX_COMPARE_TOKENS = 8192
+
+
+class CompareIn(_In):
+    """Two registered models and a text: POST /v1/compare."""
+
+    model_a: Ref
+    model_b: Ref
+    text: str = Field(min_length=1, max_length=1_000_000)
+    tokens: int = Field(2048, strict=True, ge=2, le=MAX_COMPARE_TOKENS,
+                        description="read at most this many tokens of the text")
+    tokenizer: Ref | None = Field(None, description="the model whose tokenizer to use "
+                                                    "(default: model_a's, else model_b's)")
 
 
 # -- responses --------------------------------------------------------------------------------
@@ -167,6 +183,20 @@ class ModelStats(_Out):
 
 class ModelStatsList(_Out):
     models: list[ModelStats]
+
+
+class CompareOut(_Out):
+    model_a: str
+    model_b: str
+    tokenizer: str
+    tokens: int
+    positions: int
+    windows: int
+    context: int
+    kl: float
+    perplexity_a: float
+    perplexity_b: float
+    seconds: float
 
 
 class OperatorParam(_Out):

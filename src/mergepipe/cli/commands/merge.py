@@ -52,6 +52,10 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
                    help=params_help())
     p.add_argument("--budget", help="fraction of the full read (0.3) or bytes (2GiB); "
                                     "default 1 = the full merge")
+    p.add_argument("--target-deviation", metavar="X",
+                   help="instead of --budget: the smallest budget (a fraction of the full read, "
+                        "in steps of 0.01) whose plan's predicted deviation is at most X, in "
+                        "[0, 1] (additive operators; docs/deviation.md#predicted-deviation)")
     p.add_argument("--seed", type=int, default=0, help="seed of the keyed random generator")
     p.add_argument("--dtype", help="output dtype: bf16 | fp16 | fp32 (default: the base's)")
     p.add_argument("--strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
@@ -126,6 +130,25 @@ def request_from_args(args: argparse.Namespace) -> MergeRequest:
                            seed=args.seed, dtype=args.dtype, strategy=args.strategy)
 
 
+def target_of(args: argparse.Namespace) -> float | None:
+    """--target-deviation checked (InvalidRequest: not a number in [0, 1], or beside
+    --budget)."""
+    from mergepipe.core.schema import check_target_deviation  # pydantic: not on --help's path
+
+    return check_target_deviation(args.target_deviation, budget_given=args.budget is not None)
+
+
+def print_search(search: dict[str, Any]) -> None:
+    """How --target-deviation chose the budget."""
+    below = ("" if search["below"] is None else
+             f"; {search['below']:g} predicts "
+             + ("no expert byte read" if search["below_deviation"] is None
+                else f"{search['below_deviation']:.4g}"))
+    print(f"  target          deviation <= {search['target_deviation']:g}: budget "
+          f"{search['fraction']:g} of the full read predicts {search['predicted_deviation']:.4g}"
+          f"{below} (grid {search['resolution']:g}, {search['plans']} plans)")
+
+
 def with_strategy(request: MergeRequest, args: argparse.Namespace) -> MergeRequest:
     """--strategy applied to a request from a config file."""
     return dataclasses.replace(request, strategy=args.strategy)
@@ -135,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     request = None if args.config else request_from_args(args)
     if args.out is None:
         raise InvalidRequest("--out is required", field="output")
+    target = target_of(args)
     if request is None or needs_torch(request):
         preload.start("torch")  # while the catalog opens
     from mergepipe.cli.beside import in_server, open_catalog
@@ -148,12 +172,20 @@ def run(args: argparse.Namespace) -> int:
             recover_interrupted(cat.db)  # merges of a killed `mergepipe merge`: we hold the file
         if request is None:
             request = with_strategy(config_request(cat, args), args)
+        search = None
+        if target is not None:  # the budget is chosen first, as POST /v1/merges does
+            from mergepipe.jobs.planning import plan_for_deviation
+
+            request, _, found = plan_for_deviation(cat.db, request, target)
+            search = found.to_dict()
         result = cat.merge(request, out=args.out, name=args.name, overwrite=args.overwrite,
                            threads=args.threads, progress=progress_bars(args))
     if args.json:
-        print_json(result)
+        print_json(result if search is None else {**result.to_dict(), "budget_search": search})
     else:
         print_summary(result)
+        if search is not None:
+            print_search(search)
     return 0
 
 
@@ -184,6 +216,9 @@ def print_summary(r: MergeSummary) -> None:
     if r.omission_bound_l2 is not None:
         print(f"  omission L2     {r.omission_bound_l2:.6g} (tighter bound: blocks summed in "
               "quadrature)")
+    if r.predicted_deviation is not None:
+        print(f"  predicted dev.  {r.predicted_deviation:.4g} (omission L2 over the full "
+              "merge's update bound)")
     print(f"  blocks          {r.expert_blocks_read} expert blocks read over "
           f"{r.blocks_total} output blocks")
     print(f"  wall time       {r.wall_seconds:.2f} s (plan {r.plan_seconds or 0:.2f} s, "

@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mergepipe.cli.commands.merge import add_request_arguments, request_from_args, with_strategy
+from mergepipe.cli.commands.merge import (
+    add_request_arguments,
+    print_search,
+    request_from_args,
+    target_of,
+    with_strategy,
+)
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import human_bytes, print_table
 
@@ -33,11 +39,12 @@ def run(args: argparse.Namespace) -> int:
     from mergepipe.cli.beside import open_catalog
 
     request = None if args.config else request_from_args(args)
+    target = target_of(args)
     with open_catalog(args) as cat:
         if request is None:
             from mergepipe.cli.mergekit_cli import config_request  # torch: only for a config
             request = with_strategy(config_request(cat, args), args)
-        plan = cat.plan(request)
+        plan = cat.plan(request, target_deviation=target)
     shown = plan.blocks if args.blocks < 0 else plan.blocks[:args.blocks]
     if args.json:
         out = plan.summary()
@@ -83,8 +90,13 @@ def print_plan(s: dict[str, Any]) -> None:
         if s.get("omission_bound_l2") is not None:
             print(f"  omission L2     {s['omission_bound_l2']:.6g} (tighter bound: blocks "
                   "summed in quadrature)")
+        if s.get("predicted_deviation") is not None:
+            print(f"  predicted dev.  {s['predicted_deviation']:.4g} (omission L2 over the full "
+                  f"merge's update bound {s['update_bound_l2']:.6g})")
     else:
         print(f"  omission bound  none ({s['omission_bound_note'].removeprefix('no bound: ')})")
+    if s.get("budget_search"):
+        print_search(s["budget_search"])
     if s["fallback_experts"]:
         print(f"  fallback        {', '.join(s['fallback_experts'])}: no statistics, planned as "
               f"{s['fallback_order']}")

@@ -1,6 +1,7 @@
 // The console's router: #/page/arg?query -> a page's render(main, args); the token form.
 
 import {setToken, token} from "./api.js";
+import {renderCompare} from "./compare.js";
 import {renderFrontier} from "./frontier.js";
 import {renderLineage} from "./lineage.js";
 import {renderMerge} from "./merge.js";
@@ -18,6 +19,7 @@ const PAGES = {
   plan: renderPlan,
   frontier: renderFrontier,
   sql: renderSql,
+  compare: renderCompare,
 };
 
 let current = null;  // the page shown: {stop()} to end its polling

@@ -20,6 +20,14 @@ export function boundText(plan) {
   return `‖M_full − M‖₂ ≤ ${num(plan.omission_bound_l2)} (block-wise), ≤ ${num(plan.omission_bound)} (sum)`;
 }
 
+/** The plan's predicted deviation (docs/deviation.md), or why there is none. */
+export function deviationText(plan) {
+  if (!plan) return "–";
+  const d = plan.predicted_deviation;
+  if (d === null || d === undefined) return "none (no bound)";
+  return `${num(d)} of the full merge's update (bound: ${num(plan.omission_bound_l2)} of ${num(plan.update_bound_l2)})`;
+}
+
 function summary(m) {
   const plan = m.plan || {};
   return facts([
@@ -33,6 +41,7 @@ function summary(m) {
     ["Base bytes read", bytes(m.base_bytes_read)],
     ["Blocks selected", plan.selected_blocks === undefined ? "–" : `${int(plan.selected_blocks)} of ${int(plan.candidate_blocks)} candidates`],
     ["Omission bound", h("span", {id: "merge-bound"}, boundText(m.plan))],
+    ["Predicted deviation", h("span", {id: "merge-deviation"}, deviationText(m.plan))],
     ["Plan hash", h("code", {}, m.plan_hash ?? "–")],
     ["Times", `plan ${seconds(m.plan_seconds)}, execute ${seconds(m.exec_seconds)}; created ${when(m.created_at)}, finished ${when(m.finished_at)}`],
     m.error ? ["Error", h("span", {class: "error"}, m.error)] : null,

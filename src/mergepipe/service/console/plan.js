@@ -3,7 +3,7 @@
 // the merge from there.
 
 import {get, post} from "./api.js";
-import {boundText} from "./merge.js";
+import {boundText, deviationText} from "./merge.js";
 import {heatmap} from "./heatmap.js";
 import {LAST_REQUEST, bytes, encodeState, errorBox, field, fill, h, int, link, num, pct,
         table} from "./ui.js";
@@ -65,6 +65,7 @@ function planFacts(p) {
     h("dt", {}, "Full read"), h("dd", {id: "plan-full"}, `${bytes(p.full_read_bytes)} (${int(p.full_read_bytes)} bytes)`),
     h("dt", {}, "Blocks"), h("dd", {}, `${int(p.selected_blocks)} of ${int(p.candidate_blocks)} candidates`),
     h("dt", {}, "Omission bound"), h("dd", {id: "plan-bound"}, boundText(p)),
+    h("dt", {}, "Predicted deviation"), h("dd", {id: "plan-deviation"}, deviationText(p)),
     h("dt", {}, "Plan hash"), h("dd", {}, h("code", {}, p.plan_hash.slice(0, 16))),
     p.fallback_experts.length ? [h("dt", {}, "Fallback"), h("dd", {}, `${p.fallback_experts.join(", ")}: ${p.fallback_order}`)] : null);
 }
@@ -101,6 +102,8 @@ export async function renderPlan(main) {
   const slider = h("input", {type: "range", min: "1", max: "100", step: "1", value: "100"});
   const sliderOut = h("output", {for: "budget", id: "budget-out"}, "100% of the full read");
   const seed = h("input", {type: "number", min: "0", step: "1", value: "0"});
+  const target = h("input", {type: "number", min: "0", max: "1", step: "0.01", value: "0.1", size: 5});
+  const targetOut = h("div", {id: "target-result", "aria-live": "polite"});
   const outName = h("input", {maxlength: 128, autocomplete: "off"});
   const result = h("div", {id: "plan-result", "aria-live": "polite"});
   const mapSlot = h("div", {id: "plan-heatmap"});
@@ -155,6 +158,20 @@ export async function renderPlan(main) {
       fill(started, errorBox(err));
     }
   };
+  // the smallest budget (grid 0.01) whose plan predicts at most the target: the slider moves there
+  const findBudget = async () => {
+    try {
+      const p = await post("/v1/plans", {...request(), target_deviation: Number(target.value)});
+      const s = p.budget_search;
+      slider.value = String(Math.round(100 * s.fraction));
+      fill(targetOut, h("p", {}, `${pct(s.fraction, 0)} of the full read predicts ${num(s.predicted_deviation)}`,
+        s.below === null ? "" : `; ${pct(s.below, 0)} predicts ${s.below_deviation === null ? "no expert byte read" : num(s.below_deviation)}`,
+        ` (grid ${pct(s.resolution, 0)}, ${s.plans} plans)`));
+      replan();
+    } catch (err) {
+      fill(targetOut, errorBox(err));
+    }
+  };
   base.addEventListener("change", () => { drawInputs(); replan(); });
   op.addEventListener("change", () => { drawInputs(); replan(); });
   for (const el of [expertsBox, paramsBox, slider]) el.addEventListener("input", replan);
@@ -165,6 +182,10 @@ export async function renderPlan(main) {
     h("div", {class: "fields"}, field("plan-base", "Base", base), field("plan-op", "Operator", op)),
     expertsBox, paramsBox,
     h("div", {class: "field budget"}, h("label", {for: "budget"}, "Budget"), Object.assign(slider, {id: "budget"}), sliderOut),
+    h("div", {class: "fields"}, field("plan-target", "Target deviation", target,
+      "the smallest budget whose predicted deviation is at most this (0 to 1; additive operators)"),
+      h("div", {class: "toolbar"}, h("button", {type: "button", id: "find-budget", onclick: findBudget}, "Find the budget"))),
+    targetOut,
     h("div", {class: "fields"}, field("plan-output", "Output name", outName), field("plan-seed", "Seed", seed)),
     h("div", {class: "toolbar"}, h("button", {type: "submit", id: "start-merge"}, "Start the merge at this budget"), frontier),
     started);

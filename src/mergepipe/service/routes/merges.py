@@ -15,6 +15,7 @@ from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.executor.manifest import MANIFEST_FILE
 from mergepipe.jobs.lifecycle import remove_merge
 from mergepipe.jobs.merge import submit_merge
+from mergepipe.jobs.planning import plan_for_deviation
 from mergepipe.service.requests import body_request
 from mergepipe.service.schemas import (
     IdenticalTensors,
@@ -36,15 +37,24 @@ router = APIRouter(prefix="/v1", tags=["merges"])
              dependencies=[Depends(require_token)], summary="Start a budgeted merge job")
 def start_merge(body: MergeIn, response: Response, st: State) -> dict[str, Any]:
     req = body_request(st, body)
+    request, search = req.request, None
+    if body.target_deviation is not None:  # the budget is chosen now, on the catalog of now
+        if req.to_ingest:
+            j = req.to_ingest[0]
+            raise Conflict(f"{j.field}: {j.path} is not registered yet; a target deviation "
+                           "plans with its statistics: register it with POST /v1/models first",
+                           field=j.field)
+        request, _, search = plan_for_deviation(st.cat, request, body.target_deviation)
     out = output_dir(st.settings.output_root, body.output.name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    queued = submit_merge(st.cat, req.request, body.output.name, out, ingests=req.to_ingest,
+    queued = submit_merge(st.cat, request, body.output.name, out, ingests=req.to_ingest,
                           max_queued=st.settings.max_queued_jobs)
     for job in queued.jobs:  # the ingestions the config needs, then the merge
         st.runner.submit(job)
     merge_id = queued.merge_id
     response.headers["Location"] = f"/v1/merges/{merge_id}"
-    return {"id": merge_id, "status": "queued"}
+    return {"id": merge_id, "status": "queued",
+            **({"budget_search": search.to_dict()} if search is not None else {})}
 
 
 @router.get("/merges", response_model=MergeList, summary="Merges, newest first")

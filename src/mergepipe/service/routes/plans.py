@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from mergepipe.catalog.summaries import plan_tensor_shares
 from mergepipe.core.errors import Conflict
 from mergepipe.core.jsonable import jsonable
-from mergepipe.jobs.planning import plan_merge
+from mergepipe.jobs.planning import plan_for_deviation, plan_merge
 from mergepipe.service.requests import body_request
 from mergepipe.service.schemas import PlanIn
 from mergepipe.service.state import State, require_token
@@ -31,7 +31,8 @@ def plan(body: PlanIn, st: State, request: Request,
         raise Conflict(f"{j.field}: {j.path} is not registered yet; register it with POST "
                        "/v1/models, or POST the merge to /v1/merges, which queues its "
                        "ingestion first", field=j.field)
-    p = plan_merge(st.cat, req.request)
+    p = (plan_merge(st.cat, req.request) if body.target_deviation is None
+         else plan_for_deviation(st.cat, req.request, body.target_deviation)[1])
     out = dict(jsonable(p.summary()))
     if tensors:
         experts = [e.model for e in req.request.experts]

@@ -1,0 +1,32 @@
+"""POST /v1/compare: KL(A || B) and perplexities of two registered models on a text.
+
+It runs while the client waits, bounded: at most MAX_COMPARE_TOKENS tokens, one comparison at a
+time per server (two models in memory at once; another request meanwhile gets 429)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from mergepipe.core.errors import Busy
+from mergepipe.evaluation.compare import compare as run_compare
+from mergepipe.service.schemas import CompareIn, CompareOut
+from mergepipe.service.state import State, require_token
+
+router = APIRouter(prefix="/v1", tags=["compare"])
+_ONE_AT_A_TIME = threading.Lock()
+
+
+@router.post("/compare", response_model=CompareOut, dependencies=[Depends(require_token)],
+             summary="Teacher-forced KL(A || B) per token and perplexities on a text")
+def compare(body: CompareIn, st: State) -> dict[str, Any]:
+    if not _ONE_AT_A_TIME.acquire(blocking=False):
+        raise Busy("a comparison is running on this server; retry when it ends",
+                   field="model_a")
+    try:
+        return run_compare(st.cat, body.model_a, body.model_b, body.text, tokens=body.tokens,
+                           tokenizer=body.tokenizer).to_dict()
+    finally:
+        _ONE_AT_A_TIME.release()
