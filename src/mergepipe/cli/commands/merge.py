@@ -135,6 +135,11 @@ def run(args: argparse.Namespace) -> int:
     request = None if args.config else request_from_args(args)
     if args.out is None:
         raise InvalidRequest("--out is required", field="output")
+    if args.config:
+        from mergepipe.cli.mergekit_cli import passthrough_merge
+
+        if passthrough_merge(args) is not None:  # layer stacking: copied, no catalog merge
+            return 0
     if request is None or needs_torch(request):
         preload.start("torch")  # while the catalog opens
     from mergepipe.cli.beside import in_server, open_catalog
@@ -146,10 +151,13 @@ def run(args: argparse.Namespace) -> int:
 
         if not in_server(args):  # (a server recovers its own at start-up)
             recover_interrupted(cat.db)  # merges of a killed `mergepipe merge`: we hold the file
+        tokenizer = None
         if request is None:
-            request = with_strategy(config_request(cat, args), args)
+            request, tokenizer = config_request(cat, args)
+            request = with_strategy(request, args)
         result = cat.merge(request, out=args.out, name=args.name, overwrite=args.overwrite,
-                           threads=args.threads, progress=progress_bars(args))
+                           threads=args.threads, progress=progress_bars(args),
+                           tokenizer=tokenizer)
     if args.json:
         print_json(result)
     else:
