@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the catalog opens with a Catalog (the CLI builds requests f
     from mergepipe.catalog.models import ModelRow
     from mergepipe.catalog.records import LineageEdge, MergeRow
     from mergepipe.executor.engine import Engine
+    from mergepipe.executor.slices import SliceResult
     from mergepipe.jobs.lifecycle import Removal
     from mergepipe.jobs.replay import ReplayResult
     from mergepipe.jobs.report import MergeSummary
@@ -205,6 +206,30 @@ class Catalog:
         if dtype:
             request = replace(request, output_dtype=normalize_dtype(dtype, "output_dtype"))
         return request, resolved.tokenizer
+
+    def stack(self, config: str | Path, *, out: str | Path, overwrite: bool = False,
+              cwd: str | Path | None = None) -> tuple[SliceResult, tuple[str, ...]]:
+        """Run a mergekit `passthrough` config (layer slices stacked, or one model copied) into
+        the local directory `out`, straight from the local checkpoints it names (no catalog
+        merge: copying reads no expert delta, so there is no budget); the result and the notes
+        on how the config was read."""
+        from mergepipe.core.mergekit_config import load_document
+        from mergepipe.jobs import slices
+        from mergepipe.jobs.config import local_path
+
+        text, where = _config_text(config)
+        try:
+            doc = load_document(text)
+            if not slices.is_passthrough(doc):
+                raise InvalidRequest("merge_method: stack() runs passthrough configs; merge "
+                                     "the others with config() and merge()",
+                                     field="merge_method")
+            locate = (local_path if cwd is None else
+                      (lambda t, key: local_path(t, key, cwd=str(cwd))))
+            cfg, result = slices.run_passthrough(doc, Path(out), locate, overwrite=overwrite)
+        except MergePipeError as e:
+            raise type(e)(f"{where}: {e.message}", field=e.field) from None
+        return result, cfg.notes
 
     def plan(self, request: MergeRequest | None = None, **fields: Any) -> Plan:
         """Plan a merge without running it: the request, or the fields of request()."""

@@ -4,7 +4,6 @@ passthrough configs (slices:) copied straight from their checkpoints."""
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from pathlib import Path
@@ -35,34 +34,31 @@ def config_request(cat: Catalog, args: argparse.Namespace
         report=None if quiet else lambda line: print(line, file=sys.stderr))
 
 
-def passthrough_merge(args: argparse.Namespace) -> dict[str, Any] | None:
+def passthrough_merge(cat: Catalog, args: argparse.Namespace) -> dict[str, Any] | None:
     """Run args.config when it is a passthrough config (layer stacking: it copies tensors and
     reads no expert deltas, so --budget does not apply); None for any other config."""
     from mergepipe.core.mergekit_config import load_document
-    from mergepipe.jobs import slices
-    from mergepipe.jobs.config import local_path
+    from mergepipe.core.mergekit_slices import PASSTHROUGH
 
     path = args.config
     try:
         doc = load_document(read_config(path))
-        if not slices.is_passthrough(doc):
-            return None
-        _check_exclusive(args)
-        cwd = getattr(args, "cwd", None)  # run beside a server: the caller's directory
-        locate = local_path if cwd is None else functools.partial(local_path, cwd=cwd)
-        cfg, result = slices.run_passthrough(doc, Path(args.out), locate,
-                                             overwrite=bool(getattr(args, "overwrite", False)))
     except MergePipeError as e:
-        raise type(e)(f"{path}: {e.message.removeprefix(f'{path}: ')}", field=e.field) from None
+        raise type(e)(f"{path}: {e.message}", field=e.field) from None
+    if str(doc.get("merge_method", "")).strip().lower() != PASSTHROUGH:
+        return None
+    _check_exclusive(args)
+    result, notes = cat.stack(path, out=args.out, overwrite=bool(getattr(args, "overwrite", False)),
+                              cwd=getattr(args, "cwd", None))
     summary = result.to_dict()
     if getattr(args, "json", False):
         print(json.dumps(summary))
         return summary
-    notes = list(cfg.notes)
+    told = list(notes)
     if getattr(args, "budget", None) is not None:
-        notes.append("--budget: passthrough copies tensors and reads no expert delta; the budget "
-                     "does not apply (the output is the full copy)")
-    for note in notes:
+        told.append("--budget: passthrough copies tensors and reads no expert delta; the budget "
+                    "does not apply (the output is the full copy)")
+    for note in told:
         print(f"note: {note}", file=sys.stderr)
     print(f"passthrough: {result.layers} layers, {result.tensors} tensors copied "
           f"({result.bytes_read} bytes read) -> {result.output}")

@@ -135,20 +135,17 @@ def run(args: argparse.Namespace) -> int:
     request = None if args.config else request_from_args(args)
     if args.out is None:
         raise InvalidRequest("--out is required", field="output")
-    if args.config:
-        from mergepipe.cli.mergekit_cli import passthrough_merge
-
-        if passthrough_merge(args) is not None:  # layer stacking: copied, no catalog merge
-            return 0
     if request is None or needs_torch(request):
         preload.start("torch")  # while the catalog opens
     from mergepipe.cli.beside import in_server, open_catalog
 
     with_engine(args)
     with open_catalog(args) as cat:
-        from mergepipe.cli.mergekit_cli import config_request
+        from mergepipe.cli.mergekit_cli import config_request, passthrough_merge
         from mergepipe.jobs.recovery import recover_interrupted
 
+        if args.config and passthrough_merge(cat, args) is not None:
+            return 0  # layer stacking: copied from the checkpoints, no catalog merge
         if not in_server(args):  # (a server recovers its own at start-up)
             recover_interrupted(cat.db)  # merges of a killed `mergepipe merge`: we hold the file
         tokenizer = None
