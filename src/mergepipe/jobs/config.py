@@ -169,7 +169,8 @@ def load_config(cat: Catalog, text: str | bytes, *, budget: BudgetSpec = None,
     doc = load_document(text)
     if slices.is_passthrough(doc):
         raise InvalidRequest("merge_method: passthrough copies layers (slices:) rather than "
-                             "merging deltas: run it with `mergepipe merge CONFIG.yml --out DIR`",
+                             "merging deltas: run it with `mergepipe merge CONFIG.yml --out DIR` "
+                             "(Catalog.stack)",
                              field="merge_method")
     if has_slices(doc):
         text = slices.as_models(doc, locate or local_path)
