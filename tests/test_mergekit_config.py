@@ -150,12 +150,16 @@ def test_lora_reference() -> None:
     ("base_model: b\nmodels: [e]", "merge_method", "required"),
     ("merge_method: ties\nbase_model: b\nslices:\n  - sources: [{model: e, layer_range: [0, 2]}]",
      "slices", "layer"),
-    ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer_source: union", "tokenizer_source",
-     "tokenizer surgery"),
-    ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer: {source: union}", "tokenizer",
-     "tokenizer surgery"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer_source: union\n"
+     "tokenizer: {source: union}", "tokenizer", "not both"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer: {source: base, tokens: "
+     "{x: {force: true}}}", "tokenizer.tokens.x.force", "not supported"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer: {pad_to_multiple_of: 0}",
+     "tokenizer.pad_to_multiple_of", "positive integer"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nchat_template: chatml", "chat_template",
-     "chat template"),
+     "bundled"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\nchat_template: hello", "chat_template",
+     "not a chat template"),
     ("merge_method: ties\nbase_model: b\nmodels:\n  - model: e\n    parameters:\n"
      "      weight: []", "models[0].parameters.weight", "empty list"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nparameters: {lambda: [1, 2]}",
@@ -187,10 +191,14 @@ def test_refusals_name_the_key_and_why(text: str, key: str, words: str) -> None:
     assert words in e.message, e.message
 
 
-def test_tokenizer_source_base_is_what_we_do_anyway() -> None:
-    cfg = parse_config("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer_source: base\n"
-                       "parameters: {weight: 1}")
-    assert any("tokenizer" in n for n in cfg.notes)
+def test_tokenizer_options_are_parsed() -> None:
+    cfg = parse_config("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer: {source: e, "
+                       "pad_to_multiple_of: 8, tokens: {x: {}}}\nparameters: {weight: 1}\n"
+                       "chat_template: '{% for m in messages %}{{ m.content }}{% endfor %}'")
+    assert cfg.tokenizer is not None
+    assert (cfg.tokenizer.source, cfg.tokenizer.key, cfg.tokenizer.pad_to_multiple_of,
+            cfg.tokenizer.tokens) == ("e", "tokenizer.source", 8, ("x",))
+    assert cfg.tokenizer.chat_template == "{% for m in messages %}{{ m.content }}{% endfor %}"
 
 
 def test_parameters_of_the_base_entry_are_ignored_for_task_methods() -> None:

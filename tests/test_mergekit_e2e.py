@@ -139,8 +139,8 @@ def test_cli_refusals_are_one_line_naming_file_and_key(family: dict[str, Path], 
                        "--out", str(tmp_path / "o"))
     assert rc == 2 and out == ""
     assert err.count("\n") == 1
-    assert err.startswith(f"mergepipe merge: error: {bad}: merge_method: passthrough is not "
-                          "supported")
+    # mergekit refuses it too: the base_model is appended, two inputs to passthrough
+    assert err.startswith(f"mergepipe merge: error: {bad}: models: passthrough copies one model")
     # a Hub id is read from the Hub (tests/test_hub.py); offline, from the local cache only
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
@@ -181,6 +181,11 @@ def test_api_config_yaml(family: dict[str, Path], tmp_path: Path) -> None:
                                             "output": {"name": "ms"}})
         assert r.status_code == 422
         assert r.json()["error"]["field"] == "config_yaml.merge_method"
+        # a chat template is written by the CLI; the service says so rather than dropping it
+        templated = text.rstrip("\n") + "\nchat_template: '{% for m in messages %}{{ m }}{% endfor %}'\n"
+        r = client.post("/v1/merges", json={"config_yaml": templated, "output": {"name": "ct"}})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["field"] == "config_yaml.tokenizer"
         r = client.post("/v1/merges", json={"config_yaml": text, "base": "base",
                                             "output": {"name": "x"}})
         assert r.status_code == 422 and "not both" in r.text

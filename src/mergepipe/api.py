@@ -31,9 +31,11 @@ if TYPE_CHECKING:  # the catalog opens with a Catalog (the CLI builds requests f
     from mergepipe.catalog.records import LineageEdge, MergeRow
     from mergepipe.evaluation.compare import Comparison
     from mergepipe.executor.engine import Engine
+    from mergepipe.executor.slices import SliceResult
     from mergepipe.jobs.lifecycle import Removal
     from mergepipe.jobs.replay import ReplayResult
     from mergepipe.jobs.report import MergeSummary
+    from mergepipe.jobs.tokenizer import TokenizerPlan
     from mergepipe.planner.plan import Plan
 
 __all__ = ["Catalog", "Lineage", "SqlResult"]
@@ -159,7 +161,27 @@ class Catalog:
         """The request of a mergekit YAML config (a path or the YAML text); local checkpoints
         it names that are not registered yet are ingested first. Relative paths in it are
         relative to `cwd` (default: the working directory); `report` receives one line per
-        checkpoint registered and per note on how the config was read."""
+        checkpoint registered and per note on how the config was read. A config whose
+        tokenizer options change the output's tokenizer files is refused here: use
+        config_with_tokenizer() and pass its plan to merge()."""
+        request, tokenizer = self.config_with_tokenizer(
+            config, budget=budget, seed=seed, dtype=dtype, progress=progress, cwd=cwd,
+            report=report)
+        if tokenizer is not None:
+            raise InvalidRequest("tokenizer: the config's tokenizer options (chat_template, "
+                                 "another model's tokenizer) write tokenizer files: use "
+                                 "Catalog.config_with_tokenizer and merge(..., tokenizer=)",
+                                 field="tokenizer")
+        return request
+
+    def config_with_tokenizer(self, config: str | Path, *,
+                              budget: float | int | str | None = None, seed: int = 0,
+                              dtype: str | None = None, progress: bool | ProgressFn = True,
+                              cwd: str | Path | None = None,
+                              report: Callable[[str], None] | None = None
+                              ) -> tuple[MergeRequest, TokenizerPlan | None]:
+        """config(), with the output's tokenizer files its options ask for (None: the base's,
+        which every merge copies), for merge(..., tokenizer=)."""
         from mergepipe.jobs.config import load_config, local_path
         from mergepipe.jobs.ingest import run_ingestion
 
@@ -184,7 +206,31 @@ class Catalog:
             tell(f"note: {note}")
         if dtype:
             request = replace(request, output_dtype=normalize_dtype(dtype, "output_dtype"))
-        return request
+        return request, resolved.tokenizer
+
+    def stack(self, config: str | Path, *, out: str | Path, overwrite: bool = False,
+              cwd: str | Path | None = None) -> tuple[SliceResult, tuple[str, ...]]:
+        """Run a mergekit `passthrough` config (layer slices stacked, or one model copied) into
+        the local directory `out`, straight from the local checkpoints it names (no catalog
+        merge: copying reads no expert delta, so there is no budget); the result and the notes
+        on how the config was read."""
+        from mergepipe.core.mergekit_config import load_document
+        from mergepipe.jobs import slices
+        from mergepipe.jobs.config import local_path
+
+        text, where = _config_text(config)
+        try:
+            doc = load_document(text)
+            if not slices.is_passthrough(doc):
+                raise InvalidRequest("merge_method: stack() runs passthrough configs; merge "
+                                     "the others with config() and merge()",
+                                     field="merge_method")
+            locate = (local_path if cwd is None else
+                      (lambda t, key: local_path(t, key, cwd=str(cwd))))
+            cfg, result = slices.run_passthrough(doc, Path(out), locate, overwrite=overwrite)
+        except MergePipeError as e:
+            raise type(e)(f"{where}: {e.message}", field=e.field) from None
+        return result, cfg.notes
 
     def plan(self, request: MergeRequest | None = None, *,
              target_deviation: float | None = None, **fields: Any) -> Plan:
@@ -205,21 +251,30 @@ class Catalog:
     def merge(self, request: MergeRequest | None = None, *, out: str | Path,
               name: str | None = None, overwrite: bool = False, threads: int | None = None,
               progress: bool | ProgressFn = True, target_deviation: float | None = None,
-              **fields: Any) -> MergeSummary:
+              tokenizer: TokenizerPlan | None = None, **fields: Any) -> MergeSummary:
         """Plan, execute and publish a merge into `out` (a directory or s3:// prefix) and
         register the output as model `name` (default: the directory's name).
-        `target_deviation`: instead of a budget, as for plan()."""
+        `target_deviation`: instead of a budget, as for plan(). `tokenizer`
+        (config_with_tokenizer) writes the config's tokenizer files beside the weights."""
         from mergepipe.jobs.merge import merge
 
         req = request or self.request(**fields)
+        if tokenizer is not None and "://" in str(out):
+            raise InvalidRequest("tokenizer: the tokenizer options write files into a local "
+                                 "output directory", field="output")
         target = _target(target_deviation, fields)
         if target is not None:
             from mergepipe.jobs.planning import plan_for_deviation
 
             req, _, _ = plan_for_deviation(self.db, req, target)
         with _Bars(progress, "merging", unit="block") as bar:
-            return merge(self.db, req, out, output_name=name, progress=bar.report,
-                         threads=threads, overwrite=overwrite, engine=self._engine())
+            summary = merge(self.db, req, out, output_name=name, progress=bar.report,
+                            threads=threads, overwrite=overwrite, engine=self._engine())
+        if tokenizer is not None:
+            from mergepipe.jobs.tokenizer import apply_tokenizer
+
+            apply_tokenizer(tokenizer, Path(out))
+        return summary
 
     def replay(self, merge_id: str, out: str | Path | None = None, *,
                threads: int | None = None) -> ReplayResult:

@@ -16,13 +16,13 @@ from mergepipe.core.mergekit_params import (
     TOP_LEVEL_KEYS,
     as_mapping,
     check_params,
-    check_tokenizer_source,
     dtypes,
     global_params,
     lift_model_params,
     method_spec,
     request_params,
 )
+from mergepipe.core.mergekit_tokenizer import TokenizerOptions, parse_tokenizer
 from mergepipe.core.operators import OperatorSpec
 from mergepipe.core.request import Budget
 from mergepipe.core.tensor_params import (
@@ -76,6 +76,7 @@ class MergekitConfig:
     notes: tuple[str, ...] = ()  # how the config was read, for the user
     compute_dtype: str = "files"  # mergekit's `dtype` (files: the inputs' own, per tensor)
     base_position: int | None = None  # the base's place among linear's inputs
+    tokenizer: TokenizerOptions | None = None  # tokenizer_source, tokenizer:, chat_template
 
     def request_args(self, base: str, experts: list[str]) -> dict[str, Any]:
         """build_request keyword arguments, given the catalog names of the base and experts."""
@@ -132,40 +133,22 @@ MAX_CONFIG_BYTES = 64 * 1024
 
 def parse_config(text: str | bytes) -> MergekitConfig:
     """Parse and validate a mergekit YAML config; raise InvalidRequest naming the key and why."""
-    doc = _load_yaml(text)
-    for key in doc:
-        if key not in TOP_LEVEL_KEYS:
-            raise InvalidRequest(f"{key}: unknown key; a mergekit config has "
-                                 f"{', '.join(sorted(TOP_LEVEL_KEYS))}", field=str(key))
-    for key, why in REFUSED_KEYS.items():
-        if doc.get(key) not in (None, [], {}):
-            raise InvalidRequest(f"{key}: not supported: {why}", field=key)
+    doc = load_document(text)
+    _check_keys(doc)
     notes: list[str] = []
-    check_tokenizer_source(doc.get("tokenizer_source"), notes)
+    tokenizer = parse_tokenizer(doc)
     spec = method_spec(doc.get("merge_method"))
     op = spec.name
     compute, out_dtype = dtypes(doc, notes)
     gparams = check_params(as_mapping(doc.get("parameters"), "parameters"), global_params(spec),
                            "parameters", spec, notes)
     gparams = lift_model_params(spec, doc.get("models"), doc.get("base_model"), gparams)
-    base = _ref(doc["base_model"], "base_model") if doc.get("base_model") is not None else None
+    base = _base(doc, spec)
     in_average = spec.mergekit is not None and spec.mergekit.base_in_average
-    if base is None and spec.mergekit is not None and spec.mergekit.base_needed:
-        raise InvalidRequest(f"base_model: required: {spec.mergekit.base_needed}; add "
-                             "base_model: PATH", field="base_model")
-    if base is None and not in_average:
-        raise InvalidRequest(f"base_model: required: mergekit's {spec.name} refuses a config "
-                             "without one (\"Merge method requires a base input\"); add "
-                             "base_model: PATH", field="base_model")
-    if base is not None and base.lora:
-        raise InvalidRequest(f"base_model: {base.text}+{base.lora} applies a LoRA adapter to the "
-                             "base; the base must be a full checkpoint (list the adapter under "
-                             "models: as base+adapter)", field="base_model")
     models = doc.get("models")
     if not isinstance(models, list) or not models:
         raise InvalidRequest("models: required, a non-empty list of {model: PATH, parameters: "
                              "{weight, density}}", field="models")
-    default_weight = gparams.get("weight")
     experts, base_weight, base_at = _read_models(models, spec, base, gparams, notes)
     if not experts:
         raise InvalidRequest("models: lists only the base model; add the experts to merge",
@@ -176,17 +159,46 @@ def parse_config(text: str | bytes) -> MergekitConfig:
                      "values) are resolved at each tensor as mergekit does; the plan and the "
                      "manifest list them (tensor_params)")
     if in_average and base is not None and base_at is None:
-        base_weight = _base_weight(default_weight, "base_model")  # mergekit appends the base
+        base_weight = _base_weight(gparams.get("weight"), "base_model")  # mergekit appends it
         base_at = len(experts)
     if base_weight:
         notes.append(f"base_model takes part in the {op} average with weight {base_weight:g}, "
                      "as in mergekit")
     params = request_params(spec, gparams, notes)
     return MergekitConfig(op, base, tuple(experts), params, out_dtype, base_weight, tuple(notes),
-                          compute, base_at if in_average else None)
+                          compute, base_at if in_average else None, tokenizer)
 
 
-def _load_yaml(text: str | bytes) -> dict[Any, Any]:
+def _check_keys(doc: dict[Any, Any]) -> None:
+    """Unknown top-level keys, and the known ones MergePipe refuses, named."""
+    for key in doc:
+        if key not in TOP_LEVEL_KEYS:
+            raise InvalidRequest(f"{key}: unknown key; a mergekit config has "
+                                 f"{', '.join(sorted(TOP_LEVEL_KEYS))}", field=str(key))
+    for key, why in REFUSED_KEYS.items():
+        if doc.get(key) not in (None, [], {}):
+            raise InvalidRequest(f"{key}: not supported: {why}", field=key)
+
+
+def _base(doc: dict[Any, Any], spec: OperatorSpec) -> ModelRef | None:
+    """base_model, checked against what the method needs."""
+    base = _ref(doc["base_model"], "base_model") if doc.get("base_model") is not None else None
+    method = spec.mergekit
+    if base is None and method is not None and method.base_needed:
+        raise InvalidRequest(f"base_model: required: {method.base_needed}; add "
+                             "base_model: PATH", field="base_model")
+    if base is None and not (method is not None and method.base_in_average):
+        raise InvalidRequest(f"base_model: required: mergekit's {spec.name} refuses a config "
+                             "without one (\"Merge method requires a base input\"); add "
+                             "base_model: PATH", field="base_model")
+    if base is not None and base.lora:
+        raise InvalidRequest(f"base_model: {base.text}+{base.lora} applies a LoRA adapter to the "
+                             "base; the base must be a full checkpoint (list the adapter under "
+                             "models: as base+adapter)", field="base_model")
+    return base
+
+
+def load_document(text: str | bytes) -> dict[Any, Any]:
     """The YAML document of a config: a mapping, bounded in size and nesting."""
     if len(text) > MAX_CONFIG_BYTES:
         raise InvalidRequest(f"config is {len(text)} characters long, over the "
@@ -218,15 +230,7 @@ def _read_models(models: list[Any], spec: OperatorSpec, base: ModelRef | None,
     base_at: int | None = None
     for i, entry in enumerate(models):
         key = f"models[{i}]"
-        if isinstance(entry, str):
-            entry = {"model": entry}
-        if not isinstance(entry, dict) or "model" not in entry:
-            raise InvalidRequest(f"{key}: each entry needs a model: key", field=key)
-        extra = set(entry) - {"model", "parameters"}
-        if extra:
-            bad = f"{key}.{sorted(extra)[0]}"
-            raise InvalidRequest(f"{bad}: unknown key; an entry of models: has model and "
-                                 "parameters", field=bad)
+        entry = _entry(entry, key)
         ref = _ref(entry["model"], f"{key}.model")
         mparams = check_params(as_mapping(entry.get("parameters"), f"{key}.parameters"),
                                global_params(spec), f"{key}.parameters", spec, notes)
@@ -243,22 +247,42 @@ def _read_models(models: list[Any], spec: OperatorSpec, base: ModelRef | None,
                 notes.append(f"{key}: parameters of the base model are ignored by {spec.name} "
                              "(as in mergekit)")
             continue
-        if weight is None and spec.mergekit is not None and not spec.mergekit.weights:
-            weight = 1.0  # the method takes no weights (slerp, model_stock)
-        if weight is None:
-            raise InvalidRequest(f"{key}.parameters.weight: missing; mergekit's {spec.name} "
-                                 "requires a weight for every model (\"Missing required "
-                                 "parameter weight\"): give it here or under parameters:",
-                                 field=f"{key}.parameters.weight")
-        chains = _chains(mparams, gparams)
-        if "weight" in chains:
-            weight = representative(chains["weight"])
-        density = mparams.get("density")
-        if "density" in chains:
-            density = representative(chains["density"])
-        experts.append(ConfigExpert(ref, float(weight),  # type: ignore[arg-type]
-                                    None if density is None else float(density), chains))
+        experts.append(_expert(ref, key, weight, spec, mparams, gparams))
     return experts, base_weight, base_at
+
+
+def _entry(entry: object, key: str) -> dict[Any, Any]:
+    """One entry of models: as a mapping with a model: key (a bare string is the model)."""
+    if isinstance(entry, str):
+        entry = {"model": entry}
+    if not isinstance(entry, dict) or "model" not in entry:
+        raise InvalidRequest(f"{key}: each entry needs a model: key", field=key)
+    extra = set(entry) - {"model", "parameters"}
+    if extra:
+        bad = f"{key}.{sorted(extra)[0]}"
+        raise InvalidRequest(f"{bad}: unknown key; an entry of models: has model and "
+                             "parameters", field=bad)
+    return entry
+
+
+def _expert(ref: ModelRef, key: str, weight: object, spec: OperatorSpec,
+            mparams: dict[str, Any], gparams: dict[str, Any]) -> ConfigExpert:
+    """A non-base model with its weight, density and per-tensor settings."""
+    if weight is None and spec.mergekit is not None and not spec.mergekit.weights:
+        weight = 1.0  # the method takes no weights (slerp, model_stock)
+    if weight is None:
+        raise InvalidRequest(f"{key}.parameters.weight: missing; mergekit's {spec.name} "
+                             "requires a weight for every model (\"Missing required "
+                             "parameter weight\"): give it here or under parameters:",
+                             field=f"{key}.parameters.weight")
+    chains = _chains(mparams, gparams)
+    if "weight" in chains:
+        weight = representative(chains["weight"])
+    density = mparams.get("density")
+    if "density" in chains:
+        density = representative(chains["density"])
+    return ConfigExpert(ref, float(weight),  # type: ignore[arg-type]
+                        None if density is None else float(density), chains)
 
 
 def _chains(mparams: dict[str, Any], gparams: dict[str, Any]) -> dict[str, list[Any]]:

@@ -23,16 +23,12 @@ REFUSED_METHODS = {
     "passthrough": "stacks or copies layers (frankenmerges); there are no deltas to plan",
 }
 REFUSED_KEYS = {
-    "slices": "layer slices (layer_range, frankenmerges) change the architecture; MergePipe "
-              "merges whole checkpoints that share the base's tensors - list them under models:",
+    "slices": "layer slices (layer_range, frankenmerges): passthrough stacks them, another "
+              "method takes one slice of every layer of its models",
     "modules": "per-module configs are not supported; list whole models under models:",
-    "tokenizer": "tokenizer surgery (merging vocabularies, new tokens) is not supported; the "
-                 "output keeps the base's tokenizer files",
-    "chat_template": "chat templates are not edited; the output keeps the base's tokenizer files "
-                     "(edit tokenizer_config.json after the merge)",
 }
 TOP_LEVEL_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype",
-                  "tokenizer_source", *REFUSED_KEYS}
+                  "tokenizer_source", "tokenizer", "chat_template", *REFUSED_KEYS}
 _NUMBER_PARAMS = {"weight", "density", "lambda", "gamma", "epsilon"}
 
 
@@ -57,18 +53,6 @@ def global_params(spec: OperatorSpec) -> set[str]:
     assert spec.mergekit is not None
     return {"int8_mask", *(("weight",) if spec.mergekit.weights else ()),
             *(("density",) if spec.density else ()), *spec.mergekit.params}
-
-
-def check_tokenizer_source(value: object, notes: list[str]) -> None:
-    if value is None:
-        return
-    if value == "base":
-        notes.append("tokenizer_source: base - the output carries the base's tokenizer files")
-        return
-    raise InvalidRequest(f"tokenizer_source: {value!r} is not supported: tokenizer surgery "
-                         "(union vocabularies, another model's tokenizer, resized embeddings) is "
-                         "not done; remove the key or use tokenizer_source: base", field=
-                         "tokenizer_source")
 
 
 def as_mapping(value: object, key: str) -> dict[str, Any]:

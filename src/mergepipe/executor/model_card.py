@@ -117,6 +117,27 @@ def mergekit_config(request: MergeRequest) -> str | None:
     compute = p.pop("compute_dtype", "float32")
     base_weight, base_at = p.pop("base_weight", None), p.pop("base_position", None)
     per_model, shared = _tensor_settings(p.pop("tensor_params", None), len(request.experts))
+    mk_params = _mergekit_params(request, p)
+    if mk_params is None:
+        return None
+    models, mk_params = _models(request, mk_params, mk_semantics, per_model, shared,
+                                (base_weight, base_at))
+    doc: dict[str, Any] = {"merge_method": method.name, "base_model": request.base,
+                           "models": models, "parameters": mk_params, "dtype": compute}
+    if compute == "files":  # mergekit computes in the inputs' dtype when dtype is absent
+        del doc["dtype"]
+    if method.base_in_average and mk_semantics and base_weight is None:
+        del doc["base_model"]  # mergekit's linear would average a base_model in
+    if request.output_dtype:
+        doc["out_dtype"] = HF_DTYPE_NAMES[request.output_dtype]
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+
+
+def _mergekit_params(request: MergeRequest, p: dict[str, Any]) -> dict[str, Any] | None:
+    """The request's other parameters under mergekit's names; None when mergekit's method
+    cannot express one of them."""
+    method = request.spec.mergekit
+    assert method is not None
     if p.pop("renormalize", "fixed") != "fixed":
         return None  # per-block renormalization over the experts read: a budget-only notion
     rescale = p.pop("rescale", None)
@@ -130,8 +151,17 @@ def mergekit_config(request: MergeRequest) -> str | None:
     if not method.base_in_average and any(k not in ours and k != "density"
                                           and v != defaults.get(k) for k, v in p.items()):
         return None  # a parameter mergekit's method cannot express
-    p = {ours.get(k, k): v for k, v in p.items() if k in ours or k == "density"}
-    base = request.base
+    return {ours.get(k, k): v for k, v in p.items() if k in ours or k == "density"}
+
+
+def _models(request: MergeRequest, p: dict[str, Any], mk_semantics: bool,
+            per_model: list[dict[str, Any]], shared: dict[str, Any],
+            base_entry: tuple[float | None, int | None]
+            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """mergekit's `models:` list and global parameters of the request."""
+    method = request.spec.mergekit
+    assert method is not None
+    base, (base_weight, base_at) = request.base, base_entry
     models: list[dict[str, Any]] = []
     if method.base_in_average and mk_semantics:  # the config's own inputs, base included
         models = [{"model": e.model, "parameters": _given({"weight": float(e.weight), **own})}
@@ -139,32 +169,22 @@ def mergekit_config(request: MergeRequest) -> str | None:
         if base_weight is not None:
             models.insert(int(base_at if base_at is not None else len(models)),
                           {"model": base, "parameters": {"weight": float(base_weight)}})
-        p = {"normalize": bool(p.get("normalize", True)), **shared}
-    elif method.base_in_average:
+        return models, {"normalize": bool(p.get("normalize", True)), **shared}
+    if method.base_in_average:
         # mergekit's linear averages every listed model, the base too: give it the weight that
         # makes M = B + sum c_i (E_i - B).
         c = request.coefficients()
         models.append({"model": base, "parameters": {"weight": 1.0 - sum(c)}})
         models += [{"model": e.model, "parameters": {"weight": ci}}
                    for e, ci in zip(request.experts, c, strict=True)]
-        p = {"normalize": False}
-    else:
-        for e, own in zip(request.experts, per_model, strict=True):
-            mp: dict[str, Any] = {"weight": float(e.weight)} if method.weights else {}
-            if e.density is not None:
-                mp["density"] = float(e.density)
-            given = _given({**mp, **own})
-            models.append({"model": e.model, **({"parameters": given} if given else {})})
-        p.update(shared)
-    doc: dict[str, Any] = {"merge_method": method.name, "base_model": base, "models": models,
-                           "parameters": p, "dtype": compute}
-    if compute == "files":  # mergekit computes in the inputs' dtype when dtype is absent
-        del doc["dtype"]
-    if method.base_in_average and mk_semantics and base_weight is None:
-        del doc["base_model"]  # mergekit's linear would average a base_model in
-    if request.output_dtype:
-        doc["out_dtype"] = HF_DTYPE_NAMES[request.output_dtype]
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+        return models, {"normalize": False}
+    for e, own in zip(request.experts, per_model, strict=True):
+        mp: dict[str, Any] = {"weight": float(e.weight)} if method.weights else {}
+        if e.density is not None:
+            mp["density"] = float(e.density)
+        given = _given({**mp, **own})
+        models.append({"model": e.model, **({"parameters": given} if given else {})})
+    return models, {**p, **shared}
 
 
 def _tensor_settings(settings: Mapping[str, Any] | None, n: int

@@ -19,9 +19,18 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import ModelRow, list_models
 from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.core.errors import InvalidRequest, MergePipeError
-from mergepipe.core.mergekit_config import BudgetSpec, MergekitConfig, ModelRef, parse_config
+from mergepipe.core.mergekit_config import (
+    BudgetSpec,
+    MergekitConfig,
+    ModelRef,
+    load_document,
+    parse_config,
+)
+from mergepipe.core.mergekit_slices import has_slices
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.core.vocab import AUTO
+from mergepipe.jobs import slices
+from mergepipe.jobs.tokenizer import TokenizerPlan, plan_tokenizer
 from mergepipe.storage.checkpoint import ADAPTER_CONFIG
 from mergepipe.storage.locations import basename, hub_id_location, is_url, join, parse_url
 from mergepipe.storage.store import store_for
@@ -39,6 +48,8 @@ class ResolvedConfig:
     base: str
     experts: list[str]
     to_ingest: list[NewIngestJob] = field(default_factory=list)
+    # the output's tokenizer, when the config's options change the base's files (jobs.tokenizer)
+    tokenizer: TokenizerPlan | None = None
 
     def request(self, *, budget: BudgetSpec = None, seed: int | None = 0) -> MergeRequest:
         """The validated merge request; errors name the YAML key."""
@@ -104,7 +115,10 @@ def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
         cfg = cfg.as_soup()  # a model soup: one of the models becomes the base
     base_name = find(cfg.base, None, "full") if cfg.base is not None else str(inferred)
     names = _experts(cfg, base_name, find)
-    return ResolvedConfig(cfg, base_name, names, to_ingest)
+    resolved = ResolvedConfig(cfg, base_name, names, to_ingest)
+    if cfg.tokenizer is not None:
+        resolved.tokenizer = _tokenizer(cfg, resolved, known, locate)
+    return resolved
 
 
 def _experts(cfg: MergekitConfig, base_name: str,
@@ -127,11 +141,39 @@ def _experts(cfg: MergekitConfig, base_name: str,
     return names
 
 
+def _tokenizer(cfg: MergekitConfig, resolved: ResolvedConfig, known: _Known, locate: Locate
+               ) -> TokenizerPlan | None:
+    """The tokenizer plan of the config's options, from its models' directories (None: the
+    base's files, as every merge copies them)."""
+    assert cfg.tokenizer is not None
+    where = {m.name: m.path for m in known.models} | {j.model: j.path for j in resolved.to_ingest}
+    paths = {e.ref.text: where[n] for e, n in zip(cfg.experts, resolved.experts, strict=True)
+             if e.ref.lora is None and n in where}
+    base = where.get(resolved.base)
+    if base is None:
+        raise InvalidRequest(f"{cfg.tokenizer.key}: the base's checkpoint is not known",
+                             field=cfg.tokenizer.key)
+    source = cfg.tokenizer.source
+    if source not in (None, "base", "union") and source not in paths:
+        paths[str(source)] = locate(str(source), cfg.tokenizer.key)
+    plan = plan_tokenizer(cfg.tokenizer, base, paths)
+    return None if plan.files_from in (None, base) and plan.chat_template is None else plan
+
+
 def load_config(cat: Catalog, text: str | bytes, *, budget: BudgetSpec = None,
                 seed: int | None = 0, locate: Locate | None = None,
                 reserved: Iterable[str] = ()) -> tuple[MergeRequest, ResolvedConfig]:
     """Parse and resolve a mergekit config and build its merge request (models to ingest
-    first are in the ResolvedConfig)."""
+    first are in the ResolvedConfig). A slices: config runs as the models: config it equals
+    (passthrough, which copies layers, runs from the CLI: cli.mergekit_cli)."""
+    doc = load_document(text)
+    if slices.is_passthrough(doc):
+        raise InvalidRequest("merge_method: passthrough copies layers (slices:) rather than "
+                             "merging deltas: run it with `mergepipe merge CONFIG.yml --out DIR` "
+                             "(Catalog.stack)",
+                             field="merge_method")
+    if has_slices(doc):
+        text = slices.as_models(doc, locate or local_path)
     resolved = resolve(cat, parse_config(text), locate=locate, reserved=reserved)
     return resolved.request(budget=budget, seed=seed), resolved
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from mergepipe.catalog.queue import NewIngestJob
-from mergepipe.core.errors import MergePipeError
+from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.request import MergeRequest, request_of
 from mergepipe.jobs.config import load_config, not_found
 from mergepipe.service.schemas import PlanIn
@@ -47,6 +47,10 @@ def body_request(st: AppState, body: PlanIn) -> BodyRequest:
             raise
         key = f"config_yaml.{e.field}" if e.field else "config_yaml"
         raise type(e)(f"config_yaml: {e.message}", field=key) from None
+    if resolved.tokenizer is not None:
+        raise InvalidRequest("config_yaml.tokenizer: the tokenizer options (chat_template, "
+                             "another model's tokenizer) are written by `mergepipe merge "
+                             "CONFIG.yml`; the service keeps the base's tokenizer files", field="config_yaml.tokenizer")
     if body.output_dtype():
         request = replace(request, output_dtype=body.output_dtype())
     if body.strategy is not None:

@@ -165,13 +165,17 @@ def run(args: argparse.Namespace) -> int:
 
     with_engine(args)
     with open_catalog(args) as cat:
-        from mergepipe.cli.mergekit_cli import config_request
+        from mergepipe.cli.mergekit_cli import config_request, passthrough_merge
         from mergepipe.jobs.recovery import recover_interrupted
 
+        if args.config and passthrough_merge(cat, args) is not None:
+            return 0  # layer stacking: copied from the checkpoints, no catalog merge
         if not in_server(args):  # (a server recovers its own at start-up)
             recover_interrupted(cat.db)  # merges of a killed `mergepipe merge`: we hold the file
+        tokenizer = None
         if request is None:
-            request = with_strategy(config_request(cat, args), args)
+            request, tokenizer = config_request(cat, args)
+            request = with_strategy(request, args)
         search = None
         if target is not None:  # the budget is chosen first, as POST /v1/merges does
             from mergepipe.jobs.planning import plan_for_deviation
@@ -179,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
             request, _, found = plan_for_deviation(cat.db, request, target)
             search = found.to_dict()
         result = cat.merge(request, out=args.out, name=args.name, overwrite=args.overwrite,
-                           threads=args.threads, progress=progress_bars(args))
+                           threads=args.threads, progress=progress_bars(args),
+                           tokenizer=tokenizer)
     if args.json:
         print_json(result if search is None else {**result.to_dict(), "budget_search": search})
     else:

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     with open_catalog(args) as cat:
         if request is None:
             from mergepipe.cli.mergekit_cli import config_request  # torch: only for a config
-            request = with_strategy(config_request(cat, args), args)
+            request = with_strategy(config_request(cat, args)[0], args)
         plan = cat.plan(request, target_deviation=target)
     shown = plan.blocks if args.blocks < 0 else plan.blocks[:args.blocks]
     if args.json:
