@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -158,11 +158,15 @@ def find_models(cat: Connectable, names: Sequence[str]) -> dict[str, ModelRow]:
     return {str(r.name): model_row(r) for r in _query(cat, "models_named", {"names": list(names)})}
 
 
-def models_details(cat: Connectable, names: Sequence[str]
+def models_details(cat: Connectable, names: Sequence[str], *,
+                   whole: Collection[str] | None = None,
+                   named: Sequence[tuple[str, str, int]] = ()
                    ) -> tuple[dict[str, list[FileRow]], dict[str, list[TensorRow]],
                               dict[str, list[BlockRow]]]:
-    """model_files, model_tensors and model_blocks of several models in three queries (each
-    query costs milliseconds: a merge of K experts would make 3 (K + 1))."""
+    """model_files, model_tensors and model_blocks of several models in three or four queries
+    (each query costs milliseconds: a merge of K experts would make 3 (K + 1)). With `whole`,
+    every block is loaded of those models only; of the others, the blocks named in `named`
+    ((model, tensor, block_index): a plan's access set) that exist."""
     params = {"models": sorted(set(names))}
     files: dict[str, list[FileRow]] = {n: [] for n in names}
     tensors: dict[str, list[TensorRow]] = {n: [] for n in names}
@@ -172,9 +176,22 @@ def models_details(cat: Connectable, names: Sequence[str]
     for r in _query(cat, "models_tensors", params):
         tensors[str(r.model)].append(_tensor_row(r))
     # plain tuples, by position (the columns of models_blocks.sql): 10^4+ blocks a merge
-    for model, *fields in _tuples(cat, "models_blocks", params):
-        blocks[model].append(BlockRow(*fields))
+    rows = _tuples(cat, "models_blocks", params if whole is None else
+                   {"models": sorted(set(whole))})
+    if whole is not None and named:
+        rows += _tuples(cat, "blocks_named", {
+            "models": [m for m, _, _ in named], "tensors": [t for _, t, _ in named],
+            "block_indexes": [i for _, _, i in named]})
+    for model, *fields in rows:
+        if model in blocks:
+            blocks[model].append(BlockRow(*fields))
     return files, tensors, blocks
+
+
+def model_block_hashes(cat: Connectable, name: str) -> list[tuple[str, int, str]]:
+    """(tensor, block_index, content_hash) of every block of a model, in no particular order."""
+    return [(str(t), int(i), str(h)) for t, i, h in _tuples(cat, "model_block_hashes",
+                                                             {"model": name})]
 
 
 def _file_row(r: Row) -> FileRow:
