@@ -173,15 +173,15 @@ def models_details(cat: Connectable, names: Sequence[str], *,
     blocks: dict[str, list[BlockRow]] = {n: [] for n in names}
     for r in _query(cat, "models_files", params):
         files[str(r.model)].append(_file_row(r))
-    for r in _query(cat, "models_tensors", params):
-        tensors[str(r.model)].append(_tensor_row(r))
+    for r in _tuples(cat, "models_tensors", params):  # plain tuples: 10^3 tensors a merge
+        tensors[str(r[0])].append(_tensor_tuple(r))
     # plain tuples, by position (the columns of models_blocks.sql): 10^4+ blocks a merge
     rows = _tuples(cat, "models_blocks", params if whole is None else
                    {"models": sorted(set(whole))})
     if whole is not None and named:
         rows += _tuples(cat, "blocks_named", {
-            "models": [m for m, _, _ in named], "tensors": [t for _, t, _ in named],
-            "block_indexes": [i for _, _, i in named]})
+            "models": sorted({m for m, _, _ in named}),
+            "keys": [f"{m}\x1f{t}\x1f{i}" for m, t, i in named]})
     for model, *fields in rows:
         if model in blocks:
             blocks[model].append(BlockRow(*fields))
@@ -209,6 +209,20 @@ def _tensor_row(r: Row) -> TensorRow:
                      tuple(int(d) for d in r.shape), int(r.data_offset), int(r.nbytes),
                      lora_a, None if r.lora_scale is None else float(r.lora_scale),
                      None if r.value_l2 is None else float(r.value_l2))
+
+
+def _tensor_tuple(r: tuple[Any, ...]) -> TensorRow:
+    """A TensorRow from a row of models_tensors.sql (columns by position)."""
+    (_, tensor, ordinal, file_index, dtype, shape, data_offset, nbytes, a_file, a_offset,
+     a_nbytes, a_dtype, a_shape, a_hash, lora_scale, value_l2) = r
+    lora_a = None
+    if a_offset is not None:
+        lora_a = LoraA(int(a_file), int(a_offset), int(a_nbytes), str(a_dtype),
+                       tuple(int(d) for d in a_shape), None if a_hash is None else str(a_hash))
+    return TensorRow(str(tensor), int(ordinal), int(file_index), str(dtype),
+                     tuple(int(d) for d in shape), int(data_offset), int(nbytes), lora_a,
+                     None if lora_scale is None else float(lora_scale),
+                     None if value_l2 is None else float(value_l2))
 
 
 def _block_row(r: Row) -> BlockRow:

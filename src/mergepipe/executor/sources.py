@@ -107,19 +107,20 @@ class ModelSource:
 
 def load_models(cat: Catalog, names: Sequence[str], *,
                 planned: Sequence[tuple[str, str, int]] | None = None) -> list[ModelSource]:
-    """Files, tensors and blocks of each named model, in four catalog queries for all of them;
+    """Files, tensors and blocks of each named model, in four or five catalog queries for all of them, on one connection;
     NotFound / InvalidRequest for the first name that is missing or not ready. With `planned`
     ((model, tensor, block_index): a plan's access set), every block is loaded of the first
     model (the base, streamed whole) and only the planned ones of the others (incomplete)."""
-    rows = find_models(cat, names)
-    for name in names:
-        m = rows.get(name)
-        if m is None:
-            raise NotFound(f"model {name!r} is not in the catalog", field="model")
-        if m.status != "ready":
-            raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
     whole = None if planned is None else names[:1]
-    files, tensors, blocks = models_details(cat, names, whole=whole, named=planned or ())
+    with cat.reader() as conn:  # one connection for the five queries
+        rows = find_models(conn, names)
+        for name in names:
+            m = rows.get(name)
+            if m is None:
+                raise NotFound(f"model {name!r} is not in the catalog", field="model")
+            if m.status != "ready":
+                raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
+        files, tensors, blocks = models_details(conn, names, whole=whole, named=planned or ())
     out = {n: ModelSource(m.name, m.kind, m.path, m.base, m.lora_scale,
                           {f.index: f for f in files[n]}, {t.name: t for t in tensors[n]},
                           {(b.tensor, b.block_index): b for b in blocks[n]},
