@@ -37,25 +37,26 @@ OPERATORS: tuple[tuple[str, dict[str, Any]], ...] = (("linear", {}), ("ties", {"
 SEED = 0
 
 
-def setup(work: Path, log: Any = print) -> tuple[Path, Path, dict[str, Any]]:
+def setup(work: Path, log: Any = print, *, shape: LlamaShape = SHAPE, experts: int = EXPERTS
+          ) -> tuple[Path, Path, dict[str, Any]]:
     """The family's root, its catalog and what setting it up took (generated and ingested once;
-    a matching stamp reuses both)."""
+    a matching stamp reuses both). `shape` and `experts`: the row's, or a tiny one (tests)."""
     root = work / "family-large"
     catalog = root / "catalog.duckdb"
     stamp = root / "bench-stamp.json"
-    want = {"shape": [SHAPE.hidden, SHAPE.intermediate, SHAPE.layers, SHAPE.heads,
-                      SHAPE.kv_heads, SHAPE.vocab], "experts": EXPERTS, "seed": SEED}
+    want = {"shape": [shape.hidden, shape.intermediate, shape.layers, shape.heads,
+                      shape.kv_heads, shape.vocab], "experts": experts, "seed": SEED}
     old = json.loads(stamp.read_text()) if stamp.exists() else {}
     if {k: old.get(k) for k in want} == want and catalog.exists():
         log(f"reusing the large family and its catalog in {root}")
         return root, catalog, {**old, "reused": True}
     if {k: old.get(k) for k in want} != want:
         shutil.rmtree(root, ignore_errors=True)
-        log(f"generating the large family: base + {EXPERTS} experts x "
-            f"{SHAPE.numel * 2 / 1e9:.2f} GB in {root} (once; about 15 GB of disk)")
+        log(f"generating the large family: base + {experts} experts x "
+            f"{shape.numel * 2 / 1e9:.2f} GB in {root} (once; about 15 GB of disk)")
         t0 = time.perf_counter()
-        generate_family(root, experts=EXPERTS, size_mb=SHAPE.numel * 2 / 1e6, seed=SEED,
-                        shape=SHAPE)
+        generate_family(root, experts=experts, size_mb=shape.numel * 2 / 1e6, seed=SEED,
+                        shape=shape)
         old = {**want, "generate_s": time.perf_counter() - t0}
         stamp.write_text(json.dumps(old))
     log("ingesting the large family with statistics")
@@ -73,7 +74,7 @@ def one_merge(root: Path, catalog: Path, rundir: Path, op: str, params: dict[str
 
     shutil.rmtree(rundir, ignore_errors=True)
     rundir.mkdir(parents=True)
-    experts = [e["name"] for e in read_family(root)["experts"][:EXPERTS]]
+    experts = [e["name"] for e in read_family(root)["experts"]]
     copy = rundir / "catalog.duckdb"
     shutil.copyfile(catalog, copy)
     files = make_cold([root / "base", *(root / e for e in experts), copy])
@@ -116,11 +117,12 @@ def measure(root: Path, catalog: Path, work: Path, reps: int, log: Any = print
     return rows
 
 
-def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
+def table(rows: list[dict[str, Any]], info: dict[str, Any], shape: LlamaShape = SHAPE) -> str:
     """The markdown table of the row."""
-    gb = SHAPE.numel * 2 / 1e9
-    lines = [f"K = {EXPERTS} experts of {gb:.2f} GB (bf16, hidden {SHAPE.hidden}, "
-             f"{SHAPE.layers} layers), cold page cache, medians of {rows[0]['runs']} runs:", "",
+    gb = shape.numel * 2 / 1e9
+    k = info.get("experts", EXPERTS)
+    lines = [f"K = {k} experts of {gb:.2f} GB (bf16, hidden {shape.hidden}, "
+             f"{shape.layers} layers), cold page cache, medians of {rows[0]['runs']} runs:", "",
              "| operator | budget | planning (plan_seconds) | merge (wall_seconds) | planning share "
              "| acceptance checks | share with acceptance |",
              "|---|---|---|---|---|---|---|"]
@@ -134,15 +136,16 @@ def table(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_large(out: Path, reps: int, log: Any = print) -> dict[str, Any]:
+def run_large(out: Path, reps: int, log: Any = print, *, shape: LlamaShape = SHAPE,
+              experts: int = EXPERTS) -> dict[str, Any]:
     """Set up the family, measure, write OUT/large-family.json and OUT/large-family.md."""
     work = out.absolute() / "work"
     work.mkdir(parents=True, exist_ok=True)
-    root, catalog, info = setup(work, log)
+    root, catalog, info = setup(work, log, shape=shape, experts=experts)
     rows = measure(root, catalog, work, reps, log)
     result = {"setup": info, "rows": rows, "finished": time.time()}
     (out / "large-family.json").write_text(json.dumps(result, indent=2))
-    md = table(rows, info)
+    md = table(rows, info, shape)
     (out / "large-family.md").write_text(md)
     log(md)
     return result
