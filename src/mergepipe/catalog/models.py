@@ -173,8 +173,8 @@ def models_details(cat: Connectable, names: Sequence[str], *,
     blocks: dict[str, list[BlockRow]] = {n: [] for n in names}
     for r in _query(cat, "models_files", params):
         files[str(r.model)].append(_file_row(r))
-    for r in _tuples(cat, "models_tensors", params):  # plain tuples: 10^3 tensors a merge
-        tensors[str(r[0])].append(_tensor_tuple(r))
+    for t in _tuples(cat, "models_tensors", params):  # plain tuples: 10^3 tensors a merge
+        tensors[str(t[0])].append(_tensor_tuple(t))
     # plain tuples, by position (the columns of models_blocks.sql): 10^4+ blocks a merge
     rows = _tuples(cat, "models_blocks", params if whole is None else
                    {"models": sorted(set(whole))})
