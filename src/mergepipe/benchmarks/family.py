@@ -243,12 +243,13 @@ def expert_specs(experts: int, lora_experts: int, layers: int, seed: int) -> lis
 
 def generate_family(out: str | os.PathLike[str], *, experts: int = 4, size_mb: float = 200.0,
                     dtype: str = "bf16", shards: int = 1, seed: int = 0,
-                    lora_experts: int = 0) -> dict[str, Path]:
-    """Write base/ and expert-NN/ checkpoints plus family.json under `out`; name -> directory."""
+                    lora_experts: int = 0, shape: LlamaShape | None = None) -> dict[str, Path]:
+    """Write base/ and expert-NN/ checkpoints plus family.json under `out`; name -> directory.
+    `shape` (else the one `shape_for_size` picks for `size_mb`) fixes the dimensions."""
     t0 = time.perf_counter()
     root = Path(out).absolute()
     dt = normalize_dtype(dtype)
-    shape = shape_for_size(size_mb, DTYPE_SIZES[dt])
+    shape = shape or shape_for_size(size_mb, DTYPE_SIZES[dt])
     tensors = shape.tensors()
     specs = expert_specs(experts, lora_experts, shape.layers, seed)
     dirs = {"base": root / "base", **{s.name: root / s.name for s in specs}}

@@ -76,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    if getattr(args, "large", False):
+        from mergepipe.benchmarks.large_family import run_large
+
+        run_large(Path(args.out), args.reps or 3, log=lambda m: print(m, flush=True))
+        return 0
     cfg = QUICK if args.quick else DEFAULT
     if args.reps:
         cfg = replace(cfg, reps=args.reps)

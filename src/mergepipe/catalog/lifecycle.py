@@ -9,6 +9,7 @@ version). Retiring keeps every row and lineage edge; the listings leave retired 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,15 @@ def model_lineage(cat: Catalog, ref: str) -> tuple[str, list[LineageEdge], list[
     if not ancestors and not descendants and find_model(cat, key) is None:
         raise NotFound(f"model {key!r} not found", field="name")
     return key, ancestors, descendants
+
+
+def resolve_keys(cat: Connectable, refs: Sequence[str]) -> dict[str, str]:
+    """`resolve_key` of each ref, plain names in one query for all."""
+    plain = sorted({r for r in refs if split_ref(r)[1] is None})
+    latest = ({str(r.family): str(r.name) for r in _query(cat, "models_latest",
+                                                          {"families": plain})}
+              if plain else {})
+    return {r: latest.get(r, r) if r in plain else resolve_key(cat, r) for r in refs}
 
 
 def next_version(cat: Connectable, family: str) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -158,23 +158,40 @@ def find_models(cat: Connectable, names: Sequence[str]) -> dict[str, ModelRow]:
     return {str(r.name): model_row(r) for r in _query(cat, "models_named", {"names": list(names)})}
 
 
-def models_details(cat: Connectable, names: Sequence[str]
+def models_details(cat: Connectable, names: Sequence[str], *,
+                   whole: Collection[str] | None = None,
+                   named: Sequence[tuple[str, str, int]] = ()
                    ) -> tuple[dict[str, list[FileRow]], dict[str, list[TensorRow]],
                               dict[str, list[BlockRow]]]:
-    """model_files, model_tensors and model_blocks of several models in three queries (each
-    query costs milliseconds: a merge of K experts would make 3 (K + 1))."""
+    """model_files, model_tensors and model_blocks of several models in three or four queries
+    (each query costs milliseconds: a merge of K experts would make 3 (K + 1)). With `whole`,
+    every block is loaded of those models only; of the others, the blocks named in `named`
+    ((model, tensor, block_index): a plan's access set) that exist."""
     params = {"models": sorted(set(names))}
     files: dict[str, list[FileRow]] = {n: [] for n in names}
     tensors: dict[str, list[TensorRow]] = {n: [] for n in names}
     blocks: dict[str, list[BlockRow]] = {n: [] for n in names}
     for r in _query(cat, "models_files", params):
         files[str(r.model)].append(_file_row(r))
-    for r in _query(cat, "models_tensors", params):
-        tensors[str(r.model)].append(_tensor_row(r))
+    for t in _tuples(cat, "models_tensors", params):  # plain tuples: 10^3 tensors a merge
+        tensors[str(t[0])].append(_tensor_tuple(t))
     # plain tuples, by position (the columns of models_blocks.sql): 10^4+ blocks a merge
-    for model, *fields in _tuples(cat, "models_blocks", params):
-        blocks[model].append(BlockRow(*fields))
+    rows = _tuples(cat, "models_blocks", params if whole is None else
+                   {"models": sorted(set(whole))})
+    if whole is not None and named:
+        rows += _tuples(cat, "blocks_named", {
+            "models": sorted({m for m, _, _ in named}),
+            "keys": [f"{m}\x1f{t}\x1f{i}" for m, t, i in named]})
+    for model, *fields in rows:
+        if model in blocks:
+            blocks[model].append(BlockRow(*fields))
     return files, tensors, blocks
+
+
+def model_block_hashes(cat: Connectable, name: str) -> list[tuple[str, int, str]]:
+    """(tensor, block_index, content_hash) of every block of a model, in no particular order."""
+    return [(str(t), int(i), str(h)) for t, i, h in _tuples(cat, "model_block_hashes",
+                                                             {"model": name})]
 
 
 def _file_row(r: Row) -> FileRow:
@@ -192,6 +209,20 @@ def _tensor_row(r: Row) -> TensorRow:
                      tuple(int(d) for d in r.shape), int(r.data_offset), int(r.nbytes),
                      lora_a, None if r.lora_scale is None else float(r.lora_scale),
                      None if r.value_l2 is None else float(r.value_l2))
+
+
+def _tensor_tuple(r: tuple[Any, ...]) -> TensorRow:
+    """A TensorRow from a row of models_tensors.sql (columns by position)."""
+    (_, tensor, ordinal, file_index, dtype, shape, data_offset, nbytes, a_file, a_offset,
+     a_nbytes, a_dtype, a_shape, a_hash, lora_scale, value_l2) = r
+    lora_a = None
+    if a_offset is not None:
+        lora_a = LoraA(int(a_file), int(a_offset), int(a_nbytes), str(a_dtype),
+                       tuple(int(d) for d in a_shape), None if a_hash is None else str(a_hash))
+    return TensorRow(str(tensor), int(ordinal), int(file_index), str(dtype),
+                     tuple(int(d) for d in shape), int(data_offset), int(nbytes), lora_a,
+                     None if lora_scale is None else float(lora_scale),
+                     None if value_l2 is None else float(value_l2))
 
 
 def _block_row(r: Row) -> BlockRow:

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mergepipe.catalog.models import FileRow
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import FileRow, model_block_hashes
 from mergepipe.catalog.records import LineageEdge, lineage_edges
 from mergepipe.core.jsonable import jsonable
 from mergepipe.executor.stream import ExecutionResult, Prepared
@@ -20,13 +21,16 @@ MANIFEST_FORMAT = "mergepipe-manifest/1"
 TOUCHED_COLUMNS = ["model", "tensor", "block_index", "nbytes", "utility", "rank"]
 
 
-def input_digest(prep: Prepared, model: str) -> str:
-    """sha256 over a model's (tensor, block, content hash) rows: what the merge read from."""
+def input_digest(cat: Catalog, prep: Prepared, model: str) -> str:
+    """sha256 over a model's (tensor, block, content hash) rows: what the merge read from (an
+    expert loaded with its planned blocks only: every row from the catalog)."""
     src = prep.base if model == prep.base.name else next(
         e for e in prep.experts if e.name == model)
+    rows = (sorted((t, bi, b.content_hash) for (t, bi), b in src.blocks.items())
+            if src.complete else sorted(model_block_hashes(cat, src.name)))
     h = hashlib.sha256()
-    for (tensor, bi), blk in sorted(src.blocks.items()):
-        h.update(f"{tensor}\0{bi}\0{blk.content_hash}\n".encode())
+    for tensor, bi, content_hash in rows:
+        h.update(f"{tensor}\0{bi}\0{content_hash}\n".encode())
     return h.hexdigest()
 
 
@@ -57,7 +61,7 @@ def merge_lineage(plan: Plan, output_name: str) -> list[LineageEdge]:
     return edges
 
 
-def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionResult,
+def build_manifest(cat: Catalog, *, merge_id: str | None, prep: Prepared, result: ExecutionResult,
                    output_name: str | None, output_path: Path | str, plan_seconds: float | None,
                    wall_seconds: float | None = None) -> dict[str, Any]:
     """The manifest.json document: request, plan, access set, realized I/O, outputs, lineage.
@@ -84,7 +88,8 @@ def build_manifest(*, merge_id: str | None, prep: Prepared, result: ExecutionRes
         "plan": plan.document(),
         **io_figures(prep, result),
         "inputs": [{"model": m.name, "role": "base" if m is prep.base else "expert",
-                    "kind": m.kind, "path": m.path, "blocks_digest": input_digest(prep, m.name),
+                    "kind": m.kind, "path": m.path,
+                    "blocks_digest": input_digest(cat, prep, m.name),
                     "files": [_file_entry(f) for f in m.files.values()]}
                    for m in (prep.base, *prep.experts)],
         "experts": [{"position": i, "model": e.model, "weight": e.weight,

@@ -14,6 +14,7 @@ from mergepipe.catalog.models import (
     LoraA,
     TensorRow,
     find_models,
+    model_blocks,
     models_details,
 )
 from mergepipe.catalog.reverify import reverify_file
@@ -33,6 +34,16 @@ class ModelSource:
     files: dict[int, FileRow]
     tensors: dict[str, TensorRow]  # in checkpoint order
     blocks: dict[tuple[str, int], BlockRow] = field(default_factory=dict)
+    # False: `blocks` holds only the blocks a plan reads (load_models(..., planned=...));
+    # complete_blocks loads the rest when every block is needed (a re-verification)
+    complete: bool = True
+
+    def complete_blocks(self, cat: Catalog) -> dict[tuple[str, int], BlockRow]:
+        """Every block of the model (loaded now if only the planned ones were)."""
+        if not self.complete:
+            self.blocks = {(b.tensor, b.block_index): b for b in model_blocks(cat, self.name)}
+            self.complete = True
+        return self.blocks
 
     def file_path(self, index: int) -> str:
         return self.files[index].path
@@ -67,7 +78,7 @@ class ModelSource:
             if change is not None:
                 self.files[f.index] = reverify_file(cat, self.name, f, st, change,
                                                     list(self.tensors.values()),
-                                                    list(self.blocks.values()))
+                                                    list(self.complete_blocks(cat).values()))
 
     def verify_block(self, block: BlockRow, raw: bytes | bytearray | memoryview) -> None:
         """Raise SourceChanged unless `raw` has the block's catalogued xxh3-128 content hash."""
@@ -91,19 +102,25 @@ class ModelSource:
                 f"the file changed after ingestion; re-ingest {self.name!r}")
 
 
-def load_models(cat: Catalog, names: Sequence[str]) -> list[ModelSource]:
-    """Files, tensors and blocks of each named model, in four catalog queries for all of them;
-    NotFound / InvalidRequest for the first name that is missing or not ready."""
-    rows = find_models(cat, names)
-    for name in names:
-        m = rows.get(name)
-        if m is None:
-            raise NotFound(f"model {name!r} is not in the catalog", field="model")
-        if m.status != "ready":
-            raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
-    files, tensors, blocks = models_details(cat, names)
+def load_models(cat: Catalog, names: Sequence[str], *,
+                planned: Sequence[tuple[str, str, int]] | None = None) -> list[ModelSource]:
+    """Files, tensors and blocks of each named model, in four or five catalog queries for all of them, on one connection;
+    NotFound / InvalidRequest for the first name that is missing or not ready. With `planned`
+    ((model, tensor, block_index): a plan's access set), every block is loaded of the first
+    model (the base, streamed whole) and only the planned ones of the others (incomplete)."""
+    whole = None if planned is None else names[:1]
+    with cat.reader() as conn:  # one connection for the five queries
+        rows = find_models(conn, names)
+        for name in names:
+            m = rows.get(name)
+            if m is None:
+                raise NotFound(f"model {name!r} is not in the catalog", field="model")
+            if m.status != "ready":
+                raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
+        files, tensors, blocks = models_details(conn, names, whole=whole, named=planned or ())
     out = {n: ModelSource(m.name, m.kind, m.path, m.base, m.lora_scale,
                           {f.index: f for f in files[n]}, {t.name: t for t in tensors[n]},
-                          {(b.tensor, b.block_index): b for b in blocks[n]})
+                          {(b.tensor, b.block_index): b for b in blocks[n]},
+                          complete=whole is None or n in whole)
            for n, m in rows.items()}
     return [out[n] for n in names]

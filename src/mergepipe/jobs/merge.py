@@ -150,7 +150,7 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
                                     progress=_recorder(cat, merge_id, progress, fence))
             hooks().merge_staged(merge_id)
             write_manifest(stage, build_manifest(
-                merge_id=merge_id, prep=prep, result=result, output_name=name,
+                cat, merge_id=merge_id, prep=prep, result=result, output_name=name,
                 output_path=out.location, plan_seconds=plan_seconds,
                 wall_seconds=time.perf_counter() - wall0))
             shown = user_request(prep.plan)
@@ -223,7 +223,7 @@ def execute_plan(cat: Catalog, plan: Plan, output_dir: Path, *, threads: int | N
           out_of_space_is_507(stage)):
         result = engine.execute(prep, stage, threads=threads, progress=progress)
         write_manifest(stage, build_manifest(
-            merge_id=None, prep=prep, result=result, output_name=None, output_path=target,
+            cat, merge_id=None, prep=prep, result=result, output_name=None, output_path=target,
             plan_seconds=None, wall_seconds=time.perf_counter() - wall0))
     return summary(None, prep, result, output=target, output_name=None, plan_seconds=None,
                    wall_seconds=time.perf_counter() - wall0)

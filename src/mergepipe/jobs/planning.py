@@ -8,7 +8,7 @@ from typing import Any
 
 from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.lifecycle import resolve_key, split_ref
+from mergepipe.catalog.lifecycle import resolve_keys, split_ref
 from mergepipe.catalog.models import ModelRow, find_models
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.core.request import Budget, MergeRequest
@@ -44,12 +44,14 @@ def pin_request(cat: Catalog, request: MergeRequest, pending: Collection[str] = 
     (docs/lifecycle.md), so that the merge, its lineage and a replay read exactly those. A
     plain base name means the version of it that the experts were derived from, when they
     agree on one."""
-    experts = tuple(e if e.model in pending else replace(e, model=resolve_key(cat, e.model))
+    keys = resolve_keys(cat, [n for n in (request.base, *(e.model for e in request.experts))
+                              if n not in pending])
+    experts = tuple(e if e.model in pending else replace(e, model=keys[e.model])
                     for e in request.experts)
     base = request.base
     if base not in pending:
         family, version = split_ref(base)
-        pinned = resolve_key(cat, base)
+        pinned = keys[base]
         if version is None:
             rows = find_models(cat, [e.model for e in experts])
             bases = {r.base for r in rows.values()}

@@ -84,7 +84,7 @@ def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
         with publish.staged(target, f"replay-{merge_id[2:]}") as stage:
             result = stream.execute(prep, stage, threads=threads, progress=progress)
             write_manifest(stage, build_manifest(
-                merge_id=merge_id, prep=prep, result=result, output_name=None,
+                cat, merge_id=merge_id, prep=prep, result=result, output_name=None,
                 output_path=target, plan_seconds=None))
     finally:
         if tmp_root is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -157,9 +158,12 @@ def _name(name: str) -> str:
     return r if len(r) <= 120 else r[:117] + "..."
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")  # control characters, refused in tensor names
+
+
 def _entry(path: str, name: str, info: object, data_start: int, data_len: int,
            max_elements: int) -> TensorEntry:
-    if len(name) > MAX_NAME_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if len(name) > MAX_NAME_CHARS or _CONTROL.search(name):
         raise InvalidCheckpoint(f"{path}: tensor {_name(name)}: a name of over "
                                 f"{MAX_NAME_CHARS} characters or with control characters")
     if not isinstance(info, dict):

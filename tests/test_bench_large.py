@@ -1,0 +1,31 @@
+"""`mergepipe bench --large`'s row, on a tiny family: it generates and ingests once, reuses both,
+and reports planning against the merge for linear and ties with the same plan every run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mergepipe.benchmarks.family import LlamaShape, read_family
+from mergepipe.benchmarks.large_family import run_large, setup
+
+TINY = LlamaShape(hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1, vocab=256)
+
+
+def test_the_large_row_measures_both_operators_and_reuses_its_family(tmp_path: Path) -> None:
+    logs: list[str] = []
+    first = run_large(tmp_path, 1, logs.append, shape=TINY, experts=2)
+    assert [r["operator"] for r in first["rows"]] == ["linear", "ties"]
+    for r in first["rows"]:
+        assert r["runs"] == 1 and len(r["plan_hashes"]) == 1
+        assert 0 < r["plan_s"] < r["wall_s"] and r["share"] == r["plan_s"] / r["wall_s"]
+        assert r["accept_s"] > 0 and r["share_with_accept"] > r["share"]
+    assert not first["setup"]["reused"] and first["setup"]["generate_s"] > 0
+    md = (tmp_path / "large-family.md").read_text()
+    assert "K = 2 experts" in md and md.count("| 0.1 |") == 2
+    assert json.loads((tmp_path / "large-family.json").read_text())["rows"] == first["rows"]
+    assert not (tmp_path / "work" / "large-runs" / "linear-1").exists()  # outputs removed
+    root, catalog, info = setup(tmp_path / "work", logs.append, shape=TINY, experts=2)
+    assert info["reused"] and catalog.exists() and root == catalog.parent
+    _, _, info = setup(tmp_path / "work", logs.append, shape=TINY, experts=1)  # another family
+    assert not info["reused"] and len(read_family(root)["experts"]) == 1
