@@ -244,9 +244,16 @@ class Catalog:
         target = _target(target_deviation, fields)
         if target is None:
             return plan_merge(self.db, req)
+        return self.for_deviation(req, target)[1]
+
+    def for_deviation(self, request: MergeRequest, target_deviation: float
+                      ) -> tuple[MergeRequest, Plan]:
+        """The request with the smallest budget whose predicted deviation is at most
+        `target_deviation`, and its plan (`budget_search` says how it was found)."""
         from mergepipe.jobs.planning import plan_for_deviation
 
-        return plan_for_deviation(self.db, req, target)[1]
+        req, plan, _ = plan_for_deviation(self.db, request, _target(target_deviation, {}))
+        return req, plan
 
     def merge(self, request: MergeRequest | None = None, *, out: str | Path,
               name: str | None = None, overwrite: bool = False, threads: int | None = None,
@@ -264,9 +271,7 @@ class Catalog:
                                  "output directory", field="output")
         target = _target(target_deviation, fields)
         if target is not None:
-            from mergepipe.jobs.planning import plan_for_deviation
-
-            req, _, _ = plan_for_deviation(self.db, req, target)
+            req = self.for_deviation(req, target)[0]
         with _Bars(progress, "merging", unit="block") as bar:
             summary = merge(self.db, req, out, output_name=name, progress=bar.report,
                             threads=threads, overwrite=overwrite, engine=self._engine())

@@ -178,10 +178,8 @@ def run(args: argparse.Namespace) -> int:
             request = with_strategy(request, args)
         search = None
         if target is not None:  # the budget is chosen first, as POST /v1/merges does
-            from mergepipe.jobs.planning import plan_for_deviation
-
-            request, _, found = plan_for_deviation(cat.db, request, target)
-            search = found.to_dict()
+            request, chosen = cat.for_deviation(request, target)
+            search = chosen.budget_search
         result = cat.merge(request, out=args.out, name=args.name, overwrite=args.overwrite,
                            threads=args.threads, progress=progress_bars(args),
                            tokenizer=tokenizer)
