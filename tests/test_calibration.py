@@ -11,7 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from mergepipe.catalog.calibrations import calibration_vectors, latest_calibration
+from mergepipe.catalog.calibrations import (
+    calibration_fisher,
+    calibration_vectors,
+    latest_calibration,
+)
 from mergepipe.catalog.col_groups import GROUPS, bounds
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
@@ -94,7 +98,7 @@ def test_missing_calibration_is_a_clear_error(cat: Catalog) -> None:
 def test_ingestion_stores_channel_group_column_norms(cat: Catalog, family: dict[str, Any]
                                                      ) -> None:
     rows = cat.query(SQL("SELECT tensor, block_index, col_sq FROM block_stats "
-                         "WHERE model = 'e0' AND tensor IN (:q, :o) ORDER BY ALL"),
+                         "WHERE model = 'e0' AND tensor IN (:q, :o) ORDER BY tensor, block_index"),
                      {"q": Q0, "o": O0})
     assert len(rows) == 8
     b = bounds(32)
@@ -125,6 +129,40 @@ def test_calibrate_stores_one_rms_vector_per_linear_weight(cat: Catalog,
     assert calibrate(cat, "base", TEXT, tokens=100).calibration_id == row.calibration_id
 
 
+def test_calibrate_stores_the_fisher_diagonal_per_block_and_group(cat: Catalog,
+                                                                  family: dict[str, Any]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    row = calibrate(cat, "base", TEXT, tokens=100)
+    stored = calibration_fisher(cat, row.calibration_id)
+    blocks = cat.query(SQL("SELECT tensor, block_index FROM blocks WHERE model = 'base'"))
+    assert set(stored) == {(str(t), int(i)) for t, i in blocks}
+    # by hand: examples of 64 tokens (no BOS in this tokenizer), squared gradients of the
+    # summed loss, averaged over the examples
+    tok = AutoTokenizer.from_pretrained(str(family["base"]))
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"][:100]
+    model = AutoModelForCausalLM.from_pretrained(str(family["base"]), dtype=torch.float32)
+    params = dict(model.named_parameters())
+    acc = {n: torch.zeros_like(p) for n, p in params.items()}
+    pieces = [ids[:64], ids[64:]]
+    for piece in pieces:
+        model.zero_grad()
+        x = torch.tensor([piece])
+        (model(input_ids=x, labels=x).loss * (len(piece) - 1)).backward()
+        for n, p in params.items():
+            acc[n] += p.grad.square()
+    f_q = (acc[Q0] / len(pieces)).double()
+    b = bounds(32)
+    for i in range(4):  # 8-row blocks of q_proj, 16 groups of 2 columns
+        part = f_q[8 * i:8 * (i + 1)]
+        want = [float(part[:, b[g]:b[g + 1]].mean()) for g in range(GROUPS)]
+        assert stored[(Q0, i)] == pytest.approx(want, rel=1e-4, abs=1e-12)
+        assert stored[(Q0, i)][:8] == [0.0] * 8  # dead input channels: no gradient
+    norm = "model.layers.1.input_layernorm.weight"
+    assert stored[(norm, 0)] == pytest.approx([float((acc[norm] / 2).double().mean())],
+                                              rel=1e-4)
+
+
 def test_activation_plan_skips_a_large_delta_on_dead_channels(cat: Catalog) -> None:
     calibrate(cat, "base", TEXT, tokens=100)
     l2 = _plan(cat, "l2")
@@ -132,6 +170,7 @@ def test_activation_plan_skips_a_large_delta_on_dead_channels(cat: Catalog) -> N
     # l2 reads q_proj's big delta; under the calibration it changes nothing (zero inputs)
     assert {b.tensor for b in l2.blocks} == {Q0}
     assert {b.tensor for b in act.blocks} == {O0}
+    assert {b.tensor for b in _plan(cat, "fisher").blocks} == {O0}
     assert act.plan_hash != l2.plan_hash
     cal = act.summary()["calibration"]
     assert cal["calibration_id"] == latest_calibration(cat, "base").calibration_id  # type: ignore[union-attr]
@@ -204,3 +243,28 @@ def test_cli_and_http_calibrate(tmp_path: Path, family: dict[str, Any],
     assert main(["--catalog", str(settings.catalog), "calibrate", "base", "--text", str(text),
                  "--tokens", "100", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["calibration_id"] == body["calibration_id"]
+
+
+def test_python_api_merge_manifest_names_the_calibration(tmp_path: Path,
+                                                          family: dict[str, Any]) -> None:
+    import mergepipe
+
+    text = tmp_path / "calib.txt"
+    text.write_text(TEXT)
+    with mergepipe.Catalog(new_catalog(tmp_path)) as cat:
+        cat.ingest(family["base"], "base", block_bytes=BLOCK, progress=False)
+        cat.ingest(family["e0"], "e0", base="base", block_bytes=BLOCK, force=True,
+                   progress=False)
+        row = cat.calibrate("base", text, tokens=100)
+        for utility in ("activation", "fisher"):
+            out = tmp_path / f"merged-{utility}"
+            done = cat.merge(base="base", experts="e0", operator="linear", budget="4096B",
+                             params={"utility": utility}, out=out, progress=False)
+            manifest = json.loads((out / "manifest.json").read_text())
+            assert manifest["plan"]["calibration"]["calibration_id"] == row.calibration_id
+            assert manifest["plan"]["plan_hash"] == done.plan_hash
+            # the large delta on dead input channels is left out either way
+            plan = cat.plan(base="base", experts="e0", operator="linear", budget="4096B",
+                            params={"utility": utility})
+            assert plan.plan_hash == done.plan_hash
+            assert {b.tensor for b in plan.blocks} == {O0}

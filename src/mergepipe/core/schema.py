@@ -281,8 +281,8 @@ class MergeIn(PlanIn):
 NORMALIZE = Param("normalize", bool, False, help="divide by the sum of the weights")
 LAMBDA = Param("lambda", float, 1.0, help="scale of the merged delta")
 # activation: the block's output change under the base's calibration (mergepipe calibrate);
-# activation_relative: that change over the layer's output norm (planner.activation).
-UTILITY = Param("utility", str, "l2", ("l2", "per_tensor", "activation", "activation_relative"),
+# fisher: the KL the block's delta causes under the calibration's Fisher (planner.activation).
+UTILITY = Param("utility", str, "l2", ("l2", "per_tensor", "activation", "fisher"),
                 help="the planner's block ranking")
 # The dtype the arithmetic runs in, and whose arithmetic: native (float32 fused kernels) or
 # mergekit's operation by operation (a mergekit config). Kept only when not the default.

@@ -3,8 +3,12 @@ weight, the RMS of each input channel (catalog.calibrations), for utility=activa
 
 The model runs on CPU with transformers (the optional `eval` extra, imported only here), one
 chunk of tokens at a time, with a forward hook on every nn.Linear that adds the squares of its
-inputs per channel and of its outputs (float64) and counts the tokens. Memory: the model's weights in float32
-plus one chunk's activations; nothing per token is kept. docs/catalog.md#calibrations."""
+inputs per channel (float64) and counts the tokens. A second pass estimates the diagonal of
+the empirical Fisher information of every parameter (the mean over short examples of the
+squared gradient of their language-modelling loss), kept per block of the base's grid and
+channel group (catalog.col_groups), for utility=fisher. Memory: the model's weights, their
+gradients and the Fisher sums in float32, plus one chunk's activations; nothing per token is
+kept. docs/catalog.md#calibrations."""
 
 from __future__ import annotations
 
@@ -19,19 +23,21 @@ import numpy as np
 from mergepipe.catalog.calibrations import (
     CalibrationRow,
     ChannelRms,
+    FisherBlock,
     calibration_id,
     get_calibration,
     write_calibration,
 )
-from mergepipe.catalog.col_groups import group_mean_square
+from mergepipe.catalog.col_groups import GROUPS, bounds, group_mean_square
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.lifecycle import resolve_model
-from mergepipe.catalog.models import model_tensors
+from mergepipe.catalog.models import BlockRow, model_blocks, model_tensors
 from mergepipe.core.errors import InvalidRequest, NotFound
 
 EXTRA = "eval"
 DEFAULT_TOKENS = 2048
 CHUNK_TOKENS = 512  # tokens per forward pass (capped by the model's context length)
+FISHER_TOKENS = 64  # tokens per example of the Fisher pass
 
 
 class MissingExtra(InvalidRequest):
@@ -57,7 +63,7 @@ class Measured:
 
     tokens: int
     rms: dict[str, np.ndarray]  # module name + ".weight" -> RMS per input channel
-    out_ms: dict[str, float]    # module name + ".weight" -> mean over tokens of ||output||^2
+    fisher: dict[str, np.ndarray]  # parameter name -> mean squared gradient (its shape)
 
 
 def channel_rms(model_dir: str | Path, text: str, tokens: int, model_name: str) -> Measured:
@@ -89,23 +95,20 @@ def channel_rms(model_dir: str | Path, text: str, tokens: int, model_name: str) 
                              field="base") from None
     model.eval()
     sums: dict[str, torch.Tensor] = {}
-    out_sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     handles = []
 
     def hook(name: str) -> Any:
-        def after(_module: Any, args: tuple[Any, ...], output: Any) -> None:
+        def pre(_module: Any, args: tuple[Any, ...]) -> None:
             x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float64)
             s = (x * x).sum(dim=0)
             sums[name] = s if name not in sums else sums[name] + s
-            y = output.detach().to(torch.float64)
-            out_sums[name] = out_sums.get(name, 0.0) + float((y * y).sum())
             counts[name] = counts.get(name, 0) + x.shape[0]
-        return after
+        return pre
 
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
-            handles.append(module.register_forward_hook(hook(name)))
+            handles.append(module.register_forward_pre_hook(hook(name)))
     ctx = int(getattr(model.config, "max_position_embeddings", CHUNK_TOKENS) or CHUNK_TOKENS)
     chunk = max(1, min(CHUNK_TOKENS, ctx))
     bos = tok.bos_token_id
@@ -120,7 +123,35 @@ def channel_rms(model_dir: str | Path, text: str, tokens: int, model_name: str) 
         for h in handles:
             h.remove()
     rms = {f"{n}.weight": torch.sqrt(s / counts[n]).numpy() for n, s in sums.items()}
-    return Measured(len(ids), rms, {f"{n}.weight": s / counts[n] for n, s in out_sums.items()})
+    return Measured(len(ids), rms, _fisher(model, ids, bos, min(FISHER_TOKENS, chunk)))
+
+
+def _fisher(model: Any, ids: list[int], bos: int | None, size: int) -> dict[str, np.ndarray]:
+    """Per parameter, the mean over examples (consecutive pieces of `size` tokens) of the
+    squared gradient of the example's summed next-token loss: the diagonal of the empirical
+    Fisher information, whose weighted sum of squared deltas estimates the KL a delta causes."""
+    import torch
+
+    step = size - (1 if bos is not None else 0)
+    params = [(n, p) for n, p in model.named_parameters()]
+    acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params}
+    n_examples = 0
+    for start in range(0, len(ids), max(1, step)):
+        piece = ids[start:start + step]
+        if bos is not None:
+            piece = [bos, *piece]
+        if len(piece) < 2:
+            continue
+        x = torch.tensor([piece], dtype=torch.long)
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=x, labels=x)
+        (out.loss * (len(piece) - 1)).backward()
+        for n, p in params:
+            if p.grad is not None:
+                acc[n] += p.grad.float().square()
+        n_examples += 1
+    model.zero_grad(set_to_none=True)
+    return {n: (a / max(1, n_examples)).numpy() for n, a in acc.items()}
 
 
 def calibrate(cat: Catalog, base: str, text: str, tokens: int = DEFAULT_TOKENS
@@ -138,8 +169,7 @@ def calibrate(cat: Catalog, base: str, text: str, tokens: int = DEFAULT_TOKENS
                              f"{row.base!r}", field="base")
     measured = channel_rms(row.path, text, tokens, row.name)
     shapes = {t.name: t.shape for t in model_tensors(cat, row.name)}
-    vectors = [ChannelRms(name, [float(v) for v in r], group_mean_square(r),
-                          measured.out_ms[name])
+    vectors = [ChannelRms(name, [float(v) for v in r], group_mean_square(r))
                for name, r in sorted(measured.rms.items())
                if len(shapes.get(name, ())) == 2 and shapes[name][1] == r.size]
     if not vectors:
@@ -147,14 +177,49 @@ def calibrate(cat: Catalog, base: str, text: str, tokens: int = DEFAULT_TOKENS
                              "tensor of the checkpoint by name and shape", field="base")
     squares = [v * v for c in vectors for v in c.rms]
     fallback = math.sqrt(math.fsum(squares) / len(squares))
+    fisher = fisher_blocks(measured.fisher, {t.name: t.shape for t in model_tensors(cat, row.name)},
+                           model_blocks(cat, row.name))
+    fallback_fisher = (math.fsum(float(f.sum()) for f in measured.fisher.values())
+                       / max(1, sum(f.size for f in measured.fisher.values())))
     digest = hashlib.sha256(text.encode()).hexdigest()
-    cid = calibration_id(row.name, digest, measured.tokens, vectors)
+    cid = calibration_id(row.name, digest, measured.tokens, vectors, fisher)
     existing = get_calibration(cat, cid)
     if existing is not None:
         return existing
     with cat.transaction() as conn:
-        write_calibration(conn, CalibrationRow(cid, row.name, digest, measured.tokens, fallback),
-                          vectors)
+        write_calibration(conn, CalibrationRow(cid, row.name, digest, measured.tokens, fallback,
+                                               fallback_fisher), vectors, fisher)
     out = get_calibration(cat, cid)
     assert out is not None
     return out
+
+
+def fisher_blocks(fisher: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
+                  blocks: list[BlockRow]) -> list[FisherBlock]:
+    """The Fisher diagonal on the base's block grid: per block of a 2-D tensor cut into rows,
+    its mean over each channel group's entries (GROUPS values, matching block_stats.col_sq);
+    per block of any other tensor (or grid) its mean (one value)."""
+    out = []
+    units: dict[str, int] = {}  # per tensor: its grid's unit count (rows, or elements)
+    for b in blocks:
+        units[b.tensor] = max(units.get(b.tensor, 0), b.row_end)
+    for b in blocks:
+        f = fisher.get(b.tensor)
+        shape = shapes.get(b.tensor, ())
+        if f is None or tuple(f.shape) != tuple(shape):
+            continue
+        if len(shape) == 2 and shape[1] and units[b.tensor] == shape[0]:  # a row grid
+            part = f[b.row_start:b.row_end].astype(np.float64)
+            per_col = part.sum(axis=0)
+            edges = bounds(int(shape[1]))
+            c = np.concatenate([[0.0], np.cumsum(per_col)])
+            rows = max(1, b.row_end - b.row_start)
+            means = [float((c[edges[g + 1]] - c[edges[g]]) / (rows * (edges[g + 1] - edges[g])))
+                     if edges[g + 1] > edges[g] else 0.0 for g in range(GROUPS)]
+            out.append(FisherBlock(b.tensor, b.block_index, means))
+        else:
+            flat = f.reshape(-1).astype(np.float64)[b.row_start:b.row_end]
+            out.append(FisherBlock(b.tensor, b.block_index,
+                                   [float(flat.mean()) if flat.size else 0.0]))
+    return out
+

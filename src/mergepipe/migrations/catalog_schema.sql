@@ -212,6 +212,7 @@ CREATE TABLE calibrations (
     text_sha256    VARCHAR NOT NULL,           -- of the calibration text's UTF-8 bytes
     tokens         BIGINT NOT NULL,            -- tokens the model ran over
     fallback_rms   DOUBLE NOT NULL,            -- sqrt(mean square channel RMS) over all tensors
+    fallback_fisher DOUBLE NOT NULL,           -- mean Fisher diagonal over all parameters
     created_at     TIMESTAMP NOT NULL DEFAULT current_timestamp
 );
 
@@ -220,6 +221,13 @@ CREATE TABLE calibration_rms (
     tensor         VARCHAR NOT NULL,           -- a linear weight of the base (out x in)
     rms            DOUBLE[] NOT NULL,          -- [j]: RMS of input channel j (length in)
     group_ms       DOUBLE[] NOT NULL,          -- [g]: mean of rms^2 over channel group g
-    out_ms         DOUBLE NOT NULL,            -- mean over tokens of ||W x||^2 (the output)
     PRIMARY KEY (calibration_id, tensor)
+);
+
+CREATE TABLE calibration_blocks (
+    calibration_id VARCHAR NOT NULL,
+    tensor         VARCHAR NOT NULL,
+    block_index    INTEGER NOT NULL,           -- the base's block grid
+    fisher         DOUBLE[] NOT NULL,          -- mean Fisher diagonal per channel group (or 1)
+    PRIMARY KEY (calibration_id, tensor, block_index)
 );

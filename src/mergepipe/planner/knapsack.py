@@ -30,15 +30,15 @@ class ExpertTotals:
 def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[float],
                  trim_js: list[int | None], utility: str = "l2",
                  tensor_rows: Sequence[dict[str, Any]] = (),
-                 calibration: Calibration | None = None, base: str | None = None) -> None:
+                 calibration: Calibration | None = None) -> None:
     """Put the request's experts in this connection's temp table (bound parameters only).
     utility: the ranking score (mergepipe.request.UTILITIES). tensor_rows: per-(expert, tensor)
     rank weights and trim indexes (position, tensor, rank_weight, trim_j) that override the
-    expert's (per-tensor parameters). calibration: the base's (named `base`), for the
-    activation utilities (planner.activation). Each table is made from column lists in one
+    expert's (per-tensor parameters). calibration: the base's, for the calibrated utilities
+    (planner.activation). Each table is made from column lists in one
     statement."""
     activation = utility in ACTIVATION_UTILITIES
-    if activation and (calibration is None or base is None):
+    if activation and calibration is None:
         raise InvalidRequest(f"utility={utility} needs a calibration of the base",
                              field="params.utility")
     conn.execute(load_sql("planner_request_create"), {
@@ -51,9 +51,8 @@ def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[
                   for k in ("position", "tensor", "rank_weight", "trim_j")})
     acts: dict[str, list[Any]] = {}
     if activation:
-        assert calibration is not None and base is not None
-        acts = activation_rows(conn, base, experts, calibration,
-                               relative=utility == "activation_relative")
+        assert calibration is not None
+        acts = activation_rows(conn, experts, calibration, utility)
     conn.execute(load_sql("planner_activation_create"),
                  {k: acts.get(k, []) for k in ("position", "tensor", "block_index", "act")})
 

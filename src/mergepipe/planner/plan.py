@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from mergepipe.catalog.calibrations import calibration_vectors, latest_calibration
+from mergepipe.catalog.calibrations import (
+    calibration_fisher,
+    calibration_vectors,
+    latest_calibration,
+)
 from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import Catalog, register_sql_package
 from mergepipe.catalog.records import TouchedBlock
@@ -285,7 +289,7 @@ def _candidates(conn: Connection, request: MergeRequest
     utility = str(request.params.get("utility", request.spec.default_utility))
     cal = _calibration(conn, base.name, utility) if utility in ACTIVATION_UTILITIES else None
     knapsack.load_request(conn, models, rank_weights(request), trim_indexes(request),
-                          utility, resolved.rows, cal, base.name)
+                          utility, resolved.rows, cal)
     unit = request.planning_unit
     return (base, models, resolved, cal, unit,
             knapsack.build_candidates(conn, PLANNING_UNITS[unit]))
@@ -299,8 +303,8 @@ def _calibration(conn: Connection, base: str, utility: str) -> Calibration:
                              f"base {base!r} has no calibration: run `mergepipe calibrate "
                              f"{base} --text FILE` first", field="params.utility")
     vectors = calibration_vectors(conn, row.calibration_id)
-    return Calibration(row, {t: v.group_ms for t, v in vectors.items()},
-                       {t: v.out_ms for t, v in vectors.items()})
+    fisher = calibration_fisher(conn, row.calibration_id) if utility == "fisher" else {}
+    return Calibration(row, {t: v.group_ms for t, v in vectors.items()}, fisher)
 
 
 # The base's content digest (the plan hash's base_content) per (catalog, model name, the row's

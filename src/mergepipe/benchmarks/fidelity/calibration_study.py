@@ -27,7 +27,8 @@ from mergepipe.core.request import build_request
 from mergepipe.evaluation.calibration import calibrate
 from mergepipe.planner.plan import make_plan
 
-UTILITIES = ("l2", "per_tensor", "activation", "activation_relative")
+UTILITIES = ("l2", "per_tensor", "activation", "fisher")
+CALIBRATED = ("activation", "fisher")
 STUDY_OPERATORS = (OperatorSpec("linear"), OperatorSpec("ties", {"density": 0.5}))
 
 
@@ -160,8 +161,8 @@ def render(results: list[tuple[str, dict[str, Any]]], command: str) -> str:
                       "| budget | " + " | ".join(us) + " | best calibrated vs best uncalibrated |",
                       "|---:|" + "---:|" * (len(us) + 1)]
             for row in op["budgets"]:
-                best = min(row[u]["kl"] for u in us if not u.startswith("activation"))
-                cal = min(row[u]["kl"] for u in us if u.startswith("activation"))
+                best = min(row[u]["kl"] for u in us if u not in CALIBRATED)
+                cal = min(row[u]["kl"] for u in us if u in CALIBRATED)
                 gain = 1 - cal / best if best else 0.0
                 lines.append(f"| {row['fraction']:.1f} | " + " | ".join(
                     f"{row[u]['kl_ratio']:.3g}" for u in us) + f" | {100 * gain:+.0f}% |")

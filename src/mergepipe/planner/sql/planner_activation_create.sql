@@ -1,5 +1,5 @@
 -- The ranking score of each expert block with a nonzero delta under params.utility =
--- activation or activation_relative (planner.activation), made in one statement from column
+-- activation or fisher (planner.activation), made in one statement from column
 -- lists (empty for other utilities).
 CREATE OR REPLACE TEMP TABLE planner_activation AS
 SELECT unnest(CAST(:position AS INTEGER[])) AS position,

@@ -5,7 +5,7 @@
 --     unit, in checkpoint order (tensor ordinal, then expert position).
 -- Rank: score per byte, descending (score = utility; with utility=per_tensor, utility divided
 -- by the L2 of the (expert, tensor) delta: |alpha_i| times the block's share of that delta;
--- with utility=activation or activation_relative, |alpha_i| times the block's calibrated
+-- with utility=activation or fisher, |alpha_i| times the block's calibrated
 -- output change, planner_activation.act); ties broken by expert position, tensor ordinal, block
 -- index, so the order is total and the same on every run.
 -- cost: bytes of the unit, plus a LoRA expert's lora_A on the first unit of each (expert,

@@ -7,7 +7,7 @@
 --   has_stats    false: planned whole tensors (fallback)
 --   per_tensor   rank by utility / ||D_it||_2 (params.utility = per_tensor)
 --   activation   rank by planner_activation.act, the calibrated output change
---                (params.utility = activation, activation_relative)
+--                (params.utility = activation, fisher)
 CREATE OR REPLACE TEMP TABLE planner_request AS
 SELECT unnest(CAST(:position AS INTEGER[])) AS position,
        unnest(CAST(:model AS VARCHAR[])) AS model,
