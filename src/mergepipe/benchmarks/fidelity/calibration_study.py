@@ -158,13 +158,13 @@ def render(results: list[tuple[str, dict[str, Any]]], command: str) -> str:
             us = [u for u in UTILITIES if u in op["budgets"][0]]
             lines += [f"{op['operator']} (KL(full merge || plan) on answer tokens, as a ratio "
                       f"to the base's {op['base_kl']:.3g}):", "",
-                      "| budget | " + " | ".join(us) + " | best calibrated vs best uncalibrated |",
+                      "| budget | " + " | ".join(us) + " | KL change, best calibrated vs best uncalibrated |",
                       "|---:|" + "---:|" * (len(us) + 1)]
             for row in op["budgets"]:
                 best = min(row[u]["kl"] for u in us if u not in CALIBRATED)
                 cal = min(row[u]["kl"] for u in us if u in CALIBRATED)
                 gain = 1 - cal / best if best else 0.0
                 lines.append(f"| {row['fraction']:.1f} | " + " | ".join(
-                    f"{row[u]['kl_ratio']:.3g}" for u in us) + f" | {100 * gain:+.0f}% |")
+                    f"{row[u]['kl_ratio']:.3g}" for u in us) + f" | {-100 * gain:+.0f}% |")
             lines.append("")
     return "\n".join(lines)
