@@ -87,12 +87,15 @@ def _hand_rms(base: Path, text: str, tokens: int) -> dict[str, torch.Tensor]:
     return {f"{n}.weight": x.pow(2).mean(dim=0).sqrt() for n, x in seen.items()}
 
 
-def test_missing_calibration_is_a_clear_error(cat: Catalog) -> None:
-    if latest_calibration(cat, "base") is not None:
-        pytest.skip("the module's catalog was calibrated by an earlier test")
-    with pytest.raises(InvalidRequest, match=r"base 'base' has no calibration: run "
-                                             r"`mergepipe calibrate base --text FILE`"):
-        _plan(cat, "activation")
+def test_missing_calibration_is_a_clear_error(family: dict[str, Any], tmp_path: Path) -> None:
+    with Catalog(new_catalog(tmp_path)) as fresh:
+        ingest_model(fresh, family["base"], "base", block_bytes=BLOCK)
+        ingest_model(fresh, family["e0"], "e0", base="base", block_bytes=BLOCK, force=True)
+        for utility in ("activation", "fisher"):
+            with pytest.raises(InvalidRequest, match=rf"utility={utility} .* base 'base' has no "
+                                                     r"calibration: run `mergepipe calibrate "
+                                                     r"base --text FILE`"):
+                _plan(fresh, utility)
 
 
 def test_ingestion_stores_channel_group_column_norms(cat: Catalog, family: dict[str, Any]
