@@ -28,18 +28,19 @@ def _group_sums(per_channel: np.ndarray, n_in: int) -> np.ndarray:
 
 
 def block_col_sq(a: np.ndarray, shape: tuple[int, ...], start: int) -> list[float] | None:
-    """Per channel group, the sum of squares of a block's delta entries in that group's columns.
+    """Per channel group, the sum of squares of a block's delta entries in that group's columns
+    (float32 sums per column for a row grid: a ranking statistic, not a bound).
     `a`: the block's flat float32 delta (or |delta|), `start`: its first element's flat index in
     the tensor. None for a tensor that is not 2-D."""
     if len(shape) != 2 or shape[1] == 0:
         return None
     n_in = int(shape[1])
-    sq = np.square(a, dtype=np.float64)
-    if start % n_in == 0 and sq.size % n_in == 0:  # whole rows (a row grid)
-        per_channel = sq.reshape(-1, n_in).sum(axis=0)
+    if start % n_in == 0 and a.size % n_in == 0:  # whole rows (a row grid): one float32 pass
+        x = a.reshape(-1, n_in)
+        per_channel = np.einsum("ij,ij->j", x, x).astype(np.float64)
     else:  # an element grid's block: any flat range
-        cols = (np.arange(sq.size, dtype=np.int64) + start) % n_in
-        per_channel = np.bincount(cols, weights=sq, minlength=n_in)
+        cols = (np.arange(a.size, dtype=np.int64) + start) % n_in
+        per_channel = np.bincount(cols, weights=np.square(a, dtype=np.float64), minlength=n_in)
     return [float(v) for v in _group_sums(per_channel, n_in)]
 
 
