@@ -272,3 +272,29 @@ def test_python_api_merge_manifest_names_the_calibration(tmp_path: Path,
                             params={"utility": utility})
             assert plan.plan_hash == done.plan_hash
             assert {b.tensor for b in plan.blocks} == {O0}
+
+
+def test_column_groups_of_element_ranges_add_up_to_the_tensor() -> None:
+    """Blocks of an element grid cut rows anywhere: their groups still add up to the tensor's
+    column sums (and a row-grid block's groups are its own columns')."""
+    import numpy as np
+
+    from mergepipe.catalog.col_groups import block_col_sq
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((7, 40)).astype(np.float32)
+    flat = w.reshape(-1)
+    cuts = [0, 13, 57, 58, 200, 280]
+    total = np.zeros(GROUPS)
+    for s, e in zip(cuts, cuts[1:], strict=False):
+        got = block_col_sq(flat[s:e], (7, 40), s)
+        assert got is not None
+        total += np.asarray(got)
+    b = bounds(40)
+    per_col = (w.astype(np.float64) ** 2).sum(axis=0)
+    assert total == pytest.approx([per_col[b[g]:b[g + 1]].sum() for g in range(GROUPS)],
+                                  rel=1e-6)
+    rows = block_col_sq(flat[80:160], (7, 40), 80)  # rows 2..3
+    part = (w[2:4].astype(np.float64) ** 2).sum(axis=0)
+    assert rows == pytest.approx([part[b[g]:b[g + 1]].sum() for g in range(GROUPS)], rel=1e-6)
+    assert block_col_sq(flat[:7], (7,), 0) is None
