@@ -21,8 +21,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from mergepipe.catalog.calibrations import CalibrationRow
 from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import load_sql
@@ -49,26 +47,24 @@ def activation_rows(conn: Connection, experts: list[ModelInfo], calibration: Cal
     (ingested before they existed)."""
     out: dict[str, list[Any]] = {"position": [], "tensor": [], "block_index": [], "act": []}
     with_cols: set[int] = set()
-    ms = {t: np.asarray(v, dtype=np.float64) for t, v in calibration.group_ms.items()}
-    fisher = {k: np.asarray(v, dtype=np.float64) for k, v in calibration.fisher.items()}
-    row = calibration.row
+    ms, fisher, row = calibration.group_ms, calibration.fisher, calibration.row
     for position, tensor, block_index, l2, col_sq in conn.execute(
             load_sql("planner_activation_blocks")).tuples():
         if col_sq is not None:
             with_cols.add(int(position))
-        cols = None if col_sq is None else np.asarray(col_sq, dtype=np.float64)
+        cols = None if col_sq is None else [float(c) for c in col_sq]
         if utility == "fisher":
             f = fisher.get((tensor, int(block_index)))
             if f is None:
                 act = float(l2) * math.sqrt(row.fallback_fisher)
-            elif f.size > 1 and cols is not None and cols.size == f.size:
-                act = math.sqrt(max(0.0, float(np.dot(cols, f))))
+            elif len(f) > 1 and cols is not None and len(cols) == len(f):
+                act = math.sqrt(max(0.0, _dot(cols, f)))
             else:
-                act = float(l2) * math.sqrt(max(0.0, float(f.mean())))
+                act = float(l2) * math.sqrt(max(0.0, math.fsum(f) / len(f)))
         else:
             g = ms.get(tensor)
             if g is not None and cols is not None:
-                act = math.sqrt(max(0.0, float(np.dot(cols, g))))
+                act = math.sqrt(max(0.0, _dot(cols, g)))
             else:
                 act = float(l2) * row.fallback_rms
         out["position"].append(int(position))
@@ -82,3 +78,7 @@ def activation_rows(conn: Connection, experts: list[ModelInfo], calibration: Cal
                                  "(ingested before calibration-aware planning); re-ingest it",
                                  field="experts")
     return out
+
+
+def _dot(a: list[float], b: list[float]) -> float:
+    return math.fsum(x * y for x, y in zip(a, b, strict=True))
