@@ -68,11 +68,24 @@ class Measured:
 
 def channel_rms(model_dir: str | Path, text: str, tokens: int, model_name: str) -> Measured:
     """Run the model in `model_dir` (transformers' files: config.json, safetensors, tokenizer)
-    over the first `tokens` tokens of `text`; the RMS of each nn.Linear's input channels."""
+    over the first `tokens` tokens of `text`: the RMS of each nn.Linear's input channels and
+    the Fisher diagonal of every parameter."""
+    tok, model = _load(Path(model_dir), model_name)
+    ids = list(tok(text, add_special_tokens=False)["input_ids"])[:tokens]
+    if not ids:
+        raise InvalidRequest("the calibration text gives no tokens", field="text")
+    ctx = int(getattr(model.config, "max_position_embeddings", CHUNK_TOKENS) or CHUNK_TOKENS)
+    chunk = max(2, min(CHUNK_TOKENS, ctx))
+    bos = tok.bos_token_id
+    rms = _input_rms(model, _pieces(ids, bos, chunk))
+    return Measured(len(ids), rms, _fisher(model, _pieces(ids, bos, min(FISHER_TOKENS, chunk))))
+
+
+def _load(path: Path, model_name: str) -> tuple[Any, Any]:
+    """The model's own tokenizer and the model in float32, or InvalidRequest naming it."""
     transformers = require_transformers()
     import torch
 
-    path = Path(model_dir)
     if not path.is_dir():
         raise InvalidRequest(f"model {model_name!r}: calibration needs a local checkpoint "
                              f"directory, not {str(path)!r}", field="base")
@@ -83,9 +96,6 @@ def channel_rms(model_dir: str | Path, text: str, tokens: int, model_name: str) 
                              f"{str(path)!r} (calibration tokenizes with the model's own "
                              f"tokenizer): {str(e).splitlines()[0][:200]}",
                              field="base") from None
-    ids = list(tok(text, add_special_tokens=False)["input_ids"])[:tokens]
-    if not ids:
-        raise InvalidRequest("the calibration text gives no tokens", field="text")
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path),
                                                                   dtype=torch.float32)
@@ -93,10 +103,22 @@ def channel_rms(model_dir: str | Path, text: str, tokens: int, model_name: str) 
         raise InvalidRequest(f"model {model_name!r}: transformers cannot load "
                              f"{str(path)!r}: {str(e).splitlines()[0][:200]}",
                              field="base") from None
-    model.eval()
+    return tok, model.eval()
+
+
+def _pieces(ids: list[int], bos: int | None, size: int) -> list[list[int]]:
+    """Consecutive pieces of at most `size` tokens, each led by the BOS token if there is one."""
+    step = max(1, size - (1 if bos is not None else 0))
+    return [([bos] if bos is not None else []) + ids[i:i + step] for i in range(0, len(ids), step)]
+
+
+def _input_rms(model: Any, pieces: list[list[int]]) -> dict[str, np.ndarray]:
+    """Forward passes with a pre-hook on every nn.Linear: per input channel, the RMS over all
+    tokens (float64 sums; nothing per token kept)."""
+    import torch
+
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
-    handles = []
 
     def hook(name: str) -> Any:
         def pre(_module: Any, args: tuple[Any, ...]) -> None:
@@ -106,42 +128,28 @@ def channel_rms(model_dir: str | Path, text: str, tokens: int, model_name: str) 
             counts[name] = counts.get(name, 0) + x.shape[0]
         return pre
 
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            handles.append(module.register_forward_pre_hook(hook(name)))
-    ctx = int(getattr(model.config, "max_position_embeddings", CHUNK_TOKENS) or CHUNK_TOKENS)
-    chunk = max(1, min(CHUNK_TOKENS, ctx))
-    bos = tok.bos_token_id
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear)]
     try:
         with torch.no_grad():
-            for start in range(0, len(ids), chunk - (1 if bos is not None else 0)):
-                piece = ids[start:start + chunk - (1 if bos is not None else 0)]
-                if bos is not None:
-                    piece = [bos, *piece]
+            for piece in pieces:
                 model(input_ids=torch.tensor([piece], dtype=torch.long))
     finally:
         for h in handles:
             h.remove()
-    rms = {f"{n}.weight": torch.sqrt(s / counts[n]).numpy() for n, s in sums.items()}
-    return Measured(len(ids), rms, _fisher(model, ids, bos, min(FISHER_TOKENS, chunk)))
+    return {f"{n}.weight": torch.sqrt(s / counts[n]).numpy() for n, s in sums.items()}
 
 
-def _fisher(model: Any, ids: list[int], bos: int | None, size: int) -> dict[str, np.ndarray]:
-    """Per parameter, the mean over examples (consecutive pieces of `size` tokens) of the
-    squared gradient of the example's summed next-token loss: the diagonal of the empirical
-    Fisher information, whose weighted sum of squared deltas estimates the KL a delta causes."""
+def _fisher(model: Any, pieces: list[list[int]]) -> dict[str, np.ndarray]:
+    """Per parameter, the mean over examples (the pieces) of the squared gradient of the
+    example's summed next-token loss: the diagonal of the empirical Fisher information, whose
+    weighted sum of squared deltas estimates the KL a delta causes."""
     import torch
 
-    step = size - (1 if bos is not None else 0)
-    params = [(n, p) for n, p in model.named_parameters()]
+    params = list(model.named_parameters())
     acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params}
-    n_examples = 0
-    for start in range(0, len(ids), max(1, step)):
-        piece = ids[start:start + step]
-        if bos is not None:
-            piece = [bos, *piece]
-        if len(piece) < 2:
-            continue
+    examples = [p for p in pieces if len(p) >= 2]
+    for piece in examples:
         x = torch.tensor([piece], dtype=torch.long)
         model.zero_grad(set_to_none=True)
         out = model(input_ids=x, labels=x)
@@ -149,9 +157,8 @@ def _fisher(model: Any, ids: list[int], bos: int | None, size: int) -> dict[str,
         for n, p in params:
             if p.grad is not None:
                 acc[n] += p.grad.float().square()
-        n_examples += 1
     model.zero_grad(set_to_none=True)
-    return {n: (a / max(1, n_examples)).numpy() for n, a in acc.items()}
+    return {n: (a / max(1, len(examples))).numpy() for n, a in acc.items()}
 
 
 def calibrate(cat: Catalog, base: str, text: str, tokens: int = DEFAULT_TOKENS

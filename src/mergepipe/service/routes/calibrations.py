@@ -8,9 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from mergepipe.evaluation.calibration import calibrate
-from mergepipe.service.auth import require_token
 from mergepipe.service.schemas import CalibrationIn, CalibrationOut
-from mergepipe.service.state import State
+from mergepipe.service.state import State, require_token
 
 router = APIRouter(prefix="/v1", tags=["calibrations"])
 
