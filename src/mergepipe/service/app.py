@@ -85,8 +85,8 @@ def create_app(settings: Settings, catalog: Catalog | None = None) -> FastAPI:
     # outermost: every response, refusals included, carries the request id and is counted
     app.add_middleware(telemetry.RequestTelemetry, metrics=metrics)
     for r in (health.router, models.router, plans.router, merges.router, lineage.router,
-    calibrations,
-    compare,
+              sql.router, operators.router, compare.router, telemetry.router,
+              calibrations.router):
         app.include_router(r)
     console.install(app)
     docs.install(app)
