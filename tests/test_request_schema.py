@@ -100,7 +100,7 @@ CASES = [
     ("param-of-another-operator", {"params": {"density": 0.5, "gamma": 0.1}},
      ["--param", "gamma=0.1"], None, "params.gamma", None, "gamma applies to breadcrumbs"),
     ("wrong-choice", {"params": {"density": 0.5, "utility": "l3"}},
-     ["--param", "utility=l3"], None, "params.utility", None, "'l2' or 'per_tensor'"),
+     ["--param", "utility=l3"], None, "params.utility", None, "'l2', 'per_tensor', 'activation' or 'fisher'"),
     ("negative-seed", {"seed": -1}, ["--seed", "-1"], None, "seed",
      None, "greater than or equal to 0"),
     ("density-off-the-grid", {"params": {"density": 0.555}}, ["--param", "density=0.555"],

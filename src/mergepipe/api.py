@@ -26,6 +26,7 @@ from mergepipe.core.vocab import normalize_dtype
 
 if TYPE_CHECKING:  # the catalog opens with a Catalog (the CLI builds requests first, while
     # torch loads); the executor, the planner and torch load with the first merge or plan
+    from mergepipe.catalog.calibrations import CalibrationRow
     from mergepipe.catalog.db import Catalog as CatalogDatabase
     from mergepipe.catalog.models import ModelRow
     from mergepipe.catalog.records import LineageEdge, MergeRow
@@ -140,6 +141,17 @@ class Catalog:
         from mergepipe.catalog.models import get_model
 
         return get_model(self.db, resolve_key(self.db, name))
+
+    def calibrate(self, base: str, text: str | Path, *, tokens: int | None = None
+                  ) -> CalibrationRow:
+        """Run the registered base `base` on CPU over a calibration text (a str, or a Path to
+        a UTF-8 file) and store its input-channel RMS per linear weight, as `mergepipe
+        calibrate` does; plans with params={"utility": "activation"} then rank with the
+        base's newest calibration. Needs the `eval` extra (transformers)."""
+        from mergepipe.evaluation.calibration import DEFAULT_TOKENS, calibrate
+
+        body = text.read_text(encoding="utf-8") if isinstance(text, Path) else text
+        return calibrate(self.db, base, body, tokens or DEFAULT_TOKENS)
 
     # -- plans and merges -------------------------------------------------------------------
     @staticmethod

@@ -499,7 +499,7 @@ def _block_stats_row(r: TensorResult, i: int) -> dict[str, Any]:
     assert r.stats is not None
     s = r.stats[i]
     return {"tensor": r.name, "block_index": i, "l2": s.l2, "l1": s.l1, "max_abs": s.max_abs,
-            "nnz": s.nnz}
+            "nnz": s.nnz, "col_sq": s.col_sq}
 
 
 def _tensor_stats_row(r: TensorResult) -> dict[str, Any]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
+from mergepipe.catalog.col_groups import block_col_sq, zero_col_sq
 from mergepipe.catalog.stats import (
     BlockStats,
     Histogram,
@@ -212,7 +213,19 @@ def _scan_delta_block(st: TensorState, i: int, raw: memoryview, digest: str,
             raise
         raise InvalidCheckpoint(f"{_where(plan, i)}: {_nonfinite_cause(plan, raw, str(e))}"
                                 ) from None
+    col_sq = block_col_sq(a, plan.entry.shape, _first_element(plan, i))
+    if col_sq is not None:
+        stats = replace(stats, col_sq=col_sq)
     return digest, stats, (counts, mixed), a.copy() if len(plan.rows) == 1 else None
+
+
+def _first_element(plan: TensorPlan, i: int) -> int:
+    """The flat index of block i's first element (its grid unit is a row or an element)."""
+    start, units = plan.rows[i][0], plan.rows[-1][1]
+    shape = plan.entry.shape
+    if is_element_grid(shape, units) or len(shape) < 2:
+        return start
+    return start * (plan.entry.numel // shape[0] if shape[0] else 0)
 
 
 def untouched_scan(plan: TensorPlan, i: int, digest: str) -> BlockScan:
@@ -220,7 +233,7 @@ def untouched_scan(plan: TensorPlan, i: int, digest: str) -> BlockScan:
     hash `digest`): a zero delta, known without reading the block."""
     n = plan.span(i).nbytes // DTYPE_SIZES[plan.entry.dtype]
     zero = (np.zeros(1, dtype=np.int64), np.full(1, n, dtype=np.int64))
-    return (digest, BlockStats(0.0, 0.0, 0.0, 0), (zero, None),
+    return (digest, BlockStats(0.0, 0.0, 0.0, 0, zero_col_sq(plan.entry.shape)), (zero, None),
             np.zeros(n, dtype=np.float32) if len(plan.rows) == 1 else None)
 
 

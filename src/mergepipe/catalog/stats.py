@@ -32,6 +32,8 @@ class BlockStats:
     l1: float
     max_abs: float
     nnz: int
+    # 2-D tensors: squared column norms per channel group (catalog.col_groups); None otherwise
+    col_sq: list[float] | None = None
 
 
 class NonFiniteDelta(ValueError):

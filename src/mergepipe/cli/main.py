@@ -34,6 +34,7 @@ COMMAND_MODULES = [
     "mergepipe.cli.commands.bench",
     "mergepipe.cli.commands.gen_family",
     "mergepipe.cli.commands.fidelity",
+    "mergepipe.cli.commands.calibrate",
 ]
 
 DESCRIPTION = """\

@@ -280,7 +280,10 @@ class MergeIn(PlanIn):
 # only the order changes, not the bounds nor the output at full budget.
 NORMALIZE = Param("normalize", bool, False, help="divide by the sum of the weights")
 LAMBDA = Param("lambda", float, 1.0, help="scale of the merged delta")
-UTILITY = Param("utility", str, "l2", ("l2", "per_tensor"), help="the planner's block ranking")
+# activation: the block's output change under the base's calibration (mergepipe calibrate);
+# fisher: the KL the block's delta causes under the calibration's Fisher (planner.activation).
+UTILITY = Param("utility", str, "l2", ("l2", "per_tensor", "activation", "fisher"),
+                help="the planner's block ranking")
 # The dtype the arithmetic runs in, and whose arithmetic: native (float32 fused kernels) or
 # mergekit's operation by operation (a mergekit config). Kept only when not the default.
 COMPUTE_DTYPE = Param("compute_dtype", str, "float32",

@@ -84,6 +84,7 @@ CREATE TABLE block_stats (
     l1           DOUBLE NOT NULL,
     max_abs      DOUBLE NOT NULL,
     nnz          BIGINT NOT NULL,
+    col_sq       DOUBLE[],                     -- 2-D experts: column sq. norms per channel group
     PRIMARY KEY (model, tensor, block_index)
 );
 
@@ -203,4 +204,30 @@ CREATE TABLE name_claims (
     name        VARCHAR PRIMARY KEY,           -- a model name a queued or running job will register
     job_id      VARCHAR NOT NULL,              -- ingest_jobs.job_id or merges.merge_id
     created_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
+);
+
+CREATE TABLE calibrations (
+    calibration_id VARCHAR PRIMARY KEY,        -- sha256 prefix of (model, text, tokens, values)
+    model          VARCHAR NOT NULL,           -- the base (model key with its version)
+    text_sha256    VARCHAR NOT NULL,           -- of the calibration text's UTF-8 bytes
+    tokens         BIGINT NOT NULL,            -- tokens the model ran over
+    fallback_rms   DOUBLE NOT NULL,            -- sqrt(mean square channel RMS) over all tensors
+    fallback_fisher DOUBLE NOT NULL,           -- mean Fisher diagonal over all parameters
+    created_at     TIMESTAMP NOT NULL DEFAULT current_timestamp
+);
+
+CREATE TABLE calibration_rms (
+    calibration_id VARCHAR NOT NULL,
+    tensor         VARCHAR NOT NULL,           -- a linear weight of the base (out x in)
+    rms            DOUBLE[] NOT NULL,          -- [j]: RMS of input channel j (length in)
+    group_ms       DOUBLE[] NOT NULL,          -- [g]: mean of rms^2 over channel group g
+    PRIMARY KEY (calibration_id, tensor)
+);
+
+CREATE TABLE calibration_blocks (
+    calibration_id VARCHAR NOT NULL,
+    tensor         VARCHAR NOT NULL,
+    block_index    INTEGER NOT NULL,           -- the base's block grid
+    fisher         DOUBLE[] NOT NULL,          -- mean Fisher diagonal per channel group (or 1)
+    PRIMARY KEY (calibration_id, tensor, block_index)
 );

@@ -17,14 +17,16 @@ def canonical_json(obj: Any) -> bytes:
 
 def plan_hash(*, request: dict[str, Any], budget_bytes: int, base_content: str,
               experts: list[dict[str, Any]], trims: list[list[Any]], access: str,
-              unit: str = "expert_block", tensor_params: list[Any] | None = None) -> str:
+              unit: str = "expert_block", tensor_params: list[Any] | None = None,
+              calibration: str | None = None) -> str:
     """sha256 of the canonical JSON of: the normalized request, the resolved budget, the digest
     of the base's block content hashes, each expert's identity (kind, LoRA scale, statistics,
     lora_A content hashes),
     the trim thresholds of the touched tensors, and the digest of the access set (model, tensor,
     block_index, content_hash of every selected block in rank order; computed in SQL).
     The planning unit is hashed when it is not "expert_block" (whose plans hash as before it
-    existed); the per-tensor parameter values when the request has any.
+    existed); the per-tensor parameter values when the request has any; the calibration id
+    (a digest of its values) when the plan ranked with one (utility=activation).
     No timestamps, paths or computed floats: stored values only (floats print as shortest repr)."""
     doc = {
         "version": HASH_VERSION,
@@ -39,4 +41,6 @@ def plan_hash(*, request: dict[str, Any], budget_bytes: int, base_content: str,
         doc["unit"] = unit
     if tensor_params:
         doc["tensor_params"] = tensor_params
+    if calibration is not None:
+        doc["calibration"] = calibration
     return hashlib.sha256(canonical_json(doc)).hexdigest()

@@ -11,6 +11,8 @@ from typing import Any
 from mergepipe.catalog.connection import Connection, Row
 from mergepipe.catalog.db import load_sql
 from mergepipe.core.errors import BudgetViolation, InvalidRequest
+from mergepipe.planner.activation import UTILITIES as ACTIVATION_UTILITIES
+from mergepipe.planner.activation import Calibration, activation_rows
 from mergepipe.planner.validate import ModelInfo
 
 
@@ -27,18 +29,32 @@ class ExpertTotals:
 
 def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[float],
                  trim_js: list[int | None], utility: str = "l2",
-                 tensor_rows: Sequence[dict[str, Any]] = ()) -> None:
+                 tensor_rows: Sequence[dict[str, Any]] = (),
+                 calibration: Calibration | None = None) -> None:
     """Put the request's experts in this connection's temp table (bound parameters only).
     utility: the ranking score (mergepipe.request.UTILITIES). tensor_rows: per-(expert, tensor)
     rank weights and trim indexes (position, tensor, rank_weight, trim_j) that override the
-    expert's (per-tensor parameters). Two statements: each table is made from column lists."""
+    expert's (per-tensor parameters). calibration: the base's, for the calibrated utilities
+    (planner.activation). Each table is made from column lists in one
+    statement."""
+    activation = utility in ACTIVATION_UTILITIES
+    if activation and calibration is None:
+        raise InvalidRequest(f"utility={utility} needs a calibration of the base",
+                             field="params.utility")
     conn.execute(load_sql("planner_request_create"), {
         "position": list(range(len(experts))), "model": [m.name for m in experts],
         "rank_weight": list(rank_weights), "trim_j": list(trim_js),
-        "has_stats": [m.has_stats for m in experts], "per_tensor": utility == "per_tensor"})
+        "has_stats": [m.has_stats for m in experts], "per_tensor": utility == "per_tensor",
+        "activation": activation})
     conn.execute(load_sql("planner_tensor_params_create"),
                  {k: [r[k] for r in tensor_rows]
                   for k in ("position", "tensor", "rank_weight", "trim_j")})
+    acts: dict[str, list[Any]] = {}
+    if activation:
+        assert calibration is not None
+        acts = activation_rows(conn, experts, calibration, utility)
+    conn.execute(load_sql("planner_activation_create"),
+                 {k: acts.get(k, []) for k in ("position", "tensor", "block_index", "act")})
 
 
 def build_candidates(conn: Connection, region: str | None = None) -> int:

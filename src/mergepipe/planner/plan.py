@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
+from mergepipe.catalog.calibrations import (
+    calibration_fisher,
+    calibration_vectors,
+    latest_calibration,
+)
 from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import Catalog, register_sql_package
 from mergepipe.catalog.records import TouchedBlock
@@ -21,6 +26,8 @@ from mergepipe.core.operators.spec import PLANNING_UNITS
 from mergepipe.core.request import MergeRequest
 from mergepipe.core.tensor_params import TENSOR_PARAMS
 from mergepipe.planner import bands, knapsack
+from mergepipe.planner.activation import UTILITIES as ACTIVATION_UTILITIES
+from mergepipe.planner.activation import Calibration
 from mergepipe.planner.hashing import plan_hash
 from mergepipe.planner.tensor_values import Resolved, TensorValues, resolve_request
 from mergepipe.planner.validate import ModelInfo, load_models
@@ -128,6 +135,9 @@ class Plan:
     update_bound_l2: float | None = None
     # how a target deviation chose the budget (jobs.planning.BudgetSearch.to_dict); None: given
     budget_search: dict[str, Any] | None = None
+    # utility=activation or fisher: the calibration ranked with (catalog.calibrations.CalibrationRow's
+    # dict); None otherwise
+    calibration: dict[str, Any] | None = None
 
     @property
     def predicted_deviation(self) -> float | None:
@@ -181,7 +191,8 @@ class Plan:
             strategy=doc.get("strategy"),
             tensor_params={(v["model"], v["tensor"]): {k: float(v[k]) for k in TENSOR_PARAMS
                                                        if k in v}
-                           for v in doc.get("tensor_params") or []})
+                           for v in doc.get("tensor_params") or []},
+            calibration=doc.get("calibration"))
 
     def summary(self) -> dict[str, Any]:
         """The plan report (CLI --json, POST /v1/plans, the merge manifest)."""
@@ -214,6 +225,7 @@ class Plan:
             **({"budget_search": self.budget_search} if self.budget_search is not None else {}),
             **({"tensor_params": tensor_value_rows(self.tensor_params)}
                if self.tensor_params else {}),
+            **({"calibration": self.calibration} if self.calibration is not None else {}),
         }
 
 
@@ -268,17 +280,31 @@ def empty_plan_error(budget_bytes: int, cheapest: int) -> InvalidRequest:
 
 
 def _candidates(conn: Connection, request: MergeRequest
-                ) -> tuple[ModelInfo, list[ModelInfo], Resolved, str, int]:
+                ) -> tuple[ModelInfo, list[ModelInfo], Resolved, Calibration | None, str, int]:
     """Load the request and build its ranked candidate units: (base, experts, per-tensor
-    values, planning unit, C_full)."""
+    values, the calibration ranked with (utility=activation), planning unit, C_full)."""
     base, models = load_models(conn, request)
     resolved = resolve_request(request, knapsack.base_tensors(conn, base.name)
                                if request.params.get("tensor_params") else [])
+    utility = str(request.params.get("utility", request.spec.default_utility))
+    cal = _calibration(conn, base.name, utility) if utility in ACTIVATION_UTILITIES else None
     knapsack.load_request(conn, models, rank_weights(request), trim_indexes(request),
-                          str(request.params.get("utility", request.spec.default_utility)),
-                          resolved.rows)
+                          utility, resolved.rows, cal)
     unit = request.planning_unit
-    return base, models, resolved, unit, knapsack.build_candidates(conn, PLANNING_UNITS[unit])
+    return (base, models, resolved, cal, unit,
+            knapsack.build_candidates(conn, PLANNING_UNITS[unit]))
+
+
+def _calibration(conn: Connection, base: str, utility: str) -> Calibration:
+    """The base's newest calibration, or InvalidRequest saying how to make one."""
+    row = latest_calibration(conn, base)
+    if row is None:
+        raise InvalidRequest(f"utility={utility} ranks blocks by the base's activations, and "
+                             f"base {base!r} has no calibration: run `mergepipe calibrate "
+                             f"{base} --text FILE` first", field="params.utility")
+    vectors = calibration_vectors(conn, row.calibration_id)
+    fisher = calibration_fisher(conn, row.calibration_id) if utility == "fisher" else {}
+    return Calibration(row, {t: v.group_ms for t, v in vectors.items()}, fisher)
 
 
 # The base's content digest (the plan hash's base_content) per (catalog, model name, the row's
@@ -321,7 +347,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     """Validate `request` against the catalog and choose its access set under the budget."""
     t0 = time.perf_counter()
     with cat.reader() as conn:
-        base, models, resolved, unit, full_read = _candidates(conn, request)
+        base, models, resolved, cal, unit, full_read = _candidates(conn, request)
         budget = request.budget.resolve(full_read)
         grouped = PLANNING_UNITS[unit] is not None
         planned = knapsack.select(conn, budget, grouped=grouped)
@@ -366,6 +392,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         access=access_digest,
         unit=unit,
         tensor_params=tensor_value_rows(resolved.values) or None,
+        calibration=None if cal is None else cal.row.calibration_id,
     )
     return Plan(
         request=request, plan_hash=digest, budget_bytes=budget, full_read_bytes=full_read,
@@ -374,4 +401,5 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         candidate_blocks=sum(e.candidate_blocks for e in experts), omission_bound_note=note,
         omission_bound_l2=bound_l2, planning_seconds=time.perf_counter() - t0, unit=unit,
         tensor_params=resolved.values, min_useful_bytes=min_useful,
-        update_bound_l2=update_l2)
+        update_bound_l2=update_l2,
+        calibration=None if cal is None else cal.row.to_dict())

@@ -19,6 +19,7 @@ from mergepipe.service import errors, telemetry
 from mergepipe.service.access import AccessGuard
 from mergepipe.service.limits import BodyLimit
 from mergepipe.service.routes import (
+    calibrations,
     compare,
     console,
     docs,
@@ -84,7 +85,8 @@ def create_app(settings: Settings, catalog: Catalog | None = None) -> FastAPI:
     # outermost: every response, refusals included, carries the request id and is counted
     app.add_middleware(telemetry.RequestTelemetry, metrics=metrics)
     for r in (health.router, models.router, plans.router, merges.router, lineage.router,
-              sql.router, operators.router, compare.router, telemetry.router):
+              sql.router, operators.router, compare.router, telemetry.router,
+              calibrations.router):
         app.include_router(r)
     console.install(app)
     docs.install(app)

@@ -220,3 +220,20 @@ class OperatorOut(_Out):
 
 class OperatorList(_Out):
     operators: list[OperatorOut]
+
+
+class CalibrationIn(_In):
+    """POST /v1/calibrations: run a registered base over a calibration text."""
+
+    base: str = Field(min_length=1, max_length=512)
+    text: str = Field(min_length=1, max_length=4_000_000)
+    tokens: int = Field(2048, ge=1, le=1_000_000)
+
+
+class CalibrationOut(_Out):
+    calibration_id: str
+    model: str
+    text_sha256: str
+    tokens: int
+    fallback_rms: float
+    created_at: str | None

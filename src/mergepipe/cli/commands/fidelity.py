@@ -36,8 +36,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the planning-unit study instead: linear, ties and dare_ties planned "
                    "by (expert, block), whole-tensor groups and block groups vs random plans of "
                    "equal bytes at budgets 0.3 and 0.5; writes DIR/units-FAMILY.json and .md")
+    p.add_argument("--calibration", action="store_true",
+                   help="the calibration study instead: the base calibrated on task text "
+                   "(mergepipe calibrate), linear and ties planned with utility l2, per_tensor, "
+                   "activation and fisher at budgets 0.1, 0.3 and 0.5; writes "
+                   "DIR/calibration-FAMILY.json and .md")
     p.add_argument("--family", choices=("toy", "realistic"), default="toy",
-                   help="with --units: toy (4 experts, large deltas) or realistic (12 experts, "
+                   help="with --units or --calibration: toy (4 experts, large deltas) or realistic (12 experts, "
                    "deltas of about 1e-3 of the weights, float32)")
     p.add_argument("--utility", choices=("l2", "per_tensor"), default="l2",
                    help="with --units: the planner's block ranking for every operator; "
@@ -75,6 +80,24 @@ def run_units_study(args: argparse.Namespace, root: Path, command: str) -> int:
     return 0
 
 
+def run_calibration(args: argparse.Namespace, root: Path, command: str) -> int:
+    """`--calibration`: the calibration study of one family; tables in DIR/calibration-FAMILY.md."""
+    from mergepipe.benchmarks.fidelity.calibration_study import (
+        CalibrationConfig,
+        render,
+        run_calibration_study,
+    )
+    from mergepipe.benchmarks.fidelity.units import realistic_family, toy_family
+
+    name = f"calibration-{args.family}"
+    family = realistic_family() if args.family == "realistic" else toy_family()
+    res = (json.loads((root / f"{name}.json").read_text()) if args.render_only
+           else run_calibration_study(CalibrationConfig(family=family), root, name))
+    (root / f"{name}.md").write_text(render([(args.family, res)], command) + "\n")
+    print(f"report: {root / f'{name}.md'}  results: {root / f'{name}.json'}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -96,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, random_plans=args.random_plans)
     root = Path(args.dir or ("bench-output/fidelity-quick" if args.quick
                              else "bench-output/fidelity")).absolute()
+    if args.calibration:
+        return run_calibration(args, root, "mergepipe " + " ".join(
+            shlex.quote(a) for a in sys.argv[1:]))
     if args.units:
         return run_units_study(args, root, "mergepipe " + " ".join(
             shlex.quote(a) for a in sys.argv[1:]))

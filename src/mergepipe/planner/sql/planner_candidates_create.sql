@@ -4,7 +4,9 @@
 --   * experts without statistics (fallback): one unit per whole tensor, ranked after every block
 --     unit, in checkpoint order (tensor ordinal, then expert position).
 -- Rank: score per byte, descending (score = utility; with utility=per_tensor, utility divided
--- by the L2 of the (expert, tensor) delta: |alpha_i| times the block's share of that delta); ties broken by expert position, tensor ordinal, block
+-- by the L2 of the (expert, tensor) delta: |alpha_i| times the block's share of that delta;
+-- with utility=activation or fisher, |alpha_i| times the block's calibrated
+-- output change, planner_activation.act); ties broken by expert position, tensor ordinal, block
 -- index, so the order is total and the same on every run.
 -- cost: bytes of the unit, plus a LoRA expert's lora_A on the first unit of each (expert,
 -- tensor) in rank order (lora_A is read once per touched tensor). cumulative: running cost in
@@ -19,6 +21,8 @@ WITH block_units AS (
            COALESCE(tp.rank_weight, r.rank_weight) * s.l2 AS utility,
            CASE WHEN r.per_tensor
                 THEN COALESCE(tp.rank_weight, r.rank_weight) * s.l2 / NULLIF(ts.l2, 0)
+                WHEN r.activation
+                THEN COALESCE(tp.rank_weight, r.rank_weight) * COALESCE(pa.act, 0)
                 ELSE COALESCE(tp.rank_weight, r.rank_weight) * s.l2 END AS score,
            FALSE AS fallback,
            CASE WHEN s.model IS NULL THEN 'block_stats'
@@ -35,6 +39,9 @@ WITH block_units AS (
     LEFT JOIN tensor_stats ts
         ON (r.trim_j IS NOT NULL OR r.per_tensor) AND ts.model = b.model
            AND ts.tensor = b.tensor
+    LEFT JOIN planner_activation pa
+        ON r.activation AND pa.position = r.position AND pa.tensor = b.tensor
+           AND pa.block_index = b.block_index
     WHERE r.has_stats AND COALESCE(tp.rank_weight, r.rank_weight) > 0
       AND (s.model IS NULL
            OR (s.l2 > 0 AND (r.trim_j IS NULL OR ts.model IS NULL
