@@ -218,7 +218,7 @@ def test_calibrate_without_tokenizer_names_the_model(tmp_path: Path,
     capsys.readouterr()
     assert main(["--catalog", db, "calibrate", "bare", "--text", str(text)]) != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model 'bare' has no usable tokenizer files" in err[0], err
+    assert len(err) == 1 and "model 'bare' has no tokenizer files" in err[0], err
 
 
 def test_cli_and_http_calibrate(tmp_path: Path, family: dict[str, Any],

@@ -1,7 +1,7 @@
 """`mergepipe calibrate`: run a registered base on a calibration text and store, per linear
 weight, the RMS of each input channel (catalog.calibrations), for utility=activation plans.
 
-The model runs on CPU with transformers (the optional `eval` extra, imported only here), one
+The model runs on CPU with transformers (the optional `eval` extra; evaluation.models loads it), one
 chunk of tokens at a time, with a forward hook on every nn.Linear that adds the squares of its
 inputs per channel (float64) and counts the tokens. A second pass estimates the diagonal of
 the empirical Fisher information of every parameter (the mean over short examples of the
@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,28 +32,11 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.lifecycle import resolve_model
 from mergepipe.catalog.models import BlockRow, model_blocks, model_tensors
 from mergepipe.core.errors import InvalidRequest, NotFound
+from mergepipe.evaluation.models import LocalModel, load_lm, load_tokenizer, local_model
 
-EXTRA = "eval"
 DEFAULT_TOKENS = 2048
 CHUNK_TOKENS = 512  # tokens per forward pass (capped by the model's context length)
 FISHER_TOKENS = 64  # tokens per example of the Fisher pass
-
-
-class MissingExtra(InvalidRequest):
-    """A command needs an optional extra that is not installed."""
-
-    code = "missing_package"
-
-
-def require_transformers() -> Any:
-    """transformers, or MissingExtra naming the extra that brings it."""
-    try:
-        import transformers
-    except ImportError:
-        raise MissingExtra("calibration runs the model with transformers, which is not "
-                           f"installed: pip install 'mergepipe[{EXTRA}]'",
-                           field="transformers") from None
-    return transformers
 
 
 @dataclass(frozen=True)
@@ -66,44 +48,20 @@ class Measured:
     fisher: dict[str, np.ndarray]  # parameter name -> mean squared gradient (its shape)
 
 
-def channel_rms(model_dir: str | Path, text: str, tokens: int, model_name: str) -> Measured:
-    """Run the model in `model_dir` (transformers' files: config.json, safetensors, tokenizer)
-    over the first `tokens` tokens of `text`: the RMS of each nn.Linear's input channels and
-    the Fisher diagonal of every parameter."""
-    tok, model = _load(Path(model_dir), model_name)
+def channel_rms(model: LocalModel, text: str, tokens: int) -> Measured:
+    """Run `model` (its config.json, safetensors and tokenizer files) over the first `tokens`
+    tokens of `text`: the RMS of each nn.Linear's input channels and the Fisher diagonal of
+    every parameter."""
+    tok = load_tokenizer(model, "base")
+    lm = load_lm(model, "base")
     ids = list(tok(text, add_special_tokens=False)["input_ids"])[:tokens]
     if not ids:
         raise InvalidRequest("the calibration text gives no tokens", field="text")
-    ctx = int(getattr(model.config, "max_position_embeddings", CHUNK_TOKENS) or CHUNK_TOKENS)
+    ctx = int(getattr(lm.config, "max_position_embeddings", CHUNK_TOKENS) or CHUNK_TOKENS)
     chunk = max(2, min(CHUNK_TOKENS, ctx))
     bos = tok.bos_token_id
-    rms = _input_rms(model, _pieces(ids, bos, chunk))
-    return Measured(len(ids), rms, _fisher(model, _pieces(ids, bos, min(FISHER_TOKENS, chunk))))
-
-
-def _load(path: Path, model_name: str) -> tuple[Any, Any]:
-    """The model's own tokenizer and the model in float32, or InvalidRequest naming it."""
-    transformers = require_transformers()
-    import torch
-
-    if not path.is_dir():
-        raise InvalidRequest(f"model {model_name!r}: calibration needs a local checkpoint "
-                             f"directory, not {str(path)!r}", field="base")
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError, TypeError) as e:
-        raise InvalidRequest(f"model {model_name!r} has no usable tokenizer files in "
-                             f"{str(path)!r} (calibration tokenizes with the model's own "
-                             f"tokenizer): {str(e).splitlines()[0][:200]}",
-                             field="base") from None
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path),
-                                                                  dtype=torch.float32)
-    except (OSError, ValueError) as e:
-        raise InvalidRequest(f"model {model_name!r}: transformers cannot load "
-                             f"{str(path)!r}: {str(e).splitlines()[0][:200]}",
-                             field="base") from None
-    return tok, model.eval()
+    rms = _input_rms(lm, _pieces(ids, bos, chunk))
+    return Measured(len(ids), rms, _fisher(lm, _pieces(ids, bos, min(FISHER_TOKENS, chunk))))
 
 
 def _pieces(ids: list[int], bos: int | None, size: int) -> list[list[int]]:
@@ -174,7 +132,7 @@ def calibrate(cat: Catalog, base: str, text: str, tokens: int = DEFAULT_TOKENS
     if row.base is not None:
         raise InvalidRequest(f"model {row.name!r} is an expert; calibrate its base "
                              f"{row.base!r}", field="base")
-    measured = channel_rms(row.path, text, tokens, row.name)
+    measured = channel_rms(local_model(cat, row.name, "base"), text, tokens)
     shapes = {t.name: t.shape for t in model_tensors(cat, row.name)}
     vectors = [ChannelRms(name, [float(v) for v in r], group_mean_square(r))
                for name, r in sorted(measured.rms.items())
