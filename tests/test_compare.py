@@ -21,7 +21,7 @@ from tests import api_helpers, catalogs, tiny_lm
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A base, an expert and an expert without tokenizer files, registered in a catalog."""
     root = tmp_path_factory.mktemp("lm")
     base = tiny_lm.make_lm(root / "data" / "base", seed=0)
@@ -38,7 +38,7 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for name in ("chat", "bare", "narrow", "alien"):
             cat.ingest(root / "data" / name, name, base="base", progress=False)
     (root / "text.txt").write_text(" ".join([tiny_lm.TEXT] * 2))
-    return {"root": root, "catalog": Path(str(catalog)), "text": root / "text.txt"}
+    return {"root": root, "catalog": catalog, "text": root / "text.txt"}  # a path or a URL
 
 
 def hand(a: Path, b: Path, text: str, tokens: int, context: int) -> tuple[float, float, float]:
@@ -65,7 +65,7 @@ def hand(a: Path, b: Path, text: str, tokens: int, context: int) -> tuple[float,
     return kl / n, math.exp(nll_a / n), math.exp(nll_b / n)
 
 
-def test_a_model_against_itself(family: dict[str, Path]) -> None:
+def test_a_model_against_itself(family: dict[str, Any]) -> None:
     with mergepipe.Catalog(family["catalog"]) as cat:
         r = cat.compare("base", "base", tiny_lm.TEXT)
     assert r.kl == 0.0 and r.perplexity_a == r.perplexity_b > 1.0
@@ -73,7 +73,7 @@ def test_a_model_against_itself(family: dict[str, Path]) -> None:
     assert (r.tokens, r.positions, r.windows, r.tokenizer) == (n, n - 1, 1, "base")
 
 
-def test_base_against_an_expert_is_the_hand_computation(family: dict[str, Path]) -> None:
+def test_base_against_an_expert_is_the_hand_computation(family: dict[str, Any]) -> None:
     text = family["text"].read_text()  # 83 tokens: windows of the context, 64, and 19
     data = family["root"] / "data"
     with mergepipe.Catalog(family["catalog"]) as cat:
@@ -90,7 +90,7 @@ def test_base_against_an_expert_is_the_hand_computation(family: dict[str, Path])
                                      rel=1e-9)
 
 
-def test_the_tokenizer_comes_from_a_model_that_has_one(family: dict[str, Path]) -> None:
+def test_the_tokenizer_comes_from_a_model_that_has_one(family: dict[str, Any]) -> None:
     with mergepipe.Catalog(family["catalog"]) as cat:
         assert compare(cat.db, "bare", "chat", tiny_lm.TEXT).tokenizer == "chat"
         named = compare(cat.db, "bare", "bare", tiny_lm.TEXT, tokenizer="base")
@@ -104,7 +104,7 @@ def test_the_tokenizer_comes_from_a_model_that_has_one(family: dict[str, Path]) 
     ("narrow", "its weights do not fit its config.json"),
     ("alien", "does not describe a causal LM transformers knows"),
 ])
-def test_a_config_that_does_not_describe_the_weights(family: dict[str, Path], name: str,
+def test_a_config_that_does_not_describe_the_weights(family: dict[str, Any], name: str,
                                                      message: str) -> None:
     with mergepipe.Catalog(family["catalog"]) as cat, \
             pytest.raises(mergepipe.InvalidRequest) as e:
@@ -113,7 +113,7 @@ def test_a_config_that_does_not_describe_the_weights(family: dict[str, Path], na
     assert message in e.value.message and e.value.status == 422
 
 
-def test_cli(family: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli(family: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--catalog", str(family["catalog"]), "compare", "base", "chat",
             "--text", str(family["text"]), "--tokens", "20"]
     assert main([*args, "--json"]) == 0
@@ -132,7 +132,7 @@ def test_cli(family: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> Non
     (["base", "chat", "--text", "TEXT", "--tokens", "1"], "tokens 1: at least 2"),
     (["base", "chat", "--text", "EMPTY"], "the text is 1 token(s) long"),
 ])
-def test_cli_errors_are_one_line(family: dict[str, Path], capsys: pytest.CaptureFixture[str],
+def test_cli_errors_are_one_line(family: dict[str, Any], capsys: pytest.CaptureFixture[str],
                                  args: list[str], message: str) -> None:
     (family["root"] / "empty.txt").write_text("")
     args = [str(family["text"]) if a == "TEXT" else str(family["root"] / "empty.txt")
@@ -150,7 +150,7 @@ def test_a_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "mergepipe[eval]" in e.value.message and e.value.status == 501
 
 
-def test_api(family: dict[str, Path], tmp_path: Path) -> None:
+def test_api(family: dict[str, Any], tmp_path: Path) -> None:
     settings = api_helpers.settings_for(tmp_path, catalog=str(family["catalog"]))
     with api_helpers.client_for(settings) as c:
         ok = c.post("/v1/compare", json={"model_a": "base", "model_b": "chat",
