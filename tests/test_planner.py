@@ -45,6 +45,12 @@ def cat(catalog: Catalog) -> Catalog:
 def plan(cat: Catalog, budget: str | float | dict[str, Any] | Budget | None = None,
          op: str = "task_arithmetic",
          experts: str = "e0,e1:0.5,e2:2", **params: object) -> Plan:
+    # The hand-computed orders of this file rank by l2, the additive operators' default before
+    # issue 31 (now per_tensor): it is asked for explicitly; utility=None: the default.
+    if op in ("linear", "task_arithmetic"):
+        params.setdefault("utility", "l2")
+    if params.get("utility", "") is None:
+        del params["utility"]
     return make_plan(cat, build_request(base="B", experts=experts, operator=op,
                                         params=params, budget=budget))
 
@@ -173,7 +179,7 @@ def test_lora_a_is_charged_once_per_touched_tensor(catalog: Catalog) -> None:
 
     def at(budget: str) -> Plan:
         return make_plan(catalog, build_request(base="B", experts="L", operator="task_arithmetic",
-                                                budget=budget))
+                                                params={"utility": "l2"}, budget=budget))
     full = at("1GB")
     assert full.full_read_bytes == full.planned_expert_bytes == 200 + 30 + 20
     assert at("69B").blocks == [] and at("69B").planned_expert_bytes == 0
@@ -193,7 +199,7 @@ def test_fallback_expert_is_planned_as_whole_tensors_after_ranked_blocks(cat: Ca
     add_model(cat, Model("f", E1, base="B", has_stats=False))
     # e0's candidates (340 bytes) first, then f's tensors in checkpoint order: t0 (300), t1 (140).
     p = make_plan(cat, build_request(base="B", experts="e0,f", operator="linear",
-                                     budget=f"{340 + 140}B"))
+                                     params={"utility": "l2"}, budget=f"{340 + 140}B"))
     assert keys(p)[:4] == [("e0", "t0", 0), ("e0", "t1", 1), ("e0", "t1", 0), ("e0", "t0", 2)]
     assert keys(p)[4:] == [("f", "t1", 0), ("f", "t1", 1)]  # t0 did not fit; t1 filled in
     assert p.planned_expert_bytes == 480 and p.full_read_bytes == 340 + 440
@@ -351,14 +357,87 @@ def test_per_tensor_utility_under_a_budget(cat: Catalog) -> None:
     assert keys(p) == RANKED_PER_TENSOR[:3] and p.planned_expert_bytes == 180
     # retained 1 + 2 + 1.5: less than the default plan's 6.5 (which maximizes it)
     assert p.omission_bound == pytest.approx(TOTAL_UTILITY - 4.5)
-    assert p.summary()["params"]["utility"] == "per_tensor"
+    # per_tensor is task_arithmetic's default: not stored in the request (nor its hash)
+    assert "utility" not in p.summary()["params"]
+    assert plan(cat, "200B", utility="l2").summary()["params"]["utility"] == "l2"
+
+
+# params.utility = coverage / stratified: the per_tensor share times sqrt(k) - sqrt(k - 1),
+# k the block's rank by share within its (expert, tensor) / its region (tensor, block) over
+# experts (ties by the per_tensor rank); score per byte (x 1e-3), from the shares above:
+#   coverage:   e2.t1.0 1.789/100 = 17.89   e2.t1.1 .894*.4142/40 = 9.26  e1.t0.0 4.52
+#               e1.t1.1 .5/40     = 12.5    e0.t1.0 .894/100     = 8.94  e2.t0.2 1.155*.3178 = 3.67
+#               e2.t0.0 1.155/100 = 11.55   e2.t0.1 1.155*.4142  = 4.78  e0.t0.2 .243*.4142 = 1.00
+#               e0.t0.0 .970/100  = 9.70    e0.t1.1 .447*.4142/40 = 4.63 e1.t0.1 .62, e1.t0.2 .48
+#   stratified: e2 leads every region (t1.1 22.36, t1.0 17.89, t0.* 11.55); then the second
+#               experts: e1.t1.1 .5*.4142/40 = 5.18, e0.t0.0 .970*.4142 = 4.02, e0.t1.0 3.70;
+#               the third: e0.t1.1 .447*.3178/40 = 3.55, e1.t0.0 .452*.3178 = 1.44; e0.t0.2 1.00,
+#               e1.t0.1 .151*.4142 = .62, e1.t0.2 .151*.3178 = .48
+RANKED_COVERAGE = [
+    ("e2", "t1", 0), ("e1", "t1", 1), ("e2", "t0", 0), ("e0", "t0", 0), ("e2", "t1", 1),
+    ("e0", "t1", 0), ("e2", "t0", 1), ("e0", "t1", 1), ("e1", "t0", 0), ("e2", "t0", 2),
+    ("e0", "t0", 2), ("e1", "t0", 1), ("e1", "t0", 2)]
+RANKED_STRATIFIED = [
+    ("e2", "t1", 1), ("e2", "t1", 0), ("e2", "t0", 0), ("e2", "t0", 1), ("e2", "t0", 2),
+    ("e1", "t1", 1), ("e0", "t0", 0), ("e0", "t1", 0), ("e0", "t1", 1), ("e1", "t0", 0),
+    ("e0", "t0", 2), ("e1", "t0", 1), ("e1", "t0", 2)]
+
+
+@pytest.mark.parametrize(("utility", "ranked"), [("coverage", RANKED_COVERAGE),
+                                                 ("stratified", RANKED_STRATIFIED)])
+def test_diminishing_rankings_order(cat: Catalog, utility: str,
+                                    ranked: list[tuple[str, str, int]]) -> None:
+    p = plan(cat, utility=utility)
+    assert keys(p) == ranked
+    assert p.planned_expert_bytes == 1120 and p.omission_bound == 0.0
+    assert [b.utility for b in p.blocks] == [UTILITY[k] for k in ranked]  # bounds' utilities
+    assert p.summary()["params"]["utility"] == utility
+
+
+@pytest.mark.parametrize(("utility", "ranked", "n", "extra", "planned"), [
+    # 100 + 40 + 100 = 240 > 200 after two; the fill takes e2.t1.1 (40): 180
+    ("coverage", RANKED_COVERAGE, 2, [("e2", "t1", 1)], 180),
+    # 40 + 100 = 140; then 100 > 60 left; the fill takes e1.t1.1 (40): 180
+    ("stratified", RANKED_STRATIFIED, 2, [("e1", "t1", 1)], 180)])
+def test_diminishing_rankings_under_a_budget(cat: Catalog, utility: str, ranked: list[Any],
+                                             n: int, extra: list[Any], planned: int) -> None:
+    p = plan(cat, "200B", utility=utility)
+    assert keys(p) == ranked[:n] + extra and p.planned_expert_bytes == planned
+    retained = sum(UTILITY[k] for k in keys(p))
+    assert p.omission_bound == pytest.approx(TOTAL_UTILITY - retained)  # sound: omitted utility
+    again = plan(cat, "200B", utility=utility)
+    assert again.plan_hash == p.plan_hash  # deterministic
+
+
+def test_coverage_gives_the_small_tensor_its_share(catalog: Catalog) -> None:
+    # One expert, two tensors of 4 equal blocks, deltas 100x apart. l2 and per_tensor (equal
+    # shares, ties by tensor order) spend 4 blocks on the big tensor; coverage alternates:
+    # big.0, small.0 (share .5 each), big.1, small.1 (.5 * .4142), ...
+    tensors = [Ten("big", [Blk(100, 100.0)] * 4), Ten("small", [Blk(100, 1.0)] * 4)]
+    add_model(catalog, base_like("B", tensors))
+    add_model(catalog, Model("e", tensors, base="B"))
+
+    def p(utility: str) -> Plan:
+        return make_plan(catalog, build_request(base="B", experts="e", operator="task_arithmetic",
+                                                params={"utility": utility}, budget="400B"))
+    assert {b.tensor for b in p("l2").blocks} == {"big"}
+    assert {b.tensor for b in p("per_tensor").blocks} == {"big"}
+    cov = p("coverage")
+    assert [(b.tensor, b.block_index) for b in cov.blocks] == [
+        ("big", 0), ("small", 0), ("big", 1), ("small", 1)]
+    assert cov.omission_bound == pytest.approx(2 * 100 + 2 * 1)  # the omitted utilities
 
 
 def test_utility_param_default_and_validation(cat: Catalog) -> None:
-    default, explicit = plan(cat, "200B"), plan(cat, "200B", utility="l2")
-    assert "utility" not in explicit.request.params  # the default is not stored: same hash
-    assert explicit.plan_hash == default.plan_hash
-    assert plan(cat, "200B", utility="per_tensor").plan_hash != default.plan_hash
+    # linear and task_arithmetic rank per_tensor by default (issue 31), as ties
+    for op in ("task_arithmetic", "linear"):
+        default = plan(cat, "200B", op=op, utility=None)
+        explicit = plan(cat, "200B", op=op, utility="per_tensor")
+        assert "utility" not in explicit.request.params  # the default is not stored: same hash
+        assert explicit.plan_hash == default.plan_hash
+        assert keys(default) == RANKED_PER_TENSOR[:3]
+        assert plan(cat, "200B", op=op, utility="l2").plan_hash != default.plan_hash
+        assert plan(cat, "200B", op=op, utility="coverage").plan_hash != default.plan_hash
     with pytest.raises(InvalidRequest, match="utility"):
         plan(cat, "200B", utility="relative")
 

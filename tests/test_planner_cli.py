@@ -32,8 +32,9 @@ def run(db: str, *args: str) -> int:
 
 
 def test_json_output(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # the hand-computed plan below ranks by l2 (task_arithmetic's default is per_tensor)
     assert run(db, "--experts", "e0,e1:0.5", "--op", "task_arithmetic", "--budget", "200B",
-               "--param", "lambda=2", "--json") == 0
+               "--param", "lambda=2", "--param", "utility=l2", "--json") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["operator"] == "task_arithmetic" and out["params"]["lambda"] == 2.0
     assert (out["budget_bytes"], out["full_read_bytes"], out["planned_expert_bytes"]) == (
@@ -52,17 +53,17 @@ def _ties_plan(db: str, capsys: pytest.CaptureFixture[str], *params: str) -> dic
     return json.loads(capsys.readouterr().out)
 
 
-def test_ties_ranks_per_tensor_by_default(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ties_ranks_stratified_by_default(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     default = _ties_plan(db, capsys)
-    per_tensor = _ties_plan(db, capsys, "--param", "utility=per_tensor")
+    stratified = _ties_plan(db, capsys, "--param", "utility=stratified")
     l2 = _ties_plan(db, capsys, "--param", "utility=l2")
-    assert default["blocks"] == per_tensor["blocks"] != l2["blocks"]
-    assert default["plan_hash"] == per_tensor["plan_hash"] != l2["plan_hash"]
+    assert default["blocks"] == stratified["blocks"] != l2["blocks"]
+    assert default["plan_hash"] == stratified["plan_hash"] != l2["plan_hash"]
     assert "utility" not in default["params"] and l2["params"]["utility"] == "l2"
 
 
 def test_json_blocks(db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    # the hand-computed ranking below is l2's (ties ranks per tensor by default)
+    # the hand-computed ranking below is l2's (ties ranks stratified by default)
     assert run(db, "--experts", "e0", "--op", "ties", "--param", "density=0.5",
                "--param", "utility=l2", "--budget", "0.5", "--blocks", "-1", "--json") == 0
     out = json.loads(capsys.readouterr().out)
@@ -131,7 +132,10 @@ def test_utility_param(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(db, "--experts", "e0,e1", "--op", "task_arithmetic", "--budget", "200B",
                "--param", "utility=per_tensor", "--json") == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["params"]["utility"] == "per_tensor"
+    assert "utility" not in out["params"]  # task_arithmetic's default: not stored
     # e1.t1.1 (3/3/40) then e0.t1.1 (1/sqrt(5)/40) then e0.t0.0 (4/sqrt(17)/100): 180 bytes
     assert out["planned_expert_bytes"] == 180
+    assert run(db, "--experts", "e0,e1", "--op", "task_arithmetic", "--budget", "200B",
+               "--param", "utility=l2", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["params"]["utility"] == "l2"
     assert run(db, "--experts", "e0", "--param", "utility=bogus") != 0

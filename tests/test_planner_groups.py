@@ -42,6 +42,10 @@ def cat(catalog: Catalog) -> Catalog:
 def plan(cat: Catalog, budget: str | float | dict[str, Any] | None = None,
          op: str = "task_arithmetic",
          experts: str = "e0,e1:0.5,e2:2", **params: object) -> Plan:
+    # the hand-computed group orders rank by l2, the additive operators' default before
+    # issue 31 (now per_tensor): asked for explicitly
+    if op in ("linear", "task_arithmetic"):
+        params.setdefault("utility", "l2")
     return make_plan(cat, build_request(base="B", experts=experts, operator=op,
                                         params=params, budget=budget))
 

@@ -61,7 +61,9 @@ def test_bound_is_the_utility_of_the_omitted_blocks(catalog: Catalog,
                                                    family: dict[str, Path]) -> None:
     ingest_family(catalog, family)
     p = make_plan(catalog, build_request(base="base", experts="e0,e1:0.5,e2:2",
-                                         operator="task_arithmetic", params={"lambda": 0.5},
+                                         operator="task_arithmetic",
+                                         # l2: the ranking whose prefix is checked below
+                                         params={"lambda": 0.5, "utility": "l2"},
                                          budget=0.3))
     assert 0 < p.planned_expert_bytes <= p.budget_bytes == int(0.3 * p.full_read_bytes)
     alpha = {"e0": 0.5, "e1": 0.25, "e2": 1.0}

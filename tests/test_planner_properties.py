@@ -172,13 +172,17 @@ def plan_keys(fam: Family, plan_blocks: list[tuple[str, str, int]]) -> list[tupl
     return out
 
 
-OPS = st.sampled_from([("linear", {}), ("task_arithmetic", {"lambda": 0.7}),
-                       # the reference ranks by l2 (ties' default ranking is per_tensor)
+# the reference ranks by l2: asked for where the operator's default ranking is another
+# (linear, task_arithmetic: per_tensor; ties: stratified)
+OPS = st.sampled_from([("linear", {"utility": "l2"}),
+                       ("task_arithmetic", {"lambda": 0.7, "utility": "l2"}),
                        ("ties", {"density": 0.3, "utility": "l2"}),
                        ("ties", {"density": 0.3, "unit": "group", "utility": "l2"}),
-                       ("dare_ties", {"density": 0.5}),  # whole-tensor groups, its default
-                       ("dare_linear", {"density": 0.5}), ("linear", {"normalize": False}),
-                       ("task_arithmetic", {"unit": "group_block"})])
+                       # whole-tensor groups, its default
+                       ("dare_ties", {"density": 0.5, "utility": "l2"}),
+                       ("dare_linear", {"density": 0.5}),
+                       ("linear", {"normalize": False, "utility": "l2"}),
+                       ("task_arithmetic", {"unit": "group_block", "utility": "l2"})])
 
 
 @settings(max_examples=20, deadline=None,

@@ -276,13 +276,15 @@ class MergeIn(PlanIn):
 # -- operator parameters, generated from the spec -------------------------------------------------
 
 # Parameters every operator takes. utility: the planner's ranking score of a block (per byte):
-# l2 |alpha_i| * ||D_itb||_2, per_tensor divides by ||D_it|| (the block's share of its tensor);
-# only the order changes, not the bounds nor the output at full budget.
+# l2 |alpha_i| * ||D_itb||_2, per_tensor divides by ||D_it|| (the block's share of its tensor),
+# coverage / stratified discount that share by sqrt(k) - sqrt(k - 1), k its rank within its
+# (expert, tensor) / output region (docs/catalog.md#rankings); only the order changes, not the bounds nor the output at full budget.
 NORMALIZE = Param("normalize", bool, False, help="divide by the sum of the weights")
 LAMBDA = Param("lambda", float, 1.0, help="scale of the merged delta")
 # activation: the block's output change under the base's calibration (mergepipe calibrate);
 # fisher: the KL the block's delta causes under the calibration's Fisher (planner.activation).
-UTILITY = Param("utility", str, "l2", ("l2", "per_tensor", "activation", "fisher"),
+UTILITY = Param("utility", str, "l2", ("l2", "per_tensor", "coverage", "stratified",
+                                       "activation", "fisher"),
                 help="the planner's block ranking")
 # The dtype the arithmetic runs in, and whose arithmetic: native (float32 fused kernels) or
 # mergekit's operation by operation (a mergekit config). Kept only when not the default.

@@ -27,6 +27,11 @@ class ExpertTotals:
     omitted_utility: float
 
 
+# Diminishing-returns rankings: the stratum within which a unit's share is discounted by its
+# rank k, sqrt(k) - sqrt(k - 1) (planner_candidates_diminish.sql, docs/catalog.md#rankings).
+STRATA = {"coverage": "tensor", "stratified": "region"}
+
+
 def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[float],
                  trim_js: list[int | None], utility: str = "l2",
                  tensor_rows: Sequence[dict[str, Any]] = (),
@@ -44,8 +49,8 @@ def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[
     conn.execute(load_sql("planner_request_create"), {
         "position": list(range(len(experts))), "model": [m.name for m in experts],
         "rank_weight": list(rank_weights), "trim_j": list(trim_js),
-        "has_stats": [m.has_stats for m in experts], "per_tensor": utility == "per_tensor",
-        "activation": activation})
+        "has_stats": [m.has_stats for m in experts],
+        "per_tensor": utility in ("per_tensor", *STRATA), "activation": activation})
     conn.execute(load_sql("planner_tensor_params_create"),
                  {k: [r[k] for r in tensor_rows]
                   for k in ("position", "tensor", "rank_weight", "trim_j")})
@@ -57,12 +62,15 @@ def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[
                  {k: acts.get(k, []) for k in ("position", "tensor", "block_index", "act")})
 
 
-def build_candidates(conn: Connection, region: str | None = None) -> int:
+def build_candidates(conn: Connection, region: str | None = None, utility: str = "l2") -> int:
     """Create the ranked candidate units; returns C_full, the operator's full-read bytes.
     region ("tensor" | "block"): rank coherent groups, all experts' units of one output region
-    together (PLANNING_UNITS); None: (expert, block) units one by one.
+    together (PLANNING_UNITS); None: (expert, block) units one by one. utility: the ranking
+    (as given to `load_request`); coverage and stratified re-rank with diminishing returns.
     Refuses (InvalidRequest) an expert whose statistics miss a candidate's rows."""
     conn.execute(load_sql("planner_candidates_create"))
+    if utility in STRATA:
+        conn.execute(load_sql("planner_candidates_diminish"), {"stratum": STRATA[utility]})
     if region is not None:
         conn.execute(load_sql("planner_candidates_group"), {"region": region})
     full_read, missing = conn.execute(load_sql("planner_full_read")).one()

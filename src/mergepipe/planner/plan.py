@@ -292,7 +292,7 @@ def _candidates(conn: Connection, request: MergeRequest
                           utility, resolved.rows, cal)
     unit = request.planning_unit
     return (base, models, resolved, cal, unit,
-            knapsack.build_candidates(conn, PLANNING_UNITS[unit]))
+            knapsack.build_candidates(conn, PLANNING_UNITS[unit], utility))
 
 
 def _calibration(conn: Connection, base: str, utility: str) -> Calibration:

@@ -8,6 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from mergepipe.core.schema import UTILITY
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -44,9 +46,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--family", choices=("toy", "realistic"), default="toy",
                    help="with --units or --calibration: toy (4 experts, large deltas) or realistic (12 experts, "
                    "deltas of about 1e-3 of the weights, float32)")
-    p.add_argument("--utility", choices=("l2", "per_tensor"), default="l2",
+    p.add_argument("--utility", choices=UTILITY.choices, default="l2",
                    help="with --units: the planner's block ranking for every operator; "
-                   "per_tensor writes DIR/units-FAMILY-per_tensor.*, without random plans")
+                   "another than l2 writes DIR/units-FAMILY-UTILITY.*, without random plans")
     p.set_defaults(func=run)
 
 
@@ -67,7 +69,7 @@ def run_units_study(args: argparse.Namespace, root: Path, command: str) -> int:
     if args.random_plans is not None:
         cfg = replace(cfg, random_plans=args.random_plans)
     name = f"units-{args.family}"  # both families can share one folder (and base)
-    # the ranking is always explicit: operators differ in their default (ties: per_tensor)
+    # the ranking is always explicit: operators differ in their default (docs/operators.md)
     cfg = replace(cfg, operators=tuple(replace(o, params={**o.params, "utility": args.utility})
                                        for o in cfg.operators))
     if args.utility != "l2":  # the ranking variant: its plans only (the random plans are equal)

@@ -90,8 +90,8 @@ def params_help() -> str:
         where = "; ".join(f"{', '.join(ops)}: {'|'.join(choices) + ', ' if choices else ''}"
                           f"default {_shown(default)}" for (choices, default), ops in by.items())
         parts.append(f"{name} ({where})" + (f": {helps[name]}" if len(by) == 1 else ""))
-    parts.append("utility=l2|per_tensor|activation|fisher: the planner's block ranking "
-                 "(activation, fisher: after mergepipe calibrate BASE)")
+    parts.append("utility=l2|per_tensor|coverage|stratified|activation|fisher: the planner's "
+                 "block ranking (activation, fisher: after mergepipe calibrate BASE)")
     return "operator parameter, repeatable: " + "; ".join(parts)
 
 

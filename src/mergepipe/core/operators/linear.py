@@ -60,6 +60,7 @@ SPEC = OperatorSpec(
     name="linear", title="linear (weighted average)",
     formula="M = B + lambda * sum_i (w_i / sum_j w_j) D_i",
     kernel=linear, normalize_default=True, additive=True,
+    default_utility="per_tensor",  # measured: below random plans (docs/FIDELITY.md)
     not_incremental=None,
     params=(Param("renormalize", str, "fixed", ("fixed", "selected"),
                   "selected: divide by the weights of the experts read for each block"),),

@@ -37,6 +37,7 @@ SPEC = OperatorSpec(
     name="task_arithmetic", title="task arithmetic",
     formula="M = B + lambda * sum_i w_i D_i",
     kernel=task_arithmetic, normalize_default=False, additive=True,
+    default_utility="per_tensor",  # measured: below random plans (docs/FIDELITY.md)
     not_incremental=None,
     mergekit=MergekitMethod("task_arithmetic", params={"normalize": "normalize",
                                                        "lambda": "lambda", "rescale": None}),

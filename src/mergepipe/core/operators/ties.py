@@ -115,8 +115,9 @@ SPEC = OperatorSpec(
     whole_tensor_for=whole_tensor_for, check=_check,
     # (expert, block) units: on both fidelity families they kept TIES closer to the full merge
     # than coherent groups (docs/FIDELITY.md, "Planning units"); unit=group opts in. Ranked
-    # per tensor: the only ranking that beat random plans of equal bytes on both families
-    default_utility="per_tensor",
+    # stratified (every output region its top expert first): the only ranking below random
+    # plans of equal bytes at every budget on three families (docs/FIDELITY.md, issue 31)
+    default_utility="stratified",
     not_incremental=("TIES trims each expert at its own magnitude threshold and elects each "
                      "entry's sign over all experts together: one expert more can flip signs "
                      "everywhere"),

@@ -1,0 +1,91 @@
+"""The diminishing-returns rankings (utility = coverage | stratified) on a seeded factory
+family: deterministic, budget-sound, the standard merge at full budget, and the additive
+omission bounds hold on the executed merge whatever the order."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.core.request import build_request
+from mergepipe.jobs.merge import execute_plan
+from mergepipe.planner.plan import Plan, make_plan
+from tests import factory
+from tests.catalogs import new_catalog
+from tests.executor_family import ingest_family
+
+RANKINGS = ("coverage", "stratified")
+EXPERTS = "e0:1.0,e1:0.5,e2:2.0"
+
+
+@pytest.fixture(scope="module")
+def fam(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Catalog, Path]]:
+    root = Path(tmp_path_factory.mktemp("rankings"))
+    cat = Catalog(new_catalog(root))
+    ingest_family(cat, root / "fam", kinds=("full", "full", "full"), dtype="F32", seed=7)
+    yield cat, root
+    cat.close()
+
+
+def _plan(cat: Catalog, op: str, budget: float, utility: str | None, **params: object) -> Plan:
+    if utility is not None:
+        params["utility"] = utility
+    return make_plan(cat, build_request(base="base", experts=EXPERTS, operator=op,
+                                        params=params, budget=budget, output_dtype="F32"))
+
+
+def _l2(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float(((a[n].double() - b[n].double()) ** 2).sum()) for n in a))
+
+
+@pytest.mark.parametrize("utility", RANKINGS)
+@pytest.mark.parametrize("op", ["linear", "task_arithmetic"])
+def test_additive_bounds_hold_and_plans_are_sound(fam: tuple[Catalog, Path], op: str,
+                                                  utility: str) -> None:
+    cat, root = fam
+    full = execute_plan(cat, _plan(cat, op, 1.0, utility), root / f"{op}-{utility}-full")
+    m_full = factory.load(Path(full.output))
+    # full budget: the standard merge (the default ranking's full read, same output bytes)
+    ref = execute_plan(cat, _plan(cat, op, 1.0, "l2"), root / f"{op}-ref", overwrite=True)
+    assert _l2(m_full, factory.load(Path(ref.output))) == 0.0
+    scale = math.sqrt(sum(float((t.double() ** 2).sum()) for t in m_full.values()))
+    planned = []
+    for budget in (0.1, 0.4, 0.7):
+        p = _plan(cat, op, budget, utility)
+        assert _plan(cat, op, budget, utility).plan_hash == p.plan_hash  # deterministic
+        assert p.planned_expert_bytes <= p.budget_bytes
+        r = execute_plan(cat, p, root / f"{op}-{utility}-{budget}")
+        assert r.expert_bytes_read == p.planned_expert_bytes
+        assert p.omission_bound is not None and p.omission_bound_l2 is not None
+        omitted = math.fsum(b.utility for b in _plan(cat, op, 1.0, utility).blocks) - math.fsum(
+            b.utility for b in p.blocks)
+        assert p.omission_bound == pytest.approx(omitted, rel=1e-9, abs=1e-9)
+        deviation = _l2(m_full, factory.load(Path(r.output)))
+        assert 0 < deviation <= p.omission_bound_l2 + 1e-6 * scale
+        assert p.omission_bound_l2 <= p.omission_bound
+        planned.append(p.planned_expert_bytes)
+    assert planned == sorted(planned)
+
+
+@pytest.mark.parametrize("utility", RANKINGS)
+@pytest.mark.parametrize(("op", "params"), [("ties", {"density": 0.5}),
+                                            ("dare_ties", {"density": 0.5}),
+                                            ("della", {"density": 0.5})])
+def test_sparse_operators_full_budget_is_the_standard_merge(fam: tuple[Catalog, Path], op: str,
+                                                            params: dict[str, object],
+                                                            utility: str) -> None:
+    cat, root = fam
+    p = _plan(cat, op, 1.0, utility, **params)
+    ref = _plan(cat, op, 1.0, "l2", **params)
+    assert p.planned_expert_bytes == ref.planned_expert_bytes == ref.full_read_bytes
+    a = execute_plan(cat, p, root / f"{op}-{utility}")
+    b = execute_plan(cat, ref, root / f"{op}-l2", overwrite=True)
+    assert _l2(factory.load(Path(a.output)), factory.load(Path(b.output))) == 0.0
+    small = _plan(cat, op, 0.3, utility, **params)
+    assert small.planned_expert_bytes <= small.budget_bytes
+    assert _plan(cat, op, 0.3, utility, **params).plan_hash == small.plan_hash
