@@ -89,3 +89,26 @@ def test_sparse_operators_full_budget_is_the_standard_merge(fam: tuple[Catalog, 
     small = _plan(cat, op, 0.3, utility, **params)
     assert small.planned_expert_bytes <= small.budget_bytes
     assert _plan(cat, op, 0.3, utility, **params).plan_hash == small.plan_hash
+
+
+@pytest.mark.parametrize(("op", "params", "utility", "unit"), [
+    ("linear", {}, "per_tensor", "expert_block"),
+    ("task_arithmetic", {}, "per_tensor", "expert_block"),
+    ("ties", {"density": 0.5}, "stratified", "expert_block"),
+    ("dare_ties", {"density": 0.5}, "l2", "group"),
+    ("della", {"density": 0.5}, "stratified", "expert_block")])
+def test_default_ranking_per_operator(fam: tuple[Catalog, Path], op: str,
+                                      params: dict[str, object], utility: str,
+                                      unit: str) -> None:
+    # the defaults of the fidelity study (docs/FIDELITY.md, "Default rankings"): a request
+    # without utility plans exactly what the explicit ranking and unit plan
+    cat, _ = fam
+    default = _plan(cat, op, 0.3, None, **params)
+    explicit = _plan(cat, op, 0.3, utility, unit=unit, **params)
+    assert default.unit == unit
+    assert [(b.model, b.tensor, b.block_index) for b in default.blocks] == [
+        (b.model, b.tensor, b.block_index) for b in explicit.blocks]
+    assert default.plan_hash == explicit.plan_hash
+    others = [u for u in ("l2", "per_tensor", "stratified") if u != utility]
+    assert any(_plan(cat, op, 0.3, u, unit=unit, **params).plan_hash != default.plan_hash
+               for u in others)

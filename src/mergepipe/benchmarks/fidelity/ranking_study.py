@@ -4,7 +4,9 @@ prefix and fill passes compute for (expert, block) units) and the planner's own 
 against 8 random plans of at least as many bytes (the largest planned bytes of the rankings).
 
     python -m mergepipe.benchmarks.fidelity.ranking_study --family toy --dir DIR
-        [--operators linear,ties] [--budgets 0.1,0.3] [--rankings l2,coverage] [--render]
+        [--operators linear,ties] [--budgets 0.1,0.3] [--rankings l2,coverage]
+        [--planner per_tensor:group,...]
+    python -m mergepipe.benchmarks.fidelity.ranking_study --dir DIR --render  # the tables
 
 Families are trained once and cached under DIR (family-*, base-*); the catalog too
 (DIR/ranking-<family>/catalog.duckdb). Writes DIR/ranking-<family>.json.
@@ -246,27 +248,47 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
-def render(root: Path, family: str) -> str:
-    """Markdown table per operator: answer-token KL to the full merge as a ratio of the base's."""
-    res = json.loads((root / f"ranking-{family}.json").read_text())
+def render(root: Path, families: list[str]) -> str:
+    """One Markdown table per operator, rows (family, budget): answer-token KL to the full merge
+    as a ratio of the base's; **bold**: below the median of the random plans."""
+    res = {f: json.loads((root / f"ranking-{f}.json").read_text()) for f in families
+           if (root / f"ranking-{f}.json").exists()}
+    ops = list(dict.fromkeys(op for r in res.values() for op in r.get("operators", {})))
     lines: list[str] = []
-    for op, rec in res["operators"].items():
-        names = list(next(iter(rec["budgets"].values()))["rankings"])
-        lines += [f"**{family}, {op}** ({', '.join(f'{k}={v}' for k, v in rec['params'].items())}"
-                  f"{'; ' if rec['params'] else ''}default utility {rec['default_utility']}, unit "
-                  f"{rec['default_unit']}): KL ratio (answer tokens, to the full merge, over the "
-                  f"base's {_g(rec['base_kl'])}); **bold**: below the random median", "",
-                  "| budget | random, median [min, max] | default | " + " | ".join(names) + " |",
-                  "|---:|---:|---:|" + "---:|" * len(names)]
-        b = rec["base_kl"]
-        for f, row in sorted(rec["budgets"].items(), key=lambda kv: float(kv[0])):
-            rnd = [r["kl"] / b for r in row["random"]]
-            med = statistics.median(rnd)
-            cells = [row["default"]] + [row["rankings"][k] for k in names]
-            txt = [f"**{_g(c['kl'] / b)}**" if c["kl"] / b < med else _g(c["kl"] / b)
-                   for c in cells]
-            lines.append(f"| {f} | {_g(med)} [{_g(min(rnd))}, {_g(max(rnd))}] | "
-                         + " | ".join(txt) + " |")
+    for op in ops:
+        recs = {f: r["operators"][op] for f, r in res.items() if op in r.get("operators", {})}
+        names = ["default"] + list(dict.fromkeys(
+            k for rec in recs.values() for row in rec["budgets"].values() for k in row["rankings"]))
+        first = next(iter(recs.values()))
+        lines += [f"**{op}** ({', '.join(f'{k}={v}' for k, v in first['params'].items()) or '-'};"
+                  f" default during the run: {first['default_utility']}, unit "
+                  f"{first['default_unit']}): KL ratio (answer tokens, to "
+                  "the full merge, over the base's); **bold**: below the random median", "",
+                  "| family | budget | random, median [min, max] | " + " | ".join(names)
+                  + " |", "|---|---:|---:|" + "---:|" * len(names)]
+        wins = dict.fromkeys(names, 0)
+        n = 0
+        for fam, rec in recs.items():
+            b = rec["base_kl"]
+            for f, row in sorted(rec["budgets"].items(), key=lambda kv: float(kv[0])):
+                if "random" not in row:
+                    continue
+                n += 1
+                rnd = [r["kl"] / b for r in row["random"]]
+                med = statistics.median(rnd)
+                txt = []
+                for k in names:
+                    c = row["default"] if k == "default" else row["rankings"].get(k)
+                    if c is None:
+                        txt.append("-")
+                        continue
+                    v = c["kl"] / b
+                    wins[k] += v < med
+                    txt.append(f"**{_g(v)}**" if v < med else _g(v))
+                lines.append(f"| {fam} | {f} | {_g(med)} [{_g(min(rnd))}, {_g(max(rnd))}] | "
+                             + " | ".join(txt) + " |")
+        lines.append("| below the median | | | " + " | ".join(f"{wins[k]}/{n}" for k in names)
+                     + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -285,7 +307,7 @@ def main() -> None:
     a = p.parse_args()
     root = Path(a.dir).absolute()
     if a.render:
-        print(render(root, a.family))
+        print(render(root, list(FAMILIES)))
         return
     ops = [o for o in OPERATORS if o.name in a.operators.split(",")]
     ops.sort(key=lambda o: a.operators.split(",").index(o.name))

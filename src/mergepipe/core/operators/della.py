@@ -91,7 +91,10 @@ SPEC = OperatorSpec(
     formula="M = B + lambda * disjoint_mean_i(w_i magprune(D_i; density_i, epsilon))",
     kernel=della, normalize_default=True, additive=False, density=True,
     params=(EPSILON, RESCALE), check=check, min_ndim=1,  # magprune ranks within rows
-    planning_unit="group",  # sign election, as dare_ties
+    # (expert, block) units ranked stratified: the only plan below random plans of equal bytes
+    # at every budget on three families; whole-tensor groups (l2) were above them at 13 of 15
+    # (docs/FIDELITY.md, "Default rankings")
+    default_utility="stratified",
     not_incremental=("della elects each entry's sign over all experts together: one expert more "
                      "can flip signs everywhere"),
     mergekit=MergekitMethod("della", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
