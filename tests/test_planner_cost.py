@@ -101,6 +101,9 @@ def family(cat: Catalog, *, fallback: bool = False) -> None:
 
 def plan(cat: Catalog, budget: str, op: str = "linear", experts: str = "e0,e1",
          **params: Any) -> Any:
+    # the hand-computed orders rank by l2, linear's default before issue 31 (now per_tensor)
+    if op in ("linear", "task_arithmetic"):
+        params.setdefault("utility", "l2")
     return make_plan(cat, build_request(base="B", experts=experts, operator=op, params=params,
                                         budget=budget))
 

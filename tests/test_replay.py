@@ -54,14 +54,17 @@ def test_replay_matches_and_reads_the_same_bytes(catalog: Catalog, done: dict,
     assert kept["match"] and (tmp_path / "again" / "model.safetensors").exists()
 
 
-def test_replay_of_a_per_tensor_plan_keeps_its_bounds(catalog: Catalog, tmp_path: Path) -> None:
+def test_replay_of_a_non_default_ranking_keeps_its_bounds(catalog: Catalog,
+                                                           tmp_path: Path) -> None:
+    # coverage: a ranking other than task_arithmetic's default (per_tensor since issue 31), so
+    # the request stores it
     req = build_request(base="base", experts="e0,e1", operator="task_arithmetic", budget=0.4,
-                        params={"utility": "per_tensor"})
+                        params={"utility": "coverage"})
     done = merge(catalog, req, tmp_path / "pt").to_dict()
     assert done["omission_bound_l2"] is not None
     assert 0 < done["omission_bound_l2"] <= done["omission_bound"]
     sp = stored_plan(catalog, done["merge_id"])
-    assert sp.request.params["utility"] == "per_tensor"
+    assert sp.request.params["utility"] == "coverage"
     assert sp.omission_bound_l2 == pytest.approx(done["omission_bound_l2"])
     r = replay(catalog, done["merge_id"]).to_dict()
     assert r["match"] and r["expert_bytes_read"] == done["expert_bytes_read"]

@@ -8,8 +8,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from mergepipe.core.schema import UTILITY
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -46,7 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--family", choices=("toy", "realistic"), default="toy",
                    help="with --units or --calibration: toy (4 experts, large deltas) or realistic (12 experts, "
                    "deltas of about 1e-3 of the weights, float32)")
-    p.add_argument("--utility", choices=UTILITY.choices, default="l2",
+    # core.schema.UTILITY's choices (not imported: `--help` imports no third-party package)
+    p.add_argument("--utility", choices=("l2", "per_tensor", "coverage", "stratified"),
+                   default="l2",
                    help="with --units: the planner's block ranking for every operator; "
                    "another than l2 writes DIR/units-FAMILY-UTILITY.*, without random plans")
     p.set_defaults(func=run)
