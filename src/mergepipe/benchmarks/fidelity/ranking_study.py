@@ -81,56 +81,55 @@ def _marginal_sqrt(cands: list[Candidate], key: Callable[[Candidate], Any],
     return out
 
 
+def _et_energy(cs: list[Candidate]) -> dict[tuple[str, str], float]:
+    """Sum of squared utilities per (expert, tensor): |alpha_i|^2 ||D_it||^2."""
+    e: dict[tuple[str, str], float] = {}
+    for c in cs:
+        e[(c.model, c.tensor)] = e.get((c.model, c.tensor), 0.0) + c.utility ** 2
+    return e
+
+
+def _l2(cs: list[Candidate]) -> list[Candidate]:
+    return _by(cs, {i: c.utility for i, c in enumerate(cs)})
+
+
+def _per_tensor(cs: list[Candidate]) -> list[Candidate]:
+    e = _et_energy(cs)
+    return _by(cs, {i: c.utility / math.sqrt(e[(c.model, c.tensor)]) for i, c in enumerate(cs)})
+
+
+def _energy(cs: list[Candidate]) -> list[Candidate]:
+    e = _et_energy(cs)
+    return _by(cs, {i: c.utility ** 2 / e[(c.model, c.tensor)] for i, c in enumerate(cs)})
+
+
+def _dim(cs: list[Candidate], key: Callable[[Candidate], Any]) -> list[Candidate]:
+    """per_tensor share times sqrt(k) - sqrt(k - 1), k the rank by share in key's group (ties:
+    the per_tensor order), as planner_candidates_diminish.sql."""
+    e = _et_energy(cs)
+    share = {i: c.utility / math.sqrt(e[(c.model, c.tensor)]) for i, c in enumerate(cs)}
+    prior = {id(c): r for r, c in enumerate(_per_tensor(cs))}
+    groups: dict[Any, list[int]] = {}
+    for i, c in enumerate(cs):
+        groups.setdefault(key(c), []).append(i)
+    score: dict[int, float] = {}
+    for idx in groups.values():
+        for k, i in enumerate(sorted(idx, key=lambda i: (-share[i], prior[id(cs[i])])), 1):
+            score[i] = share[i] * (math.sqrt(k) - math.sqrt(k - 1))
+    return [cs[i] for i in sorted(range(len(cs)), key=lambda i: (
+        -score[i] / cs[i].nbytes, prior[id(cs[i])]))]
+
+
 def rankings() -> dict[str, Order]:
-    """Name -> ordering of the candidates (first-fit in this order gives the plan)."""
-
-    def l2(cs: list[Candidate]) -> list[Candidate]:
-        return _by(cs, {i: c.utility for i, c in enumerate(cs)})
-
-    def _et_energy(cs: list[Candidate]) -> dict[tuple[str, str], float]:
-        e: dict[tuple[str, str], float] = {}
-        for c in cs:
-            e[(c.model, c.tensor)] = e.get((c.model, c.tensor), 0.0) + c.utility ** 2
-        return e
-
-    def per_tensor(cs: list[Candidate]) -> list[Candidate]:
-        e = _et_energy(cs)
-        return _by(cs, {i: c.utility / math.sqrt(e[(c.model, c.tensor)]) for i, c in enumerate(cs)})
-
-    def energy(cs: list[Candidate]) -> list[Candidate]:
-        e = _et_energy(cs)
-        return _by(cs, {i: c.utility ** 2 / e[(c.model, c.tensor)] for i, c in enumerate(cs)})
-
-    def _dim(cs: list[Candidate], key: Callable[[Candidate], Any]) -> list[Candidate]:
-        # per_tensor share times sqrt(k) - sqrt(k - 1), k the rank by share in key's group
-        # (ties: the per_tensor order), as planner_candidates_diminish.sql
-        e = _et_energy(cs)
-        share = {i: c.utility / math.sqrt(e[(c.model, c.tensor)]) for i, c in enumerate(cs)}
-        prior = {id(c): r for r, c in enumerate(per_tensor(cs))}
-        groups: dict[Any, list[int]] = {}
-        for i, c in enumerate(cs):
-            groups.setdefault(key(c), []).append(i)
-        score: dict[int, float] = {}
-        for idx in groups.values():
-            for k, i in enumerate(sorted(idx, key=lambda i: (-share[i], prior[id(cs[i])])), 1):
-                score[i] = share[i] * (math.sqrt(k) - math.sqrt(k - 1))
-        return [cs[i] for i in sorted(range(len(cs)), key=lambda i: (
-            -score[i] / cs[i].nbytes, prior[id(cs[i])]))]
-
-    def coverage(cs: list[Candidate]) -> list[Candidate]:
-        # sum over (expert, tensor) of ||retained|| / ||D_it||, blocks of equal energy assumed
-        return _dim(cs, lambda c: (c.model, c.tensor))
-
-    def stratified(cs: list[Candidate]) -> list[Candidate]:
-        # per region (tensor, block): experts by diminishing returns, every region its top
-        # expert before any region its second
-        return _dim(cs, lambda c: (c.tensor, c.block_index))
-
-    def coverage_exact(cs: list[Candidate]) -> list[Candidate]:
-        return _by(cs, _marginal_sqrt(cs, lambda c: (c.model, c.tensor), lambda g, e: 1.0))
-
-    return {"l2": l2, "per_tensor": per_tensor, "energy": energy, "coverage": coverage,
-            "stratified": stratified, "coverage_exact": coverage_exact}
+    """Name -> ordering of the candidates (first-fit in this order gives the plan).
+    coverage: sum over (expert, tensor) of ||kept|| / ||D_it|| (blocks of equal share);
+    stratified: per region (tensor, block), experts with diminishing returns;
+    coverage_exact: coverage with the exact running energy instead of the rank."""
+    return {"l2": _l2, "per_tensor": _per_tensor, "energy": _energy,
+            "coverage": lambda cs: _dim(cs, lambda c: (c.model, c.tensor)),
+            "stratified": lambda cs: _dim(cs, lambda c: (c.tensor, c.block_index)),
+            "coverage_exact": lambda cs: _by(cs, _marginal_sqrt(
+                cs, lambda c: (c.model, c.tensor), lambda g, e: 1.0))}
 
 
 def _keys(plan: Plan) -> str:
