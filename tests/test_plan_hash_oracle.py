@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
+from mergepipe.core.operators.registry import REGISTRY
 from mergepipe.core.request import build_request
 from mergepipe.jobs.merge import merge
 from mergepipe.jobs.planning import check_inputs
@@ -26,7 +30,12 @@ from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 # sha256 over the lines "plan_hash planned_bytes block,block,..." of every request below, in
 # order, as computed by the planner of commit 89a9eb8 (before issue 31's planning-cost work).
 # Change it only together with planner.hashing.HASH_VERSION, on purpose.
+# Issue 31 changed default rankings (linear, task_arithmetic: per_tensor; ties: stratified;
+# della: stratified by (expert, block)): ORACLE is checked under the previous defaults (every
+# plan unchanged: the new ranking code changes no l2 / per_tensor plan), ORACLE_31 under the
+# current ones.
 ORACLE = "1eb6e7bbea43426f751f8b532049931e95c4ef27e6ddba69408057f8b4c26fc1"
+ORACLE_31 = "950015efcc7dcf709cb0a9a9906add257e706954c3565a1896a81be6ba77ed01"
 
 
 def _tensors(rng: random.Random, salt: int) -> list[Ten]:
@@ -71,11 +80,21 @@ def _line(cat: Catalog, r: dict[str, Any]) -> str:
     return f"{plan.plan_hash} {plan.planned_expert_bytes} {blocks}"
 
 
-def test_plan_hashes_match_the_oracle(tmp_path: Path) -> None:
+def _digest(tmp_path: Path) -> str:
+    tmp_path.mkdir()
     with _catalog(tmp_path) as cat:
         lines = [_line(cat, r) for r in _requests()]
     assert len(set(lines)) > 20  # the requests do plan differently
-    assert hashlib.sha256("\n".join(lines).encode()).hexdigest() == ORACLE
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def test_plan_hashes_match_the_oracle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _digest(tmp_path / "now") == ORACLE_31
+    for name, utility in (("linear", "l2"), ("task_arithmetic", "l2"), ("ties", "per_tensor")):
+        monkeypatch.setitem(REGISTRY, name, replace(REGISTRY[name], default_utility=utility))
+    monkeypatch.setitem(REGISTRY, "della", replace(REGISTRY["della"], default_utility="l2",
+                                                   planning_unit="group"))
+    assert _digest(tmp_path / "before") == ORACLE
 
 
 def test_a_merge_records_the_plan_make_plan_gives(tmp_path: Path) -> None:
