@@ -14,6 +14,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,17 @@ def ingest_family(page: Any, api: Api, shots: Path) -> None:
     assert f"{stats['e1']['n_blocks']}" in row and "full" in row and "base" in row
 
 
+def console_bytes(n: int) -> str:
+    """A byte count as the console's ui.js `bytes` writes it (B, then KiB, MiB, ...)."""
+    v, u = float(n), 0
+    while abs(v) >= 1024 and u < 4:
+        v, u = v / 1024, u + 1
+    if u == 0:
+        return f"{n} B"
+    places = Decimal(1).scaleb(-(0 if v >= 100 else 1 if v >= 10 else 2))
+    fixed = Decimal(v).quantize(places, rounding=ROUND_HALF_UP)  # toFixed rounds half up
+    return f"{fixed} {['B', 'KiB', 'MiB', 'GiB', 'TiB'][u]}"
+
 def check_plan_explorer(page: Any, api: Api, shots: Path) -> dict[str, Any]:
     """The plan explorer: task arithmetic, budget 40% set with the keyboard, shows the API's
     plan; that plan."""
@@ -223,7 +235,7 @@ def check_merge_page(page: Any, api: Api, merge_id: str, merge: dict[str, Any],
     key = next(k for k, v in expected.items() if 0 < v < 1)
     page.hover(f"td.cell[data-model='{key[0]}'][data-tensor='{key[1]}']")
     detail = page.inner_text("p.detail")
-    assert key[1] in detail and f"{read[key]} B" in detail
+    assert key[1] in detail and console_bytes(read[key]) in detail
     experts_text = page.inner_text("#experts-table")
     for e in merge["experts"]:
         assert e["model"] in experts_text

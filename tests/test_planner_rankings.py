@@ -112,3 +112,15 @@ def test_default_ranking_per_operator(fam: tuple[Catalog, Path], op: str,
     others = [u for u in ("l2", "per_tensor", "stratified") if u != utility]
     assert any(_plan(cat, op, 0.3, u, unit=unit, **params).plan_hash != default.plan_hash
                for u in others)
+
+
+def test_operator_listing_gives_each_operator_its_default_ranking() -> None:
+    # GET /v1/operators (and the console, which sends the listed defaults) must show the spec's
+    # ranking, not the parameter's global l2: else the console overrides every default
+    from mergepipe.core.operators.registry import REGISTRY
+    from mergepipe.service.routes.operators import operator_out
+    for op, utility in (("ties", "stratified"), ("della", "stratified"), ("linear", "per_tensor"),
+                        ("task_arithmetic", "per_tensor"), ("dare_ties", "l2")):
+        params = {p["name"]: p for p in operator_out(REGISTRY[op])["params"]}
+        assert params["utility"]["default"] == utility
+        assert params["unit"]["default"] == REGISTRY[op].planning_unit

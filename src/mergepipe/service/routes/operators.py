@@ -25,7 +25,8 @@ def operator_out(spec: OperatorSpec) -> dict[str, Any]:
     return {"name": spec.name, "aliases": list(spec.aliases), "title": spec.title,
             "formula": spec.formula, "additive": spec.additive, "density": spec.density,
             "normalize_default": spec.normalize_default,
-            "params": [_param(p) for p in (normalize, LAMBDA, UTILITY,
+            "params": [_param(p) for p in (normalize, LAMBDA,
+                                           replace(UTILITY, default=spec.default_utility),
                                            replace(UNIT, default=spec.planning_unit),
                                            *spec.params)]}
 
