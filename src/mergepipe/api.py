@@ -264,7 +264,10 @@ class Catalog:
         `target_deviation`, and its plan (`budget_search` says how it was found)."""
         from mergepipe.jobs.planning import plan_for_deviation
 
-        req, plan, _ = plan_for_deviation(self.db, request, _target(target_deviation, {}))
+        target = _target(target_deviation, {})
+        if target is None:
+            raise InvalidRequest("target_deviation is required", field="target_deviation")
+        req, plan, _ = plan_for_deviation(self.db, request, target)
         return req, plan
 
     def merge(self, request: MergeRequest | None = None, *, out: str | Path,
