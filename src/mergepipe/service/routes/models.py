@@ -49,15 +49,17 @@ def register_model(body: ModelIn, response: Response, st: State) -> dict[str, An
 
 def _check_base(st: AppState, base: str) -> None:
     """The base must be ready or still being ingested (the job then waits for it)."""
+    # The job first, as in get_one: an ingestion commits its model row before its job's end,
+    # so a base whose job ended between the two reads is seen as its row, never as missing.
+    job = queue.latest_ingest_job(st.cat, base)
     row = resolve_model(st.cat, base)
     if row is not None:
         if row.base:
             raise InvalidRequest(f"model {base!r} is itself an expert of {row.base!r}; "
                                  "register experts against the base", field="base")
         return
-    if queue.active_ingest_job(st.cat, base) is not None:
+    if job is not None and job.status in ("queued", "running"):
         return
-    job = queue.latest_ingest_job(st.cat, base)
     if job is not None and job.status == "failed":
         raise Conflict(f"base model {base!r} failed to ingest: {job.error}", field="base")
     raise NotFound(f"base model {base!r} not found", field="base")
