@@ -5,6 +5,7 @@ they handle (a broken unique or key constraint)."""
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -146,7 +147,7 @@ class Mappings(list[dict[str, Any]]):
         return self[0]
 
 
-class DriverConnection:
+class DriverConnection(ABC):
     """`execute` over one driver's connection: `_run` runs a statement once, or once per mapping
     of a list (an empty list runs nothing); the driver's `integrity_error` is IntegrityError."""
 
@@ -162,8 +163,9 @@ class DriverConnection:
         except self.integrity_error as e:
             raise IntegrityError(str(getattr(e, "orig", None) or e)) from e
 
+    @abstractmethod
     def _run(self, statement: SQL, sets: Params | list[Params]) -> Result:
-        raise NotImplementedError
+        ...
 
 
 class Connection(Protocol):

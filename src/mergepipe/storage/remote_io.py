@@ -6,6 +6,7 @@ import errno
 import os
 import random
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -136,15 +137,17 @@ def check_content_range(path: str, content_range: str | None, start: int, end: i
                                 f"{start}..{end - 1}")
 
 
-class WholeReads:
+class WholeReads(ABC):
     """`read_bytes` of a remote store, from its `stat` and `read_range`."""
 
+    @abstractmethod
     def stat(self, path: str) -> Stamp:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
                    stats: FetchStats) -> None:
-        raise NotImplementedError
+        ...
 
     def read_bytes(self, path: str, limit: int) -> bytes:
         size = self.stat(path).size
@@ -160,10 +163,11 @@ class RangedReads(WholeReads):
 
     cfg: RemoteConfig
 
+    @abstractmethod
     def _ranged(self, path: str, start: int, end: int, pin: Stamp | None
                 ) -> AbstractContextManager[RangedBody]:
         """One GET of bytes [start, end) of `path` (of the pinned version)."""
-        raise NotImplementedError
+        ...
 
     def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
                    stats: FetchStats) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol, Self
 
@@ -76,14 +77,16 @@ class RemoteStore(Store, Protocol):
                    stats: FetchStats) -> None: ...
 
 
-class ByteReader:
+class ByteReader(ABC):
     """`read` and `with` (closing at the block's end) for a reader of byte ranges."""
 
+    @abstractmethod
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        ...
 
     def read(self, path: str, offset: int, nbytes: int) -> bytearray:
         buf = bytearray(nbytes)
