@@ -108,17 +108,28 @@ def _siblings(repo: Repo) -> list[dict[str, object]]:
             for n, d in sorted(repo.files.items())]
 
 
+class _Quiet(BaseHTTPRequestHandler):
+    """A handler that logs nothing and answers HEAD as GET."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        raise NotImplementedError  # each server's handler answers GET
+
+
+def _counted(hub: FakeHub, server: str) -> None:
+    with hub.lock:
+        hub.requests[server] += 1
+
+
 def _hub_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_HEAD(self) -> None:
-            self.do_GET()
-
+    class Handler(_Quiet):
         def do_GET(self) -> None:
-            with hub.lock:
-                hub.requests["hub"] += 1
+            _counted(hub, "hub")
             path = unquote(urlparse(self.path).path)
             info = _INFO.match(path)
             resolve = _RESOLVE.match(path)
@@ -149,16 +160,9 @@ def _hub_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
 
 def _storage_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_HEAD(self) -> None:
-            self.do_GET()
-
+    class Handler(_Quiet):
         def do_GET(self) -> None:
-            with hub.lock:
-                hub.requests["storage"] += 1
+            _counted(hub, "storage")
             m = re.match(r"^/blobs/([0-9a-f]{64})$", urlparse(self.path).path)
             found = hub.blob(m.group(1)) if m else None
             if found is None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
+from tests.catalogs import new_catalog
 
 INSERT_MODEL = SQL(
     "INSERT INTO models (name, kind, path, base, status, error, has_stats, block_bytes, "
@@ -120,3 +122,20 @@ def base_like(name: str, expert_tensors: list[Ten]) -> Model:
     """A base with the same block grid (sizes) as the given expert tensors."""
     return Model(name, [Ten(t.name, [Blk(b.nbytes, 0.0) for b in t.blocks])
                         for t in expert_tensors])
+
+
+# Two experts of base B on one block grid, and a third without statistics (hand-computed plans).
+E0 = [Ten("t0", [Blk(100, 4), Blk(100, 0), Blk(100, 1)]), Ten("t1", [Blk(100, 2), Blk(40, 1)])]
+E1 = [Ten("t0", [Blk(100, 6), Blk(100, 2), Blk(100, 2)]), Ten("t1", [Blk(100, 0), Blk(40, 3)])]
+
+
+def two_expert_catalog(folder: Path) -> str:
+    """A catalog in `folder` with base B, experts e0 (E0) and e1 (E1), and `nostats` (E1's
+    blocks, no statistics)."""
+    path = new_catalog(folder, "cat")
+    with Catalog(path) as cat:
+        add_model(cat, base_like("B", E0))
+        add_model(cat, Model("e0", E0, base="B"))
+        add_model(cat, Model("e1", E1, base="B"))
+        add_model(cat, Model("nostats", E1, base="B", has_stats=False))
+    return str(path)

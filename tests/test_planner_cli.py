@@ -7,24 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import main
-from tests.catalogs import new_catalog
-from tests.planner_rows import Blk, Model, Ten, add_model, base_like
-
-E0 = [Ten("t0", [Blk(100, 4), Blk(100, 0), Blk(100, 1)]), Ten("t1", [Blk(100, 2), Blk(40, 1)])]
-E1 = [Ten("t0", [Blk(100, 6), Blk(100, 2), Blk(100, 2)]), Ten("t1", [Blk(100, 0), Blk(40, 3)])]
+from tests.planner_rows import two_expert_catalog
 
 
 @pytest.fixture
 def db(tmp_path: Path) -> str:
-    path = new_catalog(tmp_path, "cat")
-    with Catalog(path) as cat:
-        add_model(cat, base_like("B", E0))
-        add_model(cat, Model("e0", E0, base="B"))
-        add_model(cat, Model("e1", E1, base="B"))
-        add_model(cat, Model("nostats", E1, base="B", has_stats=False))
-    return str(path)
+    return two_expert_catalog(tmp_path)
 
 
 def run(db: str, *args: str) -> int:

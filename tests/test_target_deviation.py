@@ -10,13 +10,10 @@ from typing import Any
 
 import pytest
 
-from mergepipe.catalog.db import Catalog
 from mergepipe.cli.main import main
 from tests.catalogs import new_catalog
-from tests.planner_rows import Blk, Model, Ten, add_model, base_like
+from tests.planner_rows import two_expert_catalog
 
-E0 = [Ten("t0", [Blk(100, 4), Blk(100, 0), Blk(100, 1)]), Ten("t1", [Blk(100, 2), Blk(40, 1)])]
-E1 = [Ten("t0", [Blk(100, 6), Blk(100, 2), Blk(100, 2)]), Ten("t1", [Blk(100, 0), Blk(40, 3)])]
 # alpha = (2, 1) (task_arithmetic, lambda 2, e1 weight 0.5): per (tensor, block) the summed
 # utility is t0.0 2x4+6, t0.1 0+2, t0.2 2x1+2, t1.0 2x2+0, t1.1 2x1+3
 UPDATE_L2 = math.sqrt(14**2 + 2**2 + 4**2 + 4**2 + 5**2)
@@ -25,13 +22,7 @@ REQUEST = ("--experts", "e0,e1:0.5", "--op", "task_arithmetic", "--param", "lamb
 
 @pytest.fixture
 def db(tmp_path: Path) -> str:
-    path = new_catalog(tmp_path, "cat")
-    with Catalog(path) as cat:
-        add_model(cat, base_like("B", E0))
-        add_model(cat, Model("e0", E0, base="B"))
-        add_model(cat, Model("e1", E1, base="B"))
-        add_model(cat, Model("nostats", E1, base="B", has_stats=False))
-    return str(path)
+    return two_expert_catalog(tmp_path)
 
 
 def plan(db: str, capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
