@@ -23,8 +23,9 @@ $(VENV)/.installed: pyproject.toml setup.py src/mergepipe/core/_fused.c
 	$(PY) -m compileall -q src
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(PIP) install -q $(TORCH) -e '.[test,dev]'
+# The tests also cover the benchmark suite, a distribution of its own (benchmarks/).
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml benchmarks/pyproject.toml
+	$(PIP) install -q $(TORCH) -e '.[test,dev]' -e ./benchmarks
 	touch $@
 
 demo: $(VENV)/.installed
@@ -48,7 +49,7 @@ test-all: $(VENV)/.installed-test
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy -p mergepipe -p tests
+	$(VENV)/bin/mypy -p mergepipe -p mergepipe_bench -p tests
 	$(VENV)/bin/lint-imports
 
 bench: $(VENV)/.installed-test

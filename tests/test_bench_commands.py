@@ -8,11 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from mergepipe.benchmarks import extras
-from mergepipe.benchmarks.report import table
-from mergepipe.benchmarks.suite import QUICK, Suite
-from mergepipe.benchmarks.whole_commands import argv_of, whole_commands
+from mergepipe_bench import extras
+from mergepipe_bench.report import table
+from mergepipe_bench.suite import QUICK, Suite
+from mergepipe_bench.whole_commands import argv_of, whole_commands
 
 pytest.importorskip("mergekit")
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mergepipe.benchmarks.family import LlamaShape, read_family
-from mergepipe.benchmarks.large_family import run_large, setup
+from mergepipe_bench.large_family import run_large, setup
+
+from mergepipe.cli.family import LlamaShape, read_family
 
 TINY = LlamaShape(hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1, vocab=256)
 

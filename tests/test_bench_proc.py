@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from mergepipe.benchmarks.proc import run_timed
+from mergepipe_bench.proc import run_timed
 
 MIB = 2**20
 

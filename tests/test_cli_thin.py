@@ -24,9 +24,6 @@ EXTRA = {
     "merge.py": ("mergepipe.jobs.recovery",),  # a killed `mergepipe merge`'s leftovers
     "serve.py": ("mergepipe.service",),  # hosts the HTTP service
     "worker.py": ("mergepipe.jobs.shared_runner",),  # hosts a job runner
-    "bench.py": ("mergepipe.benchmarks",),
-    "fidelity.py": ("mergepipe.benchmarks",),
-    "gen_family.py": ("mergepipe.benchmarks",),
 }
 
 

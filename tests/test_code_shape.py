@@ -32,7 +32,7 @@ def test_the_package_is_one_real_tree() -> None:
     assert links == []
     names = {str(p.relative_to(PACKAGE)) for p in product_modules()}
     for sub in ("catalog", "storage", "sandbox", "planner", "executor", "service", "migrations",
-                "benchmarks", "core", "jobs", "cli"):
+                "core", "jobs", "cli"):
         assert f"{sub}/__init__.py" in names, sub
     # no product module lies outside the tree
     stray = [str(p.relative_to(REPO)) for p in REPO.glob("*/*.py")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mergepipe.benchmarks.family import generate_family, read_family, shape_for_size
+from mergepipe.cli.family import generate_family, read_family, shape_for_size
 from mergepipe.cli.main import main
 from mergepipe.storage.checkpoint import open_checkpoint
 from tests.factory import load

@@ -13,8 +13,8 @@ pytest.importorskip("matplotlib")
 # the study merges and evaluates a model at every budget (~45 s): make test-all runs it
 pytestmark = pytest.mark.slow
 
-from mergepipe.benchmarks.fidelity.report import write_report  # noqa: E402
-from mergepipe.benchmarks.fidelity.run import quick_config, run_fidelity  # noqa: E402
+from mergepipe_bench.fidelity.report import write_report  # noqa: E402
+from mergepipe_bench.fidelity.run import quick_config, run_fidelity  # noqa: E402
 
 REL_TOL = 1e-6  # float32 summation noise, relative to ||M_full||
 

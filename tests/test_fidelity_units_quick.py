@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 # the study runs merges and a model per unit (~20 s); make test keeps test_fidelity_quick.py
 pytestmark = pytest.mark.slow
 
-from mergepipe.benchmarks.fidelity.units import quick_units_config, run_units  # noqa: E402
-from mergepipe.benchmarks.fidelity.units_report import render  # noqa: E402
+from mergepipe_bench.fidelity.units import quick_units_config, run_units  # noqa: E402
+from mergepipe_bench.fidelity.units_report import render  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from mergepipe.benchmarks.fidelity.random_plan import Candidate
-from mergepipe.benchmarks.fidelity.utility_study import Norms, variants
+from mergepipe_bench.fidelity.random_plan import Candidate
+from mergepipe_bench.fidelity.utility_study import Norms, variants
 
 
 def _norms() -> Norms:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from mergepipe_bench import planner_bench as bench
 
-from mergepipe.benchmarks import planner_bench as bench
 from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.request import build_request

@@ -14,7 +14,7 @@ import pytest
 
 def _run(module: str, root: Path, *args: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run([sys.executable, "-m", f"mergepipe.benchmarks.{module}", "--root",
+    proc = subprocess.run([sys.executable, "-m", f"mergepipe_bench.{module}", "--root",
                            str(root), *args], capture_output=True, text=True, env=env,
                           timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -117,7 +117,7 @@ def _worker(url: str, tmp_path: Path, log: Path, hold: Path | None = None
 def test_kill_9_worker_mid_merge_is_taken_over(tmp_path: Path, postgres_url: str) -> None:
     """SIGKILL the worker running a merge: another worker takes it over after the lease, the
     output is byte-identical to an uninterrupted run and nothing half-made is left."""
-    from mergepipe.benchmarks.family import generate_family
+    from mergepipe.cli.family import generate_family
 
     dirs = generate_family(tmp_path / "fam", experts=2, size_mb=24, seed=3)
     experts = sorted(n for n in dirs if n != "base")
@@ -195,8 +195,8 @@ def test_two_api_replicas_on_one_catalog(tmp_path: Path, postgres_url: str) -> N
 def test_kill_9_worker_mid_ingestion_is_taken_over(tmp_path: Path, postgres_url: str) -> None:
     """SIGKILL the worker running an ingestion: another worker ingests it again; the blocks
     and their hashes are those of an uninterrupted ingestion."""
-    from mergepipe.benchmarks.family import generate_family
     from mergepipe.catalog import queue
+    from mergepipe.cli.family import generate_family
 
     dirs = generate_family(tmp_path / "fam", experts=1, size_mb=24, seed=4)
     blocks = _sql("SELECT tensor, block_index, content_hash FROM blocks WHERE model = 'base' "

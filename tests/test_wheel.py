@@ -153,9 +153,11 @@ def test_wheel_installs_only_mergepipe(installed: Installed) -> None:
     assert added == {"mergepipe", f"mergepipe-{version}.dist-info"}, sorted(added)
     pkg = installed.site / "mergepipe"
     for sub in ("catalog", "storage", "sandbox", "planner", "executor", "service", "migrations",
-                "benchmarks", "core", "jobs", "cli"):
+                "core", "jobs", "cli"):
         assert (pkg / sub / "__init__.py").is_file(), sub
         assert not (pkg / sub).is_symlink(), sub  # real copies, not links into a checkout
+    # the benchmark suite is a distribution of its own (benchmarks/), not in the product's wheel
+    assert not (pkg / "benchmarks").exists()
     schema = pkg / "migrations" / "catalog_schema.sql"
     assert schema.is_file() and not schema.is_symlink()
     assert schema.read_text() == (REPO / "catalog_schema.sql").read_text()

@@ -104,7 +104,7 @@ def relative_l2(a_dir: Path, b_dir: Path) -> float:
 
 
 def run_demo(root: Path) -> int:
-    from mergepipe.benchmarks.family import generate_family
+    from mergepipe.cli.family import generate_family
     from mergepipe.storage.storage import drop_page_cache
 
     if root.exists():

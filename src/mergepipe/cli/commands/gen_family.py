@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mergepipe.benchmarks.family import generate_family, read_family
+    from mergepipe.cli.family import generate_family, read_family
     from mergepipe.core.errors import InvalidRequest
 
     if args.experts < 1 or args.shards < 1 or args.size_mb <= 0:
