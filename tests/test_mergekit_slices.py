@@ -12,10 +12,11 @@ import pytest
 import torch
 import yaml
 
+from mergepipe.api import Catalog as Api
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.jobs.config import load_config, local_path
-from mergepipe.jobs.slices import run_passthrough
+from mergepipe.core.settings import Settings
+from mergepipe.jobs.config import load_config
 from tests import mergekit_parity as mp
 from tests import tokenizer_parity as tk
 from tests.catalogs import new_catalog
@@ -63,7 +64,7 @@ QUICK = ("stack", "slerp")
 
 def _ours(cat: Catalog, cfg: dict[str, Any], out: Path) -> dict[str, torch.Tensor]:
     if cfg["merge_method"] == "passthrough":
-        run_passthrough(cfg, out, local_path)
+        Api.over(cat, Settings.from_env({})).merge(cfg, out=out, progress=False)
         return mp.load_raw(out)
     return mp.run_ours(cat, cfg, out)[1]
 
@@ -119,12 +120,15 @@ def test_slices_refusals(tmp_path: Path) -> None:
     fam = mp.make_family(tmp_path / "fam", layers=LAYERS)
     two = {"merge_method": "passthrough", "slices": [
         {"sources": [_src(fam["e0"], 0, 2), _src(fam["e1"], 0, 2)]}]}
-    with pytest.raises(InvalidRequest, match=r"slices\[0\]\.sources: passthrough copies one"):
-        run_passthrough(two, tmp_path / "o1", local_path)
     missing = {"merge_method": "passthrough", "slices": [{"sources": [_src(fam["e0"], 2, 6)]}]}
-    with pytest.raises(InvalidRequest, match=r"slices\[0\]\.sources\[0\]\.layer_range: .* no "
-                                             "layer 4"):
-        run_passthrough(missing, tmp_path / "o2", local_path)
+    with Api(new_catalog(tmp_path, "api")) as api:
+        with pytest.raises(InvalidRequest, match=r"slices\[0\]\.sources: passthrough copies one"):
+            api.merge(two, out=tmp_path / "o1", progress=False)
+        with pytest.raises(InvalidRequest, match=r"slices\[0\]\.sources\[0\]\.layer_range: "
+                                                 r".* has 4 layers, the range \[2, 6\]") as e:
+            api.merge(missing, out=tmp_path / "o2", progress=False)
+        assert e.value.field == "slices[0].sources[0].layer_range"
+        assert not (tmp_path / "o2").exists() and api.sql("SELECT * FROM merges").rows == []
     cat = Catalog(new_catalog(tmp_path, "cat"))
     try:
         piece = {"sources": [_src(fam["base"], 0, 2), _src(fam["e0"], 0, 2)]}
@@ -136,7 +140,7 @@ def test_slices_refusals(tmp_path: Path) -> None:
         stacked = {**partial, "slices": [copy.deepcopy(piece) for _ in range(2)]}
         with pytest.raises(InvalidRequest, match="slices: ties over 2 slices is not supported"):
             load_config(cat, yaml.safe_dump(stacked))
-        with pytest.raises(InvalidRequest, match="passthrough .* `mergepipe merge"):
+        with pytest.raises(InvalidRequest, match="passthrough .* no budgeted plan"):
             load_config(cat, yaml.safe_dump(two))
     finally:
         cat.close()
@@ -157,7 +161,7 @@ def test_cli_passthrough_by_hand(tmp_path: Path, capsys: pytest.CaptureFixture[s
     out = tmp_path / "out"
     assert main(["--catalog", str(new_catalog(tmp_path, "cat")), "merge",
                  str(tmp_path / "c.yml"), "--out", str(out), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["layers"] == 3
+    assert json.loads(capsys.readouterr().out)["operator"] == "passthrough"
     got, e0, e1 = mp.load_raw(out), factory.load(fam["e0"]), factory.load(fam["e1"])
     q = "self_attn.q_proj.weight"
     assert torch.equal(got[f"model.layers.0.{q}"], e1[f"model.layers.3.{q}"])

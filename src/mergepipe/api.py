@@ -30,9 +30,9 @@ if TYPE_CHECKING:  # the catalog opens with a Catalog (the CLI builds requests f
     from mergepipe.catalog.db import Catalog as CatalogDatabase
     from mergepipe.catalog.models import ModelRow
     from mergepipe.catalog.records import LineageEdge, MergeRow
+    from mergepipe.core.mergekit_slices import PassthroughRequest
     from mergepipe.evaluation.compare import Comparison
     from mergepipe.executor.engine import Engine
-    from mergepipe.executor.slices import SliceResult
     from mergepipe.jobs.lifecycle import Removal
     from mergepipe.jobs.replay import ReplayResult
     from mergepipe.jobs.report import MergeSummary
@@ -166,43 +166,40 @@ class Catalog:
                              params=params or {}, budget=_budget_text(budget), seed=seed,
                              output_dtype=dtype, strategy=strategy)
 
-    def config(self, config: str | Path, *, budget: float | int | str | None = None,
-               seed: int = 0, dtype: str | None = None,
-               progress: bool | ProgressFn = True, cwd: str | Path | None = None,
+    def config(self, config: str | Path | dict[str, Any], *,
+               budget: float | int | str | None = None, seed: int = 0,
+               dtype: str | None = None, progress: bool | ProgressFn = True,
+               cwd: str | Path | None = None,
                report: Callable[[str], None] | None = None) -> MergeRequest:
-        """The request of a mergekit YAML config (a path or the YAML text); local checkpoints
-        it names that are not registered yet are ingested first. Relative paths in it are
-        relative to `cwd` (default: the working directory); `report` receives one line per
-        checkpoint registered and per note on how the config was read. A config whose
-        tokenizer options change the output's tokenizer files is refused here: use
-        config_with_tokenizer() and pass its plan to merge()."""
-        request, tokenizer = self.config_with_tokenizer(
-            config, budget=budget, seed=seed, dtype=dtype, progress=progress, cwd=cwd,
-            report=report)
+        """The budgeted request of a mergekit config (a path, the YAML text or its dict), to
+        plan it or merge it; local checkpoints it names that are not registered yet are
+        ingested first. Relative paths in it are relative to `cwd` (default: the working
+        directory); `report` receives one line per checkpoint registered and per note on how
+        the config was read. merge() takes the config itself too, including what has no
+        budgeted request: a passthrough config, and tokenizer options that write files."""
+        text, where = _config_text(config)
+        request, tokenizer = self._config(text, where, budget=budget, seed=seed, dtype=dtype,
+                                          progress=progress, cwd=cwd, report=report)
         if tokenizer is not None:
             raise InvalidRequest("tokenizer: the config's tokenizer options (chat_template, "
-                                 "another model's tokenizer) write tokenizer files: use "
-                                 "Catalog.config_with_tokenizer and merge(..., tokenizer=)",
+                                 "another model's tokenizer) write tokenizer files: merge the "
+                                 "config itself with Catalog.merge(config, out=...)",
                                  field="tokenizer")
         return request
 
-    def config_with_tokenizer(self, config: str | Path, *,
-                              budget: float | int | str | None = None, seed: int = 0,
-                              dtype: str | None = None, progress: bool | ProgressFn = True,
-                              cwd: str | Path | None = None,
-                              report: Callable[[str], None] | None = None
-                              ) -> tuple[MergeRequest, TokenizerPlan | None]:
+    def _config(self, text: str, where: str, *, budget: float | int | str | None, seed: int,
+                dtype: str | None, progress: bool | ProgressFn, cwd: str | Path | None,
+                report: Callable[[str], None] | None
+                ) -> tuple[MergeRequest, TokenizerPlan | None]:
         """config(), with the output's tokenizer files its options ask for (None: the base's,
-        which every merge copies), for merge(..., tokenizer=)."""
-        from mergepipe.jobs.config import load_config, local_path
+        which every merge copies)."""
+        from mergepipe.jobs.config import load_config
         from mergepipe.jobs.ingest import run_ingestion
 
-        text, where = _config_text(config)
         tell = report or (lambda line: None)
-        locate = None if cwd is None else (lambda t, key: local_path(t, key, cwd=str(cwd)))
         try:
             request, resolved = load_config(self.db, text, budget=_budget_text(budget),
-                                            seed=seed, locate=locate)
+                                            seed=seed, locate=_locate(cwd))
             for job in resolved.to_ingest:
                 with _Bars(progress, f"ingesting {job.model}", unit="B", model=job.model) as bar:
                     try:
@@ -220,43 +217,61 @@ class Catalog:
             request = replace(request, output_dtype=normalize_dtype(dtype, "output_dtype"))
         return request, resolved.tokenizer
 
-    def stack(self, config: str | Path, *, out: str | Path, overwrite: bool = False,
-              cwd: str | Path | None = None) -> tuple[SliceResult, tuple[str, ...]]:
-        """Run a mergekit `passthrough` config (layer slices stacked, or one model copied) into
-        the local directory `out`, straight from the local checkpoints it names (no catalog
-        merge: copying reads no expert delta, so there is no budget); the result and the notes
-        on how the config was read."""
-        from mergepipe.core.mergekit_config import load_document
+    def _passthrough(self, text: str, where: str, *, dtype: str | None, seed: int,
+                     cwd: str | Path | None, report: Callable[[str], None] | None
+                     ) -> tuple[PassthroughRequest, TokenizerPlan | None] | None:
+        """The passthrough request of a config and its tokenizer files (None: another method)."""
         from mergepipe.jobs import slices
-        from mergepipe.jobs.config import local_path
+        from mergepipe.jobs.config import load_passthrough
 
-        text, where = _config_text(config)
         try:
-            doc = load_document(text)
-            if not slices.is_passthrough(doc):
-                raise InvalidRequest("merge_method: stack() runs passthrough configs; merge "
-                                     "the others with config() and merge()",
-                                     field="merge_method")
-            locate = (local_path if cwd is None else
-                      (lambda t, key: local_path(t, key, cwd=str(cwd))))
-            cfg, result = slices.run_passthrough(doc, Path(out), locate, overwrite=overwrite)
+            request = load_passthrough(self.db, text, locate=_locate(cwd), seed=seed,
+                                       dtype=None if dtype is None else
+                                       normalize_dtype(dtype, "output_dtype"))
+            if request is None:
+                return None
+            tokenizer = slices.tokenizer_plan(text, request)
         except MergePipeError as e:
             raise type(e)(f"{where}: {e.message}", field=e.field) from None
-        return result, cfg.notes
+        for note in request.slice_config.notes:
+            (report or (lambda line: None))(f"note: {note}")
+        return request, tokenizer
 
-    def plan(self, request: MergeRequest | None = None, *,
-             target_deviation: float | None = None, **fields: Any) -> Plan:
-        """Plan a merge without running it: the request, or the fields of request().
+    def plan(self, request: MergeRequest | str | Path | dict[str, Any] | None = None, *,
+             target_deviation: float | None = None, cwd: str | Path | None = None,
+             report: Callable[[str], None] | None = None, progress: bool | ProgressFn = True,
+             **fields: Any) -> Plan:
+        """Plan a merge without running it: the request, the fields of request(), or a
+        mergekit config (as merge() takes it; `budget`, `seed`, `dtype` and `strategy` on top).
         `target_deviation` (instead of a budget): the smallest budget, in steps of 0.01 of the
         full read, whose predicted deviation is at most it (docs/deviation.md); the plan's
         `budget_search` says how it was found."""
         from mergepipe.jobs.planning import plan_merge
 
-        req = request or self.request(**fields)
+        req, _, fields = self._request_of(request, fields, progress=progress, cwd=cwd,
+                                          report=report)
         target = _target(target_deviation, fields)
         if target is None:
             return plan_merge(self.db, req)
         return self.for_deviation(req, target)[1]
+
+    def _request_of(self, request: MergeRequest | str | Path | dict[str, Any] | None,
+                    fields: dict[str, Any], *, progress: bool | ProgressFn,
+                    cwd: str | Path | None, report: Callable[[str], None] | None
+                    ) -> tuple[MergeRequest, TokenizerPlan | None, dict[str, Any]]:
+        """The request of a MergeRequest, of request()'s fields or of a config (its tokenizer
+        plan too), and the fields that remain to check a target deviation against."""
+        if request is None or isinstance(request, MergeRequest):
+            return request or self.request(**fields), None, fields
+        _config_fields(fields)
+        text, where = _config_text(request)
+        req, tokenizer = self._config(text, where, budget=fields.get("budget"),
+                                      seed=int(fields.get("seed") or 0),
+                                      dtype=fields.get("dtype"), progress=progress, cwd=cwd,
+                                      report=report)
+        if fields.get("strategy"):
+            req = replace(req, strategy=fields["strategy"])
+        return req, tokenizer, {k: v for k, v in fields.items() if k == "budget"}
 
     def for_deviation(self, request: MergeRequest, target_deviation: float
                       ) -> tuple[MergeRequest, Plan]:
@@ -270,23 +285,54 @@ class Catalog:
         req, plan, _ = plan_for_deviation(self.db, request, target)
         return req, plan
 
-    def merge(self, request: MergeRequest | None = None, *, out: str | Path,
-              name: str | None = None, overwrite: bool = False, threads: int | None = None,
-              progress: bool | ProgressFn = True, target_deviation: float | None = None,
-              tokenizer: TokenizerPlan | None = None, **fields: Any) -> MergeSummary:
+    def merge(self, request: MergeRequest | str | Path | dict[str, Any] | None = None, *,
+              out: str | Path, name: str | None = None, overwrite: bool = False,
+              threads: int | None = None, progress: bool | ProgressFn = True,
+              target_deviation: float | None = None, cwd: str | Path | None = None,
+              report: Callable[[str], None] | None = None, **fields: Any) -> MergeSummary:
         """Plan, execute and publish a merge into `out` (a directory or s3:// prefix) and
         register the output as model `name` (default: the directory's name).
-        `target_deviation`: instead of a budget, as for plan(). `tokenizer`
-        (config_with_tokenizer) writes the config's tokenizer files beside the weights."""
-        from mergepipe.jobs.merge import merge
 
-        req = request or self.request(**fields)
-        if tokenizer is not None and "://" in str(out):
-            raise InvalidRequest("tokenizer: the tokenizer options write files into a local "
-                                 "output directory", field="output")
+        `request`: a MergeRequest, the fields of request(), or a mergekit config (a path to a
+        YAML file, its text, or its dict) of any method: a `passthrough` config (layers
+        stacked, or one model copied) is a merge too, recorded with its lineage and replayable,
+        reading only the layers it takes from its sources (registered models, local paths,
+        s3:// and https:// URLs, Hub ids); with a config, `budget`, `seed`, `dtype` and
+        `strategy` apply on top of it, and `cwd` and `report` are as for config().
+        `target_deviation`: instead of a budget, as for plan()."""
+
+        if request is not None and not isinstance(request, MergeRequest):
+            _config_fields(fields)
+            text, where = _config_text(request)
+            copied = self._passthrough(text, where, dtype=fields.get("dtype"),
+                                       seed=int(fields.get("seed") or 0), cwd=cwd,
+                                       report=report)
+            if copied is not None:
+                if target_deviation is not None:
+                    raise InvalidRequest("target_deviation: passthrough copies layers and "
+                                         "reads no expert delta: there is no budget to choose",
+                                         field="target_deviation")
+                if fields.get("budget") is not None and report is not None:
+                    report("note: budget: passthrough copies the layers it takes and reads no "
+                           "expert delta; the budget does not apply")
+                return self._merge(copied[0], out, name=name, overwrite=overwrite,
+                                   threads=threads, progress=progress, tokenizer=copied[1])
+        req, tokenizer, fields = self._request_of(request, fields, progress=progress, cwd=cwd,
+                                                  report=report)
         target = _target(target_deviation, fields)
         if target is not None:
             req = self.for_deviation(req, target)[0]
+        return self._merge(req, out, name=name, overwrite=overwrite, threads=threads,
+                           progress=progress, tokenizer=tokenizer)
+
+    def _merge(self, req: MergeRequest | PassthroughRequest, out: str | Path, *,
+               name: str | None, overwrite: bool, threads: int | None,
+               progress: bool | ProgressFn, tokenizer: TokenizerPlan | None) -> MergeSummary:
+        from mergepipe.jobs.merge import merge
+
+        if tokenizer is not None and "://" in str(out):
+            raise InvalidRequest("tokenizer: the tokenizer options write files into a local "
+                                 "output directory", field="output")
         with _Bars(progress, "merging", unit="block") as bar:
             summary = merge(self.db, req, out, output_name=name, progress=bar.report,
                             threads=threads, overwrite=overwrite, engine=self._engine())
@@ -401,8 +447,27 @@ def _budget_text(budget: float | int | str | None) -> str | None:
     return repr(float(budget))
 
 
-def _config_text(config: str | Path) -> tuple[str, str]:
-    """(YAML text, how errors name it): a path to a file, or the YAML itself."""
+def _config_fields(fields: dict[str, Any]) -> None:
+    """With a config, only budget, seed, dtype and strategy apply on top of it."""
+    extra = sorted(set(fields) - {"budget", "seed", "dtype", "strategy"})
+    if extra:
+        raise InvalidRequest(f"{extra[0]}: give either a config or the request's fields",
+                             field=extra[0])
+
+
+def _locate(cwd: str | Path | None) -> Callable[[str, str], str] | None:
+    """Paths in a config relative to `cwd` (None: the working directory)."""
+    from mergepipe.jobs.config import local_path
+
+    return None if cwd is None else (lambda t, key: local_path(t, key, cwd=str(cwd)))
+
+
+def _config_text(config: str | Path | dict[str, Any]) -> tuple[str, str]:
+    """(YAML text, how errors name it): a path to a file, the YAML itself, or its dict."""
+    if isinstance(config, dict):
+        import yaml
+
+        return yaml.safe_dump(config, sort_keys=False), "config"
     if isinstance(config, Path) or ("\n" not in config and config.endswith((".yml", ".yaml"))):
         path = Path(config)
         try:

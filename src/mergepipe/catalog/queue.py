@@ -16,6 +16,7 @@ from mergepipe.catalog.records import new_merge_id
 from mergepipe.core.errors import Conflict, MergePipeError
 from mergepipe.core.jsonable import dumps
 from mergepipe.core.logs import REQUEST_ID
+from mergepipe.core.mergekit_slices import PassthroughRequest
 from mergepipe.core.request import MergeRequest
 
 
@@ -77,7 +78,7 @@ class NewIngestJob:
 class NewMerge:
     """A merge to queue (its output name is claimed when it is queued)."""
 
-    request: MergeRequest
+    request: MergeRequest | PassthroughRequest
     output_name: str
     output_path: str
     field: str = "output.name"

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "mergepipe.cli.commands.merge",
     "mergepipe.cli.commands.sql",
     "mergepipe.cli.commands.replay",
+    "mergepipe.cli.commands.lineage",
     "mergepipe.cli.commands.compare",
     "mergepipe.cli.commands.serve",
     "mergepipe.cli.commands.worker",

@@ -185,3 +185,54 @@ def _keys(d: dict[str, Any], allowed: set[str], key: str) -> None:
         where = f"{key}.{extra[0]}" if key else extra[0]
         raise InvalidRequest(f"{where}: not supported here; {key or 'a passthrough config'} "
                              f"has {', '.join(sorted(allowed))}", field=where)
+
+
+@dataclass(frozen=True)
+class PassthroughRequest:
+    """A passthrough merge as the catalog records it (merges.request): the `slices:` config with
+    every model written as its source key, and where each source is read from. A source key is
+    a registered model's name, else the source's location (a local path, or a URL pinned to its
+    Hub commit); `registered` says which keys are catalog models. No budget: copying reads no
+    expert delta, only the layers the slices take."""
+
+    config: dict[str, Any]
+    sources: dict[str, str]  # source key -> local path or URL read
+    registered: tuple[str, ...] = ()
+    seed: int = 0
+
+    operator = PASSTHROUGH
+
+    @property
+    def slice_config(self) -> SliceConfig:
+        return parse_slices(self.config)
+
+    @property
+    def base(self) -> str:
+        """The donor of config.json and the side files (base_model, else the first source)."""
+        return self.slice_config.donor
+
+    @property
+    def source_keys(self) -> list[str]:
+        """Every source, the donor first, each once."""
+        cfg = self.slice_config
+        keys = [cfg.donor, *(s.sources[0].model for s in cfg.slices)]
+        return list(dict.fromkeys(keys))
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"slices": self.config["slices"]}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form; `base` and `experts` name the sources as other merges name their
+        inputs (a job runner waits for the registered ones to be ingested)."""
+        keys = self.source_keys
+        return {"operator": PASSTHROUGH, "base": keys[0],
+                "experts": [{"model": k} for k in keys[1:]], "config": self.config,
+                "sources": self.sources, "registered": list(self.registered), "seed": self.seed}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> PassthroughRequest:
+        req = PassthroughRequest(dict(d["config"]), dict(d["sources"]),
+                                 tuple(d.get("registered", ())), int(d.get("seed", 0)))
+        req.slice_config  # noqa: B018 - re-validated as a stored MergeRequest is
+        return req

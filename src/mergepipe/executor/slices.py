@@ -11,17 +11,25 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+import xxhash
 
-from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest
+from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChanged
 from mergepipe.core.mergekit_slices import LAYER_KEYS, Slice, SliceConfig
 from mergepipe.core.vocab import HF_DTYPE_NAMES
 from mergepipe.executor.side_files import CONFIG_FILE, SIDE_FILES, copy_side_files
-from mergepipe.storage.safetensors_format import torch_dtype
+from mergepipe.executor.stream import output_hash
+from mergepipe.executor.writer import OutputTensor
+from mergepipe.storage.checkpoint import Checkpoint
+from mergepipe.storage.locations import basename
+from mergepipe.storage.safetensors_format import TensorEntry, torch_dtype
+from mergepipe.storage.storage import SourceReader, open_reader
+from mergepipe.storage.store import store_for
+from mergepipe.storage.store_types import Stamp
 
 _LAYER = re.compile(r"^(.*?)\.(\d+)\.(.+)$")  # the first numeric component: model.layers.N.rest
 # the components of the tensors mergekit's architectures take before the layers (embeddings)
@@ -29,40 +37,51 @@ _PRE = re.compile(r"(^|\.)(emb(?!ed_out)\w*|wte|wpe|tok_embeddings|word_embeddin
                   r"rotary_pos_emb|relative_pe)\.")
 
 
+_DTYPE_NAMES = {getattr(torch, v): k for k, v in HF_DTYPE_NAMES.items()}  # torch -> F32...
+
+
 @dataclass(frozen=True)
 class SliceResult:
     output: str
     tensors: int
     layers: int
-    bytes_read: int
+    bytes_read: int  # tensor bytes read from the sources (fetched, for remote ones)
     side_files: list[str]
+    written: list[OutputTensor] = field(default_factory=list)  # with their content hashes
+    output_hash: str = ""
+    files: dict[str, Stamp] = field(default_factory=dict)  # each source file read, as read
+    bytes_by_source: dict[str, int] = field(default_factory=dict)
+    exec_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         return {"output": self.output, "operator": "passthrough", "tensors": self.tensors,
                 "layers": self.layers, "bytes_read": self.bytes_read,
-                "side_files": self.side_files}
+                "side_files": self.side_files, "output_hash": self.output_hash}
 
 
 class _Checkpoint:
-    """The tensors of one local safetensors checkpoint directory, by name."""
+    """The tensors of one checkpoint (a local directory, or a remote one: s3://, https://,
+    hf://), by name; their bytes read by range through the storage layer's reader."""
 
-    def __init__(self, path: str, key: str) -> None:
-        from safetensors import safe_open
+    def __init__(self, path: str, key: str, reader: SourceReader,
+                 opened: Checkpoint | None = None) -> None:
+        from mergepipe.storage.checkpoint import open_checkpoint
 
-        self.path, self.files = Path(path), sorted(Path(path).glob("*.safetensors"))
-        if not self.files:
-            raise InvalidCheckpoint(f"{key}: {path} holds no .safetensors file")
-        self.where: dict[str, Path] = {}
-        for f in self.files:
-            with safe_open(str(f), framework="pt") as h:
-                for name in h.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    self.where[name] = f
+        try:
+            self.ckpt = opened or open_checkpoint(path)
+        except InvalidCheckpoint as e:
+            raise InvalidCheckpoint(f"{key}: {e.message}", field=key) from None
+        if not self.ckpt.tensors:
+            raise InvalidCheckpoint(f"{key}: {path} holds no tensor", field=key)
+        self.path, self.key, self.reader = path, key, reader
+        self.where: dict[str, TensorEntry] = self.ckpt.by_name()
 
     def get(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        with safe_open(str(self.where[name]), framework="pt") as h:
-            return h.get_tensor(name)
+        t = self.where[name]
+        raw = self.reader.read(t.file, t.data_offset, t.nbytes)
+        if not raw:
+            return torch.empty(t.shape, dtype=torch_dtype(t.dtype))
+        return torch.frombuffer(raw, dtype=torch_dtype(t.dtype)).reshape(t.shape)
 
     def layers(self) -> dict[int, list[tuple[str, str]]]:
         """layer index -> [(tensor name, name inside the layer)], in file order."""
@@ -76,36 +95,67 @@ class _Checkpoint:
     def outer(self) -> list[str]:
         return [n for n in self.where if not _LAYER.match(n)]
 
+    def side_files(self) -> list[str]:
+        return [p for p in self.ckpt.extra_files if basename(p) in SIDE_FILES]
+
 
 SHARD_BYTES = 2 << 30  # tensors held in memory before a shard is written
 
 
 def write_slices(cfg: SliceConfig, paths: Mapping[str, str], out_dir: Path, *,
-                 shard_bytes: int = SHARD_BYTES) -> SliceResult:
+                 shard_bytes: int = SHARD_BYTES, pins: Mapping[str, Stamp] | None = None,
+                 opened: Mapping[str, Checkpoint] | None = None) -> SliceResult:
     """Write the merge of `cfg` into `out_dir`; `paths` maps each model as written in the config
-    to its local checkpoint directory. Tensors are written in shards of about `shard_bytes`
-    (one file, model.safetensors, when they fit), so memory holds one shard at a time."""
-    ckpts = {m: _Checkpoint(p, m) for m, p in paths.items()}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shards = _Shards(out_dir, shard_bytes)
-    read = 0
-    for name, piece, source, t, src_name in _assignments(cfg, ckpts):
-        x = ckpts[source].get(src_name)
-        read += x.numel() * x.element_size()
-        shards.add(name, _value(cfg, piece, name, t, x))
-    count = shards.finish()
-    donor = Path(paths[cfg.donor])
+    to its checkpoint (a local directory or a URL). Only the tensors taken are read, by range.
+    `pins`: each file must be read at that version (SourceChanged if not); `opened`: the
+    checkpoints (headers) already read, by model.
+    Tensors are written in shards of about `shard_bytes` (one file, model.safetensors, when
+    they fit), so memory holds one shard at a time."""
+    with open_reader(random_access=True) as reader:
+        ckpts = {m: _Checkpoint(p, m, reader, (opened or {}).get(m)) for m, p in paths.items()}
+        files = _stamps(ckpts.values(), reader, pins or {})
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shards = _Shards(out_dir, shard_bytes)
+        for name, piece, source, t, src_name in _assignments(cfg, ckpts):
+            shards.add(name, _value(cfg, piece, name, t, ckpts[source].get(src_name)))
+        count = shards.finish()
+        by_file = reader.bytes_by_path
+        read = reader.bytes_read
+    by_source = {m: sum(by_file.get(f.path, 0) for f in c.ckpt.files) for m, c in ckpts.items()}
+    donor = ckpts[cfg.donor]
     dtype = cfg.output_dtype or (None if cfg.compute_dtype == "files" else
                                  next(k for k, v in HF_DTYPE_NAMES.items()
                                       if v == cfg.compute_dtype))
-    side = copy_side_files([str(donor / n) for n in SIDE_FILES if (donor / n).is_file()],
-                           out_dir, dtype)
+    side = copy_side_files(donor.side_files(), out_dir, dtype)
     config = out_dir / CONFIG_FILE
     if config.is_file():
         doc = json.loads(config.read_text())
         doc[next((k for k in LAYER_KEYS if k in doc), LAYER_KEYS[0])] = cfg.layers
         config.write_text(json.dumps(doc, indent=2) + "\n")
-    return SliceResult(str(out_dir), count, cfg.layers, read, side.copied)
+    return SliceResult(str(out_dir), count, cfg.layers, read, side.copied, shards.written,
+                       output_hash(shards.written), files, by_source)
+
+
+def _stamps(ckpts: Iterable[_Checkpoint], reader: SourceReader, pins: Mapping[str, Stamp]
+            ) -> dict[str, Stamp]:
+    """Each source file as it is now (a remote one: the version its reads are pinned to);
+    SourceChanged for a file that is not the one `pins` recorded."""
+    out: dict[str, Stamp] = {}
+    for c in ckpts:
+        for f in c.ckpt.files:
+            if f.path in out:
+                continue
+            try:
+                now = store_for(f.path).stat(f.path)
+            except OSError as e:
+                raise SourceChanged(f"{c.key}: {f.path} is not readable ({e.strerror})") from None
+            was = pins.get(f.path)
+            change = None if was is None else now.change_from(was)
+            if change is not None:
+                raise SourceChanged(f"{c.key}: {f.path} changed since the merge ({change})")
+            reader.pin(f.path, was or now)
+            out[f.path] = was or now
+    return out
 
 
 class _Shards:
@@ -117,6 +167,7 @@ class _Shards:
         self.pending: dict[str, torch.Tensor] = {}
         self.files: list[Path] = []
         self.where: dict[str, int] = {}  # tensor -> shard
+        self.written: list[OutputTensor] = []
         self.size = self.total = 0
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
@@ -133,6 +184,7 @@ class _Shards:
         path = self.out_dir / f".shard-{len(self.files)}.safetensors"
         save_file(self.pending, str(path), metadata={"format": "pt"})
         self.where.update(dict.fromkeys(self.pending, len(self.files)))
+        self.written += [_hashed(n, t, path.name) for n, t in self.pending.items()]
         self.files.append(path)
         self.pending, self.size = {}, 0
 
@@ -141,16 +193,26 @@ class _Shards:
         if self.pending or not self.files:
             self._flush()
         n = len(self.files)
+        names = (["model.safetensors"] if n == 1 else
+                 [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
+        final = {p.name: names[i] for i, p in enumerate(self.files)}
+        self.written = [replace(t, file=final[t.file]) for t in self.written]
         if n == 1:
             self.files[0].rename(self.out_dir / "model.safetensors")
             return len(self.where)
-        names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
         for path, final in zip(self.files, names, strict=True):
             path.rename(self.out_dir / final)
         index = {"metadata": {"total_size": self.total},
                  "weight_map": {k: names[i] for k, i in self.where.items()}}
         (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         return len(self.where)
+
+
+def _hashed(name: str, t: torch.Tensor, file: str) -> OutputTensor:
+    """A written tensor and the xxh3-128 of its bytes (as the executor hashes its outputs)."""
+    raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+    return OutputTensor(name, _DTYPE_NAMES[t.dtype], tuple(t.shape), file,
+                        xxhash.xxh3_128_hexdigest(raw))
 
 
 def _value(cfg: SliceConfig, piece: Slice, name: str, t: float, x: torch.Tensor

@@ -26,7 +26,7 @@ from mergepipe.core.mergekit_config import (
     load_document,
     parse_config,
 )
-from mergepipe.core.mergekit_slices import has_slices
+from mergepipe.core.mergekit_slices import PassthroughRequest, has_slices
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.core.vocab import AUTO
 from mergepipe.jobs import slices
@@ -164,18 +164,30 @@ def load_config(cat: Catalog, text: str | bytes, *, budget: BudgetSpec = None,
                 seed: int | None = 0, locate: Locate | None = None,
                 reserved: Iterable[str] = ()) -> tuple[MergeRequest, ResolvedConfig]:
     """Parse and resolve a mergekit config and build its merge request (models to ingest
-    first are in the ResolvedConfig). A slices: config runs as the models: config it equals
-    (passthrough, which copies layers, runs from the CLI: cli.mergekit_cli)."""
+    first in the ResolvedConfig). A slices: config runs as the models: config it equals; a
+    passthrough config has no budgeted plan (load_passthrough)."""
     doc = load_document(text)
     if slices.is_passthrough(doc):
-        raise InvalidRequest("merge_method: passthrough copies layers (slices:) rather than "
-                             "merging deltas: run it with `mergepipe merge CONFIG.yml --out DIR` "
-                             "(Catalog.stack)",
+        raise InvalidRequest("merge_method: passthrough copies layers and reads no expert "
+                             "delta, so there is no budgeted plan to make; merge it (mergepipe "
+                             "merge CONFIG.yml, POST /v1/merges, Catalog.merge)",
                              field="merge_method")
     if has_slices(doc):
         text = slices.as_models(doc, locate or local_path)
     resolved = resolve(cat, parse_config(text), locate=locate, reserved=reserved)
     return resolved.request(budget=budget, seed=seed), resolved
+
+
+def load_passthrough(cat: Catalog, text: str | bytes, *, locate: Locate | None = None,
+                     dtype: str | None = None, seed: int | None = 0
+                     ) -> PassthroughRequest | None:
+    """The passthrough request of a mergekit config (jobs.slices.resolve_passthrough); None for
+    a config of another method (load_config)."""
+    doc = load_document(text)
+    if not slices.is_passthrough(doc):
+        return None
+    return slices.resolve_passthrough(doc, list_models(cat), locate or local_path, dtype=dtype,
+                                      seed=seed or 0)
 
 
 def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> str | None:

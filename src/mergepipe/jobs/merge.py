@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,8 +22,11 @@ from mergepipe.catalog.fence import Fence, LeaseLost, hold
 from mergepipe.catalog.ingest import scan_model, write_model
 from mergepipe.catalog.models import find_model, find_models
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
+from mergepipe.catalog.records import OutcomeRecord
+from mergepipe.catalog.scan import FirstPass
 from mergepipe.core.errors import MergePipeError, failure_message
 from mergepipe.core.hooks import hooks
+from mergepipe.core.mergekit_slices import PASSTHROUGH, PassthroughRequest
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.request import MergeRequest
 from mergepipe.core.vocab import check_name
@@ -35,30 +38,34 @@ from mergepipe.executor.model_card import CARD_FILE, render_model_card
 from mergepipe.executor.outputs import LocalOutput, output_for
 from mergepipe.executor.s3_output import S3Output
 from mergepipe.executor.stream import ExecutionResult, Prepared
+from mergepipe.jobs import slices
 from mergepipe.jobs.planning import check_inputs
 from mergepipe.jobs.report import MergeSummary, outcome_record, plan_record, summary
 from mergepipe.jobs.space import check_space, out_of_space_is_507
 from mergepipe.planner.incremental import choose_plan, previous_of, strategy_of, user_request
 from mergepipe.planner.plan import Plan
 from mergepipe.storage.fsconfine import confined
-from mergepipe.storage.locations import basename
+from mergepipe.storage.locations import basename, is_url
 from mergepipe.storage.paths import recheck_input
 
 __all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
 
 
-def submit_merge(cat: Catalog, request: MergeRequest, output_name: str,
+def submit_merge(cat: Catalog, request: MergeRequest | PassthroughRequest, output_name: str,
                  output_dir: Path | str, *,
                  overwrite: bool = False, ingests: Sequence[NewIngestJob] = (),
                  max_queued: int | None = None) -> Queued:
     """Check the request against the catalog and the output, and queue the merge (with the
-    ingestions of its inputs that are not registered yet, in one transaction)."""
+    ingestions of its inputs that are not registered yet, in one transaction). A passthrough
+    request was checked against the catalog and its sources when it was resolved
+    (jobs.slices.resolve_passthrough)."""
     check_name(output_name, "output.name")  # it becomes a model: the name rule of ingestion
     out = output_for(output_dir)
     out.check(overwrite=overwrite)
-    request = check_inputs(cat, request, pending={j.model for j in ingests})
-    if isinstance(out, LocalOutput):
-        check_space(cat, request, out.path)
+    if isinstance(request, MergeRequest):
+        request = check_inputs(cat, request, pending={j.model for j in ingests})
+        if isinstance(out, LocalOutput):
+            check_space(cat, request, out.path)
     return enqueue(cat, ingests=ingests, merge=NewMerge(request, output_name, out.location,
                                                         replace=overwrite),
                    max_queued=max_queued)
@@ -87,6 +94,10 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
     wall0 = time.perf_counter()
     row = records.mark_running(cat, merge_id, fence)
     out, name = output_for(str(row.output_path)), str(row.output_name)
+    if row.operator == PASSTHROUGH:
+        return _run_passthrough(cat, merge_id, PassthroughRequest.from_dict(row.request), out,
+                                name, wall0, overwrite=overwrite, fence=fence,
+                                data_roots=data_roots)
     result: ExecutionResult | None = None
     try:
         request = MergeRequest.from_dict(row.request)
@@ -110,6 +121,48 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
         raise
     return summary(merge_id, prep, result, output=out.location, output_name=name,
                    plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
+
+
+def _run_passthrough(cat: Catalog, merge_id: str, request: PassthroughRequest,
+                     out: LocalOutput | S3Output, name: str, wall0: float, *, overwrite: bool,
+                     fence: Fence | None, data_roots: Sequence[Path]) -> MergeSummary:
+    """A passthrough merge (jobs.slices): its plan (the sources pinned) recorded, its tensors
+    copied by range into a staging directory with the manifest, then published and recorded
+    as every merge is; the output registered as a base model."""
+    result = None
+    try:
+        for key, path in request.sources.items():
+            if data_roots and not is_url(path):
+                recheck_input(path, data_roots, field=key)
+        t0 = time.perf_counter()
+        plan = slices.plan_passthrough(request)
+        plan_seconds = time.perf_counter() - t0
+        records.record_plan(cat, merge_id, slices.plan_record(plan, plan_seconds), fence)
+        records.record_strategy(cat, merge_id, "scratch", None, fence)
+        stage = out.stage(merge_id[2:] + (fence.tag if fence else ""), overwrite=overwrite)
+        try:
+            with out_of_space_is_507(stage):
+                result = slices.execute(plan, stage)
+                hooks().merge_staged(merge_id)
+                write_manifest(stage, slices.manifest(
+                    plan, result, merge_id=merge_id, output_name=name, output_path=out.location,
+                    plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0))
+        except BaseException:
+            publish.discard(stage)
+            raise
+        done = result
+        publish_and_record(cat, merge_id, stage, out, name, base=None, first_passes={},
+                           outcome=lambda registered: slices.outcome_record(
+                               plan, done, registered, out.location),
+                           overwrite=overwrite, fence=fence)
+    except LeaseLost:
+        raise
+    except BaseException as e:
+        records.record_failure(cat, merge_id, failure_message(e, "merge"),
+                               result.exec_seconds if result is not None else None, fence)
+        raise
+    return slices.summary(merge_id, plan, result, output=out.location, output_name=name,
+                          plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
 
 
 def _prepare(cat: Catalog, request: MergeRequest) -> Prepared:
@@ -136,15 +189,9 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
                          plan_seconds: float, wall0: float, *, progress: ProgressFn | None,
                          threads: int | None, overwrite: bool, engine: Engine,
                          fence: Fence | None) -> ExecutionResult:
-    """Execute into a staging directory, publish it, then register the output and record the
-    outcome in one transaction; an output is never left published without its record. With
-    a fence, the merge's row stays locked from before the publish to the record: a stalled
-    run whose merge was taken over publishes nothing and removes only its own staging."""
-    stage: Path | None = out.stage(merge_id[2:] + (fence.tag if fence else ""),
-                                   overwrite=overwrite)
-    published = False
+    """Execute into a staging directory, then publish and record it (publish_and_record)."""
+    stage = out.stage(merge_id[2:] + (fence.tag if fence else ""), overwrite=overwrite)
     try:
-        assert stage is not None
         with out_of_space_is_507(stage):
             result = engine.execute(prep, stage, threads=threads, first_pass=True,
                                     progress=_recorder(cat, merge_id, progress, fence))
@@ -158,26 +205,45 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
             (stage / CARD_FILE).write_text(render_model_card(
                 shown, io_figures(prep, result), name=name, merge_id=merge_id,
                 plan_hash=prep.plan.plan_hash, hub_ids=hub_ids(inputs.values())))
+    except BaseException:
+        publish.discard(stage)  # this run's own staging (per claim with a fence)
+        raise
+    publish_and_record(cat, merge_id, stage, out, name, base=prep.plan.request.base,
+                       first_passes=result.first_passes,
+                       outcome=lambda registered: outcome_record(prep, result, registered,
+                                                                 out.location),
+                       overwrite=overwrite, fence=fence)
+    return result
+
+
+def publish_and_record(cat: Catalog, merge_id: str, stage: Path, out: LocalOutput | S3Output,
+                       name: str, *, base: str | None, first_passes: dict[str, FirstPass],
+                       outcome: Callable[[str], OutcomeRecord], overwrite: bool,
+                       fence: Fence | None) -> None:
+    """Publish the staged output, then register it as model `name` (an expert of `base` with
+    statistics, or a base model) and record the merge's outcome (`outcome(registered name)`)
+    in one transaction; an output is never left published without its record. With a fence,
+    the merge's row stays locked from before the publish to the record: a stalled run whose
+    merge was taken over publishes nothing and removes only its own staging."""
+    published = False
+    try:
         with _fenced(cat, merge_id, fence) as held:
             with contextlib.nullcontext(held) if held else cat.reader() as conn:
                 records.check_not_cancelled(conn, merge_id)  # cancelled: publish nothing
             out.publish(stage, overwrite=overwrite)
-            stage, published = None, True
-            scanned = scan_model(cat, out.location, name, base=prep.plan.request.base,
-                                 kind="full", with_stats=True, source_merge=merge_id,
-                                 first_passes=result.first_passes,
+            published = True
+            scanned = scan_model(cat, out.location, name, base=base, kind="full",
+                                 with_stats=base is not None, source_merge=merge_id,
+                                 first_passes=first_passes,
                                  force=True)  # what was asked: its norm is shown, not judged
-            result.first_passes.clear()
+            first_passes.clear()
             with contextlib.nullcontext(held) if held else cat.transaction() as conn:
                 write_model(conn, scanned, replace=overwrite)
-                records.record_success(conn, merge_id,
-                                       outcome_record(prep, result, scanned.name,
-                                                      out.location))
-        return result
+                records.record_success(conn, merge_id, outcome(scanned.name))
     except BaseException:
-        if stage is not None:
-            publish.discard(stage)  # this run's own staging (per claim with a fence)
-        if published:
+        if not published:
+            publish.discard(stage)
+        else:
             with _fenced(cat, merge_id, fence):  # lease lost: the output may be the new owner's
                 out.discard()
         raise
@@ -196,7 +262,7 @@ def _fenced(cat: Catalog, merge_id: str, fence: Fence | None
         yield conn
 
 
-def merge(cat: Catalog, request: MergeRequest, output_dir: Path | str, *,
+def merge(cat: Catalog, request: MergeRequest | PassthroughRequest, output_dir: Path | str, *,
           output_name: str | None = None, progress: ProgressFn | None = None,
           threads: int | None = None, overwrite: bool = False,
           engine: Engine = LOCAL) -> MergeSummary:

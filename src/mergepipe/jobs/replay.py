@@ -13,10 +13,12 @@ from mergepipe.catalog import records
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import Conflict
 from mergepipe.core.jsonable import jsonable
+from mergepipe.core.mergekit_slices import PASSTHROUGH, PassthroughRequest
 from mergepipe.core.progress import ProgressFn
 from mergepipe.core.request import MergeRequest
 from mergepipe.executor import publish, stream
 from mergepipe.executor.manifest import build_manifest, write_manifest
+from mergepipe.jobs import slices
 from mergepipe.planner.incremental import executed_request
 from mergepipe.planner.plan import Plan
 
@@ -71,6 +73,8 @@ def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
     if row.status != "succeeded":
         raise Conflict(f"merge {merge_id} is {row.status}; only succeeded merges can be "
                        "replayed", field="merge_id")
+    if row.operator == PASSTHROUGH:
+        return _replay_passthrough(cat, row, output_dir, t0)
     plan = stored_plan(cat, merge_id)
     expected = records.output_tensors(cat, merge_id)
     prep = stream.prepare(cat, plan)
@@ -89,10 +93,7 @@ def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
     finally:
         if tmp_root is not None:
             shutil.rmtree(tmp_root, ignore_errors=True)
-    actual = {t.name: t.content_hash for t in result.tensors}
-    checks = [TensorCheck(name, expected.get(name), actual.get(name),
-                          expected.get(name) == actual.get(name))
-              for name in sorted(expected.keys() | actual.keys())]
+    checks = _checks(expected, {t.name: t.content_hash for t in result.tensors})
     mismatches = [c.tensor for c in checks if not c.match]
     return ReplayResult(
         merge_id=merge_id, match=not mismatches and result.output_hash == row.output_hash,
@@ -100,4 +101,46 @@ def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
         output_hash=result.output_hash, n_tensors=len(checks), mismatched_tensors=mismatches,
         expert_bytes_read=result.expert_bytes_read, base_bytes_read=result.base_bytes_read,
         budget_bytes=plan.budget_bytes, output=None if tmp_root is not None else str(target),
+        wall_seconds=time.perf_counter() - t0, tensors=checks)
+
+
+def _checks(expected: dict[str, str], actual: dict[str, str]) -> list[TensorCheck]:
+    return [TensorCheck(name, expected.get(name), actual.get(name),
+                        expected.get(name) == actual.get(name))
+            for name in sorted(expected.keys() | actual.keys())]
+
+
+def _replay_passthrough(cat: Catalog, row: records.MergeRow, output_dir: Path | None,
+                        t0: float) -> ReplayResult:
+    """Copy the recorded slices again, every source file read at the version recorded
+    (SourceChanged when one changed), and compare the output hashes."""
+    if row.plan is None or row.plan_hash is None:
+        raise Conflict(f"merge {row.merge_id} was never planned; nothing to replay",
+                       field="merge_id")
+    plan = slices.PassthroughPlan.from_document(PassthroughRequest.from_dict(row.request),
+                                                row.plan)
+    tmp_root = None
+    if output_dir is None:
+        tmp_root = Path(tempfile.mkdtemp(prefix=f"mergepipe-replay-{row.merge_id}-"))
+        target = tmp_root / "output"
+    else:
+        target = Path(output_dir).absolute()
+    try:
+        with publish.staged(target, f"replay-{row.merge_id[2:]}") as stage:
+            result = slices.execute(plan, stage)
+            write_manifest(stage, slices.manifest(
+                plan, result, merge_id=row.merge_id, output_name=None,
+                output_path=str(target), plan_seconds=None, wall_seconds=None))
+    finally:
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+    checks = _checks(records.output_tensors(cat, row.merge_id),
+                     {t.name: t.content_hash for t in result.written})
+    mismatches = [c.tensor for c in checks if not c.match]
+    return ReplayResult(
+        merge_id=row.merge_id, match=not mismatches and result.output_hash == row.output_hash,
+        plan_hash=plan.plan_hash, expected_output_hash=row.output_hash,
+        output_hash=result.output_hash, n_tensors=len(checks), mismatched_tensors=mismatches,
+        expert_bytes_read=0, base_bytes_read=result.bytes_read, budget_bytes=0,
+        output=None if tmp_root is not None else str(target),
         wall_seconds=time.perf_counter() - t0, tensors=checks)

@@ -3,13 +3,15 @@ against the catalog (models are registered names or paths inside the data roots)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.core.errors import InvalidRequest, MergePipeError
+from mergepipe.core.mergekit_slices import PassthroughRequest
 from mergepipe.core.request import MergeRequest, request_of
-from mergepipe.jobs.config import load_config, not_found
-from mergepipe.service.schemas import PlanIn
+from mergepipe.jobs.config import load_config, load_passthrough, not_found
+from mergepipe.service.schemas import MergeIn, PlanIn
 from mergepipe.service.state import AppState
 from mergepipe.storage.paths import confine_source
 
@@ -18,18 +20,41 @@ from mergepipe.storage.paths import confine_source
 class BodyRequest:
     """A validated request, and the ingestions its config needs first (paths not registered)."""
 
-    request: MergeRequest
+    request: MergeRequest | PassthroughRequest
     to_ingest: list[NewIngestJob] = field(default_factory=list)
     notes: tuple[str, ...] = ()
 
 
 def body_request(st: AppState, body: PlanIn) -> BodyRequest:
-    """The request of a body (422 naming the field). `budget`, `seed` and `output.dtype` of the
-    body apply on top of a config; relative config paths are relative to the first data root."""
+    """The budgeted request of a body (422 naming the field). `budget`, `seed` and
+    `output.dtype` of the body apply on top of a config; relative config paths are relative to
+    the first data root. A passthrough config is refused (it has no plan): merge_request."""
     if body.config_yaml is None:
         return BodyRequest(request_of(body.checked()))  # the body's schema checked it
-    budget = body.budget.value() if body.budget is not None else None
+    return _config_request(st, body)
 
+
+def merge_request(st: AppState, body: MergeIn) -> BodyRequest:
+    """The request of a merge body: body_request's, or a passthrough config's (its sources
+    confined to the data and remote roots; the budget and strategy do not apply to a copy)."""
+    if body.config_yaml is None:
+        return body_request(st, body)
+    try:
+        copied = load_passthrough(st.cat, body.config_yaml, locate=_locator(st),
+                                  dtype=body.output_dtype(), seed=body.seed)
+    except MergePipeError as e:
+        key = f"config_yaml.{e.field}" if e.field else "config_yaml"
+        raise type(e)(f"config_yaml: {e.message}", field=key) from None
+    if copied is None:
+        return _config_request(st, body)
+    if body.target_deviation is not None:
+        raise InvalidRequest("target_deviation: passthrough copies layers and reads no expert "
+                             "delta: there is no budget to choose", field="target_deviation")
+    return BodyRequest(copied, [], copied.slice_config.notes)
+
+
+def _locator(st: AppState) -> Callable[[str, str], str]:
+    """Config paths confined to the data roots, URLs to the remote roots."""
     def locate(text: str, key: str) -> str:
         try:
             return confine_source(text, st.settings.data_roots, st.settings.remote_roots,
@@ -38,10 +63,15 @@ def body_request(st: AppState, body: PlanIn) -> BodyRequest:
             if "does not exist" in e.message:
                 raise not_found(text, key) from None
             raise
+    return locate
 
+
+def _config_request(st: AppState, body: PlanIn) -> BodyRequest:
+    assert body.config_yaml is not None
+    budget = body.budget.value() if body.budget is not None else None
     try:
         request, resolved = load_config(st.cat, body.config_yaml, budget=budget, seed=body.seed,
-                                        locate=locate)
+                                        locate=_locator(st))
     except MergePipeError as e:
         if e.field in ("budget", "seed"):
             raise

@@ -166,24 +166,22 @@ def run(args: argparse.Namespace) -> int:
 
     with_engine(args)
     with open_catalog(args) as cat:
-        from mergepipe.cli.mergekit_cli import config_request, passthrough_merge
+        from mergepipe.cli.mergekit_cli import config_merge, config_request
         from mergepipe.jobs.recovery import recover_interrupted
 
-        if args.config and passthrough_merge(cat, args) is not None:
-            return 0  # layer stacking: copied from the checkpoints, no catalog merge
         if not in_server(args):  # (a server recovers its own at start-up)
             recover_interrupted(cat.db)  # merges of a killed `mergepipe merge`: we hold the file
-        tokenizer = None
-        if request is None:
-            request, tokenizer = config_request(cat, args)
-            request = with_strategy(request, args)
         search = None
-        if target is not None:  # the budget is chosen first, as POST /v1/merges does
-            request, chosen = cat.for_deviation(request, target)
-            search = chosen.budget_search
-        result = cat.merge(request, out=args.out, name=args.name, overwrite=args.overwrite,
-                           threads=args.threads, progress=progress_bars(args),
-                           tokenizer=tokenizer)
+        if request is None and target is None:  # any config: passthrough included
+            result = config_merge(cat, args)
+        else:
+            if request is None:
+                request = with_strategy(config_request(cat, args), args)
+            if target is not None:  # the budget is chosen first, as POST /v1/merges does
+                request, chosen = cat.for_deviation(request, target)
+                search = chosen.budget_search
+            result = cat.merge(request, out=args.out, name=args.name, overwrite=args.overwrite,
+                               threads=args.threads, progress=progress_bars(args))
     if args.json:
         print_json(result if search is None else {**result.to_dict(), "budget_search": search})
     else:
@@ -206,6 +204,13 @@ def print_summary(r: MergeSummary) -> None:
     budget, full = r.budget_bytes, r.full_read_bytes
     share = (f" = {budget / full:.0%} of the full read {human_bytes(full)} (scratch's)"
              if full else "")
+    if r.operator == "passthrough":
+        print(f"merge {r.merge_id} succeeded: passthrough, {r.blocks_total} tensors copied "
+              f"-> {r.output} (model {r.output_name!r})")
+        print(f"  plan hash       {r.plan_hash}")
+        print(f"  bytes read      {human_bytes(r.base_bytes_read)} (the layers taken)")
+        print(f"  wall time       {r.wall_seconds:.2f} s")
+        return
     print(f"merge {r.merge_id} succeeded: {r.operator} of {len(r.experts)} expert(s) "
           f"-> {r.output} (model {r.output_name!r})")
     print(f"  plan hash       {r.plan_hash}")

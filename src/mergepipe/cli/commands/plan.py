@@ -11,7 +11,6 @@ from mergepipe.cli.commands.merge import (
     print_search,
     request_from_args,
     target_of,
-    with_strategy,
 )
 from mergepipe.cli.main import print_json
 from mergepipe.cli.table import human_bytes, print_table
@@ -42,9 +41,10 @@ def run(args: argparse.Namespace) -> int:
     target = target_of(args)
     with open_catalog(args) as cat:
         if request is None:
-            from mergepipe.cli.mergekit_cli import config_request  # torch: only for a config
-            request = with_strategy(config_request(cat, args)[0], args)
-        plan = cat.plan(request, target_deviation=target)
+            from mergepipe.cli.mergekit_cli import config_plan  # torch: only for a config
+            plan = config_plan(cat, args, target)
+        else:
+            plan = cat.plan(request, target_deviation=target)
     shown = plan.blocks if args.blocks < 0 else plan.blocks[:args.blocks]
     if args.json:
         out = plan.summary()

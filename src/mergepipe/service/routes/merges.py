@@ -12,11 +12,12 @@ from fastapi import APIRouter, Depends, Query, Response
 
 from mergepipe.catalog import records, summaries
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
+from mergepipe.core.request import MergeRequest
 from mergepipe.executor.manifest import MANIFEST_FILE
 from mergepipe.jobs.lifecycle import remove_merge
 from mergepipe.jobs.merge import submit_merge
 from mergepipe.jobs.planning import plan_for_deviation
-from mergepipe.service.requests import body_request
+from mergepipe.service.requests import merge_request
 from mergepipe.service.schemas import (
     IdenticalTensors,
     MergeAccepted,
@@ -36,9 +37,10 @@ router = APIRouter(prefix="/v1", tags=["merges"])
 @router.post("/merges", status_code=202, response_model=MergeAccepted,
              dependencies=[Depends(require_token)], summary="Start a budgeted merge job")
 def start_merge(body: MergeIn, response: Response, st: State) -> dict[str, Any]:
-    req = body_request(st, body)
+    req = merge_request(st, body)
     request, search = req.request, None
-    if body.target_deviation is not None:  # the budget is chosen now, on the catalog of now
+    if body.target_deviation is not None and isinstance(request, MergeRequest):
+        # the budget is chosen now, on the catalog of now
         if req.to_ingest:
             j = req.to_ingest[0]
             raise Conflict(f"{j.field}: {j.path} is not registered yet; a target deviation "
