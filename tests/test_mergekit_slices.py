@@ -94,17 +94,39 @@ def check(cfgs: dict[str, dict[str, Any]], theirs: dict[str, Any], root: Path) -
         cat.close()
 
 
-def test_slices_and_tokenizer_options_equal_mergekit_quick(tmp_path: Path) -> None:
-    """One mergekit run: layer stacking from three models (7 output layers) and slerp over one
-    slice (the same tensor names, every entry bit-equal, the same layer count), and an inline
-    chat template and another model's tokenizer (tests/test_mergekit_tokenizer.py: the same
-    tensors and tokenizer files)."""
+def test_slices_and_tokenizer_options_equal_mergekit_quick(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One mergekit run: layer stacking from three models (7 output layers), the same stack
+    read by range from the fake Hub (mergekit reading local copies), and slerp over one slice
+    (the same tensor names, every entry bit-equal, the same layer count), and an inline chat
+    template and another model's tokenizer (tests/test_mergekit_tokenizer.py: the same tensors
+    and tokenizer files)."""
     fam = tk.family(tmp_path / "fam", layers=LAYERS)
     slices = {n: c for n, c in configs({**fam, "t1": fam["e1"]}).items() if n in QUICK}
     tokens = {n: c for n, c in tk.configs(fam).items() if n in tk.QUICK}
-    theirs = mp.run_mergekit({**slices, **tokens}, tmp_path)
+    theirs = mp.run_mergekit({**slices, **tokens, "hub": slices["stack"]}, tmp_path)
     check(slices, theirs, tmp_path)
     tk.check(tokens, theirs, tmp_path)
+    from tests.fake_hub import FakeHub, Repo, serve
+
+    repos = {f"acme/{n}": Repo.from_dir(fam[n], f"{i + 1:040x}")
+             for i, n in enumerate(("base", "e0", "e1"))}
+    with serve(FakeHub(repos)) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        remote = json.loads(json.dumps(slices["stack"]).replace(str(fam["e0"]), "acme/e0")
+                            .replace(str(fam["e1"]), "acme/e1").replace(str(fam["base"]),
+                                                                        "hf://acme/base"))
+        cat = Catalog(new_catalog(tmp_path, "hub-cat"))
+        try:
+            ours = _ours(cat, remote, tmp_path / "ours-hub")
+        finally:
+            cat.close()
+        assert sum(hub.body_bytes.values()) > 0  # read from the Hub, not from disk
+    assert sorted(ours) == sorted(theirs["hub"])
+    assert mp.differences(ours, theirs["hub"])[:2] == (
+        0, sum(t.numel() for t in theirs["hub"].values()))
 
 
 @pytest.mark.slow
