@@ -34,8 +34,8 @@ def test_every_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     for i, code in enumerate(examples()):
         exec(compile(code, f"{DOC.name} example {i + 1}", "exec"), namespace)  # noqa: S102
     assert (tmp_path / "out" / "ties-30" / "manifest.json").is_file()
-    assert sorted(os.listdir(tmp_path / "out")) == ["avg", "lm-cheap", "lm-full", "ta-50",
-                                                    "ties-30"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["avg", "lm-cheap", "lm-full", "stacked",
+                                                    "ta-50", "ties-30"]
 
 
 def test_the_api_and_the_cli_make_the_same_plan(tmp_path: Path) -> None:
