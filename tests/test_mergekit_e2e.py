@@ -179,8 +179,11 @@ def test_api_config_yaml(family: dict[str, Path], tmp_path: Path) -> None:
         r = client.post("/v1/merges", json={"config_yaml": text.replace("task_arithmetic",
                                                                          "passthrough"),
                                             "output": {"name": "ms"}})
+        # a passthrough is accepted (tests/test_passthrough_merge.py), this one copies two
+        # models and a base: refused as mergekit refuses it, naming the key
         assert r.status_code == 422
-        assert r.json()["error"]["field"] == "config_yaml.merge_method"
+        assert r.json()["error"]["field"] == "config_yaml.models"
+        assert "passthrough copies one model" in r.json()["error"]["message"]
         # a chat template is written by the CLI; the service says so rather than dropping it
         templated = text.rstrip("\n") + "\nchat_template: '{% for m in messages %}{{ m }}{% endfor %}'\n"
         r = client.post("/v1/merges", json={"config_yaml": templated, "output": {"name": "ct"}})

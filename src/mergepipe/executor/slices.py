@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import xxhash
@@ -195,8 +196,8 @@ class _Shards:
         n = len(self.files)
         names = (["model.safetensors"] if n == 1 else
                  [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
-        final = {p.name: names[i] for i, p in enumerate(self.files)}
-        self.written = [replace(t, file=final[t.file]) for t in self.written]
+        renamed = {p.name: names[i] for i, p in enumerate(self.files)}
+        self.written = [replace(t, file=renamed[t.file]) for t in self.written]
         if n == 1:
             self.files[0].rename(self.out_dir / "model.safetensors")
             return len(self.where)
@@ -210,7 +211,7 @@ class _Shards:
 
 def _hashed(name: str, t: torch.Tensor, file: str) -> OutputTensor:
     """A written tensor and the xxh3-128 of its bytes (as the executor hashes its outputs)."""
-    raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+    raw: Any = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""  # no copy
     return OutputTensor(name, _DTYPE_NAMES[t.dtype], tuple(t.shape), file,
                         xxhash.xxh3_128_hexdigest(raw))
 

@@ -20,7 +20,16 @@ from mergepipe.storage.paths import confine_source
 class BodyRequest:
     """A validated request, and the ingestions its config needs first (paths not registered)."""
 
-    request: MergeRequest | PassthroughRequest
+    request: MergeRequest
+    to_ingest: list[NewIngestJob] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PassthroughBody:
+    """A passthrough config's request (its sources are read where they are: no ingestion)."""
+
+    request: PassthroughRequest
     to_ingest: list[NewIngestJob] = field(default_factory=list)
     notes: tuple[str, ...] = ()
 
@@ -34,7 +43,7 @@ def body_request(st: AppState, body: PlanIn) -> BodyRequest:
     return _config_request(st, body)
 
 
-def merge_request(st: AppState, body: MergeIn) -> BodyRequest:
+def merge_request(st: AppState, body: MergeIn) -> BodyRequest | PassthroughBody:
     """The request of a merge body: body_request's, or a passthrough config's (its sources
     confined to the data and remote roots; the budget and strategy do not apply to a copy)."""
     if body.config_yaml is None:
@@ -50,7 +59,7 @@ def merge_request(st: AppState, body: MergeIn) -> BodyRequest:
     if body.target_deviation is not None:
         raise InvalidRequest("target_deviation: passthrough copies layers and reads no expert "
                              "delta: there is no budget to choose", field="target_deviation")
-    return BodyRequest(copied, [], copied.slice_config.notes)
+    return PassthroughBody(copied, [], copied.slice_config.notes)
 
 
 def _locator(st: AppState) -> Callable[[str, str], str]:
