@@ -115,7 +115,8 @@ def _source(text: str, key: str, models: Sequence[ModelRow], locate: Locate) -> 
         named = [m for m in models if m.status == "ready" and _same_path(m.path, path)]
         if not named:
             return _Source(path, path, False)
-    m = sorted(named, key=lambda m: m.name)[-1]  # name~N: the newest version
+    exact = [m for m in named if m.name == text and "~" in text]  # name~N: that version
+    m = exact[0] if exact else max(named, key=lambda m: m.version)  # a name: its newest
     if m.status != "ready":
         raise InvalidRequest(f"{key}: model {m.name!r} is {m.status}; wait for it or register "
                              "it again", field=key)
