@@ -202,6 +202,8 @@ def test_post_merges_accepts_passthrough_and_refuses_bad_ranges(tmp_path: Path) 
             "config_yaml.merge_method", r.text
         scrape = client.get("/metrics").text
     assert 'mergepipe_jobs_run_total{kind="merge",status="succeeded"} 1.0' in scrape
+    assert m["base_bytes_read"] > 0 and m["expert_bytes_read"] == 0
+    assert f'mergepipe_bytes_read_total{{kind="base"}} {float(m["base_bytes_read"])}' in scrape
 
 
 @pytest.mark.slow
