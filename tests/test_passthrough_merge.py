@@ -242,3 +242,26 @@ def test_passthrough_from_s3_reads_by_range_and_replays(s3_server: str, tmp_path
                         for n in ("e0", "e1", "e2"))
             assert fetched < whole
             assert cat.replay(remote.merge_id).match
+
+
+def test_passthrough_from_https_is_pinned_by_etag(family: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """An http(s):// source (a ranged file server on loopback) beside local ones: the bytes of
+    the all-local stack; the plan records the object's ETag, and a replay after the object
+    changed is refused rather than mixing versions."""
+    from tests.remote_servers import file_server
+
+    with file_server(tmp_path / "fam") as url, Catalog(new_catalog(tmp_path, "cat")) as cat:
+        remote = cat.merge(stack(family["e0"], f"{url}/e1", family["base"]),
+                           out=tmp_path / "web-out", progress=False)
+        local = cat.merge(stack(family["e0"], family["e1"], family["base"]),
+                          out=tmp_path / "disk-out", progress=False)
+        assert remote.output_hash == local.output_hash
+        plan = json.loads((tmp_path / "web-out" / "manifest.json").read_text())["plan"]
+        web = next(s for s in plan["sources"] if s["path"] == f"{url}/e1")
+        assert web["files"][0]["etag"].startswith('"') and not web["registered"]
+        assert cat.replay(remote.merge_id).match
+        e1 = family["e1"] / "model.safetensors"
+        e1.write_bytes(e1.read_bytes()[:-2] + b"\0\0")
+        with pytest.raises(SourceChanged, match="ETag"):
+            cat.replay(remote.merge_id)
