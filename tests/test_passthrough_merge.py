@@ -197,6 +197,11 @@ def test_post_merges_accepts_passthrough_and_refuses_bad_ranges(tmp_path: Path) 
         assert r.status_code == 422, r.text
         assert r.json()["error"]["field"] == "config_yaml.slices[0].sources[0].layer_range"
         assert "has 2 layers" in r.json()["error"]["message"]
+        templated = {**cfg, "chat_template": "{% for m in messages %}{{ m }}{% endfor %}"}
+        r = client.post("/v1/merges", json={**body, "config_yaml": yaml.safe_dump(templated),
+                                            "output": {"name": "ct"}}, headers=token)
+        assert r.status_code == 422 and r.json()["error"]["field"] == \
+            "config_yaml.tokenizer", r.text
         r = client.post("/v1/plans", json={"config_yaml": body["config_yaml"]}, headers=token)
         assert r.status_code == 422 and r.json()["error"]["field"] == \
             "config_yaml.merge_method", r.text

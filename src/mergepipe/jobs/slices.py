@@ -199,15 +199,18 @@ def _layers(path: str, *, remote: bool = False) -> int | None:
 
 
 def tokenizer_plan(text: str, request: PassthroughRequest) -> TokenizerPlan | None:
-    """The output's tokenizer files the config's options ask for (local sources only)."""
+    """The output's tokenizer files the config's options ask for (None: the donor's, which
+    the merge copies)."""
     from mergepipe.core.mergekit_config import load_document
 
-    opts = parse_tokenizer(load_document(text))
+    doc = load_document(text)
+    opts = parse_tokenizer(doc)
     if opts is None:
         return None
-    written = _written_names(load_document(text), request)
-    paths = {w: request.sources[k] for w, k in written.items()}
-    return plan_tokenizer(opts, request.sources[request.base], paths)
+    paths = {w: request.sources[k] for w, k in _written_names(doc, request).items()}
+    donor = request.sources[request.base]
+    plan = plan_tokenizer(opts, donor, paths)
+    return None if plan.files_from in (None, donor) and plan.chat_template is None else plan
 
 
 def _written_names(doc: dict[Any, Any], request: PassthroughRequest) -> dict[str, str]:

@@ -11,9 +11,14 @@ from mergepipe.core.errors import InvalidRequest, MergePipeError
 from mergepipe.core.mergekit_slices import PassthroughRequest
 from mergepipe.core.request import MergeRequest, request_of
 from mergepipe.jobs.config import load_config, load_passthrough, not_found
+from mergepipe.jobs.slices import tokenizer_plan
 from mergepipe.service.schemas import MergeIn, PlanIn
 from mergepipe.service.state import AppState
 from mergepipe.storage.paths import confine_source
+
+TOKENIZER_REFUSED = ("the tokenizer options (chat_template, another model's tokenizer) are "
+                     "written by `mergepipe merge CONFIG.yml`; the service keeps the base's "
+                     "tokenizer files")
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ def merge_request(st: AppState, body: MergeIn) -> BodyRequest | PassthroughBody:
     try:
         copied = load_passthrough(st.cat, body.config_yaml, locate=_locator(st),
                                   dtype=body.output_dtype(), seed=body.seed)
+        if copied is not None and tokenizer_plan(body.config_yaml, copied) is not None:
+            raise InvalidRequest(TOKENIZER_REFUSED, field="tokenizer")
     except MergePipeError as e:
         key = f"config_yaml.{e.field}" if e.field else "config_yaml"
         raise type(e)(f"config_yaml: {e.message}", field=key) from None
@@ -87,9 +94,8 @@ def _config_request(st: AppState, body: PlanIn) -> BodyRequest:
         key = f"config_yaml.{e.field}" if e.field else "config_yaml"
         raise type(e)(f"config_yaml: {e.message}", field=key) from None
     if resolved.tokenizer is not None:
-        raise InvalidRequest("config_yaml.tokenizer: the tokenizer options (chat_template, "
-                             "another model's tokenizer) are written by `mergepipe merge "
-                             "CONFIG.yml`; the service keeps the base's tokenizer files", field="config_yaml.tokenizer")
+        raise InvalidRequest(f"config_yaml.tokenizer: {TOKENIZER_REFUSED}",
+                             field="config_yaml.tokenizer")
     if body.output_dtype():
         request = replace(request, output_dtype=body.output_dtype())
     if body.strategy is not None:
