@@ -125,6 +125,7 @@ def test_passthrough_is_a_recorded_merge_with_lineage_and_replay(
         tensors = cat.sql(f"SELECT count(*) FROM output_tensors WHERE merge_id = "
                           f"'{done.merge_id}'").rows[0][0]
         assert tensors == len(mp.load_raw(tmp_path / "out")) == 2 + 5 * 9 + 1
+        assert cat.sql("SELECT blocks_done, blocks_total FROM merges").rows == [[48, 48]]
         again = cat.replay(done.merge_id, tmp_path / "replayed")
         assert again.match and again.output_hash == done.output_hash
         assert (tmp_path / "replayed" / "model.safetensors").read_bytes() == \
@@ -184,6 +185,7 @@ def test_post_merges_accepts_passthrough_and_refuses_bad_ranges(tmp_path: Path) 
         assert (m["status"], m["operator"], m["request_id"]) == ("succeeded", "passthrough",
                                                                   "pt-1"), m
         out, e1 = mp.load_raw(s.output_root / "tall"), mp.load_raw(family["e1"])
+        assert m["progress"]["done"] == m["progress"]["total"] == len(out)
         per_layer = sum(k.startswith("model.layers.0.") for k in e1)
         assert sum(k.startswith("model.layers.") for k in out) == 3 * per_layer
         assert out["model.layers.2.self_attn.q_proj.weight"].equal(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +22,7 @@ import xxhash
 
 from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChanged
 from mergepipe.core.mergekit_slices import LAYER_KEYS, Slice, SliceConfig
+from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.vocab import HF_DTYPE_NAMES
 from mergepipe.executor.side_files import CONFIG_FILE, SIDE_FILES, copy_side_files
 from mergepipe.executor.stream import output_hash
@@ -105,11 +107,13 @@ SHARD_BYTES = 2 << 30  # tensors held in memory before a shard is written
 
 def write_slices(cfg: SliceConfig, paths: Mapping[str, str], out_dir: Path, *,
                  shard_bytes: int = SHARD_BYTES, pins: Mapping[str, Stamp] | None = None,
-                 opened: Mapping[str, Checkpoint] | None = None) -> SliceResult:
+                 opened: Mapping[str, Checkpoint] | None = None,
+                 progress: ProgressFn | None = None) -> SliceResult:
     """Write the merge of `cfg` into `out_dir`; `paths` maps each model as written in the config
     to its checkpoint (a local directory or a URL). Only the tensors taken are read, by range.
     `pins`: each file must be read at that version (SourceChanged if not); `opened`: the
-    checkpoints (headers) already read, by model.
+    checkpoints (headers) already read, by model; `progress`: tensors written (at most every
+    0.5 s, and the last).
     Tensors are written in shards of about `shard_bytes` (one file, model.safetensors, when
     they fit), so memory holds one shard at a time."""
     with open_reader(random_access=True) as reader:
@@ -117,8 +121,13 @@ def write_slices(cfg: SliceConfig, paths: Mapping[str, str], out_dir: Path, *,
         files = _stamps(ckpts.values(), reader, pins or {})
         out_dir.mkdir(parents=True, exist_ok=True)
         shards = _Shards(out_dir, shard_bytes)
-        for name, piece, source, t, src_name in _assignments(cfg, ckpts):
+        todo = list(_assignments(cfg, ckpts))
+        told = 0.0
+        for i, (name, piece, source, t, src_name) in enumerate(todo):
             shards.add(name, _value(cfg, piece, name, t, ckpts[source].get(src_name)))
+            if progress is not None and (i + 1 == len(todo) or time.monotonic() - told > 0.5):
+                told = time.monotonic()
+                progress(Progress(i + 1, len(todo), "blocks", base_bytes_read=reader.bytes_read))
         count = shards.finish()
         by_file = reader.bytes_by_path
         read = reader.bytes_read
@@ -135,6 +144,14 @@ def write_slices(cfg: SliceConfig, paths: Mapping[str, str], out_dir: Path, *,
         config.write_text(json.dumps(doc, indent=2) + "\n")
     return SliceResult(str(out_dir), count, cfg.layers, read, side.copied, shards.written,
                        output_hash(shards.written), files, by_source)
+
+
+def output_count(cfg: SliceConfig, opened: Mapping[str, Checkpoint]) -> int:
+    """How many tensors the merge writes (InvalidRequest naming a layer_range past a source's
+    layers); from the headers only."""
+    with open_reader() as reader:
+        ckpts = {m: _Checkpoint(c.path, m, reader, c) for m, c in opened.items()}
+        return sum(1 for _ in _assignments(cfg, ckpts))
 
 
 def _stamps(ckpts: Iterable[_Checkpoint], reader: SourceReader, pins: Mapping[str, Stamp]

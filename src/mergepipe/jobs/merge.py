@@ -97,7 +97,7 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
     if row.operator == PASSTHROUGH:
         return _run_passthrough(cat, merge_id, PassthroughRequest.from_dict(row.request), out,
                                 name, wall0, overwrite=overwrite, fence=fence,
-                                data_roots=data_roots)
+                                data_roots=data_roots, progress=progress)
     result: ExecutionResult | None = None
     try:
         request = MergeRequest.from_dict(row.request)
@@ -125,7 +125,8 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
 
 def _run_passthrough(cat: Catalog, merge_id: str, request: PassthroughRequest,
                      out: LocalOutput | S3Output, name: str, wall0: float, *, overwrite: bool,
-                     fence: Fence | None, data_roots: Sequence[Path]) -> MergeSummary:
+                     fence: Fence | None, data_roots: Sequence[Path],
+                     progress: ProgressFn | None) -> MergeSummary:
     """A passthrough merge (jobs.slices): its plan (the sources pinned) recorded, its tensors
     copied by range into a staging directory with the manifest, then published and recorded
     as every merge is; the output registered as a base model."""
@@ -142,7 +143,8 @@ def _run_passthrough(cat: Catalog, merge_id: str, request: PassthroughRequest,
         stage = out.stage(merge_id[2:] + (fence.tag if fence else ""), overwrite=overwrite)
         try:
             with out_of_space_is_507(stage):
-                result = slices.execute(plan, stage)
+                result = slices.execute(plan, stage,
+                                        _recorder(cat, merge_id, progress, fence))
                 hooks().merge_staged(merge_id)
                 write_manifest(stage, slices.manifest(
                     plan, result, merge_id=merge_id, output_name=name, output_path=out.location,

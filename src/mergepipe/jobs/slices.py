@@ -27,6 +27,7 @@ from mergepipe.core.mergekit_slices import (
     slices_as_models,
 )
 from mergepipe.core.mergekit_tokenizer import parse_tokenizer
+from mergepipe.core.progress import ProgressFn
 from mergepipe.executor.manifest import MANIFEST_FORMAT
 from mergepipe.jobs.report import MergeSummary
 from mergepipe.jobs.tokenizer import TokenizerPlan, plan_tokenizer, read_json
@@ -232,13 +233,14 @@ class PassthroughPlan:
 
     request: PassthroughRequest
     files: dict[str, dict[str, Stamp]]  # source key -> file -> stamp
+    tensors: int  # written
     # the sources' headers as planning read them (none for a stored plan: read again)
     opened: dict[str, Checkpoint] = field(default_factory=dict, compare=False)
 
     def document(self) -> dict[str, Any]:
         return dict(jsonable({
             "operator": PASSTHROUGH, "layers": self.request.slice_config.layers,
-            "config": self.request.config,
+            "tensors": self.tensors, "config": self.request.config,
             "sources": [{"model": k, "path": self.request.sources[k],
                          "registered": k in self.request.registered,
                          "files": [_file_entry(p, s) for p, s in self.files[k].items()]}
@@ -257,7 +259,7 @@ class PassthroughPlan:
         return PassthroughPlan(request, {
             s["model"]: {f["path"]: Stamp(int(f["size"]), int(f["mtime_ns"]), f.get("etag"),
                                           f.get("version_id")) for f in s["files"]}
-            for s in doc["sources"]})
+            for s in doc["sources"]}, int(doc["tensors"]))
 
 
 def _file_entry(path: str, s: Stamp) -> dict[str, Any]:
@@ -280,17 +282,20 @@ def plan_passthrough(request: PassthroughRequest) -> PassthroughPlan:
         except OSError as e:
             raise InvalidRequest(f"{key}: {path} is not readable ({e.strerror})",
                                  field="sources") from None
-    return PassthroughPlan(request, files, opened)
+    from mergepipe.executor.slices import output_count  # torch: only when it runs
+
+    return PassthroughPlan(request, files, output_count(request.slice_config, opened), opened)
 
 
-def execute(plan: PassthroughPlan, out_dir: Path) -> SliceResult:
+def execute(plan: PassthroughPlan, out_dir: Path, progress: ProgressFn | None = None
+            ) -> SliceResult:
     """Copy the slices into `out_dir`, reading each pinned file at its version."""
     from mergepipe.executor.slices import write_slices  # torch: only when it runs
 
     t0 = time.perf_counter()
     req = plan.request
     result = write_slices(req.slice_config, req.sources, out_dir, pins=plan.pins(),
-                          opened=plan.opened)
+                          opened=plan.opened, progress=progress)
     return replace(result, exec_seconds=time.perf_counter() - t0)
 
 
@@ -303,7 +308,8 @@ def plan_record(plan: PassthroughPlan, plan_seconds: float) -> PlanRecord:
     """The merges row's plan fields: no budget, no expert, no access set (a copy)."""
     return PlanRecord(plan_hash=plan.plan_hash, document=plan.document(), budget_bytes=0,
                       full_read_bytes=None, planned_expert_bytes=0, omission_bound=None,
-                      blocks_total=0, plan_seconds=plan_seconds, experts=[], touched=[])
+                      blocks_total=plan.tensors, plan_seconds=plan_seconds, experts=[],
+                      touched=[])
 
 
 def outcome_record(plan: PassthroughPlan, result: SliceResult, output_name: str,
