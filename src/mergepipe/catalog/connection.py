@@ -4,12 +4,14 @@ they handle (a broken unique or key constraint)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cache, cached_property
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from mergepipe.core.errors import MergePipeError
 
@@ -18,6 +20,7 @@ from mergepipe.core.errors import MergePipeError
 _PARAM = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
 
 Params = Mapping[str, Any]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,14 @@ def row_type(columns: tuple[str, ...]) -> type[Row]:
     for i, c in enumerate(columns):
         index.setdefault(c, i)
     return type("Row", (Row,), {"__slots__": (), "_index": index})
+
+
+def as_dataclass(cls: type[T], row: Row | Mapping[str, Any]) -> T:
+    """The dataclass `cls` of a row's columns named like its fields (timestamps as ISO text)."""
+    m = row._mapping if isinstance(row, Row) else row
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v.isoformat() if isinstance(v, datetime) else v
+                  for k, v in m.items() if k in names})
 
 
 class Result:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.catalog import dialect
-from mergepipe.catalog.connection import SQL, CatalogUnavailable, Connection, Row
+from mergepipe.catalog.connection import SQL, CatalogUnavailable, Connection, Result, Row
 from mergepipe.catalog.duckdb_database import DuckDBDatabase, read_only_error
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import Conflict, MergePipeError
@@ -220,6 +220,17 @@ class Catalog:
         stmt = load_sql(statement) if isinstance(statement, str) else statement
         with self.transaction() as conn:
             conn.execute(stmt, params if params is not None else {})
+
+
+Connectable = Catalog | Connection
+
+
+def run(cat: Connectable, name: str, params: Mapping[str, Any] | None = None) -> Result:
+    """A named statement's result, on a connection or in a read transaction of its own."""
+    if isinstance(cat, Catalog):
+        with cat.reader() as conn:
+            return conn.execute(load_sql(name), dict(params or {}))
+    return cat.execute(load_sql(name), dict(params or {}))
 
 
 # The migrations table exists (a new catalog has none), asked the same way on both engines.

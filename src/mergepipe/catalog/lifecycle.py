@@ -1,25 +1,16 @@
-"""Model versions and retirement in the catalog (docs/lifecycle.md).
-
-A model name (its *family*) has versions 1, 2, ...; `models.name` keys one version: the family
-itself for version 1 (so catalogs from before versions keep their keys), `family~N` after. A
-reference is either a name (its latest ready version that is not retired) or `name~N` (that
-version). Retiring keeps every row and lineage edge; the listings leave retired rows out.
-"""
+"""Model versions (`name`, then `name~N`) and their retirement (docs/lifecycle.md)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from mergepipe.catalog.connection import Connection
-from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.db import Catalog, Connectable, load_sql, run
 from mergepipe.catalog.models import ModelRow, find_model, model_row
 from mergepipe.catalog.records import LineageEdge, lineage, merge_row
 from mergepipe.core.errors import Conflict, NotFound
 
-Connectable = Catalog | Connection
 VERSION_SEP = "~"  # never in a name (ingest.NAME_PATTERN)
 _PINNED = re.compile(r"(.+)~([0-9]{1,9})")
 
@@ -40,10 +31,10 @@ def resolve_model(cat: Connectable, ref: str) -> ModelRow | None:
     latest ready version that is not retired; None if there is none."""
     family, version = split_ref(ref)
     if version is not None:
-        rows = _query(cat, "model_version_get", {"family": family, "version": version})
+        row = run(cat, "model_version_get", {"family": family, "version": version}).first()
     else:
-        rows = _query(cat, "model_latest", {"family": family})
-    return model_row(rows[0]) if rows else None
+        row = run(cat, "model_latest", {"family": family}).first()
+    return None if row is None else model_row(row)
 
 
 def resolve_key(cat: Connectable, ref: str) -> str:
@@ -67,7 +58,7 @@ def model_lineage(cat: Catalog, ref: str) -> tuple[str, list[LineageEdge], list[
 def resolve_keys(cat: Connectable, refs: Sequence[str]) -> dict[str, str]:
     """`resolve_key` of each ref, plain names in one query for all."""
     plain = sorted({r for r in refs if split_ref(r)[1] is None})
-    latest = ({str(r.family): str(r.name) for r in _query(cat, "models_latest",
+    latest = ({str(r.family): str(r.name) for r in run(cat, "models_latest",
                                                           {"families": plain})}
               if plain else {})
     return {r: latest.get(r, r) if r in plain else resolve_key(cat, r) for r in refs}
@@ -75,12 +66,12 @@ def resolve_keys(cat: Connectable, refs: Sequence[str]) -> dict[str, str]:
 
 def next_version(cat: Connectable, family: str) -> int:
     """The number a new version of `family` gets (keys of retired versions are never reused)."""
-    return int(_query(cat, "model_next_version", {"family": family})[0][0])
+    return int(run(cat, "model_next_version", {"family": family}).scalar_one())
 
 
 def live_versions(cat: Connectable, family: str) -> list[ModelRow]:
     """The versions of `family` that are not retired, oldest first."""
-    return [model_row(r) for r in _query(cat, "model_versions_live", {"family": family})]
+    return [model_row(r) for r in run(cat, "model_versions_live", {"family": family})]
 
 
 @dataclass(frozen=True)
@@ -131,8 +122,3 @@ def retire_models(cat: Catalog, ref: str, *, force: bool = False) -> list[ModelR
         conn.execute(load_sql("models_retire"), {"names": keys})
     return rows
 
-
-def _query(cat: Connectable, name: str, params: dict[str, Any]) -> list[Any]:
-    if isinstance(cat, Catalog):
-        return cat.query(name, params)
-    return list(cat.execute(load_sql(name), params))

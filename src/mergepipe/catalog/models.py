@@ -5,16 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from mergepipe.catalog.connection import Connection, Row
-from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.connection import Row, as_dataclass
+from mergepipe.catalog.db import Connectable, run
 from mergepipe.core.errors import NotFound
 from mergepipe.core.vocab import KINDS as KINDS  # re-exported
 from mergepipe.storage.store_types import Stamp
-
-Connectable = Catalog | Connection
 
 
 @dataclass(frozen=True)
@@ -127,35 +124,30 @@ def get_model(cat: Connectable, name: str) -> ModelRow:
 
 
 def find_model(cat: Connectable, name: str) -> ModelRow | None:
-    """The model named `name`, or None."""
-    rows = _query(cat, "model_get", {"name": name})
-    return model_row(rows[0]) if rows else None
+    row = run(cat, "model_get", {"name": name}).first()
+    return None if row is None else model_row(row)
 
 
 def list_models(cat: Connectable) -> list[ModelRow]:
-    """The latest version of every name that is not retired: each base followed by its
-    experts, by name."""
-    return [model_row(r) for r in _query(cat, "model_list", {})]
+    """The latest version of every name that is not retired: each base, then its experts."""
+    return [model_row(r) for r in run(cat, "model_list")]
 
 
 def model_files(cat: Connectable, name: str) -> list[FileRow]:
-    """The files of a model in checkpoint order."""
-    return [_file_row(r) for r in _query(cat, "model_files", {"model": name})]
+    return [FileRow(*t) for t in run(cat, "model_files", {"model": name}).tuples()]
 
 
 def model_tensors(cat: Connectable, name: str) -> list[TensorRow]:
-    """The tensors of a model in checkpoint order."""
-    return [_tensor_row(r) for r in _query(cat, "model_tensors", {"model": name})]
+    return [_tensor(t) for t in run(cat, "model_tensors", {"model": name}).tuples()]
 
 
 def model_blocks(cat: Connectable, name: str) -> list[BlockRow]:
-    """The blocks of a model, tensor by tensor in checkpoint order."""
-    return [_block_row(r) for r in _query(cat, "model_blocks", {"model": name})]
+    return [BlockRow(*t) for t in run(cat, "model_blocks", {"model": name}).tuples()]
 
 
 def find_models(cat: Connectable, names: Sequence[str]) -> dict[str, ModelRow]:
     """The models of `names` that exist, by name: one query for all."""
-    return {str(r.name): model_row(r) for r in _query(cat, "models_named", {"names": list(names)})}
+    return {str(r.name): model_row(r) for r in run(cat, "models_named", {"names": list(names)})}
 
 
 def models_details(cat: Connectable, names: Sequence[str], *,
@@ -164,24 +156,23 @@ def models_details(cat: Connectable, names: Sequence[str], *,
                    ) -> tuple[dict[str, list[FileRow]], dict[str, list[TensorRow]],
                               dict[str, list[BlockRow]]]:
     """model_files, model_tensors and model_blocks of several models in three or four queries
-    (each query costs milliseconds: a merge of K experts would make 3 (K + 1)). With `whole`,
-    every block is loaded of those models only; of the others, the blocks named in `named`
-    ((model, tensor, block_index): a plan's access set) that exist."""
+    (a merge of K experts would make 3 (K + 1)). With `whole`, every block is loaded of those
+    models only; of the others, the blocks named in `named` ((model, tensor, block_index): a
+    plan's access set) that exist. Plain tuples: 10^4+ blocks a merge."""
     params = {"models": sorted(set(names))}
     files: dict[str, list[FileRow]] = {n: [] for n in names}
     tensors: dict[str, list[TensorRow]] = {n: [] for n in names}
     blocks: dict[str, list[BlockRow]] = {n: [] for n in names}
-    for r in _query(cat, "models_files", params):
-        files[str(r.model)].append(_file_row(r))
-    for t in _tuples(cat, "models_tensors", params):  # plain tuples: 10^3 tensors a merge
-        tensors[str(t[0])].append(_tensor_tuple(t))
-    # plain tuples, by position (the columns of models_blocks.sql): 10^4+ blocks a merge
-    rows = _tuples(cat, "models_blocks", params if whole is None else
-                   {"models": sorted(set(whole))})
+    for model, *f in run(cat, "models_files", params).tuples():
+        files[model].append(FileRow(*f))
+    for model, *t in run(cat, "models_tensors", params).tuples():
+        tensors[model].append(_tensor(t))
+    rows = run(cat, "models_blocks", params if whole is None else
+               {"models": sorted(set(whole))}).tuples()
     if whole is not None and named:
-        rows += _tuples(cat, "blocks_named", {
+        rows += run(cat, "blocks_named", {
             "models": sorted({m for m, _, _ in named}),
-            "keys": [f"{m}\x1f{t}\x1f{i}" for m, t, i in named]})
+            "keys": [f"{m}\x1f{t}\x1f{i}" for m, t, i in named]}).tuples()
     for model, *fields in rows:
         if model in blocks:
             blocks[model].append(BlockRow(*fields))
@@ -190,76 +181,20 @@ def models_details(cat: Connectable, names: Sequence[str], *,
 
 def model_block_hashes(cat: Connectable, name: str) -> list[tuple[str, int, str]]:
     """(tensor, block_index, content_hash) of every block of a model, in no particular order."""
-    return [(str(t), int(i), str(h)) for t, i, h in _tuples(cat, "model_block_hashes",
-                                                             {"model": name})]
+    return run(cat, "model_block_hashes", {"model": name}).tuples()
 
 
-def _file_row(r: Row) -> FileRow:
-    return FileRow(int(r.file_index), str(r.path), int(r.size), int(r.mtime_ns),
-                   int(r.header_len), r.etag, r.version_id)
-
-
-def _tensor_row(r: Row) -> TensorRow:
-    lora_a = None
-    if r.lora_a_offset is not None:
-        lora_a = LoraA(int(r.lora_a_file_index), int(r.lora_a_offset), int(r.lora_a_nbytes),
-                       str(r.lora_a_dtype), tuple(int(d) for d in r.lora_a_shape),
-                       None if r.lora_a_hash is None else str(r.lora_a_hash))
-    return TensorRow(str(r.tensor), int(r.ordinal), int(r.file_index), str(r.dtype),
-                     tuple(int(d) for d in r.shape), int(r.data_offset), int(r.nbytes),
-                     lora_a, None if r.lora_scale is None else float(r.lora_scale),
-                     None if r.value_l2 is None else float(r.value_l2))
-
-
-def _tensor_tuple(r: tuple[Any, ...]) -> TensorRow:
-    """A TensorRow from a row of models_tensors.sql (columns by position)."""
-    (_, tensor, ordinal, file_index, dtype, shape, data_offset, nbytes, a_file, a_offset,
+def _tensor(r: Sequence[Any]) -> TensorRow:
+    """A TensorRow from a row of model(s)_tensors.sql (columns by position)."""
+    (tensor, ordinal, file_index, dtype, shape, data_offset, nbytes, a_file, a_offset,
      a_nbytes, a_dtype, a_shape, a_hash, lora_scale, value_l2) = r
     lora_a = None
     if a_offset is not None:
-        lora_a = LoraA(int(a_file), int(a_offset), int(a_nbytes), str(a_dtype),
-                       tuple(int(d) for d in a_shape), None if a_hash is None else str(a_hash))
-    return TensorRow(str(tensor), int(ordinal), int(file_index), str(dtype),
-                     tuple(int(d) for d in shape), int(data_offset), int(nbytes), lora_a,
-                     None if lora_scale is None else float(lora_scale),
-                     None if value_l2 is None else float(value_l2))
-
-
-def _block_row(r: Row) -> BlockRow:
-    return BlockRow(str(r.tensor), int(r.block_index), int(r.row_start), int(r.row_end),
-                    int(r.file_index), int(r.byte_offset), int(r.nbytes), str(r.content_hash))
+        lora_a = LoraA(a_file, a_offset, a_nbytes, a_dtype, tuple(a_shape), a_hash)
+    return TensorRow(tensor, ordinal, file_index, dtype, tuple(shape), data_offset, nbytes,
+                     lora_a, lora_scale, value_l2)
 
 
 def model_row(r: Row) -> ModelRow:
-    m = r._mapping
-    created = m["created_at"]
-    retired = m.get("retired_at")
-    return ModelRow(
-        name=str(m["name"]), kind=str(m["kind"]), path=str(m["path"]), base=m["base"],
-        status=str(m["status"]), error=m["error"], has_stats=bool(m["has_stats"]),
-        block_bytes=int(m["block_bytes"]), n_tensors=int(m["n_tensors"]),
-        tensor_bytes=int(m["tensor_bytes"]),
-        lora_scale=None if m["lora_scale"] is None else float(m["lora_scale"]),
-        source_merge=m["source_merge"],
-        ingest_seconds=None if m["ingest_seconds"] is None else float(m["ingest_seconds"]),
-        created_at=created.isoformat() if isinstance(created, datetime) else created,
-        family=m.get("family"), version=int(m.get("version") or 1),
-        retired_at=retired.isoformat() if isinstance(retired, datetime) else retired,
-        delta_rel_norm=_float(m["delta_rel_norm"]), delta_rel_norm_max=_float(m["delta_rel_norm_max"]))
-
-
-def _float(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
-def _tuples(cat: Connectable, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    if isinstance(cat, Catalog):
-        with cat.reader() as conn:
-            return conn.execute(load_sql(name), params).tuples()
-    return cat.execute(load_sql(name), params).tuples()
-
-
-def _query(cat: Connectable, name: str, params: dict[str, Any]) -> list[Row]:
-    if isinstance(cat, Catalog):
-        return cat.query(name, params)
-    return list(cat.execute(load_sql(name), params))
+    row = as_dataclass(ModelRow, r)
+    return row if row.version else dataclasses.replace(row, version=1)

@@ -6,10 +6,9 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from mergepipe.catalog.connection import Connection, IntegrityError, Row
+from mergepipe.catalog.connection import Connection, IntegrityError, Row, as_dataclass
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.catalog.fence import Fence, hold_ingest
 from mergepipe.catalog.records import new_merge_id
@@ -229,18 +228,6 @@ def jobs_by_status(cat: Catalog) -> list[JobStatusCount]:
             for r in cat.query("jobs_by_status")]
 
 
-def name_free(cat: Catalog, name: str, field: str) -> None:
-    """Conflict when `name` is taken (see `enqueue`); for early checks of a request."""
-    with cat.reader() as conn:
-        _claim(conn, name, field)
-
-
-def pending_output(cat: Catalog, name: str) -> str | None:
-    """The queued or running merge that will register `name` as its output, if any."""
-    rows = cat.query("merge_output_pending", {"name": name})
-    return str(rows[0][0]) if rows else None
-
-
 def pending_outputs(cat: Catalog) -> set[str]:
     """The output names of queued and running merges (claimed until they end)."""
     return {str(r[0]) for r in cat.query("merge_outputs_pending")}
@@ -259,12 +246,7 @@ def ping(cat: Catalog) -> None:
 
 
 def ingest_job_row(r: Row) -> IngestJobRow:
-    m = dict(r._mapping)
-    for k in ("created_at", "started_at", "finished_at"):
-        if isinstance(m.get(k), datetime):
-            m[k] = m[k].isoformat()
-    names = {f.name for f in dataclasses.fields(IngestJobRow)}
-    return IngestJobRow(**{k: v for k, v in m.items() if k in names})
+    return as_dataclass(IngestJobRow, r)
 
 
 def _job(rows: list[Row]) -> IngestJobRow | None:

@@ -7,10 +7,9 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, NamedTuple
 
-from mergepipe.catalog.connection import Connection, Row
+from mergepipe.catalog.connection import Connection, Row, as_dataclass
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.catalog.fence import Fence, MergeCancelled, hold
 from mergepipe.core.errors import Conflict, NotFound
@@ -290,22 +289,19 @@ def running_merges(cat: Catalog) -> list[MergeRow]:
 
 
 def merge_experts(cat: Catalog, merge_id: str) -> list[MergeExpertRow]:
-    return [MergeExpertRow(int(r.position), str(r.model), float(r.weight),
-                           None if r.density is None else float(r.density),
-                           int(r.planned_bytes), None if r.bytes_read is None else int(r.bytes_read),
-                           bool(r.fallback))
+    return [as_dataclass(MergeExpertRow, r)
             for r in cat.query("merge_experts_get", {"merge_id": merge_id})]
 
 
 def touched_blocks(cat: Catalog, merge_id: str) -> list[TouchedBlock]:
     """A merge's access set in planner order."""
-    return [_touched(r) for r in cat.query("touched_blocks_get", {"merge_id": merge_id})]
+    return [TouchedBlock(*r) for r in cat.query("touched_blocks_get", {"merge_id": merge_id})]
 
 
 def touched_page(cat: Catalog, merge_id: str, *, after_rank: int, limit: int,
                  offset: int) -> list[TouchedBlock]:
     """One page of the access set; `after_rank` is the cursor (-1: from the start)."""
-    return [_touched(r) for r in cat.query("touched_blocks_page", {
+    return [TouchedBlock(*r) for r in cat.query("touched_blocks_page", {
         "merge_id": merge_id, "after_rank": after_rank, "limit": limit, "offset": offset})]
 
 
@@ -322,8 +318,8 @@ def output_tensors(cat: Catalog, merge_id: str) -> dict[str, str]:
 def lineage(cat: Catalog, name: str) -> tuple[list[LineageEdge], list[LineageEdge]]:
     """(ancestors, descendants) of a model: edges with their depth from `name`."""
     p = {"name": name, "max_depth": MAX_LINEAGE_DEPTH}
-    return ([_edge(r) for r in cat.query("lineage_ancestors", p)],
-            [_edge(r) for r in cat.query("lineage_descendants", p)])
+    return ([as_dataclass(LineageEdge, r) for r in cat.query("lineage_ancestors", p)],
+            [as_dataclass(LineageEdge, r) for r in cat.query("lineage_descendants", p)])
 
 
 def merge_row(r: Row) -> MergeRow:
@@ -331,19 +327,4 @@ def merge_row(r: Row) -> MergeRow:
     for k in ("request", "params", "plan"):
         if isinstance(m.get(k), str):
             m[k] = json.loads(m[k])
-    for k in ("created_at", "finished_at", "retired_at"):
-        if isinstance(m.get(k), datetime):
-            m[k] = m[k].isoformat()
-    names = {f.name for f in dataclasses.fields(MergeRow)}
-    return MergeRow(**{k: v for k, v in m.items() if k in names})
-
-
-def _touched(r: Row) -> TouchedBlock:
-    return TouchedBlock(str(r.model), str(r.tensor), int(r.block_index), int(r.nbytes),
-                        float(r.utility), int(r.rank))
-
-
-def _edge(r: Row) -> LineageEdge:
-    return LineageEdge(str(r.child), str(r.parent), str(r.role),
-                       None if r.weight is None else float(r.weight), str(r.merge_id),
-                       int(r.depth))
+    return as_dataclass(MergeRow, m)
