@@ -1,23 +1,20 @@
-"""User SQL on a PostgreSQL catalog: one SELECT, read-only, as a role that can only read.
-
-The statement runs in a READ ONLY transaction under `SET LOCAL ROLE mergepipe_reader` (a NOLOGIN
-role granted SELECT on the catalog's tables and nothing else), with `statement_timeout`; it is
-sent as a prepared statement, so it can never be several statements; the row and size limits
-are those of the DuckDB path. The transaction is always rolled back."""
+"""User SQL on a PostgreSQL catalog: one prepared SELECT in a READ ONLY transaction, always
+rolled back, as a NOLOGIN role granted SELECT on the catalog's tables only."""
 
 from __future__ import annotations
 
-import json
 import threading
+import time
 from typing import Any
 
 import sqlglot
 import sqlglot.expressions as exp
 from sqlglot.errors import ParseError, TokenError
 
-from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.db import Catalog, outage
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.jsonable import jsonable
+from mergepipe.core.sql_limits import SqlLimits
+from mergepipe.sandbox.sql_exec import fetch
 
 READER_ROLE = "mergepipe_reader"
 # PostgreSQL functions that read files, sleep, signal backends, change settings or run SQL
@@ -25,6 +22,8 @@ READER_ROLE = "mergepipe_reader"
 FORBIDDEN_PREFIXES = ("pg_", "set_config", "current_setting", "dblink", "lo_", "query_to_",
                       "table_to_", "cursor_to_", "schema_to_", "database_to_", "xpath",
                       "txid_", "nextval", "setval", "currval", "version")
+# Once per catalog and process; the catalog's user needs CREATEROLE the first time (or an
+# administrator runs these statements).
 _ENSURE_ROLE = [
     f"""DO $$ BEGIN
           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{READER_ROLE}') THEN
@@ -40,9 +39,6 @@ _ready_lock = threading.Lock()
 
 
 def ensure_reader_role(cat: Catalog) -> None:
-    """The reader role exists, reads every catalog table, and the catalog's user may assume it
-    (once per catalog and process; the catalog's user needs CREATEROLE the first time, or an
-    administrator runs these statements)."""
     with _ready_lock:
         if cat.url in _ready:
             return
@@ -55,7 +51,7 @@ def ensure_reader_role(cat: Catalog) -> None:
 
 
 def check_functions(sql: str) -> None:
-    """Refuse the PostgreSQL functions above (a clear error naming the function)."""
+    """One SELECT, without the functions above (a clear error naming the function)."""
     try:
         trees = [t for t in sqlglot.parse(sql, read="postgres") if t is not None]
     except (ParseError, TokenError) as e:  # an unclosed quote fails in the tokenizer
@@ -69,10 +65,19 @@ def check_functions(sql: str) -> None:
                                  field="sql")
 
 
-def run_readonly_postgres(cat: Catalog, sql: str, *, row_limit: int = 10_000,
-                          timeout_s: float = 10.0, byte_limit: int = 16 << 20
-                          ) -> dict[str, Any]:
+def run_readonly_postgres(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
     """{columns, rows, truncated}, as `user_sql.run_readonly` gives on DuckDB."""
+    try:
+        return _run(cat, sql, limits)
+    except Exception as e:
+        down = outage(e)  # the reader role's session is not the catalog's own: translate here
+        if down is None:
+            raise
+        raise down from e
+
+
+def _run(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
+    deadline = time.monotonic() + limits.timeout_s
     check_functions(sql)
     ensure_reader_role(cat)
     with cat.engine.connect() as conn:
@@ -81,27 +86,20 @@ def run_readonly_postgres(cat: Catalog, sql: str, *, row_limit: int = 10_000,
         try:
             with raw.cursor() as cur:
                 cur.execute("SET TRANSACTION READ ONLY")
-                cur.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
+                timeout_ms = max(1, int(limits.timeout_s * 1000))
+                cur.execute(f"SET LOCAL statement_timeout = {timeout_ms}")
                 cur.execute(f"SET LOCAL ROLE {READER_ROLE}")
                 cur.execute("SET LOCAL search_path = public")
                 cur.execute(sql, prepare=True)  # prepared: exactly one statement
                 if cur.description is None:
                     raise InvalidRequest("only one SELECT statement is allowed", field="sql")
-                columns = [d.name for d in cur.description]
-                rows = cur.fetchmany(row_limit + 1)
+                return fetch(cur, limits, deadline)
         except InvalidRequest:
             raise
         except Exception as e:  # noqa: BLE001 - a user's query failing is the user's error
             msg = (str(e).strip().splitlines() or ["error"])[0]
             if "statement timeout" in msg:
-                msg = f"query exceeded the {timeout_s:g}s time limit"
+                msg = f"query exceeded the {limits.timeout_s:g}s time limit"
             raise InvalidRequest(f"query failed: {msg}", field="sql") from None
         finally:
             raw.rollback()  # whatever the query did, nothing of it is kept
-    truncated = len(rows) > row_limit
-    out = [jsonable(list(r)) for r in rows[:row_limit]]
-    size = len(json.dumps(out, default=str))
-    if size > byte_limit:
-        raise InvalidRequest(f"the result is {size} bytes of JSON, over the {byte_limit} byte "
-                             "limit; select fewer rows or columns", field="sql")
-    return {"columns": columns, "rows": out, "truncated": truncated}

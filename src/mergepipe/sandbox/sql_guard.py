@@ -94,35 +94,28 @@ def _check_table(node: exp.Table, tables: Collection[str] | None, ctes: frozense
 
 
 def check_readonly(sql: str, tables: Collection[str] | None = None) -> None:
-    """Raise InvalidRequest unless `sql` is exactly one SELECT / WITH ... SELECT statement.
-
-    With `tables` (lower-case names of the catalog's tables and views), FROM items are also
-    restricted to those, the CTEs in scope where they are used, and range/generate_series/
-    unnest."""
-    if isinstance(sql, str) and len(sql) > MAX_SQL_CHARS:
+    """InvalidRequest unless `sql` is exactly one SELECT (or WITH ... SELECT); with `tables`
+    (lower-case names of the catalog's tables and views), FROM items are also restricted to
+    those, the CTEs in scope where they are used, and ALLOWED_TABLE_FUNCTIONS."""
+    if not isinstance(sql, str) or not sql.strip():
+        raise InvalidRequest("sql is empty", field="sql")
+    if len(sql) > MAX_SQL_CHARS:
         raise InvalidRequest(f"sql is {len(sql)} characters long, over the {MAX_SQL_CHARS} "
                              "limit", field="sql")
     try:
-        _check_readonly(sql, tables)
-    except RecursionError:  # sqlglot recurses once per nesting level
-        raise InvalidRequest(TOO_DEEP, field="sql") from None
-
-
-def _check_readonly(sql: str, tables: Collection[str] | None) -> None:
-    if not isinstance(sql, str) or not sql.strip():
-        raise InvalidRequest("sql is empty", field="sql")
-    try:
         statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
+        if len(statements) != 1:
+            raise InvalidRequest(f"exactly one statement is allowed, got {len(statements)}",
+                                 field="sql")
+        (tree,) = statements
+        if not isinstance(tree, exp.Query):
+            raise InvalidRequest(f"only SELECT queries are allowed, not {tree.key.upper()}",
+                                 field="sql")
+        _walk_sqlglot(cast(exp.Expression, tree), frozenset(), tables)
     except (ParseError, sqlglot.errors.TokenError) as e:
         raise InvalidRequest(f"sql does not parse: {str(e).splitlines()[0]}", field="sql") from None
-    if len(statements) != 1:
-        raise InvalidRequest(f"exactly one statement is allowed, got {len(statements)}",
-                             field="sql")
-    (tree,) = statements
-    if not isinstance(tree, exp.Query):
-        raise InvalidRequest(f"only SELECT queries are allowed, not {tree.key.upper()}",
-                             field="sql")
-    _walk_sqlglot(cast(exp.Expression, tree), frozenset(), tables)
+    except RecursionError:  # sqlglot recurses once per nesting level
+        raise InvalidRequest(TOO_DEEP, field="sql") from None
 
 
 def _with_clause(node: exp.Expression) -> exp.With | None:
@@ -181,20 +174,17 @@ def _check_node(node: exp.Expression, tables: Collection[str] | None,
         _check_table(node, tables, ctes)
 
 
-def check_with_duckdb(raw: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """DuckDB's own parser must agree: one statement, of type SELECT."""
+def check_duckdb_tree(raw: duckdb.DuckDBPyConnection, sql: str,
+                      tables: Collection[str]) -> None:
+    """The checks of check_readonly again, with DuckDB's own parser and parse tree
+    (json_serialize_sql): a query that sqlglot and DuckDB read differently cannot slip a
+    statement, function or table past."""
     try:
         statements = raw.extract_statements(sql)
     except duckdb.Error as e:
         raise InvalidRequest(f"sql does not parse: {str(e).splitlines()[0]}", field="sql") from None
     if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
         raise InvalidRequest("only one SELECT query is allowed", field="sql")
-
-
-def check_duckdb_tree(raw: duckdb.DuckDBPyConnection, sql: str,
-                      tables: Collection[str]) -> None:
-    """The checks of check_readonly again, over DuckDB's own parse tree (json_serialize_sql):
-    a query that sqlglot and DuckDB read differently cannot slip a function or a table past."""
     stack: list[tuple[Any, frozenset[str]]] = [(_duckdb_tree(raw, sql), frozenset())]
     while stack:
         n, ctes = stack.pop()

@@ -1,17 +1,14 @@
-"""User SQL over the catalog on either backend: DuckDB's sandbox (checked, then run under
-SqlLimits on a connection of its own: in this process for the CLI, in a worker process over a
-snapshot for the server), or PostgreSQL's read-only reader role."""
+"""User SQL over the catalog: on DuckDB checked, then run under SqlLimits on a connection of its
+own (in this process for the CLI, in a worker process over a snapshot for the server); on
+PostgreSQL in a read-only reader role (readonly_pg.py)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import contextmanager
 from typing import Any
 
-from mergepipe.catalog.db import Catalog, outage
-from mergepipe.catalog.duckdb_module import duckdb
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.sql_limits import SqlLimits
 from mergepipe.sandbox.readonly_pg import run_readonly_postgres
 from mergepipe.sandbox.sql_exec import (
@@ -31,24 +28,25 @@ DEADLINE_GRACE_S = 0.5
 
 
 def run_user_sql(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
-    """{columns, rows, truncated} of one read-only SELECT, with the same limits on both, in
-    this process (the CLI: a user's query there can only hurt the user's own process)."""
+    """{columns, rows, truncated} of one read-only SELECT in this process (the CLI: a user's
+    query there can only hurt the user's own process)."""
     if cat.postgres:
-        return _postgres(cat, sql, limits)
+        return run_readonly_postgres(cat, sql, limits)
     return run_readonly(cat, sql, limits)
 
 
 async def run_user_sql_async(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
-    """run_user_sql for the server: the query runs on one of the sandbox's slots, never in a
-    request thread: on DuckDB in a worker process (memory-capped, killed past its time limit;
-    sql_procs.py), on PostgreSQL in a slot thread (its statement_timeout ends it there)."""
+    """run_user_sql for the server, on one of the sandbox's slots, never in a request thread:
+    on DuckDB in a worker process (memory-capped, killed past its time limit), on PostgreSQL
+    in a slot thread (its statement_timeout ends it there)."""
     import asyncio  # the server's; the CLI's `sql` does not load it (0.05 s)
 
     deadline = time.monotonic() + limits.timeout_s
     slots = slots_for(limits)
     await slots.acquire_async(deadline)
     if cat.postgres:
-        return await asyncio.wrap_future(slots.start(lambda: _postgres(cat, sql, limits)))
+        return await asyncio.wrap_future(
+            slots.start(lambda: run_readonly_postgres(cat, sql, limits)))
     fut = slots.start(lambda: _isolated(cat, sql, limits, deadline))
     try:
         return await asyncio.wait_for(asyncio.wrap_future(fut), max(
@@ -58,11 +56,9 @@ async def run_user_sql_async(cat: Catalog, sql: str, limits: SqlLimits) -> dict[
 
 
 def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dict[str, Any]:
-    """{columns, rows, truncated} of a checked read-only query on DuckDB, in this process,
-    within `limits`.
-
-    The caller has its answer within the time limit (counted from the call, waiting for a slot
-    included) + DEADLINE_GRACE_S whatever the query does; Busy (429) when no slot frees."""
+    """{columns, rows, truncated} of a checked query on DuckDB in this process: an answer
+    within the time limit (waiting for a slot included) + DEADLINE_GRACE_S whatever the query
+    does; Busy (429) when no slot frees."""
     lim = limits or SqlLimits()
     deadline = time.monotonic() + lim.timeout_s
     slots = slots_for(lim)
@@ -74,24 +70,15 @@ def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dic
         raise time_limit_error(lim) from None
 
 
-@contextmanager
-def sandbox_connection(cat: Catalog, sql: str, limits: SqlLimits
-                       ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A connection of its own to the catalog's database, after every check of `sql`, with the
-    engine limits set (DuckDB's memory_limit, threads and temp size are database-wide); closed
-    when the block ends, whatever the query did (nothing of it is kept)."""
+def _run_checked(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
+    """In the slot's thread (the catalog's close() waits for it), on a connection of its own
+    with the engine limits set (database-wide in DuckDB), closed whatever the query did."""
+    check_time_left(deadline, limits)
     with cat.duckdb_reader() as raw:
         tables = {str(r[0]).lower() for r in raw.execute(SELECT_TABLES).fetchall()}
         check_all(raw, sql, tables)
     with cat.duckdb_connection() as own:
         set_engine_limits(own, limits)
-        yield own
-
-
-def _run_checked(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
-    """The work of run_readonly, in its slot's thread: the catalog's close() waits for it."""
-    check_time_left(deadline, limits)
-    with sandbox_connection(cat, sql, limits) as own:
         return run_on(own, sql, limits, deadline)
 
 
@@ -104,14 +91,3 @@ def _isolated(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dic
     check_time_left(deadline, limits)
     path, version = snapshot_for(cat).current()
     return POOL.run(str(path), version, sql, limits, deadline)
-
-
-def _postgres(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
-    try:
-        return run_readonly_postgres(cat, sql, row_limit=limits.row_limit,
-                                     timeout_s=limits.timeout_s, byte_limit=limits.result_bytes)
-    except Exception as e:
-        down = outage(e)  # the reader role's session is not the catalog's own: translate here
-        if down is None:
-            raise
-        raise down from e
