@@ -49,16 +49,6 @@ class SQL:
                            ) from None
 
 
-def parameter_sets(params: Params | Sequence[Params] | None) -> Params | list[Params]:
-    """One mapping for a single run of a statement ({} for none), or the list of mappings of an
-    executemany (given as a sequence of them)."""
-    if params is None:
-        return {}
-    if isinstance(params, Mapping):
-        return params
-    return list(params)
-
-
 class IntegrityError(Exception):
     """A statement broke a unique, primary-key or foreign-key constraint."""
 
@@ -166,9 +156,12 @@ class DriverConnection(ABC):
 
     def execute(self, statement: SQL, params: Params | Sequence[Params] | None = None
                 ) -> Result:
-        sets = parameter_sets(params)
-        if sets == []:
-            return Result([], [], 0)
+        if params is None or isinstance(params, Mapping):
+            sets: Params | list[Params] = params or {}
+        else:
+            sets = list(params)
+            if not sets:
+                return Result([], [], 0)
         try:
             return self._run(statement, sets)
         except self.integrity_error as e:

@@ -82,11 +82,6 @@ class CatalogInUse(Conflict):
     """Another process holds the catalog file (DuckDB allows one read-write process)."""
 
 
-def _lock_holder(msg: str) -> str:
-    m = re.search(r"PID (\d+)", msg)
-    return f"PID {m.group(1)}" if m else "lock held"
-
-
 class CatalogUnreadable(MergePipeError):
     """The catalog file cannot be opened as a DuckDB database (another kind of file, a newer
     DuckDB's format, no permission)."""
@@ -244,9 +239,11 @@ def _open_duckdb(path: Path) -> DuckDBDatabase:
     except duckdb.Error as e:
         first = _first_line(e)
         if "lock" in first.lower():
+            pid = re.search(r"PID (\d+)", str(e))
+            holder = f"PID {pid.group(1)}" if pid else "lock held"
             raise CatalogInUse(
                 f"catalog {path} is in use by another process "
-                f"({_lock_holder(str(e))}; a running `mergepipe serve` or merge?): "
+                f"({holder}; a running `mergepipe serve` or merge?): "
                 "DuckDB lets one process open it; use that process's API, or wait for it "
                 "to end") from None
         ro = read_only_error(path, e)

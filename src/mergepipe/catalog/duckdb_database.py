@@ -89,8 +89,10 @@ class DuckDBDatabase:
         self._closed = False
         _LIVE.add(self)
 
-    def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A new connection to the database, for the caller to `release()`."""
+    @contextmanager
+    def own_cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A new connection to the database, closed when the block ends (rolling back what it
+        began); the last one closed after dispose() gave up waiting closes the database."""
         with self._lock:
             if self._closing:
                 raise duckdb.ConnectionException("the catalog is closed")
@@ -98,31 +100,20 @@ class DuckDBDatabase:
             self._open.add(raw)
             self._held += 1
             self._objects.add(raw)
-            return raw
-
-    def release(self, raw: duckdb.DuckDBPyConnection) -> None:
-        """Close a connection from cursor() (rolling back what it began); the last one released
-        after dispose() gave up waiting closes the database."""
-        with self._lock:
-            self._open.discard(raw)  # never interrupted while it closes
-        try:
-            raw.close()
-        finally:
-            with self._lock:
-                self._held -= 1
-                self._released.notify_all()
-                if self._closing and not self._held and not self._closed:
-                    self._closed = True
-                    self.db.close()
-
-    @contextmanager
-    def own_cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """cursor(), released when the block ends."""
-        raw = self.cursor()
         try:
             yield raw
         finally:
-            self.release(raw)
+            with self._lock:
+                self._open.discard(raw)  # never interrupted while it closes
+            try:
+                raw.close()
+            finally:
+                with self._lock:
+                    self._held -= 1
+                    self._released.notify_all()
+                    if self._closing and not self._held and not self._closed:
+                        self._closed = True
+                        self.db.close()
 
     @contextmanager
     def begin(self) -> Iterator[DuckDBConnection]:

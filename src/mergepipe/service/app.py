@@ -22,7 +22,6 @@ from mergepipe.service.routes import (
     calibrations,
     compare,
     console,
-    docs,
     health,
     lineage,
     merges,
@@ -75,7 +74,7 @@ def create_app(settings: Settings, catalog: Catalog | None = None) -> FastAPI:
             checkpoint_limits.install(previous_limits)
 
     logs.install_record_factory()  # log lines carry the request id (core/logs.py)
-    # /docs: Swagger UI from packaged files (routes/docs.py), not from a CDN; no ReDoc page
+    # /docs: Swagger UI from packaged files (routes/console.py), not from a CDN; no ReDoc page
     app = FastAPI(title="MergePipe", version="1", description=DESCRIPTION, lifespan=lifespan,
                   docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None)
     metrics = app.state.metrics = telemetry.Metrics()
@@ -89,5 +88,4 @@ def create_app(settings: Settings, catalog: Catalog | None = None) -> FastAPI:
               calibrations.router):
         app.include_router(r)
     console.install(app)
-    docs.install(app)
     return app
