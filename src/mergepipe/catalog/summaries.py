@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mergepipe.catalog.connection import as_dataclass
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.records import MAX_LINEAGE_DEPTH, TouchedBlock
 
@@ -28,10 +30,7 @@ class TensorShare:
         return self.read_bytes / self.tensor_bytes if self.tensor_bytes else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "tensor": self.tensor, "ordinal": self.ordinal,
-                "tensor_bytes": self.tensor_bytes, "blocks": self.blocks,
-                "read_bytes": self.read_bytes, "read_blocks": self.read_blocks,
-                "share": self.share}
+        return {**dataclasses.asdict(self), "share": self.share}
 
 
 @dataclass(frozen=True)
@@ -48,18 +47,9 @@ class ModelSummary:
     lineage_depth: int         # longest chain of merges above it (0: ingested)
 
 
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
-
-def _opt_float(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
 def merge_tensor_shares(cat: Catalog, merge_id: str) -> list[TensorShare]:
     """Per base tensor and expert of a recorded merge: its bytes and what the merge read."""
-    return [TensorShare(str(r.model), str(r.tensor), int(r.ordinal), _opt_int(r.tensor_bytes),
-                        _opt_int(r.blocks), int(r.read_bytes), int(r.read_blocks))
+    return [as_dataclass(TensorShare, r)
             for r in cat.query("merge_tensor_shares", {"merge_id": merge_id})]
 
 
@@ -74,19 +64,16 @@ def plan_tensor_shares(cat: Catalog, base: str, experts: Sequence[str],
     for position, model in enumerate(experts):
         for r in cat.query("expert_tensor_grid", {"base": base, "model": model}):
             nbytes, n = read.get((model, str(r.tensor)), (0, 0))
-            cells.append((int(r.ordinal), position, TensorShare(
-                model, str(r.tensor), int(r.ordinal), _opt_int(r.tensor_bytes),
-                _opt_int(r.blocks), nbytes, n)))
+            cells.append((r.ordinal, position, TensorShare(
+                model, r.tensor, r.ordinal, r.tensor_bytes, r.blocks, nbytes, n)))
     cells.sort(key=lambda c: (c[0], c[1]))
     return [c[2] for c in cells]
 
 
 def model_summaries(cat: Catalog) -> list[ModelSummary]:
     """Every registered model's summary, by name."""
-    return [ModelSummary(str(r.name), int(r.n_blocks), _opt_float(r.delta_l2),
-                         _opt_float(r.delta_l1), _opt_float(r.delta_max_abs),
-                         _opt_int(r.delta_nnz), _opt_int(r.numel), int(r.lineage_depth))
-            for r in cat.query("model_summaries", {"max_depth": MAX_LINEAGE_DEPTH})]
+    rows = cat.query("model_summaries", {"max_depth": MAX_LINEAGE_DEPTH})
+    return [as_dataclass(ModelSummary, r) for r in rows]
 
 
 def identical_tensors(cat: Catalog, merge_id: str, reference: str) -> tuple[int, int]:

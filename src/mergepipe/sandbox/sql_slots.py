@@ -30,13 +30,9 @@ class SqlSlots:
         self.n, self.queue = n, queue
         self._free = threading.BoundedSemaphore(n)
         self._lock = threading.RLock()  # _busy() also counts under it
-        self._waiting = 0
+        self.waiting = 0    # callers waiting for a slot now
         self.in_use = 0     # slots taken now
         self.refusals = 0   # callers sent away with Busy since the process started
-
-    @property
-    def waiting(self) -> int:
-        return self._waiting
 
     def _taken(self, n: int) -> None:
         with self._lock:
@@ -45,20 +41,20 @@ class SqlSlots:
     def _busy(self) -> Busy:
         with self._lock:
             self.refusals += 1
-        return Busy(f"{self.n} SQL queries are running and {self._waiting} waiting; retry later",
+        return Busy(f"{self.n} SQL queries are running and {self.waiting} waiting; retry later",
                     field="sql")
 
     @contextlib.contextmanager
     def _in_queue(self) -> Any:
         with self._lock:
-            if self._waiting >= self.queue:
+            if self.waiting >= self.queue:
                 raise self._busy()
-            self._waiting += 1
+            self.waiting += 1
         try:
             yield
         finally:
             with self._lock:
-                self._waiting -= 1
+                self.waiting -= 1
 
     def acquire(self, deadline: float) -> None:
         """Take a slot, waiting until `deadline` (time.monotonic) at most; else Busy."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 
 from mergepipe.catalog.summaries import plan_tensor_shares
 from mergepipe.core.errors import Conflict
@@ -12,19 +12,17 @@ from mergepipe.core.jsonable import jsonable
 from mergepipe.jobs.planning import plan_for_deviation, plan_merge
 from mergepipe.service.requests import body_request
 from mergepipe.service.schemas import PlanIn
-from mergepipe.service.state import State, require_token
+from mergepipe.service.state import State
 
 router = APIRouter(prefix="/v1", tags=["plans"])
 
 
 @router.post("/plans", summary="Dry run: the plan summary (bytes, bound, hash) of a merge")
-def plan(body: PlanIn, st: State, request: Request,
+def plan(body: PlanIn, st: State,
          tensors: Annotated[bool, Query(description=(
              "also return `tensors`: per base tensor and expert, the expert's bytes and "
              "blocks and how many of them the plan reads (the console's heatmap)"))] = False,
          ) -> dict[str, Any]:
-    if body.config_yaml is not None:
-        require_token(request)  # a config names paths on the server's disk (docs/api.md)
     req = body_request(st, body)
     if req.to_ingest:
         j = req.to_ingest[0]
