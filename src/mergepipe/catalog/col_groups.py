@@ -1,12 +1,5 @@
-"""Channel groups of a 2-D tensor's input channels (its columns), for activation-aware ranking.
-
-A linear weight W (out x in) maps x to W x; a delta block D_b changes the output by D_b x, whose
-expected energy over calibration inputs is about sum_j ||D_b[:, j]||^2 * rms_j^2 (rms_j: the
-RMS of input channel j). Storing ||D_b[:, j]||^2 for every j would cost as much as the block's
-rows, so ingestion keeps them summed over GROUPS equal channel groups (group g: channels
-[g * in // GROUPS, (g + 1) * in // GROUPS)); a calibration keeps the mean of rms_j^2 over the
-same groups, and their dot product estimates the energy (exact when rms is constant within each
-group). docs/catalog.md#calibrations."""
+"""Squared column norms of a 2-D delta summed over channel groups, for activation-aware ranking
+(docs/catalog.md#calibrations)."""
 
 from __future__ import annotations
 

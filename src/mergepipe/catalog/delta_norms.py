@@ -1,9 +1,5 @@
-"""How far an expert lies from its claimed base: ||E - B|| / ||B|| from ingestion's statistics.
-
-A fine-tune moves its base's weights by about 0.1% to 10% of their norm (relative L2 of the
-whole model); a model of another base differs by O(1) (two independent random initializations
-of equal scale: sqrt(2)). An expert above MAX_RELATIVE_DELTA is refused unless forced
-(docs/catalog.md)."""
+"""How far an expert lies from its claimed base: ||E - B|| / ||B|| from ingestion's statistics;
+above MAX_RELATIVE_DELTA it is refused unless forced (docs/catalog.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Every difference between the DuckDB and PostgreSQL catalogs, in one place.
-
-The SQL files and migrations are written once, in the common subset plus a few DuckDB spellings;
-on PostgreSQL every statement passes through `to_postgres` just before it is sent
-(postgres_database.py), and a handful of DuckDB functions the planner uses exist as SQL
-functions (`POSTGRES_PRELUDE`)."""
+"""Every difference between the DuckDB and PostgreSQL catalogs: the rewrites every statement
+gets on PostgreSQL (`to_postgres`) and the DuckDB functions the planner uses, defined there."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""A DuckDB catalog file through DuckDB's own Python API (what a command opens in 0.02 s; the
-SQLAlchemy engine and its DuckDB dialect took 0.4 s to import and connect).
+"""A DuckDB catalog file through DuckDB's own Python API (0.02 s to open; SQLAlchemy took 0.4 s).
 
-Closing waits for the calls still running on the database's connections (a user query past its
-time limit keeps running in its own thread until DuckDB's interrupt stops it): DuckDB refuses to
-close a connection busy with a call (ResourceInUseException), and a thread still inside DuckDB
-when the interpreter ends is unwound by force, which DuckDB answers by aborting the process
-(`terminate called after throwing an instance of ''`). So every connection handed out is
-tracked; `dispose()` interrupts those still open, waits for them, and the last one to be
-released closes the database if the wait ran out; at exit, every open database is disposed
-before the interpreter tears its threads down."""
+Every connection handed out is tracked: DuckDB refuses to close a connection busy with a call,
+and aborts the process if a thread is still inside it when the interpreter ends. `dispose()`
+interrupts them and waits (the last release closes the database if the wait runs out), and at
+exit every open database is disposed before the interpreter tears its threads down."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Ingestion: register a checkpoint's files, tensors and blocks, with delta statistics for experts.
-
-Two phases: `scan_model` reads the checkpoint (and the base, for a full expert's delta) and
-computes every row in memory without writing to the catalog; `write_model` writes them in the
-caller's transaction. `ingest_model` does both, so that on any error nothing is registered.
-"""
+"""Ingestion: `scan_model` computes every row of a checkpoint (files, tensors, blocks, delta
+statistics) without writing; `write_model` writes them in the caller's transaction."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""A file whose stamp changed since ingestion (a `touch`, a copy keeping the bytes): re-verified
-by content hash. When every catalogued byte range still has its hash and the header still
-places the tensors where the catalog has them, the new stamp is recorded and the file is
-accepted; otherwise SourceChanged names the model, the file and what differs."""
+"""A file whose stamp changed since ingestion (a `touch`, a copy) re-verified by content hash:
+its new stamp recorded, or SourceChanged naming the model, the file and what differs."""
 
 from __future__ import annotations
 

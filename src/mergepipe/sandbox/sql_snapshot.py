@@ -1,10 +1,5 @@
-"""A read-only copy of the catalog's tables for the SQL worker processes (DuckDB lets one
-process open the catalog file; the workers open this copy instead).
-
-Each server's copy lives in a private temporary folder holding a lock file that the server
-keeps locked (flock) while it lives: a folder whose lock nobody holds was left by a server that
-died without cleaning up (SIGKILL, a crash), and `remove_stale` deletes it at the next start.
-"""
+"""A read-only copy of the catalog's tables for the SQL workers (DuckDB lets one process open
+the catalog file), in a private temporary folder that a dead server's successor removes."""
 
 from __future__ import annotations
 
@@ -43,6 +38,8 @@ def _stamp(path: Path) -> tuple[int, ...]:
 
 
 PREFIX = "mergepipe-sql-"
+# A server keeps its folder's lock file locked (flock) while it lives: a folder whose lock
+# nobody holds was left by a server that died (SIGKILL, a crash).
 LOCK_FILE = "owner.lock"
 UNLOCKED_GRACE_S = 60.0  # a folder without a lock file yet may be a server's that is starting
 

@@ -1,9 +1,5 @@
-"""A SQL worker process: runs user queries over a catalog snapshot, one at a time, under an
-data-size limit (RLIMIT_DATA, sql_procs.data_limit); its parent kills it past the time limit.
-
-Protocol: one JSON object per line on stdin ({db, version, sql, limits, time_s}); one per line
-on the original stdout ({"ok": result} or {"error": {message, field}}); fd 1 is pointed at
-stderr so that nothing else reaches the pipe."""
+"""A SQL worker process: user queries over a catalog snapshot, one JSON request and reply per
+line, under a data-size limit (RLIMIT_DATA); its parent kills it past the time limit."""
 
 from __future__ import annotations
 
@@ -87,7 +83,7 @@ def serve(rd: IO[bytes], out: IO[bytes]) -> None:
 
 
 def main() -> None:
-    out = os.fdopen(os.dup(1), "wb")
+    out = os.fdopen(os.dup(1), "wb")  # the replies' pipe: nothing else may write to it
     os.dup2(2, 1)
     # After the imports (a CPU-second, which a niced process on a busy host waits long for):
     # under CPU contention the server's requests come before the queries.

@@ -1,15 +1,5 @@
-"""ASGI middleware run before any body is read: the Host allow-list, then the bearer tokens.
-
-* Host: only the names in `Settings.allowed_hosts` (loopback names by default; `*`: any), so
-  that a page on another site cannot reach a loopback server through DNS rebinding.
-* Write token (`MERGEPIPE_API_TOKEN`): every mutating request except the read-only SQL and
-  plan endpoints. A plan may carry a config (paths on the server's disk), which needs the
-  write token: without it, the plan's body is read here (up to the body limit) and a body that
-  is not a JSON object, or that has a config, is refused with 401 before any route parses it.
-* Read token (`MERGEPIPE_READ_TOKEN`, optional): every other request (reads, SQL, plans)
-  except `/healthz` and the console's static page; the write token is accepted too.
-Checked before the body is parsed: invalid JSON without a token is 401, not 400.
-"""
+"""ASGI middleware run before any body is read: the Host allow-list, then the bearer tokens
+(docs/api.md); invalid JSON without a token is 401, not 400."""
 
 from __future__ import annotations
 

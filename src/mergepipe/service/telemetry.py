@@ -1,9 +1,5 @@
-"""What an operator watches: Prometheus metrics at /metrics and a request id on every request.
-
-Counters and histograms are this process's (requests served, jobs it ran, bytes they read);
-the job and queue gauges are read from the catalog at each scrape, so every replica of a shared
-catalog reports the same queue.
-"""
+"""Prometheus metrics at /metrics (job and queue gauges read from the catalog at each scrape,
+the same on every replica) and a request id on every request."""
 
 from __future__ import annotations
 

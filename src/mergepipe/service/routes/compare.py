@@ -1,7 +1,5 @@
-"""POST /v1/compare: KL(A || B) and perplexities of two registered models on a text.
-
-It runs while the client waits, bounded: at most MAX_COMPARE_TOKENS tokens, one comparison at a
-time per server (two models in memory at once; another request meanwhile gets 429)."""
+"""POST /v1/compare: KL(A || B) and perplexities of two registered models on a text, while the
+client waits: at most MAX_COMPARE_TOKENS tokens, one comparison at a time (else 429)."""
 
 from __future__ import annotations
 
