@@ -42,13 +42,18 @@ def check_all(raw: duckdb.DuckDBPyConnection, sql: str, tables: Collection[str])
     check_duckdb_tree(raw, sql, tables)
 
 
+def engine_config(limits: SqlLimits) -> dict[str, Any]:
+    """DuckDB's database-wide settings for `limits`: memory, threads, temp size."""
+    return {"threads": int(limits.threads),
+            "memory_limit": f"{int(limits.memory_bytes) >> 20}MiB",
+            "max_temp_directory_size": f"{int(limits.temp_bytes) >> 20}MiB"}
+
+
 def set_engine_limits(own: duckdb.DuckDBPyConnection, limits: SqlLimits) -> None:
-    """DuckDB's memory_limit, threads and temp size (database-wide settings)."""
-    own.execute("SET enable_progress_bar = false")  # none on the server's stdout
-    # numbers from SqlLimits (ints), not user text
-    own.execute(f"SET memory_limit = '{int(limits.memory_bytes) >> 20}MiB'")
-    own.execute(f"SET threads = {int(limits.threads)}")
-    own.execute(f"SET max_temp_directory_size = '{int(limits.temp_bytes) >> 20}MiB'")
+    """engine_config on a connection, and no progress bar on stdout."""
+    own.execute("SET enable_progress_bar = false")
+    for name, value in engine_config(limits).items():
+        own.execute(f"SET {name} = '{value}'")  # numbers from SqlLimits (ints), not user text
 
 
 def run_on(own: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, deadline: float

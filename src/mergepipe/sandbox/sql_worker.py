@@ -14,28 +14,31 @@ from typing import IO, Any
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.sql_limits import SqlLimits
-from mergepipe.sandbox.sql_exec import SELECT_TABLES, check_all, run_on, set_engine_limits
+from mergepipe.sandbox.sql_exec import SELECT_TABLES, check_all, engine_config, run_on
 
 NICE = 10  # scheduling priority of the queries
 DATA_LIMIT = 0  # RLIMIT_DATA of this process (from argv)
 
 
 class Database:
-    """The snapshot this worker has open (reopened when the parent names a newer one)."""
+    """The snapshot this worker has open: read-only, no file or network access, the limits set
+    and locked (reopened when the parent names a newer snapshot or other limits)."""
 
     def __init__(self) -> None:
-        self.key: tuple[str, int] | None = None
+        self.key: tuple[str, int, SqlLimits] | None = None
         self.conn: duckdb.DuckDBPyConnection | None = None
         self.tables: set[str] = set()
 
-    def open(self, path: str, version: int) -> duckdb.DuckDBPyConnection:
-        if self.conn is None or self.key != (path, version):
+    def open(self, path: str, version: int, limits: SqlLimits) -> duckdb.DuckDBPyConnection:
+        if self.conn is None or self.key != (path, version, limits):
             if self.conn is not None:
                 self.conn.close()
-            self.conn = duckdb.connect(path, read_only=True,
-                                       config={"enable_external_access": False})
+            self.conn = duckdb.connect(path, read_only=True, config={
+                **engine_config(limits), "enable_external_access": False})
+            self.conn.execute("SET enable_progress_bar = false")
+            self.conn.execute("SET lock_configuration = true")
             self.tables = {str(r[0]).lower() for r in self.conn.execute(SELECT_TABLES).fetchall()}
-            self.key = (path, version)
+            self.key = (path, version, limits)
         return self.conn
 
 
@@ -44,8 +47,7 @@ def answer(db: Database, req: dict[str, Any]) -> dict[str, Any]:
     deadline = time.monotonic() + float(req["time_s"])
     limits = SqlLimits(**req["limits"])
     try:
-        conn = db.open(str(req["db"]), int(req["version"]))
-        set_engine_limits(conn, limits)  # this query's (the same for every query of a server)
+        conn = db.open(str(req["db"]), int(req["version"]), limits)
         check_all(conn, req["sql"], db.tables)
         return {"ok": run_on(conn, req["sql"], limits, deadline)}
     except InvalidRequest as e:
