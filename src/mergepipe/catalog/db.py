@@ -102,7 +102,6 @@ class Catalog:
         self.location: str | Path = location if dialect.is_postgres(location) else Path(location)
         self.postgres = dialect.is_postgres(location)
         self.path = Path(location) if not self.postgres else None
-        self.url = dialect.engine_url(location)
         # DuckDB: one writer at a time in this process; PostgreSQL takes row locks itself.
         self._write_lock = threading.RLock()
         self.database: DuckDBDatabase | PostgresDatabase

@@ -37,11 +37,8 @@ def is_postgres(location: str | Path) -> bool:
 
 
 def engine_url(location: str | Path) -> str:
-    """The SQLAlchemy URL of a catalog location: a file path is a DuckDB file."""
-    if not is_postgres(location):
-        return f"duckdb:///{Path(location)}"
-    rest = str(location).split("://", 1)[1]
-    return f"postgresql+psycopg://{rest}"
+    """The SQLAlchemy URL of a PostgreSQL catalog location."""
+    return "postgresql+psycopg://" + str(location).split("://", 1)[1]
 
 
 def display(location: str | Path) -> str:

@@ -39,15 +39,16 @@ _ready_lock = threading.Lock()
 
 
 def ensure_reader_role(cat: Catalog) -> None:
+    url = str(cat.engine.url)
     with _ready_lock:
-        if cat.url in _ready:
+        if url in _ready:
             return
         with cat.engine.begin() as conn:
             raw = conn.connection.driver_connection
             assert raw is not None
             for stmt in _ENSURE_ROLE:
                 raw.execute(stmt)
-        _ready.add(cat.url)
+        _ready.add(url)
 
 
 def check_functions(sql: str) -> None:
