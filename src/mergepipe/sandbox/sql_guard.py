@@ -50,18 +50,16 @@ def _function_name(node: exp.Func) -> str:
     return (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
 
 
-def forbidden_function(name: str) -> bool:
-    return name in FORBIDDEN_FUNCTIONS or name.startswith(FORBIDDEN_PREFIXES)
+def check_function(name: str) -> None:
+    if name in FORBIDDEN_FUNCTIONS or name.startswith(FORBIDDEN_PREFIXES):
+        raise InvalidRequest(f"function {name}() is not allowed (no file or network access, no "
+                             "settings, state or metadata)", field="sql")
 
 
-def refuse_function(name: str) -> InvalidRequest:
-    return InvalidRequest(f"function {name}() is not allowed (no file or network access, no "
-                          "settings, state or metadata)", field="sql")
-
-
-def refuse_table_function(name: str) -> InvalidRequest:
-    return InvalidRequest(f"table function {name}() is not allowed; query the catalog's tables",
-                          field="sql")
+def check_table_function(name: str) -> None:
+    if name not in ALLOWED_TABLE_FUNCTIONS:
+        raise InvalidRequest(f"table function {name}() is not allowed; query the catalog's "
+                             "tables", field="sql")
 
 
 def check_table_name(name: str, schema: str, has_catalog: bool, shown: str,
@@ -85,9 +83,7 @@ def _check_table(node: exp.Table, tables: Collection[str] | None, ctes: frozense
     if tables is None:
         return
     if isinstance(node.this, exp.Func):
-        name = _function_name(node.this)
-        if name not in ALLOWED_TABLE_FUNCTIONS:
-            raise refuse_table_function(name)
+        check_table_function(_function_name(node.this))
         return
     check_table_name(node.name.lower(), node.db.lower(), bool(node.catalog), node.sql(),
                      tables, ctes)
@@ -167,9 +163,7 @@ def _check_node(node: exp.Expression, tables: Collection[str] | None,
         raise InvalidRequest(f"{node.key.upper()} is not allowed in a read-only query",
                              field="sql")
     if isinstance(node, exp.Func):
-        name = _function_name(node)
-        if forbidden_function(name):
-            raise refuse_function(name)
+        check_function(_function_name(node))
     if isinstance(node, exp.Table):
         _check_table(node, tables, ctes)
 
@@ -239,14 +233,11 @@ def _push_ctes(n: dict[str, Any], ctes: frozenset[str],
 def _check_duckdb_node(n: dict[str, Any], tables: Collection[str], ctes: frozenset[str]) -> None:
     kind = n.get("type")
     if n.get("class") in ("FUNCTION", "WINDOW", "AGGREGATE") and "function_name" in n:
-        name = str(n["function_name"]).lower()
-        if forbidden_function(name):
-            raise refuse_function(name)
+        check_function(str(n["function_name"]).lower())
     if kind == "TABLE_FUNCTION":
         fn = n.get("function")
-        name = str(fn.get("function_name", "?") if isinstance(fn, dict) else "?").lower()
-        if name not in ALLOWED_TABLE_FUNCTIONS:
-            raise refuse_table_function(name)
+        name = fn.get("function_name", "?") if isinstance(fn, dict) else "?"
+        check_table_function(str(name).lower())
     if kind in ("BASE_TABLE", "SHOW_REF") and n.get("table_name"):
         check_table_name(str(n["table_name"]).lower(), str(n.get("schema_name") or "").lower(),
                          bool(n.get("catalog_name")), str(n["table_name"]), tables, ctes)
