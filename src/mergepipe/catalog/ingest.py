@@ -157,10 +157,8 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
 def _new_version(cat: Catalog, name: str, base: str | None
                  ) -> tuple[str | None, ModelRow | None, int, str]:
     """(the exact base version, the name's live version, the new version and its key)."""
-    if base is not None:
-        base = resolve_key(cat, base)  # the exact version the expert is derived from
-        if split_ref(base)[0] == name:
-            raise InvalidRequest(f"model {name!r} cannot be its own base", field="base")
+    if base is not None:  # the exact version it derives from (not `name`'s: _check_args)
+        base = resolve_key(cat, base)
     current = resolve_model(cat, name)
     version = next_version(cat, name)
     key = version_key(name, version)
