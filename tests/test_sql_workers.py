@@ -185,3 +185,23 @@ def test_the_snapshot_copy_survives_other_connections_ending(
         assert ended  # the others ran during the copy
         with duckdb.connect(str(path), read_only=True) as snap:
             assert snap.execute("SELECT count(*) FROM lineage").fetchone() == (1,)
+
+
+def test_a_workers_snapshot_connection_has_its_limits_locked(tmp_path: Path) -> None:
+    """The engine limits are the connection's own settings, and no statement can change them
+    (DuckDB's lock_configuration), whatever slipped past the guard."""
+    from mergepipe.sandbox.sql_worker import Database
+
+    path = tmp_path / "snap.duckdb"
+    with duckdb.connect(str(path)) as raw:
+        raw.execute("CREATE TABLE t AS SELECT 1 AS x")
+    lim = SqlLimits(memory_bytes=96 << 20, threads=1, temp_bytes=64 << 20)
+    conn = Database().open(str(path), 1, lim)
+    got = conn.execute("SELECT current_setting('memory_limit'), current_setting('threads'), "
+                       "current_setting('enable_external_access')").fetchone()
+    assert got == ("96.0 MiB", 1, False)
+    for stmt in ("SET memory_limit = '4GB'", "SET threads = 8", "RESET memory_limit",
+                 "SET enable_external_access = true", "SET lock_configuration = false"):
+        with pytest.raises(duckdb.Error, match="configuration"):
+            conn.execute(stmt)
+    assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]
