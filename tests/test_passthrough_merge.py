@@ -109,6 +109,7 @@ def test_passthrough_is_a_recorded_merge_with_lineage_and_replay(
         cat.ingest(family["base"], "base", progress=False)
         cfg = stack(family["e0"], family["e1"], "base")
         done = cat.merge(cfg, out=tmp_path / "out", name="franken", progress=False)
+        assert done.merge_id is not None
         row = cat.sql("SELECT status, operator, base, output_name, output_hash, plan_hash, "
                       "base_bytes_read FROM merges").rows
         assert row == [["succeeded", "passthrough", str(family["e0"]), "franken",
@@ -231,6 +232,7 @@ def test_passthrough_from_s3_reads_by_range_and_replays(s3_server: str, tmp_path
             fam.proxy.reset_counts()
             remote = cat.merge(cfg({n: fam.url(n) for n in fam.local}), out=tmp_path / "s3-out",
                                progress=False)
+            assert remote.merge_id is not None
             fetched = sum(fam.proxy.counts.get_bytes(f"/fam/{n}/model.safetensors")
                           for n in fam.local)
             # each source's config.json (checked with the checkpoint), the donor's copied
@@ -261,6 +263,7 @@ def test_passthrough_from_https_is_pinned_by_etag(family: dict[str, Path],
     with file_server(tmp_path / "fam") as url, Catalog(new_catalog(tmp_path, "cat")) as cat:
         remote = cat.merge(stack(family["e0"], f"{url}/e1", family["base"]),
                            out=tmp_path / "web-out", progress=False)
+        assert remote.merge_id is not None
         local = cat.merge(stack(family["e0"], family["e1"], family["base"]),
                           out=tmp_path / "disk-out", progress=False)
         assert remote.output_hash == local.output_hash
