@@ -14,9 +14,8 @@ from pathlib import Path
 from mergepipe.core.errors import Conflict, InvalidRequest
 from mergepipe.executor.manifest import MANIFEST_FILE
 from mergepipe.storage.locations import join, parse_url
-from mergepipe.storage.remote_scope import RemoteScope, current_scope, using
-from mergepipe.storage.store import s3_store
-from mergepipe.storage.store_types import FILE
+from mergepipe.storage.remote import RemoteScope, current_scope, using
+from mergepipe.storage.store import FILE, s3_store
 
 PART_BYTES = 8 << 20  # S3 parts are at least 5 MiB (but the last)
 UPLOAD_THREADS = 4

@@ -1,10 +1,20 @@
-"""A checkpoint directory behind HTTP(S) (a model hub's layout): HEAD, probed names, ranged GETs."""
+"""A checkpoint directory behind HTTP(S): HEAD, probed names, ranged GETs; the deadline watchdog.
+
+A server that trickles its headers or body (a byte every few seconds) answers each read within
+any read timeout, so only a clock can end such a request: each watched request registers its
+deadline with one watchdog thread; our urllib3 connections attach themselves to the request's
+watch when they connect or send, and at the deadline the watchdog shuts the socket down (through
+a duplicate of its descriptor, so that a TLS handshake in progress is cut off too).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import ipaddress
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
@@ -12,20 +22,23 @@ from typing import Any
 from urllib.parse import urljoin
 
 import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from mergepipe.core.errors import Forbidden, InvalidCheckpoint, InvalidRequest, SourceChanged
-from mergepipe.storage.http_watchdog import CURRENT, POOL_CLASSES, WATCHDOG
 from mergepipe.storage.locations import Url, parse_url
-from mergepipe.storage.remote_io import (
+from mergepipe.storage.remote import (
     RangedBody,
     RangedReads,
     RemoteConfig,
+    RemoteScope,
     Transient,
     check_size,
+    current_scope,
+    using,
     with_retries,
 )
-from mergepipe.storage.remote_scope import RemoteScope, current_scope, using
-from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
+from mergepipe.storage.store import DIR, FILE, FetchStats, Stamp
 
 # HTTP cannot list a directory: these are the names a hub checkpoint directory uses.
 PROBED_NAMES = (
@@ -39,13 +52,158 @@ MAX_REDIRECTS = 5
 MAX_LOCATION_CHARS = 8192
 
 
+class Watch:
+    """One request's deadline and the connection it is using now."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.fired = False
+        self._conn: Any = None
+        self._done = False
+        self._lock = threading.Lock()
+
+    def attach(self, conn: Any) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._conn = conn
+            fired = self.fired
+        if fired:
+            _shutdown(conn)
+
+    def fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+            conn = self._conn
+        if conn is not None:
+            _shutdown(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._done = True
+            self._conn = None
+
+
+def _shutdown(conn: Any) -> None:
+    """Shut the connection's socket down: our connections through their duplicate descriptor,
+    another client's (boto3's, while its caller holds the response) through its socket."""
+    sock = getattr(conn, "_watch_dup", None) or getattr(conn, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):  # closed already
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class Watchdog:
+    """One daemon thread that fires the watches whose deadline has passed."""
+
+    def __init__(self) -> None:
+        self._active: set[Watch] = set()
+        self._cond = threading.Condition()
+        self._next: float | None = None
+        self._thread: threading.Thread | None = None
+
+    def watch(self, deadline: float) -> Watch:
+        w = Watch(deadline)
+        with self._cond:
+            self._active.add(w)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mergepipe-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            if self._next is None or deadline < self._next:
+                self._cond.notify()
+        return w
+
+    def unwatch(self, w: Watch) -> None:
+        w.close()
+        with self._cond:
+            self._active.discard(w)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                expired = [w for w in self._active if w.deadline <= now]
+                for w in expired:
+                    self._active.discard(w)
+                    w.fire()
+                self._next = min((w.deadline for w in self._active), default=None)
+                self._cond.wait(None if self._next is None else self._next - now)
+
+
+WATCHDOG = Watchdog()
+CURRENT = threading.local()  # .watch: the Watch of the request this thread is making
+
+
+@contextlib.contextmanager
+def watching(conn: Any, deadline: float | None) -> Iterator[Watch | None]:
+    """Cut `conn` off at `deadline` while the body runs (None: no deadline, nothing watched).
+    The caller must hold the connection throughout (a response it is reading)."""
+    if deadline is None or conn is None:
+        yield None
+        return
+    w = WATCHDOG.watch(deadline)
+    w.attach(conn)
+    try:
+        yield w
+    finally:
+        WATCHDOG.unwatch(w)
+
+
+class _Watched:
+    """Mixin of the connection classes: attach to the current thread's watch on connect and
+    on every request (a kept-alive connection is reused by later requests)."""
+
+    _watch_dup: socket.socket | None = None
+
+    def _new_conn(self) -> socket.socket:
+        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
+        self._watch_dup = sock.dup()
+        _attach(self)
+        return sock
+
+    def request(self, *args: Any, **kw: Any) -> None:
+        _attach(self)
+        super().request(*args, **kw)  # type: ignore[misc]
+
+    def close(self) -> None:
+        super().close()  # type: ignore[misc]
+        dup, self._watch_dup = self._watch_dup, None
+        if dup is not None:
+            dup.close()
+
+
+def _attach(conn: Any) -> None:
+    w = getattr(CURRENT, "watch", None)
+    if w is not None:
+        w.attach(conn)
+
+
+class _HTTPConnection(_Watched, HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Watched, HTTPSConnection):
+    pass
+
+
+class _HTTPPool(HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+POOL_CLASSES: dict[str, type[HTTPConnectionPool]] = {"http": _HTTPPool, "https": _HTTPSPool}
+
+
 class HttpStore(RangedReads):
     """Files under an http(s):// base URL. Redirects are followed by hand, each hop checked
-    before it is followed (storage.remote_scope: under a remote root in a service job); a
-    bearer token (MERGEPIPE_HTTP_TOKEN) goes only to the exact origin (scheme, host, port) of
-    the URL asked for, over HTTPS or to a loopback host, and never after a hop to another
-    origin. Every request of a job ends by the job's deadline (the watchdog cuts off one that
-    is still running then)."""
+    first (under a remote root in a service job); the bearer token (MERGEPIPE_HTTP_TOKEN) goes
+    only to the exact origin asked for, over HTTPS or to a loopback host."""
 
     def __init__(self, cfg: RemoteConfig) -> None:
         self.cfg = cfg
@@ -70,8 +228,7 @@ class HttpStore(RangedReads):
         return Stamp(check_size(path, int(size)), mtime_ns, r.headers.get("ETag"))
 
     def kind(self, path: str) -> str | None:
-        """A URL named *.safetensors or like a checkpoint's file (PROBED_NAMES) is a file, if it
-        exists; any other URL is taken as a directory (what it holds is probed by `entries`)."""
+        """A URL named like a checkpoint's file is a file if it exists; any other a directory."""
         name = parse_url(path).name
         if not name.endswith(".safetensors") and name not in PROBED_NAMES:
             return DIR
@@ -82,8 +239,7 @@ class HttpStore(RangedReads):
         return FILE
 
     def entries(self, path: str) -> dict[str, str]:
-        """The PROBED_NAMES that exist under the directory URL (HEAD requests in parallel, in
-        the caller's remote scope)."""
+        """The PROBED_NAMES that exist under the directory URL (HEADs in parallel)."""
         url, scope = parse_url(path), current_scope()
 
         def exists(name: str) -> bool:
@@ -118,7 +274,7 @@ class HttpStore(RangedReads):
     # -- requests ----------------------------------------------------------------------------
 
     def _call(self, path: str, method: str, headers: dict[str, str]) -> Any:
-        """A request without a body to read (HEAD), with retries; its response."""
+        """A request without a body to read (HEAD), with retries."""
         stats = FetchStats()
 
         def attempt() -> Any:
@@ -153,8 +309,7 @@ class HttpStore(RangedReads):
 
     def _follow(self, path: str, method: str, headers: dict[str, str],
                 scope: RemoteScope) -> Any:
-        """The response to `method path`, following redirects hop by hop: each target is
-        normalized and checked against the scope's roots before it is requested."""
+        """The response, following redirects hop by hop, each checked before it is requested."""
         start = parse_url(path)
         url, query, trusted = start, "", True
         for hop in range(MAX_REDIRECTS + 1):
@@ -191,9 +346,8 @@ class HttpStore(RangedReads):
 
 def _hop(path: str, current: str, location: str, start: Url, scope: RemoteScope
          ) -> tuple[Url, str]:
-    """The next URL of a redirect from `current` to `location`, and its query: normalized
-    (parse_url) and under the scope's roots, else Forbidden. The message does not repeat the
-    target (no port or path scanning through error messages)."""
+    """The next URL of a redirect and its query, normalized and under the scope's roots, else
+    Forbidden (not naming the target: no port or path scanning through error messages)."""
     refused = Forbidden(f"{path}: the server redirected the request to a location outside the "
                         "allowed remote roots; the redirect was not followed", field="path")
     if len(location) > MAX_LOCATION_CHARS or any(ord(c) <= 32 or ord(c) == 127

@@ -5,7 +5,7 @@ HF_HUB_OFFLINE and the local cache (HF_HOME, HF_HUB_CACHE). A revision is pinned
 sha once (`pin`); a pinned location names the same bytes for ever. Files already in the local
 cache are read from disk; the others by ranged GETs of the resolve URLs
 (`{endpoint}/{org}/{name}/resolve/{sha}/{file}`), following the Hub's redirect to its storage
-host under the remote roots of the job (storage.remote_scope): an `hf://org` root admits that
+host under the remote roots of the job (storage.remote): an `hf://org` root admits that
 organization's resolve URLs, and the storage host must be a root too.
 """
 
@@ -23,9 +23,15 @@ from typing import Any
 
 from mergepipe.core.errors import InvalidRequest, NotFound, RemoteUnavailable
 from mergepipe.storage.locations import Url, parse_url
-from mergepipe.storage.remote_io import RemoteConfig, WholeReads, check_size
-from mergepipe.storage.remote_scope import RemoteScope, current_scope, using
-from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
+from mergepipe.storage.remote import (
+    RemoteConfig,
+    RemoteScope,
+    WholeReads,
+    check_size,
+    current_scope,
+    using,
+)
+from mergepipe.storage.store import DIR, FILE, FetchStats, Stamp
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _SHA = re.compile(r"^[0-9a-f]{40}$")

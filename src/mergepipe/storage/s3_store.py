@@ -11,16 +11,16 @@ from typing import Any, NoReturn
 
 from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChanged
 from mergepipe.storage.locations import Url, parse_url
-from mergepipe.storage.remote_io import (
+from mergepipe.storage.remote import (
     RangedBody,
     RangedReads,
     RemoteConfig,
     Transient,
     check_size,
+    current_scope,
     with_retries,
 )
-from mergepipe.storage.remote_scope import current_scope
-from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
+from mergepipe.storage.store import DIR, FILE, FetchStats, Stamp
 
 
 class _NoBotocore(Exception):
@@ -122,7 +122,7 @@ class S3Store(RangedReads):
     def _ranged(self, path: str, start: int, end: int, pin: Stamp | None
                 ) -> Iterator[RangedBody]:
         """A ranged GET of the pinned version (VersionId, else If-Match on the ETag)."""
-        from mergepipe.storage.http_watchdog import watching  # urllib3: with boto3, not before
+        from mergepipe.storage.http_store import watching  # urllib3: with boto3, not before
 
         url = parse_url(path)
         pinned = ({"VersionId": pin.version_id} if pin and pin.version_id
