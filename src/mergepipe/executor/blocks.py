@@ -27,12 +27,7 @@ MergedBlock = tuple[str, int, memoryview | None, BlockScan | None]
 
 
 class ChunkMerger:
-    """Turns the base and expert pieces of a chunk into output bytes (thread-safe per chunk).
-
-    With `first_pass`, each output block also gets ingestion's first scan pass (content hash,
-    delta statistics against the base, threshold histogram), computed from the same bytes
-    the scan of the written file would read (see `output_plans`).
-    """
+    """Turns the base and expert pieces of a chunk into output bytes (thread-safe per chunk)."""
 
     def __init__(self, prep: Prepared, *, first_pass: bool = False) -> None:
         self.prep = prep

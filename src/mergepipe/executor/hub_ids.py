@@ -1,12 +1,4 @@
-"""The Hugging Face Hub ids of a merge's input models, for the model card's `base_model`.
-
-A catalog name is not a Hub id. A model has one when it was read from the Hub (`hf://org/name`),
-or when its files say so: the `_name_or_path` of its config.json written as `org/name`
-(transformers records the id a model was loaded from), or a Hub cache directory
-(`.../models--org--name/snapshots/REV/`) it was read from. Merge outputs have none of their own
-(their config.json is their base's). Nothing is fetched: the config.json of a model on S3 or
-behind HTTP is not read (those bytes would go past the merge's budget).
-"""
+"""The Hugging Face Hub ids of a merge's input models, for the model card's `base_model`."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Copy a base file's byte range into an output file by the kernel, then verify what was copied.
-
-A tensor whose output is the base's very bytes and that the merge never reads is copied file to
-file (os.copy_file_range: no pass through user space, shared extents where the file system has
-reflinks; a read and a write where it is unsupported). The source is opened beneath its data
-root (storage.fsconfine), and the bytes that landed in the output are read back and hashed: the
-caller compares that hash with the catalog's, so a base rewritten in place after ingestion (size
-and mtime kept) is caught whatever happened between any check and the copy.
-"""
+"""Copy a base file's byte range into an output file by the kernel, then verify what was copied."""
 
 from __future__ import annotations
 

@@ -64,12 +64,7 @@ def merge_lineage(plan: Plan, output_name: str) -> list[LineageEdge]:
 def build_manifest(cat: Catalog, *, merge_id: str | None, prep: Prepared, result: ExecutionResult,
                    output_name: str | None, output_path: Path | str, plan_seconds: float | None,
                    wall_seconds: float | None = None) -> dict[str, Any]:
-    """The manifest.json document: request, plan, access set, realized I/O, outputs, lineage.
-
-    `request` is the user's request (the catalog's merges.request, the lineage); `executed` is
-    the request the plan executed (replay re-executes it): the same for a scratch merge, the
-    stored merge times c plus the changed experts for an incremental one, whose terms are
-    `experts` (the catalog's merge_experts rows)."""
+    """The manifest.json document: request, plan, access set, realized I/O, outputs, lineage."""
     plan = prep.plan
     req = plan.request
     asked = user_request(plan)

@@ -41,9 +41,7 @@ class Prepared:
 
 
 def prepare(cat: Catalog, plan: Plan) -> Prepared:
-    """Load the inputs, check the files are unchanged and the plan fits the budget. Of the
-    experts, only the planned blocks are loaded (the rest is read from the catalog when needed:
-    a file to re-verify, the manifest's digests); the base whole (every block is streamed)."""
+    """Load the inputs, check the files are unchanged and the plan fits the budget."""
     req = plan.request
     base, *experts = load_models(cat, [req.base, *(e.model for e in req.experts)],
                                  planned=[(b.model, b.tensor, b.block_index)

@@ -167,8 +167,7 @@ def _gather(ray: Any, pending: list[Any], prep: Prepared, progress: ProgressFn |
 
 
 def as_finished(ray: Any, pending: list[Any]) -> Iterator[Any]:
-    """The tasks' results as they finish. On the first failure, or when the caller stops early,
-    the others are cancelled; a task's own MergePipeError is raised as itself (its message)."""
+    """The tasks' results as they finish."""
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)

@@ -1,14 +1,4 @@
-"""Ingestion statistics on Ray: one task per shard file of a checkpoint, the rows written here.
-
-`ray_scan(address)` is a `catalog.ingest.ScanFn`: the plans (one per tensor, in checkpoint order)
-are grouped by the shard file their tensor lies in; each group is one Ray task that opens the
-files itself (same paths on every node: shared storage; under the caller's data-root
-confinement) and returns its tensors' typed results (`TensorResult`: block hashes, statistics,
-trim thresholds). A task whose worker dies is retried and scans its shard again (it only reads).
-The driver puts the results back in plan order; catalog.ingest builds the rows from them and
-writes them in one transaction, exactly as after a local scan. A single-file checkpoint is
-scanned locally (one task would only add Ray's start-up).
-"""
+"""Ingestion statistics on Ray: one task per shard file of a checkpoint, the rows written here."""
 
 from __future__ import annotations
 

@@ -23,11 +23,7 @@ log = logging.getLogger("mergepipe.executor.s3_output")
 
 
 class S3Output:
-    """An output directory s3://bucket/prefix/NAME. The merge is built in a local staging
-    directory, then each file is uploaded as a multipart upload; the uploads are completed
-    only after every part of every file is stored, manifest.json last, so that no reader sees
-    a half-written object and a manifest means the whole output is there. On failure the
-    uploads are aborted (and objects already completed deleted)."""
+    """An output directory s3://bucket/prefix/NAME."""
 
     def __init__(self, location: str) -> None:
         url = parse_url(location, "output")

@@ -62,10 +62,7 @@ class ModelSource:
         return out
 
     def check_files(self, cat: Catalog) -> None:
-        """Raise SourceChanged if a file is gone or differs from ingestion. A file whose stamp
-        changed (size and mtime of a local file, the version id or ETag, else size and
-        Last-Modified, of a remote one) is re-verified by content hash and accepted, its new
-        stamp recorded, when its bytes are the ones ingested (catalog.reverify)."""
+        """Raise SourceChanged if a file is gone or differs from ingestion."""
         for f in list(self.files.values()):
             try:
                 st = store_for(f.path).stat(f.path)

@@ -64,14 +64,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
             chunk_bytes: int | None = None, compute_threads: int | None = None,
             first_pass: bool = False,
             writer: CheckpointWriter | None = None) -> ExecutionResult:
-    """Write the merged checkpoint into `out_dir` (an existing empty directory).
-
-    Reads run `PREFETCH_DEPTH` chunks ahead in `threads` threads, chunks are merged in
-    `compute_threads` threads (torch, when a block needs it, pinned to one thread), writes go out in order in one more.
-    `first_pass`: also make ingestion's first scan pass over every output block (content
-    hashes, delta statistics against the base, trim threshold histograms) while the merged
-    and base blocks are in memory, so that registering the output need not read it again.
-    """
+    """Write the merged checkpoint into `out_dir` (an existing empty directory)."""
     t0 = time.perf_counter()
     steps, chunks = schedule(prep, chunk_bytes or CHUNK_BYTES)
     writer = writer or CheckpointWriter(

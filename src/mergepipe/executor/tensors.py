@@ -1,15 +1,4 @@
-"""Whole-tensor kernels: the blocks of one tensor joined, one kernel call, the result cut back.
-
-Operators whose every entry depends on a reduction over the whole tensor (slerp's norms and dot
-product, nuslerp's per-row or per-tensor cosines, model_stock's angle) declare `whole_tensor` in
-their spec. The schedule keeps each tensor's blocks in one chunk, so the chunk's bytes already
-hold the whole tensor: nothing is read twice. Peak memory per compute thread is one tensor per
-input (the base and K experts, float32 plus the compute dtype's copies) instead of one block per
-input; mergekit holds the same whole tensors.
-
-An expert's unread block is the base's block there (its delta is zero), so the reductions see
-the blocks read and the output is the operator's on those inputs.
-"""
+"""Whole-tensor kernels: the blocks of one tensor joined, one kernel call, the result cut back."""
 
 from __future__ import annotations
 
@@ -43,8 +32,7 @@ def by_tensor(steps: Sequence[Step]) -> Iterator[list[Step]]:
 
 def merge_tensor(op: Operator, shape: Sequence[int], inputs: list[StepInputs]
                  ) -> list[torch.Tensor]:
-    """The kernel on the whole tensor joined from its blocks; the float32 output per block.
-    Consumes `inputs` (the blocks are dropped once joined, before the kernel runs)."""
+    """The kernel on the whole tensor joined from its blocks; the float32 output per block."""
     bases = [b for b, _, _ in inputs]
     base = _join(bases, shape)
     experts = [_join_expert([blocks[i] for _, blocks, _ in inputs], bases, shape)

@@ -1,15 +1,4 @@
-"""Confinement at the moment of every open: files inside a root are opened beneath the root's fd.
-
-A job of the service runs inside `confined(roots)`. Every local open of its readers and stores
-(`open_confined`) then resolves a path that lies inside a root relative to a file descriptor of
-that root, never by its name from `/`: with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`
-where the kernel has it, else by a walk of one component at a time, each opened with
-`O_NOFOLLOW` relative to the directory before it (symbolic links read with `readlinkat` and
-resolved the same way; absolute ones and `..` above the root refused). A directory or file
-swapped for a link out of the root at any moment is refused (`Forbidden`); no byte from outside
-is read. Links that stay inside the root (a hub cache's snapshot -> blob links) are followed.
-Paths outside every root (a model an administrator registered from the CLI) open as before.
-"""
+"""Confinement at the moment of every open: files inside a root are opened beneath the root's fd."""
 
 from __future__ import annotations
 
@@ -25,6 +14,9 @@ from pathlib import Path
 
 from mergepipe.core.errors import Forbidden, InvalidRequest
 
+# A path inside a root is resolved relative to the root's fd, never by its name from `/`:
+# openat2(RESOLVE_BENEATH) where the kernel has it, else a walk of O_NOFOLLOW opens (links read
+# with readlinkat and resolved the same way). A link swapped in out of the root is refused.
 _ROOTS: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
     "mergepipe_confinement_roots", default=None)
 

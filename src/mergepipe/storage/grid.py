@@ -1,10 +1,4 @@
-"""The block grid: contiguous ranges of about `block_bytes` per tensor, taken from the base.
-
-A grid's units are the tensor's rows, or, for a 0-D/1-D tensor and for a tensor whose rows are
-larger than a block, its elements (flat index): each block is one contiguous byte range either
-way, and memory stays about a block whatever the shape. The catalog stores each block's
-[row_start, row_end) in units; `unit_numel` recovers the unit from the shape and the grid.
-"""
+"""The block grid: contiguous ranges of about `block_bytes` per tensor, taken from the base."""
 
 from __future__ import annotations
 

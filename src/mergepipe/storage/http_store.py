@@ -1,11 +1,4 @@
-"""A checkpoint directory behind HTTP(S): HEAD, probed names, ranged GETs; the deadline watchdog.
-
-A server that trickles its headers or body (a byte every few seconds) answers each read within
-any read timeout, so only a clock can end such a request: each watched request registers its
-deadline with one watchdog thread; our urllib3 connections attach themselves to the request's
-watch when they connect or send, and at the deadline the watchdog shuts the socket down (through
-a duplicate of its descriptor, so that a TLS handshake in progress is cut off too).
-"""
+"""A checkpoint directory behind HTTP(S): HEAD, probed names, ranged GETs; the deadline watchdog."""
 
 from __future__ import annotations
 
@@ -52,6 +45,9 @@ MAX_REDIRECTS = 5
 MAX_LOCATION_CHARS = 8192
 
 
+# A server trickling its headers or body answers each read within any timeout: only a clock ends
+# such a request. At the deadline the watchdog shuts the socket down through a duplicate of its
+# descriptor (so that a TLS handshake in progress is cut off too).
 class Watch:
     """One request's deadline and the connection it is using now."""
 
@@ -139,8 +135,7 @@ CURRENT = threading.local()  # .watch: the Watch of the request this thread is m
 
 @contextlib.contextmanager
 def watching(conn: Any, deadline: float | None) -> Iterator[Watch | None]:
-    """Cut `conn` off at `deadline` while the body runs (None: no deadline, nothing watched).
-    The caller must hold the connection throughout (a response it is reading)."""
+    """Cut `conn` off at `deadline` while the body runs (None: no deadline, nothing watched)."""
     if deadline is None or conn is None:
         yield None
         return
@@ -201,9 +196,7 @@ POOL_CLASSES: dict[str, type[HTTPConnectionPool]] = {"http": _HTTPPool, "https":
 
 
 class HttpStore(RangedReads):
-    """Files under an http(s):// base URL. Redirects are followed by hand, each hop checked
-    first (under a remote root in a service job); the bearer token (MERGEPIPE_HTTP_TOKEN) goes
-    only to the exact origin asked for, over HTTPS or to a loopback host."""
+    """Files under an http(s):// base URL."""
 
     def __init__(self, cfg: RemoteConfig) -> None:
         self.cfg = cfg

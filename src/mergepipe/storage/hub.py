@@ -1,13 +1,4 @@
-"""Hugging Face Hub repositories as checkpoint locations: hf://org/name[@revision][/file].
-
-Through `huggingface_hub` and its conventions: HF_ENDPOINT, HF_TOKEN (or the saved token),
-HF_HUB_OFFLINE and the local cache (HF_HOME, HF_HUB_CACHE). A revision is pinned to its commit
-sha once (`pin`); a pinned location names the same bytes for ever. Files already in the local
-cache are read from disk; the others by ranged GETs of the resolve URLs
-(`{endpoint}/{org}/{name}/resolve/{sha}/{file}`), following the Hub's redirect to its storage
-host under the remote roots of the job (storage.remote): an `hf://org` root admits that
-organization's resolve URLs, and the storage host must be a root too.
-"""
+"""Hugging Face Hub repositories as checkpoint locations: hf://org/name[@revision][/file]."""
 
 from __future__ import annotations
 

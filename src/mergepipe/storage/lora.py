@@ -36,11 +36,7 @@ class LoraTarget:
 
 
 def lora_delta(b_rows: torch.Tensor, a: torch.Tensor, scale: float) -> torch.Tensor:
-    """The float32 delta of some rows of a LoRA tensor: scale * (B[rows] @ A).
-
-    Ingestion and the executor both call this, so that statistics, trim thresholds and the merge
-    see bit-identical deltas for the same block. Imports torch (only LoRA needs it).
-    """
+    """The float32 delta of some rows of a LoRA tensor: scale * (B[rows] @ A)."""
     import torch
 
     return torch.mm(b_rows, a).mul_(scale)

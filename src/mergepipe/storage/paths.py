@@ -18,10 +18,7 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> Path:
-    """The real path of `raw` if it lies inside a data root (symlinks resolved) and exists.
-
-    Relative paths are taken relative to the first data root. Confinement is checked before
-    existence so that nothing is revealed about files outside the roots."""
+    """The real path of `raw` if it lies inside a data root (symlinks resolved) and exists."""
     if not data_roots:
         raise Forbidden("no data roots are configured (MERGEPIPE_DATA_ROOTS); the server may "
                         "not read any path", field=field)

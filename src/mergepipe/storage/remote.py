@@ -46,8 +46,7 @@ class RemoteScope:
     limit_s: float | None = None          # the job's time limit, for messages
 
     def allows(self, url: Url, start: Url) -> bool:
-        """Whether a request for `start` may be redirected to `url`. A start outside every root
-        (a model registered from the CLI) is read as on the CLI, like a local path."""
+        """Whether a request for `start` may be redirected to `url`."""
         if self.roots is None or not any(start.within(r) for r in self.roots):
             return True
         return any(url.within(r) for r in self.roots)

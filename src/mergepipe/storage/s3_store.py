@@ -46,9 +46,7 @@ MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"}
 
 
 class S3Store(RangedReads):
-    """Objects of any S3-compatible store. The endpoint, region and credentials come from the
-    standard AWS environment and profile (boto3's chain); boto3's own retries are off so that
-    every attempt is counted and a broken body resumes at its first missing byte."""
+    """Objects of any S3-compatible store."""
 
     def __init__(self, cfg: RemoteConfig) -> None:
         self.cfg = cfg

@@ -1,6 +1,4 @@
-"""Parse safetensors headers ourselves and convert raw tensor bytes to and from float32.
-
-numpy at import; the torch conversions (the executor's kernels, LoRA) import torch when called."""
+"""Parse safetensors headers ourselves and convert raw tensor bytes to and from float32."""
 
 from __future__ import annotations
 

@@ -163,10 +163,7 @@ class LocalFileReader(ByteReader):
 
 
 class RemoteReader(ByteReader):
-    """A RangeReader over URLs, in the remote scope of the thread that made it. Each object is
-    read at one version (pinned by the caller, else its first stat's: VersionId / If-Match), so
-    a changed object fails, never mixes. `read_ahead`: objects are read front to back, so each is
-    fetched in large windows a few ahead, in parallel; else exactly the ranges asked for."""
+    """A RangeReader over URLs, in the remote scope of the thread that made it."""
 
     def __init__(self, *, read_ahead: bool = False) -> None:
         self.scope = current_scope()
