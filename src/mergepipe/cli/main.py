@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed command: its exit status, errors as one line on stderr (also what a server
-    runs for a CLI beside it, cli/relay.py)."""
+    runs for a CLI beside it, cli/beside.py)."""
     try:
         if not hasattr(args, "settings"):  # (a relayed command comes with the caller's)
             args.settings = Settings.from_env(catalog=args.catalog)

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     app: Any = create_app(s, cat)
     relay = None
     if isinstance(s.catalog, Path):  # DuckDB: the CLI beside it runs through this server
-        from mergepipe.cli.relay import CliRelay
+        from mergepipe.cli.beside import CliRelay
 
         relay = app = CliRelay(app, catalog=s.catalog, host=args.host,
                                port=sock.getsockname()[1])
