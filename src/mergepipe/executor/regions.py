@@ -22,8 +22,7 @@ from mergepipe.core.hooks import hooks
 from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.stream import ExecutionResult, execute, output_hash
-from mergepipe.executor.writeback import Writeback
-from mergepipe.executor.writer import CheckpointWriter, OutputTensor, _Slot
+from mergepipe.executor.writer import CheckpointWriter, OutputTensor, Writeback, _Slot
 from mergepipe.storage.fsconfine import confined, current_roots
 from mergepipe.storage.safetensors_format import encode_header
 
