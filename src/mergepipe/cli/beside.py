@@ -1,15 +1,4 @@
-"""The CLI beside a running server: a catalog command runs in the `serve` that holds the DuckDB file.
-
-DuckDB lets one process open a catalog file. The server advertises itself in
-`CATALOG.server.json` (mode 0600: address, process id, a secret made at each start); a command
-finds it, checks its owner and process, and posts its arguments, working directory and
-MERGEPIPE_* settings to `POST /v1/cli`, which runs it on the server's open catalog and streams
-its prints back as JSON lines ({"out"}, {"err"}, then {"rc"}). A stale advertisement is ignored.
-Only the server's user can use it (the secret, loopback peers); the command runs with the
-caller's settings and directory, as a direct run would. A command takes part by
-`set_defaults(beside_server=True)` and `open_catalog(args)`, naming its local path options in
-`local_paths`.
-"""
+"""The CLI beside a running server: catalog commands run in the `serve` holding the DuckDB file."""
 
 from __future__ import annotations
 
@@ -129,8 +118,7 @@ def alive(pid: int) -> bool:
 
 
 def find_server(catalog: Path | str) -> Advert | None:
-    """The live server advertised next to a DuckDB catalog file; None on PostgreSQL, when there
-    is none, or when its process is gone (then the stale file is removed)."""
+    """The live server advertised beside a DuckDB catalog (a stale advert is removed), or None."""
     if isinstance(catalog, str):
         return None  # a PostgreSQL URL: every process connects itself
     advert = read_advert(advert_path(catalog))
@@ -144,8 +132,7 @@ def find_server(catalog: Path | str) -> Advert | None:
 
 
 def relay(advert: Advert, argv: list[str], command: str) -> int | None:
-    """Run `argv` in the advertised server, copying its output here as it comes; its exit
-    status, or None when nothing answers at the address (a stale advertisement: run directly)."""
+    """Run `argv` in the server, its output copied here; its exit status (None: nothing answers)."""
     import http.client
 
     body = json.dumps({"argv": argv, "cwd": os.getcwd(),
@@ -198,9 +185,7 @@ def _error_message(body: bytes) -> str:
 # -- what a command uses ----------------------------------------------------------------------
 @contextlib.contextmanager
 def open_catalog(args: argparse.Namespace) -> Iterator[Catalog]:
-    """The command's catalog, as the Python API (`mergepipe.Catalog`) with the command's
-    settings: over the server's own database when it runs beside a server (left open), or the
-    one the settings name, opened for the command and closed after it."""
+    """The command's `mergepipe.Catalog`: over the server's database when relayed, else its own."""
     from mergepipe.api import Catalog  # start-up: imported only when it runs
 
     shared: CatalogDatabase | None = getattr(args, "server_catalog", None)
@@ -249,8 +234,7 @@ _local = threading.local()
 
 
 class _Routed(io.TextIOBase):
-    """sys.stdout / sys.stderr of a server: the real stream, except in a thread that runs a
-    relayed command, whose prints go to its caller."""
+    """sys.stdout / sys.stderr of a server: a relayed command's thread prints to its caller."""
 
     def __init__(self, real: TextIO, kind: str) -> None:
         self.real, self.kind = real, kind
@@ -286,8 +270,7 @@ class _Routed(io.TextIOBase):
 
 
 def install_streams() -> None:
-    """Route sys.stdout and sys.stderr by thread (once; after logging is configured, so that
-    log handlers keep the real streams)."""
+    """Route sys.stdout and sys.stderr by thread (after logging kept the real streams)."""
     if not isinstance(sys.stdout, _Routed):
         sys.stdout = _Routed(sys.stdout, "out")
     if not isinstance(sys.stderr, _Routed):
@@ -394,8 +377,7 @@ class CliRelay:
                     "more_body": False})
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> dict[str, Any] | None:
-        """The request's JSON object, once its sender, size and shape are checked; None when
-        it was refused (the refusal sent)."""
+        """The request's JSON object once its sender, size and shape pass; None when refused."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers") or []}
         peer = (scope.get("client") or ("", 0))[0]

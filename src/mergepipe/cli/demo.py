@@ -184,8 +184,7 @@ def closing_hint(root: Path) -> str:
 
 
 def show_incremental(api: Api, experts: list[str]) -> None:
-    """A linear merge of all experts but the last, then of all of them, from scratch and
-    incrementally (docs/incremental.md): the expert bytes each way."""
+    """Linear merges of K-1 then K experts, from scratch and incrementally: the bytes each way."""
     k = len(experts)
     say(f"and incrementally: a linear merge of {k - 1} experts, then of {k} two ways")
 

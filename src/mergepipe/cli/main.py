@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run a parsed command: its exit status, errors as one line on stderr (also what a server
-    runs for a CLI beside it, cli/beside.py)."""
+    """Run a parsed command (also a relayed one): its exit status, errors one line on stderr."""
     try:
         if not hasattr(args, "settings"):  # (a relayed command comes with the caller's)
             args.settings = Settings.from_env(catalog=args.catalog)

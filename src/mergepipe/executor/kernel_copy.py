@@ -19,8 +19,7 @@ _NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, er
 
 def copy_range(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int,
                src_name: str) -> int:
-    """Copy `nbytes` from `src` to `dst`: by the kernel as far as it goes, the rest through a
-    bounded buffer; the bytes the kernel copied."""
+    """Copy by the kernel as far as it goes, the rest through a buffer; the bytes it copied."""
     done = kernel_copy(src, src_offset, dst, dst_offset, nbytes)
     copied = done
     while done < nbytes:
@@ -49,8 +48,7 @@ def hash_back(fd: int, offset: int, nbytes: int, hashers: Sequence[xxhash.xxh3_1
 
 
 def kernel_copy(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int) -> int:
-    """Copy with os.copy_file_range; the bytes copied (fewer when the kernel, the file
-    systems or the platform do not support it: the caller copies the rest)."""
+    """Copy with os.copy_file_range; the bytes copied (fewer where unsupported)."""
     copy = getattr(os, "copy_file_range", None)
     done = 0
     while copy is not None and done < nbytes:

@@ -18,13 +18,7 @@ TAGS = ("merge", "mergepipe")
 def render_model_card(request: MergeRequest, io: Mapping[str, Any], *, name: str | None = None,
                       merge_id: str | None = None, plan_hash: str | None = None,
                       hub_ids: Mapping[str, str] | None = None) -> str:
-    """The model card text of a merge of `request`; `io` holds its I/O figures (budget_bytes,
-    full_read_bytes, planned_expert_bytes, expert_bytes_read, base_bytes_read, omission_bound;
-    missing ones are left out); `hub_ids` maps the catalog names of the inputs that have one to
-    their Hugging Face Hub ids (executor.hub_ids). Pure: no I/O, same inputs give the same text.
-
-    The Hub reads `base_model` as repository ids: it lists only those ids (none: the key is left
-    out); the catalog names stay under `mergepipe`."""
+    """The model card of a merge of `request` (pure); `base_model` lists the inputs' Hub ids."""
     spec = request.spec
     experts = [{"model": e.model, "weight": e.weight, "density": e.density}
                for e in request.experts]
@@ -134,8 +128,7 @@ def mergekit_config(request: MergeRequest) -> str | None:
 
 
 def _mergekit_params(request: MergeRequest, p: dict[str, Any]) -> dict[str, Any] | None:
-    """The request's other parameters under mergekit's names; None when mergekit's method
-    cannot express one of them."""
+    """The other parameters under mergekit's names; None when its method cannot express one."""
     method = request.spec.mergekit
     assert method is not None
     if p.pop("renormalize", "fixed") != "fixed":
@@ -189,8 +182,7 @@ def _models(request: MergeRequest, p: dict[str, Any], mk_semantics: bool,
 
 def _tensor_settings(settings: Mapping[str, Any] | None, n: int
                      ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Per-tensor parameters back as mergekit settings: each model's own (the first of its
-    chain; None: the global one applies) and the global ones (the second of a chain)."""
+    """Per-tensor parameters as mergekit settings: each model's own and the global ones."""
     per_model: list[dict[str, Any]] = [{} for _ in range(n)]
     shared: dict[str, Any] = {}
     for name, chains in (settings or {}).items():

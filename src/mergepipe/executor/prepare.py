@@ -27,9 +27,7 @@ class Prepared:
 
     @property
     def mergekit_arith(self) -> bool:
-        """mergekit's arithmetic (a config's compute dtype), or an operator of whole tensors:
-        every block runs through the operator, untouched ones too (its casts can change the
-        base's own values; a whole-tensor operator changes blocks no expert was read for)."""
+        """Every block runs through the operator (mergekit's casts, or whole-tensor operators)."""
         params = self.plan.request.params
         return (params.get("semantics") == "mergekit"
                 or params.get("compute_dtype", "float32") != "float32"
@@ -76,8 +74,7 @@ def _check_family(ref: str, base: ModelSource, experts: list[ModelSource]) -> No
 
 def _select_blocks(plan: Plan, base: ModelSource, experts: list[ModelSource]
                    ) -> dict[tuple[int, str], list[BlockRow]]:
-    """The catalog's block of each planned block, by (expert position, tensor), in block
-    order; SourceChanged where the catalog no longer has what the plan was made from."""
+    """Each planned block's catalog row by (expert position, tensor); SourceChanged if gone."""
     position = {e.name: i for i, e in enumerate(experts)}
     selected: dict[tuple[int, str], list[BlockRow]] = {}
     for pb in plan.blocks:

@@ -219,9 +219,7 @@ class S3Output:
 
 
     def clean_interrupted(self, merge_id: str) -> None:
-        """What a dead run of `merge_id` left: its staging directory, and the output it
-        published but never recorded. (Uploads it never completed are invisible; a bucket
-        lifecycle rule, AbortIncompleteMultipartUpload, reclaims their parts.)"""
+        """Remove a dead run's staging and the output it published but never recorded."""
         stage = stage_dir(merge_id[2:])
         for run in stage.parent.glob(glob.escape(stage.name) + "*"):  # and a shared catalog's claims'
             shutil.rmtree(run, ignore_errors=True)

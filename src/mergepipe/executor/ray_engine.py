@@ -1,13 +1,4 @@
-"""The Ray engine: a merge's output regions executed as Ray tasks that read and write shared storage.
-
-The driver (the process running the job) creates the output files, cuts the output into regions
-(executor.regions), and submits one task per region; each task opens the checkpoints itself (the
-same paths on every node: shared storage), reads its planned blocks, and pwrites its tensors.
-A task whose worker dies is retried (`RAY_TASK_RETRIES`) and rewrites its region whole. The
-driver checks every tensor came back once with its layout, sums the counters, writes the index
-and the side files; the job layer then publishes and records exactly as with the local engine.
-`ray` is imported only here, when a merge runs on it.
-"""
+"""The Ray engine: a merge's output regions as Ray tasks that read and write shared storage."""
 
 from __future__ import annotations
 
@@ -44,9 +35,7 @@ GCS_PROBE_SECONDS = 5.0  # a cluster address must accept a connection within thi
 
 
 def _probe(address: str) -> None:
-    """Refuse a `host:port` cluster address where nothing accepts a connection: Ray itself
-    retries, then ends the whole process (the server's too) instead of raising. `auto` and
-    `ray://` client addresses are Ray's to resolve."""
+    """Refuse a host:port where nothing listens: Ray would retry, then end the whole process."""
     if address == "auto" or "://" in address:
         return
     host, _, port = address.rpartition(":")
@@ -61,9 +50,7 @@ def _probe(address: str) -> None:
 
 
 class _Runtime:
-    """The process's Ray connection: a local runtime (or a connection to `address`) started by
-    the first merge that needs it and shut down after the last one running; one that someone
-    else initialised (a test session, an application) is used and left alone."""
+    """The process's Ray connection: started by the first merge, shut by the last (if ours)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -32,8 +32,7 @@ class ShardScan:
 
 
 def ray_scan(address: str | None) -> ScanFn:
-    """A ScanFn running one Ray task per shard file (on the cluster at `address`, or a local
-    runtime started for the ingestion)."""
+    """A ScanFn running one Ray task per shard file."""
     return functools.partial(scan_on_ray, address=address)
 
 
@@ -76,8 +75,7 @@ def scan_on_ray(plans: list[TensorPlan], pins: list[tuple[str, Stamp]],
 
 def scan_shard(index: int, plans: list[TensorPlan], pins: list[tuple[str, Stamp]],
                roots: Sequence[str] | None) -> ShardScan:
-    """One shard's scan, in any process that sees the checkpoint at the same paths (a Ray task:
-    one CPU, so one scan thread)."""
+    """One shard's scan, in any process that sees the checkpoint at the same paths."""
     hooks().shard_started(index)
     with confined(roots) if roots else contextlib.nullcontext():
         results, nbytes = scan_pinned(plans, pins, None, workers=1)

@@ -1,15 +1,9 @@
-"""Output regions: a merge cut into runs of whole tensors of one output file, each executed alone.
-
-An engine that spreads a merge over processes or machines (executor.ray_engine) creates the
-output files first (headers written, sized), cuts the output into regions, runs each region
-where it likes with `run_region` (which reads the region's planned blocks itself and pwrites its
-tensors into the shared files), then checks and joins the regions' results with `combine`. The
-blocks, their order within a tensor and the kernels are the local engine's, so the bytes are too.
-"""
+"""Output regions: a merge cut into runs of whole tensors of one file, each executed alone."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -40,17 +34,10 @@ class Region:
     nbytes: int  # output bytes of its tensors
 
 
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def split_regions(layout: Layout, parts: int) -> list[Region]:
     """About `parts` regions of similar output bytes; at least one per file, whole tensors in
     file order (a tensor is never cut: its hash runs over its bytes in order)."""
-    total = sum(_numel(s) * DTYPE_SIZES[d] for _, specs in layout for _, d, s in specs)
+    total = sum(math.prod(s) * DTYPE_SIZES[d] for _, specs in layout for _, d, s in specs)
     target = max(1, total // max(1, parts))
     regions: list[Region] = []
     for fname, specs in layout:
@@ -58,7 +45,7 @@ def split_regions(layout: Layout, parts: int) -> list[Region]:
         cur_bytes = 0
         for name, dtype, shape in specs:
             cur.append(name)
-            cur_bytes += _numel(shape) * DTYPE_SIZES[dtype]
+            cur_bytes += math.prod(shape) * DTYPE_SIZES[dtype]
             if cur_bytes >= target:
                 regions.append(Region(len(regions), fname, tuple(cur), cur_bytes))
                 cur, cur_bytes = [], 0
@@ -99,7 +86,7 @@ class RegionWriter(CheckpointWriter):
                 for (name, dtype, shape), (begin, end) in zip(specs, spans, strict=True):
                     if name in mine:
                         self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
-                                                  _numel(shape), 0, xxhash.xxh3_128())
+                                                  math.prod(shape), 0, xxhash.xxh3_128())
                         self._order.append(name)
                         self.total_bytes += end - begin
         except BaseException:
@@ -120,8 +107,7 @@ def run_region(prep: Prepared, out_dir: str, layout: Layout,
                metadata: dict[str, dict[str, str]], region: Region, *, first_pass: bool,
                threads: int | None, roots: Sequence[str] | None
                ) -> tuple[int, int, ExecutionResult]:
-    """Execute one region (in any process that sees the inputs and `out_dir` at the same
-    paths): (region index, this process's id, what it read and wrote)."""
+    """Execute one region: (region index, this process's id, what it read and wrote)."""
     hooks().region_started(region.index)
     sub = region_prepared(prep, region)
     with confined(roots) if roots else contextlib.nullcontext():
@@ -133,8 +119,7 @@ def run_region(prep: Prepared, out_dir: str, layout: Layout,
 
 def combine(layout: Layout, regions: Sequence[Region], results: dict[int, ExecutionResult],
             exec_seconds: float) -> ExecutionResult:
-    """One result from the regions': every output tensor written once, in its region, with
-    its layout's dtype, shape and bytes; counters summed."""
+    """One result from the regions': every tensor once, as its layout says; counters summed."""
     if set(results) != {r.index for r in regions}:
         raise RuntimeError(f"output regions {sorted(set(range(len(regions))) - set(results))} "
                            "returned no result")

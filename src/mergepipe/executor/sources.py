@@ -84,8 +84,7 @@ class ModelSource:
 
     def verify_lora_a(self, tensor: str, spec: LoraA, raw: bytes | bytearray | memoryview
                       ) -> None:
-        """Raise SourceChanged unless `raw` has lora_A's catalogued xxh3-128 content hash (no
-        check for a catalog row from before migration 0004, which has no hash)."""
+        """Raise SourceChanged unless `raw` has lora_A's catalogued hash (if the row has one)."""
         if spec.content_hash is not None:
             self._verify(raw, spec.content_hash, f"tensor {tensor!r} lora_A", spec.file_index,
                          spec.offset, spec.nbytes)

@@ -1,10 +1,4 @@
-"""The torch side of merging a block: decode to float32, each expert's delta by storage kind,
-the operator's torch kernel, encode.
-
-Blocks the fused C kernels do not cover come here (other operators, mergekit arithmetic,
-whole-tensor operators, LoRA experts' deltas, a NaN in a fused output, no C extension). Imported
-on first need: a merge that the fused kernels cover never loads torch (~1.5 s of CPU).
-"""
+"""The torch side of merging a block, for what the fused C kernels do not cover."""
 
 from __future__ import annotations
 
@@ -110,8 +104,7 @@ def decode(raw: memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 class _Deltas(threading.local):
-    """Each compute thread's float32 delta buffers, one per expert position, reused block after
-    block (the operators never return or keep them)."""
+    """Each compute thread's float32 delta buffers, one per expert, reused block after block."""
 
     def __init__(self) -> None:
         self.bufs: dict[int, torch.Tensor] = {}
@@ -128,8 +121,7 @@ _deltas = _Deltas()
 
 def _value_and_delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,
                      data: Mapping[Hashable, memoryview]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A full expert's block widened exactly to float32, and its float32 delta (new tensors:
-    mergekit arithmetic needs both)."""
+    """A full expert's block widened to float32, and its float32 delta (new tensors)."""
     raw = data[("e", i, st.tensor, st.block_index)]
     if raw.nbytes == 0:
         return b32.clone(), torch.zeros_like(b32)

@@ -1,8 +1,4 @@
-"""Write a safetensors checkpoint block by block: header first, each block pwritten at its offset.
-
-Every byte written is hashed as it goes (a streaming xxh3-128 per tensor); a tensor copied from
-the base by the kernel is read back and checked against the catalog's hash (executor.kernel_copy).
-"""
+"""Write a safetensors checkpoint block by block, every byte hashed as it goes."""
 
 from __future__ import annotations
 
@@ -10,6 +6,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
+import math
 import os
 import sys
 from collections import deque
@@ -63,8 +60,7 @@ def _lookup() -> _Fn | None:
 
 
 def start_writeback(fd: int) -> bool:
-    """Ask the kernel to start writing the file's dirty pages (asynchronously: the data is
-    durable only after fsync). False where sync_file_range is not available (a no-op)."""
+    """Start the write-back of the file's dirty pages; False without sync_file_range."""
     fn = _lookup()
     if fn is None:
         return False
@@ -146,11 +142,8 @@ class CheckpointWriter:
                 os.ftruncate(fd, len(header) + data_len)
                 self.total_bytes += data_len
                 for (name, dtype, shape), (begin, _end) in zip(tensors, spans, strict=True):
-                    numel = 1
-                    for d in shape:
-                        numel *= d
                     self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
-                                              numel, 0, xxhash.xxh3_128())
+                                              math.prod(shape), 0, xxhash.xxh3_128())
                     self._order.append(name)
         except BaseException:
             self.abort()
@@ -233,8 +226,7 @@ def write_json(path: Path, obj: object) -> None:
 
 
 def write_new(path: Path, data: bytes) -> None:
-    """Write a new file of the staging directory and fsync it (O_EXCL | O_NOFOLLOW: a name
-    planted there is never written through)."""
+    """Write a new staging file (O_EXCL | O_NOFOLLOW: never through a planted name) and fsync it."""
     fd = os.open(path, _NEW_FILE, 0o644)
     try:
         pwrite_all(fd, data, 0)

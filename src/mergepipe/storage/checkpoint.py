@@ -1,5 +1,4 @@
-"""Locate the safetensors files of a checkpoint (single file, sharded HF directory, LoRA adapter),
-on the local disk or in remote storage (through the store of its scheme)."""
+"""Locate the safetensors files of a checkpoint (file, sharded directory, LoRA adapter)."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class Checkpoint:
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Read the headers of every file of the checkpoint at `path` (a local path, or an s3:// or
-    http(s):// URL); no tensor data is read."""
+    """Read the headers of every file of the checkpoint at `path` (no tensor data)."""
     p = absolute(path)
     store = store_for(p)
     kind = _kind(store, p)

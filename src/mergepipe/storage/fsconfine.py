@@ -135,8 +135,7 @@ def _have_openat2(dirfd: int) -> bool:
 
 
 def _walk(rfd: int, rel: str, flags: int, mode: int) -> int:
-    """openat2(RESOLVE_BENEATH) by hand: each component opened with O_NOFOLLOW from the fd of
-    the directory before it; links expanded with readlinkat, never followed by the kernel."""
+    """openat2(RESOLVE_BENEATH) by hand: O_NOFOLLOW opens, links expanded with readlinkat."""
     stack = [os.dup(rfd)]  # fds of the directories from the root down to the current one
     parts = [c for c in rel.split("/") if c not in ("", ".")]
     links = 0
@@ -180,8 +179,7 @@ def _open_nofollow(name: str, want: int, mode: int, dirfd: int, rel: str) -> int
 
 
 def _link_parts(name: str, dirfd: int, rel: str, error: OSError, links: int) -> list[str]:
-    """The components of the link `name` under `dirfd` (the `links`-th of the walk), relative
-    to it; `error` (the open's own) when `name` is not a link."""
+    """The components of the link `name`; `error` (the open's own) when it is not a link."""
     try:
         target = os.readlink(name, dir_fd=dirfd)
     except OSError:

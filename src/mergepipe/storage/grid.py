@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import overload
 
@@ -9,9 +10,7 @@ DEFAULT_BLOCK_BYTES = 1 << 20
 
 
 class BlockGrid(Sequence[tuple[int, int]]):
-    """The unit ranges [start, end) of a tensor's blocks, in closed form: block i is
-    [units * i // n, units * (i + 1) // n). Nothing is stored per block, so a header claiming
-    2**41 blocks costs a few integers until bytes arrive (and the caps refuse it first)."""
+    """Block i is [units * i // n, units * (i + 1) // n): nothing is stored per block."""
 
     __slots__ = ("n", "units")
 
@@ -55,9 +54,7 @@ class BlockGrid(Sequence[tuple[int, int]]):
 
 def block_rows(shape: tuple[int, ...], itemsize: int, block_bytes: int) -> BlockGrid:
     """Unit ranges [start, end) of each block; a small tensor is one block."""
-    numel = 1
-    for d in shape:
-        numel *= d
+    numel = math.prod(shape)
     rows = shape[0] if len(shape) >= 2 else numel
     row_bytes = itemsize * (numel // rows if rows else 1)
     if row_bytes > block_bytes:  # rows larger than a block: cut into element ranges
@@ -71,12 +68,8 @@ def block_rows(shape: tuple[int, ...], itemsize: int, block_bytes: int) -> Block
 
 
 def unit_numel(shape: tuple[int, ...], grid_units: int) -> int:
-    """Elements per grid unit of a tensor whose grid ends at `grid_units` (its last row_end):
-    a row's elements on a row grid, 1 on an element grid."""
-    numel = 1
-    for d in shape:
-        numel *= d
-    return numel // grid_units if grid_units else 1
+    """Elements per grid unit: a row's elements on a row grid, 1 on an element grid."""
+    return math.prod(shape) // grid_units if grid_units else 1
 
 
 def is_element_grid(shape: tuple[int, ...], grid_units: int) -> bool:

@@ -83,8 +83,7 @@ class Watch:
 
 
 def _shutdown(conn: Any) -> None:
-    """Shut the connection's socket down: our connections through their duplicate descriptor,
-    another client's (boto3's, while its caller holds the response) through its socket."""
+    """Shut the socket down: ours through its duplicate descriptor, boto3's through its socket."""
     sock = getattr(conn, "_watch_dup", None) or getattr(conn, "sock", None)
     if sock is not None:
         with contextlib.suppress(OSError):  # closed already
@@ -148,8 +147,7 @@ def watching(conn: Any, deadline: float | None) -> Iterator[Watch | None]:
 
 
 class _Watched:
-    """Mixin of the connection classes: attach to the current thread's watch on connect and
-    on every request (a kept-alive connection is reused by later requests)."""
+    """Connection mixin: attach to the thread's watch on connect and on every request."""
 
     _watch_dup: socket.socket | None = None
 
@@ -339,8 +337,7 @@ class HttpStore(RangedReads):
 
 def _hop(path: str, current: str, location: str, start: Url, scope: RemoteScope
          ) -> tuple[Url, str]:
-    """The next URL of a redirect and its query, normalized and under the scope's roots, else
-    Forbidden (not naming the target: no port or path scanning through error messages)."""
+    """The next URL and query of a redirect, under the scope's roots, else Forbidden (unnamed)."""
     refused = Forbidden(f"{path}: the server redirected the request to a location outside the "
                         "allowed remote roots; the redirect was not followed", field="path")
     if len(location) > MAX_LOCATION_CHARS or any(ord(c) <= 32 or ord(c) == 127

@@ -203,8 +203,7 @@ class HubStore(WholeReads):
 
     @contextlib.contextmanager
     def _scope(self) -> Iterator[None]:
-        """In a job confined to remote roots, each hf://org root admits that organization's
-        resolve URLs at the endpoint; a redirect must still land under a root."""
+        """In a confined job, each hf://org root admits that organization's resolve URLs."""
         scope = current_scope()
         if scope.roots is None:
             yield

@@ -1,5 +1,4 @@
-"""Where a checkpoint file lives: a local path, or an s3://, http(s):// or hf:// URL (parse, join,
-name)."""
+"""Where a checkpoint file lives: a local path, or an s3://, http(s):// or hf:// URL."""
 
 from __future__ import annotations
 
@@ -29,10 +28,7 @@ _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 
 @dataclass(frozen=True)
 class Url:
-    """A remote object or directory: scheme, bucket or host[:port] (no default port), and the
-    key (no leading or trailing slash; '' for the bucket or the site's root). An http(s) key is
-    in canonical percent-encoded form (each segment decoded once, then encoded again the one
-    way); an S3 key is the object key itself."""
+    """A remote object or directory: scheme, bucket or host[:port], canonical key."""
 
     scheme: str
     authority: str
@@ -129,8 +125,7 @@ def _authority(scheme: str, authority: str, text: str, field: str) -> str:
 
 
 def _check_segment(seg: str, text: str, field: str) -> None:
-    """A decoded path segment: not a dot segment (also as '..;x'), no separator, no control
-    character, no escape left in it (a server that decodes twice would see another path)."""
+    """A decoded path segment: no dot segment, separator, control character or escape."""
     if seg.split(";", 1)[0] in (".", "..") or "/" in seg or "\\" in seg or \
             any(ord(c) < 32 or ord(c) == 127 for c in seg) or _ESCAPE.search(seg):
         raise InvalidRequest(f"{field} {_short(text)}: a path segment may not be '.' or '..' "

@@ -1,5 +1,4 @@
-"""Confinement: ingestion paths inside the data roots, URLs under the remote roots, merge outputs
-inside the output root."""
+"""Confinement of the paths and URLs a request names, and of merge outputs."""
 
 from __future__ import annotations
 
@@ -44,9 +43,7 @@ def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> 
 
 
 def confine_url(raw: str, remote_roots: Sequence[str], field: str = "path") -> str:
-    """The canonical form of the URL `raw` if it lies under a remote root (whole path
-    segments: s3://bucket/team does not allow s3://bucket/team-b). Existence is left to the
-    ingestion job, which names the missing object."""
+    """The canonical URL `raw` if it lies under a remote root (whole path segments)."""
     if not remote_roots:
         raise Forbidden("no remote roots are configured (MERGEPIPE_REMOTE_ROOTS); the server "
                         "may not read any URL", field=field)
@@ -60,8 +57,7 @@ def confine_url(raw: str, remote_roots: Sequence[str], field: str = "path") -> s
 
 def confine_source(raw: str, data_roots: Sequence[Path], remote_roots: Sequence[str],
                    field: str = "path") -> str:
-    """A checkpoint location the service may read: a URL under a remote root, or the real
-    path of a local path inside a data root."""
+    """A URL under a remote root, or the real path of a local path inside a data root."""
     if is_url(raw):
         return confine_url(raw, remote_roots, field)
     return str(confine_input(raw, data_roots, field))
@@ -83,9 +79,7 @@ def _missing_why(real: Path) -> str:
 
 
 def _confine_entries(real: Path, roots: Sequence[Path], raw: str, field: str) -> None:
-    """Every entry of a checkpoint directory (shards, index, adapter files, config and
-    tokenizer files: ingestion reads them, a merge copies the base's) must resolve inside the
-    roots too: a symbolic link to a file outside them is refused, not followed."""
+    """Refuse a directory entry that is a symbolic link out of the roots."""
     for entry in sorted(real.iterdir()):
         if entry.is_symlink() and not any(_inside(Path(os.path.realpath(entry)), r)
                                           for r in roots):

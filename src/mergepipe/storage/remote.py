@@ -1,10 +1,4 @@
-"""What every remote store shares: the job's remote scope, settings, the retry loop, ranged reads.
-
-A job of the service runs inside `remote_scope(roots, limit_s)`: every request then follows a
-redirect only to a URL under a remote root (checked hop by hop before it is followed) and ends by
-the job's deadline (timeouts capped by the time left, retries stopped at it, a trickling request
-cut off). Outside a scope (the CLI) any redirect is followed and only the read timeout applies.
-"""
+"""What every remote store shares: the job's remote scope, settings, retries, ranged reads."""
 
 from __future__ import annotations
 
@@ -87,8 +81,7 @@ def using(scope: RemoteScope) -> Iterator[None]:
 
 def remote_scope(roots: Sequence[str] | None, limit_s: float | None
                  ) -> contextlib.AbstractContextManager[None]:
-    """A job's scope: redirects confined to `roots`, every call over within `limit_s` s
-    (None: not confined, no deadline)."""
+    """A job's scope: redirects confined to `roots`, every call over within `limit_s` s."""
     parsed = None if roots is None else tuple(parse_url(r, "MERGEPIPE_REMOTE_ROOTS")
                                                for r in roots)
     deadline = None if limit_s is None else time.monotonic() + limit_s
@@ -132,8 +125,7 @@ class RemoteConfig:
 
 
 def check_size(path: str, size: int) -> int:
-    """`size` as a store claims it, refused over MERGEPIPE_MAX_FILE_BYTES: a lie costs a 4xx at
-    the stat, never a read in proportion to it."""
+    """`size` as a store claims it, refused over MERGEPIPE_MAX_FILE_BYTES before any read."""
     cap = checkpoint_limits.current().max_file_bytes
     if size > cap:
         raise InvalidCheckpoint(f"{path}: the store claims {size} bytes, over the limit of {cap} "
@@ -165,8 +157,7 @@ def with_retries(what: str, cfg: RemoteConfig, stats: FetchStats, attempt: Calla
 
 def copy_body(read: Callable[[int], bytes], out: memoryview, done: list[int],
               stats: FetchStats) -> None:
-    """Copy a body into `out[done[0]:]` as it arrives, counted; one that ends early (or runs
-    past the deadline) is Transient and the retry resumes at `done[0]`."""
+    """Copy a body into `out[done[0]:]` as it arrives; one ending early is Transient."""
     n, scope = len(out), current_scope()
     while done[0] < n:
         left = scope.remaining()

@@ -29,8 +29,7 @@ class _NoBotocore(Exception):
 
 @functools.cache
 def _botocore_errors() -> tuple[type[Exception], type[Exception]]:
-    """botocore's (BotoCoreError, ClientError), imported when an S3 call fails (an `except`
-    clause is evaluated only then): boto3 takes 0.1-0.3 s to import, only S3 users pay it."""
+    """botocore's (BotoCoreError, ClientError), imported when an S3 call fails (boto3 is slow)."""
     try:
         from botocore.exceptions import BotoCoreError, ClientError
     except ImportError:  # pragma: no cover - exercised by an install without the extra

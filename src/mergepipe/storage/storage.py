@@ -65,8 +65,7 @@ class ByteReader:
 
 
 def open_reader(*, random_access: bool = False) -> SourceReader:
-    """A reader for checkpoint files; `random_access`: the caller reads scattered ranges in large
-    reads of its own (a budgeted access set), so read-ahead would fetch bytes nobody asked for."""
+    """A reader of checkpoint files; `random_access`: no read-ahead (scattered large reads)."""
     return SourceReader(LocalFileReader(random_access=random_access),
                         RemoteReader(read_ahead=not random_access))
 

@@ -67,8 +67,7 @@ NETWORK = FetchStats()
 
 
 class Store(Protocol):
-    """What discovering a checkpoint needs; missing objects raise FileNotFoundError, refused
-    ones PermissionError."""
+    """What discovering a checkpoint needs; missing: FileNotFoundError, refused: PermissionError."""
 
     def stat(self, path: str) -> Stamp: ...
 

@@ -73,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def start_settings(host: str, s: Settings, env: Mapping[str, str]) -> Settings:
-    """serve's start-up rule on the address: a non-loopback one needs MERGEPIPE_API_TOKEN, or
-    MERGEPIPE_LOOPBACK_ONLY=1 saying only this machine reaches the port (InvalidRequest
-    otherwise); there any Host is served unless MERGEPIPE_ALLOWED_HOSTS names them."""
+    """serve's address rule: off loopback, an API token or MERGEPIPE_LOOPBACK_ONLY=1; any Host."""
     exposed = host not in LOOPBACK_HOSTS
     if exposed and not s.api_token and env.get("MERGEPIPE_LOOPBACK_ONLY") != "1":
         raise InvalidRequest(
