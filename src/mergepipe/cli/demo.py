@@ -207,12 +207,5 @@ def show_incremental(api: Api, experts: list[str]) -> None:
                 rows)
 
 
-def cli_path() -> str:
-    """How to call this installation's CLI (`.venv/bin/mergepipe` when it is not on PATH)."""
-    exe = Path(sys.executable).parent / "mergepipe"
-    on_path = shutil.which("mergepipe")
-    return "mergepipe" if on_path and Path(on_path).resolve() == exe.resolve() else str(exe)
-
-
 def say(msg: str) -> None:
     print(msg, flush=True)

@@ -25,7 +25,7 @@ from mergepipe.executor.side_files import copy_side_files
 from mergepipe.executor.sources import ModelSource
 from mergepipe.executor.writer import BackgroundWrites, CheckpointWriter, OutputTensor
 from mergepipe.storage.locations import basename
-from mergepipe.storage.storage import RangeReader, SourceReader, open_reader
+from mergepipe.storage.storage import RangeReader, open_reader
 
 __all__ = ["ExecutionResult", "Prepared", "execute", "prepare"]
 
@@ -158,14 +158,14 @@ class _Output:
                                    self.readers[0].bytes_read, self.readers[1].bytes_read))
 
 
-def _pin(reader: SourceReader, models: Sequence[ModelSource]) -> None:
+def _pin(reader: RangeReader, models: Sequence[ModelSource]) -> None:
     """Remote files are read at the version ingested (their ETag / version id)."""
     for m in models:
         for f in m.files.values():
             reader.pin(f.path, f.stamp)
 
 
-def _fetch_by_model(prep: Prepared, expert_reader: SourceReader) -> dict[str, dict[str, int]]:
+def _fetch_by_model(prep: Prepared, expert_reader: RangeReader) -> dict[str, dict[str, int]]:
     """Bytes fetched, requests and retries of each expert's reads."""
     by_path = {f.path: e.name for e in prep.experts for f in e.files.values()}
     by_model = {e.name: {"bytes": 0, "requests": 0, "retries": 0} for e in prep.experts}

@@ -164,11 +164,6 @@ def _from_files(path: str, files: list[str], extra: list[str], *, is_dir: bool =
     return Checkpoint(path, headers, tensors, extra, is_dir=is_dir, has_index=has_index)
 
 
-def load_json(path: str) -> dict[str, object]:
-    """A small JSON object file (an index, an adapter or model config), local or remote."""
-    return _load_json(store_for(path), path)
-
-
 def _load_json(store: Store, p: str) -> dict[str, object]:
     if _kind(store, p) != FILE:  # a FIFO or a device would block or never end
         raise InvalidCheckpoint(f"{p}: not a regular file")

@@ -235,18 +235,11 @@ class HttpStore(RangedReads):
 
         def exists(name: str) -> bool:
             with using(scope):
-                return self._exists(str(url.child(name)))
+                return self.kind(str(url.child(name))) == FILE
 
         with ThreadPoolExecutor(8, thread_name_prefix="mergepipe-probe") as pool:
             found = list(pool.map(exists, PROBED_NAMES))
         return {n: FILE for n, ok in zip(PROBED_NAMES, found, strict=True) if ok}
-
-    def _exists(self, path: str) -> bool:
-        try:
-            self.stat(path)
-        except FileNotFoundError:
-            return False
-        return True
 
     # -- byte ranges -------------------------------------------------------------------------
 

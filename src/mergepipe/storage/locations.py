@@ -100,7 +100,7 @@ def parse_url(text: str, field: str = "path") -> Url:
         try:
             decoded = unquote(p, errors="strict")
         except UnicodeDecodeError:
-            raise InvalidRequest(f"{field} {_short(text)}: a path segment is not UTF-8 once "
+            raise InvalidRequest(f"{field} {short(text)}: a path segment is not UTF-8 once "
                                  "percent-decoded", field=field) from None
         _check_segment(decoded, text, field)
     if scheme != "s3":
@@ -128,12 +128,13 @@ def _check_segment(seg: str, text: str, field: str) -> None:
     """A decoded path segment: no dot segment, separator, control character or escape."""
     if seg.split(";", 1)[0] in (".", "..") or "/" in seg or "\\" in seg or \
             any(ord(c) < 32 or ord(c) == 127 for c in seg) or _ESCAPE.search(seg):
-        raise InvalidRequest(f"{field} {_short(text)}: a path segment may not be '.' or '..' "
+        raise InvalidRequest(f"{field} {short(text)}: a path segment may not be '.' or '..' "
                              "or hold a separator, control character or escape, encoded or "
                              "not", field=field)
 
 
-def _short(text: str) -> str:
+def short(text: str) -> str:
+    """repr(text), cut to 200 characters."""
     r = repr(text)
     return r if len(r) <= 200 else r[:197] + "..."
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
 from mergepipe.core.vocab import check_name as check_name  # re-exported
-from mergepipe.storage.locations import is_url, parse_url
+from mergepipe.storage.locations import is_url, parse_url, short
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -30,14 +30,14 @@ def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> 
     try:
         real = Path(os.path.realpath(p))
         if not any(_inside(real, r) for r in roots):
-            raise Forbidden(f"{field} {_short(raw)} is outside the allowed data roots",
+            raise Forbidden(f"{field} {short(raw)} is outside the allowed data roots",
                             field=field)
         if not real.exists():
-            raise InvalidRequest(f"{field} {_short(raw)} {_missing_why(real)}", field=field)
+            raise InvalidRequest(f"{field} {short(raw)} {_missing_why(real)}", field=field)
         if real.is_dir():
             _confine_entries(real, roots, raw, field)
     except OSError as e:  # a name too long, a directory we may not list, ...
-        raise InvalidRequest(f"{field} {_short(raw)} is not a usable path ({e.strerror})",
+        raise InvalidRequest(f"{field} {short(raw)} is not a usable path ({e.strerror})",
                              field=field) from None
     return real
 
@@ -63,11 +63,6 @@ def confine_source(raw: str, data_roots: Sequence[Path], remote_roots: Sequence[
     return str(confine_input(raw, data_roots, field))
 
 
-def _short(raw: str) -> str:
-    r = repr(raw)
-    return r if len(r) <= 200 else r[:197] + "..."
-
-
 def _missing_why(real: Path) -> str:
     """Why a path inside a root cannot be found: a loop of symbolic links, or nothing there."""
     try:
@@ -83,7 +78,7 @@ def _confine_entries(real: Path, roots: Sequence[Path], raw: str, field: str) ->
     for entry in sorted(real.iterdir()):
         if entry.is_symlink() and not any(_inside(Path(os.path.realpath(entry)), r)
                                           for r in roots):
-            raise Forbidden(f"{field} {_short(raw)}: {entry.name} is a symbolic link to a file "
+            raise Forbidden(f"{field} {short(raw)}: {entry.name} is a symbolic link to a file "
                             "outside the allowed data roots", field=field)
 
 

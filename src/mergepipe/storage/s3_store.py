@@ -80,8 +80,7 @@ class S3Store(RangedReads):
     # -- discovery ---------------------------------------------------------------------------
 
     def stat(self, path: str) -> Stamp:
-        url = parse_url(path)
-        r = self._call(path, FetchStats(), "head_object", Bucket=url.authority, Key=url.key)
+        r = self._object(path, "head_object")
         return Stamp(check_size(path, int(r["ContentLength"])),
                      int(r["LastModified"].timestamp() * 1e9),
                      r.get("ETag"), r.get("VersionId"))
@@ -151,32 +150,29 @@ class S3Store(RangedReads):
         return bool(r.get("KeyCount", 0))
 
     def start_upload(self, path: str) -> str:
-        url = parse_url(path)
-        return str(self._call(path, FetchStats(), "create_multipart_upload",
-                              Bucket=url.authority, Key=url.key)["UploadId"])
+        return str(self._object(path, "create_multipart_upload")["UploadId"])
 
     def upload_part(self, path: str, upload_id: str, number: int, data: bytes) -> str:
-        url = parse_url(path)
-        return str(self._call(path, FetchStats(), "upload_part", Bucket=url.authority,
-                              Key=url.key, UploadId=upload_id, PartNumber=number,
-                              Body=data)["ETag"])
+        return str(self._object(path, "upload_part", UploadId=upload_id, PartNumber=number,
+                                Body=data)["ETag"])
 
     def complete_upload(self, path: str, upload_id: str, etags: list[str]) -> None:
-        url = parse_url(path)
         parts = [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]
-        self._call(path, FetchStats(), "complete_multipart_upload", Bucket=url.authority,
-                   Key=url.key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+        self._object(path, "complete_multipart_upload", UploadId=upload_id,
+                     MultipartUpload={"Parts": parts})
 
     def abort_upload(self, path: str, upload_id: str) -> None:
-        url = parse_url(path)
-        self._call(path, FetchStats(), "abort_multipart_upload", Bucket=url.authority,
-                   Key=url.key, UploadId=upload_id)
+        self._object(path, "abort_multipart_upload", UploadId=upload_id)
 
     def delete(self, path: str) -> None:
-        url = parse_url(path)
-        self._call(path, FetchStats(), "delete_object", Bucket=url.authority, Key=url.key)
+        self._object(path, "delete_object")
 
     # -- requests ----------------------------------------------------------------------------
+
+    def _object(self, path: str, op: str, **kw: Any) -> Any:
+        """One operation on the object `path`, with retries."""
+        url = parse_url(path)
+        return self._call(path, FetchStats(), op, Bucket=url.authority, Key=url.key, **kw)
 
     def _call(self, path: str, stats: FetchStats, op: str, **kw: Any) -> Any:
         """One S3 operation with retries (each attempt counted in `stats`)."""

@@ -1,4 +1,4 @@
-"""The one reader interface to checkpoint storage: byte ranges (local pread, remote ranged GETs), every byte counted."""
+"""Reading checkpoint bytes: local preads and remote ranged GETs (read-ahead, pinned versions)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol, Self
 
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.storage.fsconfine import current_roots, open_confined
@@ -21,65 +20,17 @@ WINDOWS_AHEAD = 2       # ... and this many windows ahead of the one being read
 MAX_WINDOWS = 6         # memory: at most this many windows held at once (48 MiB)
 
 
-class RangeReader(Protocol):
-    """Byte ranges of local files and remote objects, every byte counted (total and per file)."""
-
-    @property
-    def bytes_read(self) -> int: ...
-
-    @property
-    def bytes_by_path(self) -> dict[str, int]: ...
-
-    def size(self, path: str) -> int: ...
-
-    def read(self, path: str, offset: int, nbytes: int) -> bytearray: ...
-
-    def read_into(self, path: str, offset: int, out: memoryview) -> None: ...
-
-    def close(self) -> None: ...
-
-    def __enter__(self) -> RangeReader: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
-class ByteReader:
-    """`read` and `with` (closing at the block's end) for a reader of byte ranges."""
-
-    def read_into(self, path: str, offset: int, out: memoryview) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def read(self, path: str, offset: int, nbytes: int) -> bytearray:
-        buf = bytearray(nbytes)
-        self.read_into(path, offset, memoryview(buf))
-        return buf
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def open_reader(*, random_access: bool = False) -> SourceReader:
+def open_reader(*, random_access: bool = False) -> RangeReader:
     """A reader of checkpoint files; `random_access`: no read-ahead (scattered large reads)."""
-    return SourceReader(LocalFileReader(random_access=random_access),
-                        RemoteReader(read_ahead=not random_access))
+    return RangeReader(random_access=random_access)
 
 
-class SourceReader(ByteReader):
-    """Local paths to a LocalFileReader, URLs to a RemoteReader; the counters cover both."""
+class RangeReader:
+    """Byte ranges of local files (LocalFileReader) and URLs (RemoteReader), every byte counted."""
 
-    def __init__(self, local: LocalFileReader, remote: RemoteReader) -> None:
-        self.local, self.remote = local, remote
-        self._local_reads: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def _for(self, path: str) -> LocalFileReader | RemoteReader:
-        return self.remote if is_url(path) else self.local
+    def __init__(self, *, random_access: bool = False) -> None:
+        self.local = LocalFileReader(random_access=random_access)
+        self.remote = RemoteReader(read_ahead=not random_access)
 
     @property
     def bytes_read(self) -> int:
@@ -93,7 +44,7 @@ class SourceReader(ByteReader):
         out = self.remote.fetch_stats()
         for path, n in self.local.bytes_by_path.items():
             out[path] = st = FetchStats()
-            st.add(nbytes=n, requests=self._local_reads.get(path, 0))
+            st.add(nbytes=n, requests=self.local.reads[path])
         return out
 
     def pin(self, path: str, stamp: Stamp) -> None:
@@ -101,21 +52,28 @@ class SourceReader(ByteReader):
             self.remote.pin(path, stamp)
 
     def size(self, path: str) -> int:
-        return self._for(path).size(path)
+        return (self.remote if is_url(path) else self.local).size(path)
 
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
-        reader = self._for(path)
-        reader.read_into(path, offset, out)
-        if reader is self.local:
-            with self._lock:
-                self._local_reads[path] = self._local_reads.get(path, 0) + 1
+        (self.remote if is_url(path) else self.local).read_into(path, offset, out)
+
+    def read(self, path: str, offset: int, nbytes: int) -> bytearray:
+        buf = bytearray(nbytes)
+        self.read_into(path, offset, memoryview(buf))
+        return buf
 
     def close(self) -> None:
         self.local.close()
         self.remote.close()
 
+    def __enter__(self) -> RangeReader:
+        return self
 
-class LocalFileReader(ByteReader):
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalFileReader:
     """Reads byte ranges with os.pread from files kept open; thread-safe; counts bytes per file."""
 
     def __init__(self, *, random_access: bool = False) -> None:
@@ -125,6 +83,7 @@ class LocalFileReader(ByteReader):
         self._lock = threading.Lock()
         self.bytes_read = 0
         self.bytes_by_path: dict[str, int] = {}
+        self.reads: dict[str, int] = {}
 
     def _fd(self, path: str) -> int:
         with self._lock:
@@ -153,6 +112,7 @@ class LocalFileReader(ByteReader):
         with self._lock:
             self.bytes_read += n
             self.bytes_by_path[path] = self.bytes_by_path.get(path, 0) + n
+            self.reads[path] = self.reads.get(path, 0) + 1
 
     def close(self) -> None:
         with self._lock:
@@ -161,7 +121,7 @@ class LocalFileReader(ByteReader):
             self._fds.clear()
 
 
-class RemoteReader(ByteReader):
+class RemoteReader:
     """A RangeReader over URLs, in the remote scope of the thread that made it."""
 
     def __init__(self, *, read_ahead: bool = False) -> None:
