@@ -9,16 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import xxhash
-
-from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.core.hooks import hooks
 from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.prepare import Prepared
 from mergepipe.executor.stream import ExecutionResult, execute, output_hash
-from mergepipe.executor.writer import CheckpointWriter, OutputTensor, Writeback, _Slot
-from mergepipe.storage.fsconfine import confined, current_roots
-from mergepipe.storage.safetensors_format import encode_header
+from mergepipe.executor.writer import CheckpointWriter, OutputTensor
+from mergepipe.storage.fsconfine import confined
 
 # (file name, [(tensor, dtype, shape), ...]) in output order: prepare.output_layout's shape
 Layout = list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]]
@@ -61,39 +57,6 @@ def create_files(out_dir: Path, layout: Layout, metadata: dict[str, dict[str, st
     return writer.total_bytes
 
 
-class RegionWriter(CheckpointWriter):
-    """Writes the tensors of one region into output files `create_files` made and sized."""
-
-    def __init__(self, out_dir: Path, layout: Layout, metadata: dict[str, dict[str, str]],
-                 region: Region) -> None:
-        self.out_dir, self.write_index = Path(out_dir), False
-        self._slots, self._order, self._fds, self._sources = {}, [], [], {}
-        self._roots = current_roots()
-        self.total_bytes = self.kernel_copied = 0
-        self.writeback = Writeback()
-        mine = set(region.tensors)
-        try:
-            for fname, specs in layout:
-                if fname != region.file:
-                    continue
-                header, spans = encode_header(specs, metadata.get(fname))
-                fd = os.open(self.out_dir / fname, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-                self._fds.append(fd)
-                size = len(header) + (spans[-1][1] if spans else 0)
-                if os.fstat(fd).st_size != size:
-                    raise InvalidCheckpoint(f"output file {fname} is {os.fstat(fd).st_size} "
-                                            f"bytes, not the {size} its layout needs")
-                for (name, dtype, shape), (begin, end) in zip(specs, spans, strict=True):
-                    if name in mine:
-                        self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
-                                                  math.prod(shape), 0, xxhash.xxh3_128())
-                        self._order.append(name)
-                        self.total_bytes += end - begin
-        except BaseException:
-            self.abort()
-            raise
-
-
 def region_prepared(prep: Prepared, region: Region) -> Prepared:
     """The prepared merge restricted to the region's tensors (no index, no side files)."""
     keep = set(region.tensors)
@@ -111,7 +74,8 @@ def run_region(prep: Prepared, out_dir: str, layout: Layout,
     hooks().region_started(region.index)
     sub = region_prepared(prep, region)
     with confined(roots) if roots else contextlib.nullcontext():
-        writer = RegionWriter(Path(out_dir), layout, metadata, region)
+        writer = CheckpointWriter(Path(out_dir), layout, metadata=metadata,
+                                  region=(region.file, set(region.tensors)))
         result = execute(sub, Path(out_dir), threads=threads, compute_threads=1,
                          first_pass=first_pass, writer=writer)
     return region.index, os.getpid(), result

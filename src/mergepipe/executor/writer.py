@@ -10,7 +10,7 @@ import math
 import os
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from mergepipe.core.errors import SourceChanged
+from mergepipe.core.errors import InvalidCheckpoint, SourceChanged
 from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.kernel_copy import copy_range, hash_back, open_source, pwrite_all
 from mergepipe.storage.checkpoint import INDEX_FILE
@@ -120,8 +120,10 @@ class CheckpointWriter:
     def __init__(self, out_dir: Path,
                  files: list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]], *,
                  metadata: dict[str, dict[str, str]] | None = None,
-                 write_index: bool = False) -> None:
-        """`files`: (file name, [(tensor, dtype, shape), ...]) in output order."""
+                 write_index: bool = False, region: tuple[str, Sequence[str]] | None = None
+                 ) -> None:
+        """`files`: (file name, [(tensor, dtype, shape), ...]) in output order. `region` (file,
+        tensors): write only those, into a file made and sized already (executor.regions)."""
         self.out_dir = Path(out_dir)
         self.write_index = write_index
         self._slots: dict[str, _Slot] = {}
@@ -134,17 +136,27 @@ class CheckpointWriter:
         self.writeback = Writeback()  # the disk writes while the merge runs, not all at fsync
         try:
             for fname, tensors in files:
+                if region is not None and fname != region[0]:
+                    continue
                 header, spans = encode_header(tensors, (metadata or {}).get(fname))
-                fd = os.open(self.out_dir / fname, _NEW_FILE, 0o644)
-                self._fds.append(fd)
-                pwrite_all(fd, header, 0)
-                data_len = spans[-1][1] if spans else 0
-                os.ftruncate(fd, len(header) + data_len)
-                self.total_bytes += data_len
-                for (name, dtype, shape), (begin, _end) in zip(tensors, spans, strict=True):
-                    self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
-                                              math.prod(shape), 0, xxhash.xxh3_128())
-                    self._order.append(name)
+                size = len(header) + (spans[-1][1] if spans else 0)
+                if region is None:
+                    fd = os.open(self.out_dir / fname, _NEW_FILE, 0o644)
+                    self._fds.append(fd)
+                    pwrite_all(fd, header, 0)
+                    os.ftruncate(fd, size)
+                else:
+                    fd = os.open(self.out_dir / fname, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    self._fds.append(fd)
+                    if os.fstat(fd).st_size != size:
+                        raise InvalidCheckpoint(f"output file {fname} is {os.fstat(fd).st_size} "
+                                                f"bytes, not the {size} its layout needs")
+                for (name, dtype, shape), (begin, end) in zip(tensors, spans, strict=True):
+                    if region is None or name in region[1]:
+                        self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
+                                                  math.prod(shape), 0, xxhash.xxh3_128())
+                        self._order.append(name)
+                        self.total_bytes += end - begin
         except BaseException:
             self.abort()
             raise
