@@ -85,7 +85,7 @@ def schedule(prep: Prepared, chunk_bytes: int) -> tuple[list[list[Step]], list[l
             cur_steps.append(step)
             cur_ranges.extend(ranges)
             cur_bytes += sum(r.nbytes for r in ranges)
-            # a whole-tensor operator gets each tensor's blocks in one chunk (executor.tensors)
+            # a whole-tensor operator gets each tensor's blocks in one chunk (executor.torch_path)
             if cur_bytes >= chunk_bytes and (whole is None or bblk is blocks[-1]):
                 steps.append(cur_steps)
                 chunks.append(cur_ranges)

@@ -186,7 +186,7 @@ class RemoteReader:
 
 
 class _ReadAhead:
-    """Windows of WINDOW_BYTES from each object's first offset read, fetched once, kept in memory."""
+    """Windows of WINDOW_BYTES from each object's first offset read, fetched once, kept."""
 
     def __init__(self, reader: RemoteReader) -> None:
         self.reader = reader
