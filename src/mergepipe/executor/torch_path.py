@@ -20,8 +20,8 @@ from mergepipe.storage.safetensors_format import decode_into, to_float32
 
 if TYPE_CHECKING:
     from mergepipe.executor.blocks import ChunkMerger
+    from mergepipe.executor.prepare import ModelSource
     from mergepipe.executor.schedule import Step
-    from mergepipe.executor.sources import ModelSource
 
 pin_torch_threads()  # before the first kernel: our compute threads give the parallelism
 
