@@ -195,7 +195,6 @@ def open_catalog(args: argparse.Namespace) -> Iterator[Catalog]:
 
 
 def in_server(args: argparse.Namespace) -> bool:
-    """Whether the command runs in a server, beside its job runner."""
     return getattr(args, "server_catalog", None) is not None
 
 
@@ -358,7 +357,6 @@ class CliRelay:
         return wrapped
 
     def withdraw(self) -> None:
-        """Remove the advertisement (shutdown begins; also at exit)."""
         with contextlib.suppress(OSError):
             remove_advert(self.advert)
 
@@ -444,7 +442,6 @@ def _merge(chunks: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 async def _refuse(send: Send, status: int, code: str, message: str) -> None:
-    """A JSON error response (the service's error shape)."""
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": json.dumps(

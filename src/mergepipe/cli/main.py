@@ -84,7 +84,6 @@ def print_json(obj: Any) -> None:
 
 
 def progress_bars(args: argparse.Namespace) -> bool:
-    """Whether a command shows the API's progress bars: on a terminal, unless --json."""
     return not getattr(args, "json", False) and sys.stderr.isatty()
 
 

@@ -7,7 +7,6 @@ import threading
 
 
 def start(*modules: str) -> threading.Thread:
-    """Import `modules` in a daemon thread; the thread, started."""
     t = threading.Thread(target=_load, args=(modules,), name="mergepipe-preload", daemon=True)
     t.start()
     return t

@@ -157,7 +157,6 @@ class ChunkMerger:
                                  math.prod(st.shape))
 
     def params_of(self, tensor: str) -> tuple[tuple[float, ...], list[float]]:
-        """The experts' weights and densities for a tensor (per-tensor overrides applied)."""
         return self.per_tensor.get(tensor, (self.weights, self.densities))
 
     def context(self, st: Step, weights: tuple[float, ...]) -> BlockContext:
@@ -168,7 +167,6 @@ class ChunkMerger:
                             all_weights=weights, input_dtype=self.input_dtype(st.tensor))
 
     def key(self, i: int, tensor: str) -> int:
-        """Expert i's keyed-randomness key for a tensor (cached)."""
         key = self.keys.get((i, tensor))
         if key is None:
             key = self.keys[(i, tensor)] = expert_key(self.req.seed, self.req.experts[i].model,

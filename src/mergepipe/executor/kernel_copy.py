@@ -65,7 +65,6 @@ def kernel_copy(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: in
 
 
 def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    """os.pwrite until every byte is written."""
     view = memoryview(data).cast("B")
     done = 0
     while done < len(view):

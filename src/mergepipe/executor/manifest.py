@@ -107,7 +107,6 @@ def build_manifest(cat: Catalog, *, merge_id: str | None, prep: Prepared, result
 
 
 def _file_entry(f: FileRow) -> dict[str, Any]:
-    """A file as ingested: path, size, mtime_ns, and a remote object's ETag and version id."""
     out: dict[str, Any] = {"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns}
     out.update({k: v for k, v in (("etag", f.etag), ("version_id", f.version_id)) if v})
     return out

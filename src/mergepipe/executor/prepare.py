@@ -48,7 +48,6 @@ class ModelSource:
     complete: bool = True
 
     def complete_blocks(self, cat: Catalog) -> dict[tuple[str, int], BlockRow]:
-        """Every block of the model (loaded now if only the planned ones were)."""
         if not self.complete:
             self.blocks = {(b.tensor, b.block_index): b for b in model_blocks(cat, self.name)}
             self.complete = True
@@ -87,7 +86,6 @@ class ModelSource:
                                                     list(self.complete_blocks(cat).values()))
 
     def verify_block(self, block: BlockRow, raw: bytes | bytearray | memoryview) -> None:
-        """Raise SourceChanged unless `raw` has the block's catalogued xxh3-128 content hash."""
         self._verify(raw, block.content_hash, f"tensor {block.tensor!r} block {block.block_index}",
                      block.file_index, block.byte_offset, block.nbytes)
 

@@ -37,7 +37,6 @@ def check_target(target: Path, *, overwrite: bool = False) -> None:
 
 
 def staging_dir(target: Path, tag: str) -> Path:
-    """The hidden temporary directory beside `target` used for a run tagged `tag`."""
     return target.parent / f".{target.name}.tmp-{tag}"
 
 
@@ -83,7 +82,6 @@ def publish(stage: Path, target: Path, *, overwrite: bool = False) -> Path:
 
 
 def discard(path: Path) -> None:
-    """Remove a staging (or unpublished) directory, ignoring what is already gone."""
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -128,7 +126,6 @@ class LocalOutput:
 
 
 def output_for(location: str | Path) -> LocalOutput | S3Output:
-    """The output at `location`: a local path or an s3:// URL."""
     text = str(location)
     return S3Output(text) if is_url(text) else LocalOutput(location)
 
@@ -204,7 +201,6 @@ class S3Output:
                 log.warning("could not clean up %s: %s", key, e)
 
     def discard(self) -> None:
-        """Delete the published output (a registration that failed after publishing)."""
         for name, kind in self.store.entries(self.location).items():
             if kind == FILE:
                 self.store.delete(join(self.location, name))

@@ -32,12 +32,10 @@ class ShardScan:
 
 
 def ray_scan(address: str | None) -> ScanFn:
-    """A ScanFn running one Ray task per shard file."""
     return functools.partial(scan_on_ray, address=address)
 
 
 def shard_groups(plans: Sequence[TensorPlan]) -> list[list[int]]:
-    """The plans' indices grouped by the file their tensor lies in, files in first-seen order."""
     groups: dict[str, list[int]] = {}
     for k, p in enumerate(plans):
         groups.setdefault(p.entry.file, []).append(k)

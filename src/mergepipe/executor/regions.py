@@ -51,7 +51,6 @@ def split_regions(layout: Layout, parts: int) -> list[Region]:
 
 
 def create_files(out_dir: Path, layout: Layout, metadata: dict[str, dict[str, str]]) -> int:
-    """The output files with their headers, sized to their data; their data bytes in all."""
     writer = CheckpointWriter(out_dir, layout, metadata=metadata)
     writer.abort()  # closes them: the regions write the data
     return writer.total_bytes

@@ -187,12 +187,10 @@ def _reuse_freed_buffers() -> None:
 
 
 def default_compute_threads() -> int:
-    """Merge threads: one per core, at most 4."""
     return max(1, min(4, os.cpu_count() or 1))
 
 
 def default_threads() -> int:
-    """Read threads: I/O-bound, so a few more than the cores."""
     return max(2, min(8, 2 * (os.cpu_count() or 1)))
 
 

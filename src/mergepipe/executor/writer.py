@@ -107,7 +107,6 @@ class _Slot:
 
 
 def encode(t: torch.Tensor, dtype: str) -> memoryview:
-    """A float32 tensor as raw little-endian bytes of `dtype` (no extra copy)."""
     import torch  # loaded by the caller's tensor already
 
     out = t.to(torch_dtype(dtype)).contiguous()
@@ -233,7 +232,6 @@ class CheckpointWriter:
 
 
 def write_json(path: Path, obj: object) -> None:
-    """Write JSON and fsync it."""
     write_new(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
@@ -272,7 +270,6 @@ class BackgroundWrites:
             self._pending.popleft().result()
 
     def drain(self) -> None:
-        """Wait for every queued write."""
         while self._pending:
             self._pending.popleft().result()
 

@@ -39,7 +39,6 @@ FORCE_WALK = False  # tests: exercise the O_NOFOLLOW walk where the kernel has o
 
 @contextlib.contextmanager
 def confined(roots: Sequence[Path | str]) -> Iterator[None]:
-    """Confine the local opens of readers and stores made in this context to `roots`."""
     token = _ROOTS.set(tuple(os.path.realpath(r) for r in roots))
     try:
         yield
@@ -48,7 +47,6 @@ def confined(roots: Sequence[Path | str]) -> Iterator[None]:
 
 
 def current_roots() -> tuple[str, ...] | None:
-    """The roots of the current job (None: not confined, e.g. the CLI)."""
     return _ROOTS.get()
 
 

@@ -68,7 +68,6 @@ def block_rows(shape: tuple[int, ...], itemsize: int, block_bytes: int) -> Block
 
 
 def unit_numel(shape: tuple[int, ...], grid_units: int) -> int:
-    """Elements per grid unit: a row's elements on a row grid, 1 on an element grid."""
     return math.prod(shape) // grid_units if grid_units else 1
 
 

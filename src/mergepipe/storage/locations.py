@@ -40,7 +40,6 @@ class Url:
 
     @property
     def name(self) -> str:
-        """The last segment, decoded (a file name)."""
         last = self.key.rsplit("/", 1)[-1]
         return last if self.scheme == "s3" else unquote(last)
 
@@ -60,7 +59,6 @@ class Url:
                    else "")
 
     def within(self, root: Url) -> bool:
-        """Whether this URL is `root` or lies under it (whole path segments)."""
         return (self.scheme, self.authority) == (root.scheme, root.authority) and (
             not root.key or self.key == root.key or self.key.startswith(root.key + "/"))
 
@@ -134,7 +132,6 @@ def _check_segment(seg: str, text: str, field: str) -> None:
 
 
 def short(text: str) -> str:
-    """repr(text), cut to 200 characters."""
     r = repr(text)
     return r if len(r) <= 200 else r[:197] + "..."
 
@@ -146,7 +143,6 @@ def absolute(path: str | os.PathLike[str]) -> str:
 
 
 def join(directory: str, name: str) -> str:
-    """`name` inside the directory `directory` (local or remote)."""
     return str(parse_url(directory).child(name)) if is_url(directory) else \
         os.path.join(directory, name)
 

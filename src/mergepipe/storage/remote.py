@@ -49,7 +49,6 @@ class RemoteScope:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
     def cap(self, seconds: float) -> float:
-        """`seconds`, but no more than the time left (at least a millisecond)."""
         left = self.remaining()
         return seconds if left is None else max(0.001, min(seconds, left))
 
@@ -71,7 +70,6 @@ def current_scope() -> RemoteScope:
 
 @contextlib.contextmanager
 def using(scope: RemoteScope) -> Iterator[None]:
-    """Run the body under `scope` (a reading thread, on behalf of the job that made it)."""
     token = _SCOPE.set(scope)
     try:
         yield
@@ -120,7 +118,6 @@ class RemoteConfig:
         return dict(self.aws).get(name)
 
     def backoff(self, failures: int) -> float:
-        """Exponential backoff with full jitter."""
         return random.uniform(0, min(MAX_BACKOFF_S, self.backoff_s * 2 ** (failures - 1)))
 
 

@@ -170,12 +170,10 @@ class S3Store(RangedReads):
     # -- requests ----------------------------------------------------------------------------
 
     def _object(self, path: str, op: str, **kw: Any) -> Any:
-        """One operation on the object `path`, with retries."""
         url = parse_url(path)
         return self._call(path, FetchStats(), op, Bucket=url.authority, Key=url.key, **kw)
 
     def _call(self, path: str, stats: FetchStats, op: str, **kw: Any) -> Any:
-        """One S3 operation with retries (each attempt counted in `stats`)."""
         def attempt() -> Any:
             stats.add(requests=1)
             return self._request(path, op, **kw)

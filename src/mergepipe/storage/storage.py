@@ -265,7 +265,6 @@ def open_source(path: str, roots: Sequence[str] | None) -> int:
 
 
 def drop_page_cache(paths: Iterable[str]) -> None:
-    """Evict files from the page cache (cold-read benchmarks)."""
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:

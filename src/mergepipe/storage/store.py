@@ -197,7 +197,6 @@ def remote_store(path: str) -> RemoteStore:
 
 
 def s3_store(path: str) -> S3Store:
-    """The S3 store of an s3:// URL (for what only S3 does: multipart uploads, deletes)."""
     from mergepipe.storage.s3_store import S3Store
 
     store = remote_store(path)
