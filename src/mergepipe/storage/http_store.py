@@ -49,27 +49,29 @@ MAX_LOCATION_CHARS = 8192
 # such a request. At the deadline the watchdog shuts the socket down through a duplicate of its
 # descriptor (so that a TLS handshake in progress is cut off too).
 class Watch:
-    """One request's deadline and the connection it is using now."""
+    """One request's deadline: a timer that shuts down the connection the request is using."""
 
     def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
         self.fired = False
         self._conn: Any = None
-        self._done = False
         self._lock = threading.Lock()
+        self._timer: threading.Timer | None = threading.Timer(
+            max(0.0, deadline - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
 
     def attach(self, conn: Any) -> None:
         with self._lock:
-            if self._done:
+            if self._timer is None:  # closed
                 return
             self._conn = conn
             fired = self.fired
         if fired:
             _shutdown(conn)
 
-    def fire(self) -> None:
+    def _fire(self) -> None:
         with self._lock:
-            if self._done:
+            if self._timer is None:
                 return
             self.fired = True
             conn = self._conn
@@ -78,8 +80,9 @@ class Watch:
 
     def close(self) -> None:
         with self._lock:
-            self._done = True
-            self._conn = None
+            timer, self._timer, self._conn = self._timer, None, None
+        if timer is not None:
+            timer.cancel()
 
 
 def _shutdown(conn: Any) -> None:
@@ -90,45 +93,6 @@ def _shutdown(conn: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
-class Watchdog:
-    """One daemon thread that fires the watches whose deadline has passed."""
-
-    def __init__(self) -> None:
-        self._active: set[Watch] = set()
-        self._cond = threading.Condition()
-        self._next: float | None = None
-        self._thread: threading.Thread | None = None
-
-    def watch(self, deadline: float) -> Watch:
-        w = Watch(deadline)
-        with self._cond:
-            self._active.add(w)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="mergepipe-watchdog",
-                                                daemon=True)
-                self._thread.start()
-            if self._next is None or deadline < self._next:
-                self._cond.notify()
-        return w
-
-    def unwatch(self, w: Watch) -> None:
-        w.close()
-        with self._cond:
-            self._active.discard(w)
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                expired = [w for w in self._active if w.deadline <= now]
-                for w in expired:
-                    self._active.discard(w)
-                    w.fire()
-                self._next = min((w.deadline for w in self._active), default=None)
-                self._cond.wait(None if self._next is None else self._next - now)
-
-
-WATCHDOG = Watchdog()
 CURRENT = threading.local()  # .watch: the Watch of the request this thread is making
 
 
@@ -138,12 +102,12 @@ def watching(conn: Any, deadline: float | None) -> Iterator[Watch | None]:
     if deadline is None or conn is None:
         yield None
         return
-    w = WATCHDOG.watch(deadline)
+    w = Watch(deadline)
     w.attach(conn)
     try:
         yield w
     finally:
-        WATCHDOG.unwatch(w)
+        w.close()
 
 
 class _Watched:
@@ -272,7 +236,7 @@ class HttpStore(RangedReads):
         """One request (and its redirects), watched until the caller is done with the body;
         the connection goes back to the pool only when the body was read to its end."""
         scope = current_scope()
-        watch = WATCHDOG.watch(scope.deadline) if scope.deadline is not None else None
+        watch = Watch(scope.deadline) if scope.deadline is not None else None
         CURRENT.watch = watch
         r = None
         try:
@@ -284,7 +248,7 @@ class HttpStore(RangedReads):
         finally:
             CURRENT.watch = None
             if watch is not None:
-                WATCHDOG.unwatch(watch)
+                watch.close()
             if r is not None:
                 if r.length_remaining == 0 and not (watch is not None and watch.fired):
                     r.release_conn()
