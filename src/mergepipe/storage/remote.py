@@ -8,6 +8,7 @@ import errno
 import os
 import random
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -185,15 +186,15 @@ def check_content_range(path: str, content_range: str | None, start: int, end: i
                                 f"{start}..{end - 1}")
 
 
-class WholeReads:
+class WholeReads(ABC):
     """`read_bytes` of a remote store, from its `stat` and `read_range`."""
 
-    def stat(self, path: str) -> Stamp:
-        raise NotImplementedError
+    @abstractmethod
+    def stat(self, path: str) -> Stamp: ...
 
+    @abstractmethod
     def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
-                   stats: FetchStats) -> None:
-        raise NotImplementedError
+                   stats: FetchStats) -> None: ...
 
     def read_bytes(self, path: str, limit: int) -> bytes:
         size = self.stat(path).size
@@ -209,10 +210,10 @@ class RangedReads(WholeReads):
 
     cfg: RemoteConfig
 
+    @abstractmethod
     def _ranged(self, path: str, start: int, end: int, pin: Stamp | None
                 ) -> AbstractContextManager[RangedBody]:
         """One GET of bytes [start, end) of `path` (of the pinned version)."""
-        raise NotImplementedError
 
     def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
                    stats: FetchStats) -> None:
