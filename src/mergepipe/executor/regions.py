@@ -31,8 +31,7 @@ class Region:
 
 
 def split_regions(layout: Layout, parts: int) -> list[Region]:
-    """About `parts` regions of similar output bytes; at least one per file, whole tensors in
-    file order (a tensor is never cut: its hash runs over its bytes in order)."""
+    """About `parts` regions of similar bytes: whole tensors, one per file at least."""
     total = sum(math.prod(s) * DTYPE_SIZES[d] for _, specs in layout for _, d, s in specs)
     target = max(1, total // max(1, parts))
     regions: list[Region] = []

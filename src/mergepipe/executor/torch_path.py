@@ -190,8 +190,7 @@ def _join(parts: list[torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
 
 def _join_expert(blocks: list[ExpertBlock], bases: list[torch.Tensor], shape: Sequence[int]
                  ) -> ExpertBlock:
-    """One expert's whole tensor: its blocks read, the base's where a block was not read (a
-    zero delta). `delta` None: no block of the tensor was read."""
+    """One expert's whole tensor, the base's blocks where none was read (None: none read)."""
     first = blocks[0]
     if all(e.delta is None for e in blocks):
         return first

@@ -178,10 +178,7 @@ class CheckpointWriter:
 
     def copy_tensor(self, tensor: str, src: str, src_offset: int, expected_hash: str,
                     model: str) -> None:
-        """Write a whole tensor as the bytes of file `src` at `src_offset`, copied by the kernel
-        (kernel_copy), then read back from the output and checked against `expected_hash`
-        (the catalog's xxh3-128 of the base tensor): SourceChanged naming the model, file and
-        tensor when they differ, so that bytes changed since ingestion are never published."""
+        """A whole tensor copied by the kernel, read back and checked against `expected_hash`."""
         s = self._slots[tensor]
         nbytes = s.numel * DTYPE_SIZES[s.dtype]
         if s.next_elem != 0:

@@ -76,9 +76,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 
 
 def _check_config(store: Store, p: str) -> None:
-    """A merge rewrites the base's config.json (its dtype): one it could not parse for its
-    integers' length or nesting is refused now, not by every later merge. Other unreadable JSON
-    is copied as is."""
+    """Refuse a config.json no merge could rewrite (integers, nesting); bad JSON is copied."""
     try:
         bounded_json.loads(store.read_bytes(p, MAX_JSON_BYTES))
     except (IntegerTooLong, RecursionError) as e:

@@ -233,8 +233,7 @@ class HttpStore(RangedReads):
 
     @contextlib.contextmanager
     def _open(self, path: str, method: str, headers: dict[str, str]) -> Iterator[Any]:
-        """One request (and its redirects), watched until the caller is done with the body;
-        the connection goes back to the pool only when the body was read to its end."""
+        """One request, watched until its body is done; pooled again only if read out."""
         scope = current_scope()
         watch = Watch(scope.deadline) if scope.deadline is not None else None
         CURRENT.watch = watch
