@@ -32,7 +32,6 @@ COMMAND_MODULES = [
     "mergepipe.cli.commands.serve",
     "mergepipe.cli.commands.worker",
     "mergepipe.cli.commands.demo",
-    "mergepipe.cli.commands.gen_family",
     "mergepipe.cli.commands.calibrate",
     # `bench` and `fidelity`, from the benchmark suite: a distribution of its own (benchmarks/),
     # listed when installed (never imported by the product otherwise)
