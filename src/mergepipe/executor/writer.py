@@ -10,7 +10,7 @@ import math
 import os
 import sys
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +119,7 @@ class CheckpointWriter:
     def __init__(self, out_dir: Path,
                  files: list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]], *,
                  metadata: dict[str, dict[str, str]] | None = None,
-                 write_index: bool = False, region: tuple[str, Sequence[str]] | None = None
+                 write_index: bool = False, region: tuple[str, Collection[str]] | None = None
                  ) -> None:
         """`files`: (file name, [(tensor, dtype, shape), ...]) in output order. `region` (file,
         tensors): write only those, into a file made and sized already (executor.regions)."""
