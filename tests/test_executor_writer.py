@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from mergepipe.core.errors import BudgetViolation, Conflict
 from mergepipe.executor import publish
-from mergepipe.executor.reads import BudgetCounter, Range, coalesce
+from mergepipe.executor.schedule import BudgetCounter, Range, coalesce
 from mergepipe.executor.side_files import copy_side_files
 from mergepipe.executor.writer import CheckpointWriter, encode
 

@@ -19,8 +19,7 @@ from mergepipe.core.errors import BudgetViolation
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.executor.blocks import ChunkMerger, MergedBlock
 from mergepipe.executor.prepare import ModelSource, Prepared, output_layout, prepare
-from mergepipe.executor.reads import BudgetCounter, Prefetcher
-from mergepipe.executor.schedule import Step, schedule
+from mergepipe.executor.schedule import BudgetCounter, Prefetcher, Step, schedule
 from mergepipe.executor.side_files import copy_side_files
 from mergepipe.executor.writer import BackgroundWrites, CheckpointWriter, OutputTensor
 from mergepipe.storage.locations import basename

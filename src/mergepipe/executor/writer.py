@@ -122,7 +122,7 @@ class CheckpointWriter:
                  write_index: bool = False, region: tuple[str, Collection[str]] | None = None
                  ) -> None:
         """`files`: (file name, [(tensor, dtype, shape), ...]) in output order. `region` (file,
-        tensors): write only those, into a file made and sized already (executor.regions)."""
+        tensors): write only those, into a file made and sized already (executor.ray_engine)."""
         self.out_dir = Path(out_dir)
         self.write_index = write_index
         self._slots: dict[str, _Slot] = {}
