@@ -217,7 +217,8 @@ class S3Output:
     def clean_interrupted(self, merge_id: str) -> None:
         """Remove a dead run's staging and the output it published but never recorded."""
         stage = stage_dir(merge_id[2:])
-        for run in stage.parent.glob(glob.escape(stage.name) + "*"):  # and a shared catalog's claims'
+        # (and the claims' stagings of a shared catalog)
+        for run in stage.parent.glob(glob.escape(stage.name) + "*"):
             shutil.rmtree(run, ignore_errors=True)
         if self.published_by(merge_id):
             log.warning("removing %s: merge %s published it but died before recording it",

@@ -1,4 +1,4 @@
-"""The block schedule (base blocks in chunks) and its reads: coalesced, budget-counted, prefetched."""
+"""The block schedule (base blocks in chunks) and its reads: coalesced, counted, prefetched."""
 
 from __future__ import annotations
 
