@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import json
 import math
 import os
@@ -39,29 +40,25 @@ WRITEBACK_EVERY = 16 << 20
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start write-out of dirty pages not yet submitted
 
 _Fn = Callable[[int, int, int, int], int]
-_sync_file_range: _Fn | None = None
-_looked_up = False
 
 
-def _lookup() -> _Fn | None:
-    global _sync_file_range, _looked_up
-    if not _looked_up:
-        _looked_up = True
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-                fn = libc.sync_file_range
-                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-                fn.restype = ctypes.c_int
-                _sync_file_range = fn
-            except (OSError, AttributeError):
-                _sync_file_range = None
-    return _sync_file_range
+@functools.cache
+def _sync_file_range() -> _Fn | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def start_writeback(fd: int) -> bool:
     """Start the write-back of the file's dirty pages; False without sync_file_range."""
-    fn = _lookup()
+    fn = _sync_file_range()
     if fn is None:
         return False
     return fn(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0  # errors: the final fsync reports them
