@@ -12,7 +12,7 @@ import pytest
 from mergepipe.cli.main import main
 from mergepipe.core.errors import SourceChanged
 from mergepipe.storage.storage import open_reader
-from mergepipe.storage.store import Stamp
+from mergepipe.storage.store_types import Stamp
 from tests.api_helpers import EXPERTS
 from tests.catalogs import new_catalog
 from tests.remote_family import cli_merge, ingest_all, s3_family, weights

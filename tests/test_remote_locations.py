@@ -9,7 +9,7 @@ from mergepipe.core.errors import Forbidden, InvalidRequest, RemoteUnavailable
 from mergepipe.storage.locations import absolute, basename, is_url, join, parent, parse_url
 from mergepipe.storage.paths import confine_url
 from mergepipe.storage.remote import RemoteConfig, Transient, with_retries
-from mergepipe.storage.store import FetchStats, Stamp
+from mergepipe.storage.store_types import FetchStats, Stamp
 
 
 def test_urls_are_parsed_to_one_canonical_form() -> None:

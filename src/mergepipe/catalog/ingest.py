@@ -50,7 +50,8 @@ from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.storage.grid import DEFAULT_BLOCK_BYTES, block_rows, is_element_grid
 from mergepipe.storage.lora import lora_targets
 from mergepipe.storage.safetensors_format import TensorEntry
-from mergepipe.storage.store import Stamp, store_for
+from mergepipe.storage.store import store_for
+from mergepipe.storage.store_types import Stamp
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "KINDS", "ScanFn", "ScannedModel", "ingest_model",
            "scan_model", "write_model"]

@@ -12,7 +12,7 @@ from mergepipe.catalog.connection import Connection, Row
 from mergepipe.catalog.db import Catalog, load_sql
 from mergepipe.core.errors import NotFound
 from mergepipe.core.vocab import KINDS as KINDS  # re-exported
-from mergepipe.storage.store import Stamp
+from mergepipe.storage.store_types import Stamp
 
 Connectable = Catalog | Connection
 

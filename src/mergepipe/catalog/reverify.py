@@ -14,7 +14,7 @@ from mergepipe.catalog.models import BlockRow, FileRow, TensorRow
 from mergepipe.core.errors import InvalidCheckpoint, SourceChanged
 from mergepipe.storage.safetensors_format import read_header
 from mergepipe.storage.storage import open_reader
-from mergepipe.storage.store import Stamp
+from mergepipe.storage.store_types import Stamp
 
 
 def reverify_file(cat: Catalog, model: str, f: FileRow, stamp: Stamp, change: str,

@@ -28,7 +28,7 @@ from mergepipe.catalog.stats import BlockStats, TrimThresholds
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.torch_threads import pin_torch_threads
 from mergepipe.storage.storage import RangeReader, open_reader
-from mergepipe.storage.store import Stamp
+from mergepipe.storage.store_types import Stamp
 
 __all__ = ["BlockScan", "FirstPass", "Span", "TensorPlan", "TensorResult", "scan_full_block",
            "scan_pinned", "scan_tensors", "untouched_scan"]

@@ -15,7 +15,7 @@ import stat
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -39,6 +39,8 @@ MAX_REQUEST_BYTES = 1 << 20
 LOOPBACK_PEERS = ("127.0.0.1", "::1")
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 log = logging.getLogger("mergepipe.service")
+# What a server runs a relayed command with: cli.main's build_parser and run_command.
+Cli = tuple[Callable[[], "argparse.ArgumentParser"], Callable[["argparse.Namespace"], int]]
 
 
 class RelayFailed(MergePipeError):
@@ -276,10 +278,9 @@ def install_streams() -> None:
         sys.stderr = _Routed(sys.stderr, "err")
 
 
-def run_relayed(app: Any, doc: dict[str, Any], capture: _Capture) -> int:
+def run_relayed(app: Any, doc: dict[str, Any], capture: _Capture, cli: Cli) -> int:
     """Parse and run one command as `mergepipe` would, its prints to `capture`."""
-    from mergepipe.cli.main import build_parser, run_command
-
+    build_parser, run_command = cli
     _local.capture = capture
     try:
         argv = doc.get("argv")
@@ -322,9 +323,9 @@ def run_relayed(app: Any, doc: dict[str, Any], capture: _Capture) -> int:
 class CliRelay:
     """ASGI wrapper: `POST /v1/cli`, and the advertisement around the application's life."""
 
-    def __init__(self, app: Any, *, catalog: Path, host: str, port: int) -> None:
+    def __init__(self, app: Any, cli: Cli, *, catalog: Path, host: str, port: int) -> None:
         self.app: ASGIApp = app
-        self.inner = app
+        self.inner, self.cli = app, cli
         self.advert = Advert(os.getpid(), WILDCARD_HOSTS.get(host, host), port,
                              secrets.token_urlsafe(32), str(catalog), advert_path(catalog))
 
@@ -366,7 +367,7 @@ class CliRelay:
             return
         capture = _Capture(asyncio.get_running_loop())
         work = asyncio.get_running_loop().run_in_executor(
-            None, run_relayed, self.inner, doc, capture)
+            None, run_relayed, self.inner, doc, capture, self.cli)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/x-ndjson")]})
         await _stream(capture, work, send)

@@ -17,7 +17,8 @@ from mergepipe.core.errors import Conflict, InvalidRequest
 from mergepipe.executor.manifest import MANIFEST_FILE
 from mergepipe.storage.locations import is_url, join, parse_url
 from mergepipe.storage.remote import RemoteScope, current_scope, using
-from mergepipe.storage.store import FILE, s3_store
+from mergepipe.storage.store import s3_store
+from mergepipe.storage.store_types import FILE
 
 PART_BYTES = 8 << 20  # S3 parts are at least 5 MiB (but the last)
 UPLOAD_THREADS = 4

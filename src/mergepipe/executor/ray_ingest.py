@@ -16,7 +16,7 @@ from mergepipe.core.hooks import hooks
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.executor.ray_engine import RAY_TASK_RETRIES, RUNTIME, as_finished
 from mergepipe.storage.fsconfine import confined, current_roots
-from mergepipe.storage.store import Stamp
+from mergepipe.storage.store_types import Stamp
 
 log = logging.getLogger("mergepipe.executor.ray_ingest")
 

@@ -23,7 +23,8 @@ from mergepipe.executor.writer import write_json, write_new
 from mergepipe.storage import bounded_json
 from mergepipe.storage.fsconfine import current_roots, open_confined
 from mergepipe.storage.locations import basename, is_url
-from mergepipe.storage.store import FILE, store_for
+from mergepipe.storage.store import store_for
+from mergepipe.storage.store_types import FILE
 
 CONFIG_FILE = "config.json"
 _KIB, _MIB = 1 << 10, 1 << 20

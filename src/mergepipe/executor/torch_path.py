@@ -6,7 +6,7 @@ import math
 import threading
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -19,11 +19,27 @@ from mergepipe.storage.lora import lora_delta
 from mergepipe.storage.safetensors_format import decode_into, to_float32
 
 if TYPE_CHECKING:
-    from mergepipe.executor.blocks import ChunkMerger
-    from mergepipe.executor.prepare import ModelSource
+    from mergepipe.core.request import MergeRequest
+    from mergepipe.executor.prepare import ModelSource, Prepared
     from mergepipe.executor.schedule import Step
 
 pin_torch_threads()  # before the first kernel: our compute threads give the parallelism
+
+
+class ChunkMerger(Protocol):
+    """What the torch path reads of executor.blocks.ChunkMerger (which imports this module)."""
+
+    prep: Prepared
+    req: MergeRequest
+    op: Any  # the request's kernel
+    mk_arith: bool
+    lora_a: dict[tuple[int, str], torch.Tensor]
+
+    def params_of(self, tensor: str) -> tuple[tuple[float, ...], list[float]]: ...
+
+    def key(self, i: int, tensor: str) -> int: ...
+
+    def context(self, st: Step, weights: tuple[float, ...]) -> BlockContext: ...
 
 
 def merge_step(m: ChunkMerger, st: Step, data: Mapping[Hashable, memoryview], dtype: str,

@@ -26,7 +26,7 @@ from mergepipe.core.logs import REQUEST_ID, request_id_from
 from mergepipe.core.settings import Settings
 from mergepipe.core.sql_limits import SqlLimits
 from mergepipe.sandbox.sql_slots import slots_for
-from mergepipe.storage.store import NETWORK
+from mergepipe.storage.store_types import NETWORK
 
 log = logging.getLogger("mergepipe.service.telemetry")
 

@@ -10,7 +10,8 @@ from mergepipe.storage import bounded_json
 from mergepipe.storage.bounded_json import IntegerTooLong
 from mergepipe.storage.locations import absolute, basename, is_url, join, parent, parse_url
 from mergepipe.storage.safetensors_format import SafetensorsHeader, TensorEntry, read_header
-from mergepipe.storage.store import FILE, Store, store_for
+from mergepipe.storage.store import store_for
+from mergepipe.storage.store_types import FILE, Store
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

@@ -31,7 +31,7 @@ from mergepipe.storage.remote import (
     using,
     with_retries,
 )
-from mergepipe.storage.store import DIR, FILE, FetchStats, Stamp
+from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
 
 # HTTP cannot list a directory: these are the names a hub checkpoint directory uses.
 PROBED_NAMES = (

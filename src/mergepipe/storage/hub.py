@@ -22,7 +22,7 @@ from mergepipe.storage.remote import (
     current_scope,
     using,
 )
-from mergepipe.storage.store import DIR, FILE, FetchStats, Stamp
+from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _SHA = re.compile(r"^[0-9a-f]{40}$")

@@ -18,7 +18,7 @@ from mergepipe.core import checkpoint_limits
 from mergepipe.core.errors import InvalidCheckpoint, JobTimeout, RemoteUnavailable
 from mergepipe.core.settings import env_number
 from mergepipe.storage.locations import Url, parse_url
-from mergepipe.storage.store import NETWORK, FetchStats, Stamp
+from mergepipe.storage.store_types import NETWORK, FetchStats, Stamp
 
 T = TypeVar("T")
 # What one ranged GET gives: its Content-Range header and a reader of its body (n bytes at most).

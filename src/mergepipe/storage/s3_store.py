@@ -20,7 +20,7 @@ from mergepipe.storage.remote import (
     current_scope,
     with_retries,
 )
-from mergepipe.storage.store import DIR, FILE, FetchStats, Stamp
+from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
 
 
 class _NoBotocore(Exception):

@@ -13,7 +13,8 @@ from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.storage.fsconfine import current_roots, open_confined
 from mergepipe.storage.locations import is_url
 from mergepipe.storage.remote import current_scope, using
-from mergepipe.storage.store import FetchStats, Stamp, remote_store
+from mergepipe.storage.store import remote_store
+from mergepipe.storage.store_types import FetchStats, Stamp
 
 WINDOW_BYTES = 8 << 20  # a sequential reader fetches objects in windows this large
 WINDOWS_AHEAD = 2       # ... and this many windows ahead of the one being read

@@ -48,9 +48,10 @@ def run(args: argparse.Namespace) -> int:
     relay = None
     if isinstance(s.catalog, Path):  # DuckDB: the CLI beside it runs through this server
         from mergepipe.cli.beside import CliRelay
+        from mergepipe.cli.main import build_parser, run_command
 
-        relay = app = CliRelay(app, catalog=s.catalog, host=args.host,
-                               port=sock.getsockname()[1])
+        relay = app = CliRelay(app, (build_parser, run_command), catalog=s.catalog,
+                               host=args.host, port=sock.getsockname()[1])
     config = uvicorn.Config(app, host=args.host, port=args.port,
                             log_level=args.log_level, log_config=None,  # our handler (logs.py)
                             timeout_graceful_shutdown=5,
