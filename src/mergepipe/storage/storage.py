@@ -74,6 +74,10 @@ class RangeReader:
         self.close()
 
 
+# The former name, still imported by executor/slices.py (another change owns that file for now).
+SourceReader = RangeReader
+
+
 class LocalFileReader:
     """Reads byte ranges with os.pread from files kept open; thread-safe; counts bytes per file."""
 
