@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from mergepipe.core.errors import BudgetViolation, Conflict
 from mergepipe.executor import publish
-from mergepipe.executor.reads import BudgetCounter, Range, coalesce
+from mergepipe.executor.schedule import BudgetCounter, Range, coalesce
 from mergepipe.executor.side_files import copy_side_files
 from mergepipe.executor.writer import CheckpointWriter, encode
 
@@ -152,7 +152,7 @@ def test_writeback_starts_while_writing_and_changes_no_byte(tmp_path: Path) -> N
     Linux); the file is the same as written without it."""
     import sys
 
-    from mergepipe.executor import writeback
+    from mergepipe.executor import writer as writeback
 
     g = torch.Generator().manual_seed(1)
     tensors = {"w": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g)}

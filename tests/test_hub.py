@@ -19,7 +19,7 @@ from mergepipe.core.errors import Forbidden, NotFound
 from mergepipe.jobs.config import load_config
 from mergepipe.jobs.ingest import run_ingestion
 from mergepipe.jobs.merge import merge
-from mergepipe.storage.remote_scope import remote_scope
+from mergepipe.storage.remote import remote_scope
 from tests import factory
 from tests import mergekit_parity as mp
 from tests.fake_hub import FakeHub, Repo, fill_cache, serve

@@ -16,7 +16,7 @@ from mergepipe.core import checkpoint_limits
 from mergepipe.core.checkpoint_limits import CheckpointLimits
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.storage.locations import parse_url
-from mergepipe.storage.remote_io import check_size
+from mergepipe.storage.remote import check_size
 from tests import factory
 from tests.api_helpers import assert_error, client_for, settings_for, wait
 from tests.hostile_remotes import Redirector, Trickler, self_signed

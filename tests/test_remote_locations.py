@@ -8,7 +8,7 @@ import pytest
 from mergepipe.core.errors import Forbidden, InvalidRequest, RemoteUnavailable
 from mergepipe.storage.locations import absolute, basename, is_url, join, parent, parse_url
 from mergepipe.storage.paths import confine_url
-from mergepipe.storage.remote_io import RemoteConfig, Transient, with_retries
+from mergepipe.storage.remote import RemoteConfig, Transient, with_retries
 from mergepipe.storage.store_types import FetchStats, Stamp
 
 

@@ -139,7 +139,7 @@ def test_a_whole_tensor_kernel_sees_unread_blocks_as_zero_deltas():
 
     from mergepipe.core.operators import BlockContext, ExpertBlock
     from mergepipe.core.operators.ties import ties
-    from mergepipe.executor.tensors import merge_tensor
+    from mergepipe.executor.torch_path import merge_tensor
 
     g = torch.Generator().manual_seed(3)
     base = torch.randn(8, 16, generator=g)

@@ -1,35 +1,32 @@
-"""The CLI beside a running server: DuckDB lets one process open a catalog file, so while
-`mergepipe serve` holds one, the commands that use the catalog run in that server, through its
-HTTP API, with the same output, `--json` and exit status as a direct run.
-
-The server advertises itself in `CATALOG.server.json` next to the catalog file (mode 0600:
-its address, its process id and a secret made at each start), written once the catalog is open
-and removed when the server stops. A command finds it, checks that it belongs to this user and
-that the process lives, and posts its arguments, working directory and MERGEPIPE_* settings to
-the relay (cli/relay.py); the output comes back as it is printed. A stale advertisement (the
-process is gone, or nothing answers at its address) is ignored: the command runs directly.
-A PostgreSQL catalog needs none of it: every process connects to the database itself.
-
-A command takes part by `set_defaults(beside_server=True)` on its parser, opening its catalog
-with `open_catalog(args)` (the Python API's `Catalog`) and naming its local path options in `local_paths` (made absolute
-against the caller's working directory in the server)."""
+"""The CLI beside a running server: catalog commands run in the `serve` holding the DuckDB file."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
+import hmac
+import io
 import json
+import logging
 import os
+import secrets
 import stat
 import sys
-from collections.abc import Iterator
+import threading
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from mergepipe.core.errors import MergePipeError
+from mergepipe.core.settings import Settings
 
 if TYPE_CHECKING:
     import argparse
+
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from mergepipe.api import Catalog
     from mergepipe.catalog.db import Catalog as CatalogDatabase
@@ -38,6 +35,12 @@ ADVERT_SUFFIX = ".server.json"
 RELAY_PATH = "/v1/cli"
 SECRET_HEADER = "x-mergepipe-relay-secret"
 ENV_PREFIX = "MERGEPIPE_"
+MAX_REQUEST_BYTES = 1 << 20
+LOOPBACK_PEERS = ("127.0.0.1", "::1")
+WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+log = logging.getLogger("mergepipe.service")
+# What a server runs a relayed command with: cli.main's build_parser and run_command.
+Cli = tuple[Callable[[], "argparse.ArgumentParser"], Callable[["argparse.Namespace"], int]]
 
 
 class RelayFailed(MergePipeError):
@@ -117,8 +120,7 @@ def alive(pid: int) -> bool:
 
 
 def find_server(catalog: Path | str) -> Advert | None:
-    """The live server advertised next to a DuckDB catalog file; None on PostgreSQL, when there
-    is none, or when its process is gone (then the stale file is removed)."""
+    """The live server advertised beside a DuckDB catalog (a stale advert is removed), or None."""
     if isinstance(catalog, str):
         return None  # a PostgreSQL URL: every process connects itself
     advert = read_advert(advert_path(catalog))
@@ -132,8 +134,7 @@ def find_server(catalog: Path | str) -> Advert | None:
 
 
 def relay(advert: Advert, argv: list[str], command: str) -> int | None:
-    """Run `argv` in the advertised server, copying its output here as it comes; its exit
-    status, or None when nothing answers at the address (a stale advertisement: run directly)."""
+    """Run `argv` in the server, its output copied here; its exit status (None: nothing answers)."""
     import http.client
 
     body = json.dumps({"argv": argv, "cwd": os.getcwd(),
@@ -186,9 +187,7 @@ def _error_message(body: bytes) -> str:
 # -- what a command uses ----------------------------------------------------------------------
 @contextlib.contextmanager
 def open_catalog(args: argparse.Namespace) -> Iterator[Catalog]:
-    """The command's catalog, as the Python API (`mergepipe.Catalog`) with the command's
-    settings: over the server's own database when it runs beside a server (left open), or the
-    one the settings name, opened for the command and closed after it."""
+    """The command's `mergepipe.Catalog`: over the server's database when relayed, else its own."""
     from mergepipe.api import Catalog  # start-up: imported only when it runs
 
     shared: CatalogDatabase | None = getattr(args, "server_catalog", None)
@@ -198,7 +197,6 @@ def open_catalog(args: argparse.Namespace) -> Iterator[Catalog]:
 
 
 def in_server(args: argparse.Namespace) -> bool:
-    """Whether the command runs in a server, beside its job runner."""
     return getattr(args, "server_catalog", None) is not None
 
 
@@ -210,3 +208,242 @@ def absolute_paths(args: argparse.Namespace, cwd: str) -> None:
             continue
         full = Path(cwd) / Path(str(value)).expanduser()
         setattr(args, dest, type(value)(full) if isinstance(value, Path) else str(full))
+
+
+# -- the server's side: POST /v1/cli ----------------------------------------------------------
+class _Capture:
+    """Where one relayed command's prints go: chunks handed to the event loop as they come."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.chunks: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self.ready = asyncio.Event()
+
+    def write(self, kind: str, text: str) -> None:
+        with self.lock:
+            self.chunks.append((kind, text))
+        self.loop.call_soon_threadsafe(self.ready.set)
+
+    def take(self) -> list[tuple[str, str]]:
+        with self.lock:
+            out, self.chunks = self.chunks, []
+        return out
+
+
+_local = threading.local()
+
+
+class _Routed(io.TextIOBase):
+    """sys.stdout / sys.stderr of a server: a relayed command's thread prints to its caller."""
+
+    def __init__(self, real: TextIO, kind: str) -> None:
+        self.real, self.kind = real, kind
+
+    def _capture(self) -> _Capture | None:
+        return getattr(_local, "capture", None)
+
+    def write(self, text: str) -> int:
+        cap = self._capture()
+        if cap is None:
+            return self.real.write(text)
+        cap.write(self.kind, text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._capture() is None:
+            self.real.flush()
+
+    def isatty(self) -> bool:
+        return False if self._capture() is not None else self.real.isatty()
+
+    def fileno(self) -> int:
+        if self._capture() is not None:
+            raise io.UnsupportedOperation("a relayed command's output is not a file")
+        return self.real.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.real.encoding or "utf-8"
+
+
+def install_streams() -> None:
+    """Route sys.stdout and sys.stderr by thread (after logging kept the real streams)."""
+    if not isinstance(sys.stdout, _Routed):
+        sys.stdout = _Routed(sys.stdout, "out")
+    if not isinstance(sys.stderr, _Routed):
+        sys.stderr = _Routed(sys.stderr, "err")
+
+
+def run_relayed(app: Any, doc: dict[str, Any], capture: _Capture, cli: Cli) -> int:
+    """Parse and run one command as `mergepipe` would, its prints to `capture`."""
+    build_parser, run_command = cli
+    _local.capture = capture
+    try:
+        argv = doc.get("argv")
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            print("mergepipe: error: the relay needs a list of arguments", file=sys.stderr)
+            return 2
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # argparse printed its usage error (or --help)
+            return int(e.code or 0)
+        if not getattr(args, "beside_server", False):
+            print(f"mergepipe {args.command}: error: this command does not run through a "
+                  "server; stop the server to run it on its catalog", file=sys.stderr)
+            return 2
+        state = app.state.mergepipe
+        env = {k: str(v) for k, v in dict(doc.get("env") or {}).items()
+               if str(k).startswith(ENV_PREFIX)}
+        cwd = str(doc.get("cwd") or "/")
+        try:
+            settings = Settings.from_env(env, catalog=str(state.settings.catalog))
+            # (the caller's relative output root means its own directory, as run directly)
+            args.settings = dataclasses.replace(
+                settings, output_root=Path(cwd) / settings.output_root)
+        except Exception as e:  # noqa: BLE001 - the caller's settings: its error, one line
+            print(f"mergepipe {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        args.server_catalog = state.cat
+        args.cwd = cwd
+        absolute_paths(args, cwd)
+        try:
+            return run_command(args)
+        except Exception:  # a bug: the caller sees what a direct run would have shown
+            log.exception("relayed command %s failed", args.command)
+            traceback.print_exc(file=sys.stderr)
+            return 1
+    finally:
+        _local.capture = None
+
+
+class CliRelay:
+    """ASGI wrapper: `POST /v1/cli`, and the advertisement around the application's life."""
+
+    def __init__(self, app: Any, cli: Cli, *, catalog: Path, host: str, port: int) -> None:
+        self.app: ASGIApp = app
+        self.inner, self.cli = app, cli
+        self.advert = Advert(os.getpid(), WILDCARD_HOSTS.get(host, host), port,
+                             secrets.token_urlsafe(32), str(catalog), advert_path(catalog))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._lifespan_receive(receive), self._lifespan_send(send))
+        elif scope["type"] == "http" and scope.get("path") == RELAY_PATH:
+            await self._relay(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    def _lifespan_send(self, send: Send) -> Send:
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                install_streams()
+                try:
+                    write_advert(self.advert)
+                except OSError as e:
+                    log.warning("cannot advertise the server next to the catalog (%s): the "
+                                "CLI cannot run beside it", e)
+            await send(message)
+        return wrapped
+
+    def _lifespan_receive(self, receive: Receive) -> Receive:
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                self.withdraw()
+            return message
+        return wrapped
+
+    def withdraw(self) -> None:
+        with contextlib.suppress(OSError):
+            remove_advert(self.advert)
+
+    async def _relay(self, scope: Scope, receive: Receive, send: Send) -> None:
+        doc = await self._admit(scope, receive, send)
+        if doc is None:
+            return
+        capture = _Capture(asyncio.get_running_loop())
+        work = asyncio.get_running_loop().run_in_executor(
+            None, run_relayed, self.inner, doc, capture, self.cli)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/x-ndjson")]})
+        await _stream(capture, work, send)
+        await send({"type": "http.response.body",
+                    "body": (json.dumps({"rc": work.result()}) + "\n").encode(),
+                    "more_body": False})
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> dict[str, Any] | None:
+        """The request's JSON object once its sender, size and shape pass; None when refused."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers") or []}
+        peer = (scope.get("client") or ("", 0))[0]
+        given = headers.get(SECRET_HEADER, "")
+        local = peer in LOOPBACK_PEERS or peer == self.advert.host  # (our own address)
+        if scope.get("method") != "POST" or not local or not hmac.compare_digest(
+                given.encode(), self.advert.secret.encode()):
+            await _refuse(send, 403, "forbidden", "the CLI relay takes POSTs with the "
+                          "advertised secret, from this machine only")
+            return None
+        body = await _body(receive)
+        if body is None:
+            await _refuse(send, 413, "payload_too_large", "relay request too large")
+            return None
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            await _refuse(send, 400, "bad_request", "relay request is not a JSON object")
+            return None
+        if not hasattr(self.inner.state, "mergepipe"):
+            await _refuse(send, 503, "starting", "the server is not started yet")
+            return None
+        return doc
+
+
+async def _body(receive: Receive) -> bytes | None:
+    """The request body; None past MAX_REQUEST_BYTES."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if len(body) > MAX_REQUEST_BYTES:
+            return None
+        if msg["type"] != "http.request" or not msg.get("more_body"):
+            return body
+
+
+async def _stream(capture: _Capture, work: asyncio.Future[int], send: Send) -> None:
+    """Send what the command prints, as JSON lines, until it ends."""
+    while True:
+        done = work.done()
+        lines = [json.dumps({kind: text}) + "\n" for kind, text in _merge(capture.take())]
+        if lines:
+            await send({"type": "http.response.body", "body": "".join(lines).encode(),
+                        "more_body": True})
+        if done:
+            return
+        capture.ready.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(capture.ready.wait(), 0.2)
+
+
+def _merge(chunks: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Consecutive chunks of one stream as one."""
+    out: list[tuple[str, str]] = []
+    for kind, text in chunks:
+        if out and out[-1][0] == kind:
+            out[-1] = (kind, out[-1][1] + text)
+        else:
+            out.append((kind, text))
+    return out
+
+
+async def _refuse(send: Send, status: int, code: str, message: str) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps(
+        {"error": {"code": code, "message": message}}).encode()})

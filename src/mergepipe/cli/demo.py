@@ -184,8 +184,7 @@ def closing_hint(root: Path) -> str:
 
 
 def show_incremental(api: Api, experts: list[str]) -> None:
-    """A linear merge of all experts but the last, then of all of them, from scratch and
-    incrementally (docs/incremental.md): the expert bytes each way."""
+    """Linear merges of K-1 then K experts, from scratch and incrementally: the bytes each way."""
     k = len(experts)
     say(f"and incrementally: a linear merge of {k - 1} experts, then of {k} two ways")
 
@@ -206,13 +205,6 @@ def show_incremental(api: Api, experts: list[str]) -> None:
                      human_bytes(m["expert_bytes_read"]), f"{m['wall_s']:.2f}"])
     print_table(["output", "asked", "strategy", "reused merge", "expert bytes read", "wall s"],
                 rows)
-
-
-def cli_path() -> str:
-    """How to call this installation's CLI (`.venv/bin/mergepipe` when it is not on PATH)."""
-    exe = Path(sys.executable).parent / "mergepipe"
-    on_path = shutil.which("mergepipe")
-    return "mergepipe" if on_path and Path(on_path).resolve() == exe.resolve() else str(exe)
 
 
 def say(msg: str) -> None:

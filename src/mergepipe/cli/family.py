@@ -1,14 +1,4 @@
-"""Synthetic Llama checkpoint families (base + experts) with realistically structured deltas.
-
-Every checkpoint is an HF directory (config.json of a real LlamaForCausalLM shape, one
-model.safetensors or N shards plus the index) that transformers and mergekit accept. Expert
-deltas are structured like fine-tunes: a log-normal scale per (expert, tensor), a few focus
-layers per expert with larger updates, a low-rank part plus dense noise, and bf16 rounding so
-that many deltas are a few ulps (or exactly zero). LoRA-like experts change only q/v projections
-by a low-rank update: their other tensors are byte-identical to the base.
-
-Generation streams tensor by tensor in row chunks: memory is bounded by a chunk, not the model.
-"""
+"""Synthetic Llama checkpoint families (base + experts) with deltas structured like fine-tunes."""
 
 from __future__ import annotations
 
@@ -244,8 +234,7 @@ def expert_specs(experts: int, lora_experts: int, layers: int, seed: int) -> lis
 def generate_family(out: str | os.PathLike[str], *, experts: int = 4, size_mb: float = 200.0,
                     dtype: str = "bf16", shards: int = 1, seed: int = 0,
                     lora_experts: int = 0, shape: LlamaShape | None = None) -> dict[str, Path]:
-    """Write base/ and expert-NN/ checkpoints plus family.json under `out`; name -> directory.
-    `shape` (else the one `shape_for_size` picks for `size_mb`) fixes the dimensions."""
+    """Write base/ and expert-NN/ checkpoints and family.json under `out`; name -> directory."""
     t0 = time.perf_counter()
     root = Path(out).absolute()
     dt = normalize_dtype(dtype)

@@ -1,5 +1,4 @@
-"""The options of a process that runs jobs (`serve`, `worker`): threads, roots, log level; and
-the engine options of the commands that run one job themselves (`merge`, `ingest`)."""
+"""The options of the commands that run jobs: threads, roots, log level; engine and Ray address."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ def add_job_arguments(p: argparse.ArgumentParser, *, data_root_help: str,
 
 
 def job_settings(args: argparse.Namespace) -> Settings:
-    """The settings with the options applied: data roots checked, roots and catalog resolved;
-    logging configured at the chosen level."""
+    """The settings with the options applied (roots checked and resolved); logging configured."""
     s: Settings = args.settings
     if args.workers is not None:
         if args.workers < 1:
@@ -44,8 +42,7 @@ def job_settings(args: argparse.Namespace) -> Settings:
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, ray_help: str, job: str) -> None:
-    """--engine and --ray-address; `ray_help` says what runs as Ray tasks, `job` names the job
-    a local Ray runtime is started for."""
+    """--engine and --ray-address (`ray_help`: what runs as Ray tasks; `job`: for what)."""
     p.add_argument("--engine", choices=("local", "ray"),
                    help=f"{ray_help} (pip install mergepipe[cluster]); same result "
                         "($MERGEPIPE_ENGINE, default local)")

@@ -32,7 +32,6 @@ COMMAND_MODULES = [
     "mergepipe.cli.commands.serve",
     "mergepipe.cli.commands.worker",
     "mergepipe.cli.commands.demo",
-    "mergepipe.cli.commands.gen_family",
     "mergepipe.cli.commands.calibrate",
     # `bench` and `fidelity`, from the benchmark suite: a distribution of its own (benchmarks/),
     # listed when installed (never imported by the product otherwise)
@@ -84,7 +83,6 @@ def print_json(obj: Any) -> None:
 
 
 def progress_bars(args: argparse.Namespace) -> bool:
-    """Whether a command shows the API's progress bars: on a terminal, unless --json."""
     return not getattr(args, "json", False) and sys.stderr.isatty()
 
 
@@ -110,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run a parsed command: its exit status, errors as one line on stderr (also what a server
-    runs for a CLI beside it, cli/relay.py)."""
+    """Run a parsed command (also a relayed one): its exit status, errors one line on stderr."""
     try:
         if not hasattr(args, "settings"):  # (a relayed command comes with the caller's)
             args.settings = Settings.from_env(catalog=args.catalog)
@@ -144,20 +141,13 @@ def report_error(args: argparse.Namespace, e: MergePipeError) -> int:
 
 
 def entry() -> NoReturn:
-    """The `mergepipe` console script: `main()`, then a quick exit.
-
-    Tearing down an interpreter that imported torch and ran a merge takes 0.3-2 s of garbage
-    collection and module clean-up after the work is done and the output published (measured
-    against os._exit; more on a busy machine). With no other thread left and no profiler or
-    tracer (cProfile, coverage) attached, the exit handlers run, the streams are flushed, and
-    the process ends there; otherwise it exits as usual.
-
-    Start-up creates hundreds of thousands of long-lived objects (the classes and functions of
-    SQLAlchemy, DuckDB, numpy): at the default threshold of 700 allocations the collector ran
-    130 times over them while they imported (0.2 s of the 1.2 s of imports, on the 2-core VM).
-    A young collection every 50,000 still reclaims cycles in a long merge or server."""
+    """The `mergepipe` console script: `main()`, then a quick exit."""
+    # Start-up makes hundreds of thousands of long-lived objects: at the default threshold the
+    # collector ran 130 times over them while they imported (0.2 s of 1.2 s).
     gc.set_threshold(50_000, 10, 10)
     rc = main()
+    # Tearing down an interpreter that ran a merge takes 0.3-2 s of collection and clean-up:
+    # with no other thread, profiler or tracer, run the exit handlers, flush, and end there.
     if threading.active_count() > 1 or sys.getprofile() or sys.gettrace():
         sys.exit(rc)  # threads to join, or a profiler or coverage tool to write its results
     atexit._run_exitfuncs()

@@ -1,6 +1,4 @@
-"""Optional packages a command needs (the benchmarks' mergekit, the fidelity study's
-transformers): checked before any work, so that their absence is one line, not a traceback
-minutes into a run."""
+"""Optional packages a command needs, checked before any work: one line, not a late traceback."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ def installed(package: str) -> bool:
 
 
 def require(packages: dict[str, str], why: str) -> None:
-    """Raise MissingPackage naming the first of `packages` (name -> how to install it) that is
-    not installed; `why` says what the command needs it for."""
+    """MissingPackage for the first of `packages` (name -> how to install) not installed."""
     for package, install in packages.items():
         if not installed(package):
             raise MissingPackage(f"needs the Python package {package!r} ({why}), which is not "
@@ -32,8 +29,7 @@ def require(packages: dict[str, str], why: str) -> None:
 
 
 def missing_module(e: ModuleNotFoundError) -> MissingPackage | None:
-    """A third-party module that a command imported but is not installed (a dependency not
-    checked ahead); None for a module of mergepipe's own (a bug, shown as one)."""
+    """A missing third-party module as MissingPackage; None for one of mergepipe's own (a bug)."""
     top = (e.name or "").split(".")[0]
     if not top or top == "mergepipe":
         return None

@@ -19,7 +19,7 @@ class Hooks:
         """A merge's output is written to its staging folder; nothing is published yet."""
 
     def region_started(self, index: int) -> None:
-        """An output region task (executor.regions) starts, before it reads anything."""
+        """An output region task (executor.ray_engine) starts, before it reads anything."""
 
     def shard_started(self, index: int) -> None:
         """An ingestion shard task (executor.ray_ingest) starts, before it reads anything."""

@@ -134,7 +134,7 @@ class MergeRequest:
     @property
     def whole_tensor(self) -> str | None:
         """The reduction over whole tensors the kernel needs (None: it runs block by block): the
-        executor then merges each tensor in one kernel call (executor.tensors)."""
+        executor then merges each tensor in one kernel call (executor.torch_path)."""
         return self.spec.whole_tensor_reason(self.params, self.densities())
 
     @property

@@ -1,6 +1,4 @@
-"""Merge the blocks of a chunk: each step by the fused C kernels where they cover it, else by
-the torch kernels (executor/torch_path.py, loaded on first need); the output's first scan pass.
-"""
+"""Merge a chunk's blocks: by the fused C kernels where they cover them, else by torch."""
 
 from __future__ import annotations
 
@@ -27,12 +25,7 @@ MergedBlock = tuple[str, int, memoryview | None, BlockScan | None]
 
 
 class ChunkMerger:
-    """Turns the base and expert pieces of a chunk into output bytes (thread-safe per chunk).
-
-    With `first_pass`, each output block also gets ingestion's first scan pass (content hash,
-    delta statistics against the base, threshold histogram), computed from the same bytes
-    the scan of the written file would read (see `output_plans`).
-    """
+    """Turns the base and expert pieces of a chunk into output bytes (thread-safe per chunk)."""
 
     def __init__(self, prep: Prepared, *, first_pass: bool = False) -> None:
         self.prep = prep
@@ -64,8 +57,7 @@ class ChunkMerger:
                       or self.req.spec.fused is None else self.req.spec)
 
     def input_dtype(self, tensor: str) -> str:
-        """The promoted dtype of the base's and the full experts' tensor (mergekit's compute
-        dtype when a config gives none), as a torch name."""
+        """The promoted dtype of the base's and full experts' tensor, as a torch name."""
         dt = self.prep.base.tensors[tensor].dtype
         for e in self.prep.experts:
             if e.kind == "full" and e.tensors[tensor].dtype != dt:
@@ -103,8 +95,7 @@ class ChunkMerger:
 
     def scan_step(self, st: Step, data: Mapping[Hashable, memoryview],
                   out: tuple[str, int, memoryview | None]) -> MergedBlock:
-        """The output block with its first scan pass (None: not wanted, or a non-finite delta
-        that the scan of the file reports)."""
+        """The output block with its first scan pass (None: not wanted, or a non-finite delta)."""
         if self.output_plans is None:
             return (*out, None)
         if out[2] is None:  # the base's bytes, not read: their statistics are the base's
@@ -166,7 +157,6 @@ class ChunkMerger:
                                  math.prod(st.shape))
 
     def params_of(self, tensor: str) -> tuple[tuple[float, ...], list[float]]:
-        """The experts' weights and densities for a tensor (per-tensor overrides applied)."""
         return self.per_tensor.get(tensor, (self.weights, self.densities))
 
     def context(self, st: Step, weights: tuple[float, ...]) -> BlockContext:
@@ -177,7 +167,6 @@ class ChunkMerger:
                             all_weights=weights, input_dtype=self.input_dtype(st.tensor))
 
     def key(self, i: int, tensor: str) -> int:
-        """Expert i's keyed-randomness key for a tensor (cached)."""
         key = self.keys.get((i, tensor))
         if key is None:
             key = self.keys[(i, tensor)] = expert_key(self.req.seed, self.req.experts[i].model,
@@ -186,15 +175,12 @@ class ChunkMerger:
 
 
 def output_plans(prep: Prepared) -> dict[str, TensorPlan]:
-    """The scan plan of each output tensor as registering the output makes it: kind full, on
-    the base's grid, against the base (the output file's location is filled in then)."""
+    """Each output tensor's scan plan as registering the output makes it (full, base's grid)."""
     plans = {}
     for t in prep.base.tensors.values():
         dtype = prep.out_dtype or t.dtype
         blocks = prep.base.tensor_blocks(t.name)
-        numel = 1
-        for d in t.shape:
-            numel *= d
+        numel = math.prod(t.shape)
         plans[t.name] = TensorPlan(
             t.name, "full", TensorEntry(t.name, dtype, t.shape, "", 0, numel * DTYPE_SIZES[dtype]),
             [(b.row_start, b.row_end) for b in blocks],

@@ -17,8 +17,7 @@ if TYPE_CHECKING:  # the merge's modules load torch: imported when a merge runs,
 
 @dataclass(frozen=True)
 class Engine:
-    """`local`: this process's threads; `ray`: Ray tasks, on the cluster at `ray_address` or a
-    local Ray runtime started for the merge. Both write the same bytes for the same plan."""
+    """`local`: this process's threads; `ray`: Ray tasks. Both write the same bytes."""
 
     name: str = "local"
     ray_address: str | None = None

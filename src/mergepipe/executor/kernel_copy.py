@@ -1,12 +1,4 @@
-"""Copy a base file's byte range into an output file by the kernel, then verify what was copied.
-
-A tensor whose output is the base's very bytes and that the merge never reads is copied file to
-file (os.copy_file_range: no pass through user space, shared extents where the file system has
-reflinks; a read and a write where it is unsupported). The source is opened beneath its data
-root (storage.fsconfine), and the bytes that landed in the output are read back and hashed: the
-caller compares that hash with the catalog's, so a base rewritten in place after ingestion (size
-and mtime kept) is caught whatever happened between any check and the copy.
-"""
+"""Copy a base file's byte range into an output file by the kernel, then verify what was copied."""
 
 from __future__ import annotations
 
@@ -27,8 +19,7 @@ _NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, er
 
 def copy_range(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int,
                src_name: str) -> int:
-    """Copy `nbytes` from `src` to `dst`: by the kernel as far as it goes, the rest through a
-    bounded buffer; the bytes the kernel copied."""
+    """Copy by the kernel as far as it goes, the rest through a buffer; the bytes it copied."""
     done = kernel_copy(src, src_offset, dst, dst_offset, nbytes)
     copied = done
     while done < nbytes:
@@ -57,8 +48,7 @@ def hash_back(fd: int, offset: int, nbytes: int, hashers: Sequence[xxhash.xxh3_1
 
 
 def kernel_copy(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int) -> int:
-    """Copy with os.copy_file_range; the bytes copied (fewer when the kernel, the file
-    systems or the platform do not support it: the caller copies the rest)."""
+    """Copy with os.copy_file_range; the bytes copied (fewer where unsupported)."""
     copy = getattr(os, "copy_file_range", None)
     done = 0
     while copy is not None and done < nbytes:
@@ -75,7 +65,6 @@ def kernel_copy(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: in
 
 
 def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    """os.pwrite until every byte is written."""
     view = memoryview(data).cast("B")
     done = 0
     while done < len(view):

@@ -22,8 +22,7 @@ TOUCHED_COLUMNS = ["model", "tensor", "block_index", "nbytes", "utility", "rank"
 
 
 def input_digest(cat: Catalog, prep: Prepared, model: str) -> str:
-    """sha256 over a model's (tensor, block, content hash) rows: what the merge read from (an
-    expert loaded with its planned blocks only: every row from the catalog)."""
+    """sha256 over a model's (tensor, block, content hash) rows: what the merge read from."""
     src = prep.base if model == prep.base.name else next(
         e for e in prep.experts if e.name == model)
     rows = (sorted((t, bi, b.content_hash) for (t, bi), b in src.blocks.items())
@@ -35,8 +34,7 @@ def input_digest(cat: Catalog, prep: Prepared, model: str) -> str:
 
 
 def io_figures(prep: Prepared, result: ExecutionResult) -> dict[str, Any]:
-    """Budget, full / planned / realized expert bytes, base bytes, the omission bounds and the
-    predicted deviation."""
+    """Budget, expert bytes (full, planned, read), base bytes, bounds and predicted deviation."""
     plan = prep.plan
     return {
         "budget_bytes": plan.budget_bytes,
@@ -51,9 +49,7 @@ def io_figures(prep: Prepared, result: ExecutionResult) -> dict[str, Any]:
 
 
 def merge_lineage(plan: Plan, output_name: str) -> list[LineageEdge]:
-    """The lineage rows of a merge's output, as the catalog records them: the user's base and
-    experts (their weights as asked); an incremental merge also the merge it reused (role
-    previous, weight c)."""
+    """The output's lineage rows: base and experts as asked (and the reused merge, weight c)."""
     edges = lineage_edges(user_request(plan), output_name)
     previous = previous_of(plan)
     if previous is not None:
@@ -64,12 +60,7 @@ def merge_lineage(plan: Plan, output_name: str) -> list[LineageEdge]:
 def build_manifest(cat: Catalog, *, merge_id: str | None, prep: Prepared, result: ExecutionResult,
                    output_name: str | None, output_path: Path | str, plan_seconds: float | None,
                    wall_seconds: float | None = None) -> dict[str, Any]:
-    """The manifest.json document: request, plan, access set, realized I/O, outputs, lineage.
-
-    `request` is the user's request (the catalog's merges.request, the lineage); `executed` is
-    the request the plan executed (replay re-executes it): the same for a scratch merge, the
-    stored merge times c plus the changed experts for an incremental one, whose terms are
-    `experts` (the catalog's merge_experts rows)."""
+    """The manifest.json document: request, plan, access set, realized I/O, outputs, lineage."""
     plan = prep.plan
     req = plan.request
     asked = user_request(plan)
@@ -116,7 +107,6 @@ def build_manifest(cat: Catalog, *, merge_id: str | None, prep: Prepared, result
 
 
 def _file_entry(f: FileRow) -> dict[str, Any]:
-    """A file as ingested: path, size, mtime_ns, and a remote object's ETag and version id."""
     out: dict[str, Any] = {"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns}
     out.update({k: v for k, v in (("etag", f.etag), ("version_id", f.version_id)) if v})
     return out

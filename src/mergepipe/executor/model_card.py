@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
 
+from mergepipe.catalog.models import ModelRow
+from mergepipe.core.errors import MergePipeError
 from mergepipe.core.request import MergeRequest
 from mergepipe.core.tensor_params import SHARED_PARAMS
 from mergepipe.core.vocab import HF_DTYPE_NAMES
+from mergepipe.storage.locations import basename, is_url, join, parent, parse_url
+from mergepipe.storage.store import store_for
 
 CARD_FILE = "README.md"
 TAGS = ("merge", "mergepipe")
@@ -18,13 +24,7 @@ TAGS = ("merge", "mergepipe")
 def render_model_card(request: MergeRequest, io: Mapping[str, Any], *, name: str | None = None,
                       merge_id: str | None = None, plan_hash: str | None = None,
                       hub_ids: Mapping[str, str] | None = None) -> str:
-    """The model card text of a merge of `request`; `io` holds its I/O figures (budget_bytes,
-    full_read_bytes, planned_expert_bytes, expert_bytes_read, base_bytes_read, omission_bound;
-    missing ones are left out); `hub_ids` maps the catalog names of the inputs that have one to
-    their Hugging Face Hub ids (executor.hub_ids). Pure: no I/O, same inputs give the same text.
-
-    The Hub reads `base_model` as repository ids: it lists only those ids (none: the key is left
-    out); the catalog names stay under `mergepipe`."""
+    """The model card of a merge of `request` (pure); `base_model` lists the inputs' Hub ids."""
     spec = request.spec
     experts = [{"model": e.model, "weight": e.weight, "density": e.density}
                for e in request.experts]
@@ -134,8 +134,7 @@ def mergekit_config(request: MergeRequest) -> str | None:
 
 
 def _mergekit_params(request: MergeRequest, p: dict[str, Any]) -> dict[str, Any] | None:
-    """The request's other parameters under mergekit's names; None when mergekit's method
-    cannot express one of them."""
+    """The other parameters under mergekit's names; None when its method cannot express one."""
     method = request.spec.mergekit
     assert method is not None
     if p.pop("renormalize", "fixed") != "fixed":
@@ -189,8 +188,7 @@ def _models(request: MergeRequest, p: dict[str, Any], mk_semantics: bool,
 
 def _tensor_settings(settings: Mapping[str, Any] | None, n: int
                      ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Per-tensor parameters back as mergekit settings: each model's own (the first of its
-    chain; None: the global one applies) and the global ones (the second of a chain)."""
+    """Per-tensor parameters as mergekit settings: each model's own and the global ones."""
     per_model: list[dict[str, Any]] = [{} for _ in range(n)]
     shared: dict[str, Any] = {}
     for name, chains in (settings or {}).items():
@@ -227,3 +225,45 @@ def _size(n: int) -> str:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TiB"
+
+
+# -- the inputs' Hub ids (`base_model`): recorded by an hf:// location, a Hub cache directory or
+# config.json's `_name_or_path`; nothing is fetched (a remote config.json would pass the budget).
+# the Hub's repository id: a namespace and a name of letters, digits, '-', '_' and '.'
+HUB_ID = re.compile(r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?/[A-Za-z0-9_.-]{1,96}")
+_CACHE = re.compile(r"(?:^|/)models--([\w.-]+?)--([\w.-]+)/snapshots/")
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def hub_ids(models: Iterable[ModelRow]) -> dict[str, str]:
+    """Catalog name -> Hub id, for the models that record one."""
+    out = {}
+    for m in models:
+        found = None if m.source_merge else hub_id(m.path)
+        if found is not None:
+            out[m.name] = found
+    return out
+
+
+def hub_id(path: str) -> str | None:
+    """The Hub id of the checkpoint at `path` (a directory or one .safetensors file)."""
+    directory = parent(path) if basename(path).endswith(".safetensors") else path
+    if is_url(directory):
+        url = parse_url(directory)
+        repo = f"{url.authority}/{url.key.split('/', 1)[0].partition('@')[0]}"
+        return repo if url.scheme == "hf" and _valid(repo) else None
+    m = _CACHE.search(directory.rstrip("/") + "/")
+    if m and _valid(f"{m.group(1)}/{m.group(2)}"):
+        return f"{m.group(1)}/{m.group(2)}"
+    try:
+        cfg = json.loads(store_for(directory).read_bytes(join(directory, "config.json"),
+                                                         MAX_CONFIG_BYTES))
+    except (OSError, ValueError, RecursionError, MergePipeError):  # absent, outside the
+        return None  # roots, unreadable, not JSON
+    name = cfg.get("_name_or_path") if isinstance(cfg, dict) else None
+    return name if isinstance(name, str) and _valid(name) else None
+
+
+def _valid(name: str) -> bool:
+    return HUB_ID.fullmatch(name) is not None and ".." not in name and "--" not in name \
+        and not name.startswith(".")

@@ -1,16 +1,130 @@
-"""Check a plan against the catalog and the files on disk before anything is read."""
+"""A merge's inputs as the executor reads them, and the plan checked against catalog and files."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import xxhash
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.models import BlockRow, TensorRow
-from mergepipe.core.errors import BudgetViolation, InvalidCheckpoint, InvalidRequest, SourceChanged
-from mergepipe.executor.sources import ModelSource, load_models
+from mergepipe.catalog.models import (
+    BlockRow,
+    FileRow,
+    LoraA,
+    TensorRow,
+    find_models,
+    model_blocks,
+    models_details,
+)
+from mergepipe.catalog.reverify import reverify_file
+from mergepipe.core.errors import (
+    BudgetViolation,
+    InvalidCheckpoint,
+    InvalidRequest,
+    NotFound,
+    SourceChanged,
+)
 from mergepipe.planner.plan import Plan
 from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.storage.locations import absolute, basename
+from mergepipe.storage.store import store_for
+
+
+@dataclass
+class ModelSource:
+    """A catalog model as the executor reads it."""
+
+    name: str
+    kind: str
+    path: str
+    base: str | None
+    lora_scale: float | None
+    files: dict[int, FileRow]
+    tensors: dict[str, TensorRow]  # in checkpoint order
+    blocks: dict[tuple[str, int], BlockRow] = field(default_factory=dict)
+    # False: `blocks` holds only the blocks a plan reads (load_models(..., planned=...));
+    # complete_blocks loads the rest when every block is needed (a re-verification)
+    complete: bool = True
+
+    def complete_blocks(self, cat: Catalog) -> dict[tuple[str, int], BlockRow]:
+        if not self.complete:
+            self.blocks = {(b.tensor, b.block_index): b for b in model_blocks(cat, self.name)}
+            self.complete = True
+        return self.blocks
+
+    def file_path(self, index: int) -> str:
+        return self.files[index].path
+
+    def tensor_blocks(self, tensor: str) -> list[BlockRow]:
+        """The blocks of one tensor in row order."""
+        info = self.tensors[tensor]
+        out = []
+        i = 0
+        while (tensor, i) in self.blocks:
+            out.append(self.blocks[(tensor, i)])
+            i += 1
+        if not out:
+            raise InvalidRequest(f"model {self.name!r}: tensor {info.name!r} has no blocks in the "
+                                 "catalog; re-ingest the model", field="base")
+        return out
+
+    def check_files(self, cat: Catalog) -> None:
+        """Raise SourceChanged if a file is gone or differs from ingestion."""
+        for f in list(self.files.values()):
+            try:
+                st = store_for(f.path).stat(f.path)
+            except OSError as e:
+                raise SourceChanged(
+                    f"model {self.name!r}: file {f.path} is not readable ({e.strerror}); it was "
+                    f"moved or deleted after ingestion: restore it or re-ingest {self.name!r}"
+                ) from None
+            change = st.change_from(f.stamp)
+            if change is not None:
+                self.files[f.index] = reverify_file(cat, self.name, f, st, change,
+                                                    list(self.tensors.values()),
+                                                    list(self.complete_blocks(cat).values()))
+
+    def verify_block(self, block: BlockRow, raw: bytes | bytearray | memoryview) -> None:
+        self._verify(raw, block.content_hash, f"tensor {block.tensor!r} block {block.block_index}",
+                     block.file_index, block.byte_offset, block.nbytes)
+
+    def verify_lora_a(self, tensor: str, spec: LoraA, raw: bytes | bytearray | memoryview
+                      ) -> None:
+        """Raise SourceChanged unless `raw` has lora_A's catalogued hash (if the row has one)."""
+        if spec.content_hash is not None:
+            self._verify(raw, spec.content_hash, f"tensor {tensor!r} lora_A", spec.file_index,
+                         spec.offset, spec.nbytes)
+
+    def _verify(self, raw: bytes | bytearray | memoryview, content_hash: str, what: str,
+                file_index: int, offset: int, nbytes: int) -> None:
+        if xxhash.xxh3_128_hexdigest(raw) != content_hash:
+            raise SourceChanged(
+                f"model {self.name!r}: {what} in {self.file_path(file_index)} (bytes {offset}.."
+                f"{offset + nbytes}) does not match the catalog's content hash: "
+                f"the file changed after ingestion; re-ingest {self.name!r}")
+
+
+def load_models(cat: Catalog, names: Sequence[str], *,
+                planned: Sequence[tuple[str, str, int]] | None = None) -> list[ModelSource]:
+    """Files, tensors and blocks of the named models, ready ones only; with `planned` (a plan's
+    access set) all of the first model's blocks (the base) and only the planned of the others."""
+    whole = None if planned is None else names[:1]
+    with cat.reader() as conn:  # one connection for the five queries
+        rows = find_models(conn, names)
+        for name in names:
+            m = rows.get(name)
+            if m is None:
+                raise NotFound(f"model {name!r} is not in the catalog", field="model")
+            if m.status != "ready":
+                raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
+        files, tensors, blocks = models_details(conn, names, whole=whole, named=planned or ())
+    out = {n: ModelSource(m.name, m.kind, m.path, m.base, m.lora_scale,
+                          {f.index: f for f in files[n]}, {t.name: t for t in tensors[n]},
+                          {(b.tensor, b.block_index): b for b in blocks[n]},
+                          complete=whole is None or n in whole)
+           for n, m in rows.items()}
+    return [out[n] for n in names]
 
 
 @dataclass
@@ -27,9 +141,7 @@ class Prepared:
 
     @property
     def mergekit_arith(self) -> bool:
-        """mergekit's arithmetic (a config's compute dtype), or an operator of whole tensors:
-        every block runs through the operator, untouched ones too (its casts can change the
-        base's own values; a whole-tensor operator changes blocks no expert was read for)."""
+        """Every block runs through the operator (mergekit's casts, or whole-tensor operators)."""
         params = self.plan.request.params
         return (params.get("semantics") == "mergekit"
                 or params.get("compute_dtype", "float32") != "float32"
@@ -41,9 +153,7 @@ class Prepared:
 
 
 def prepare(cat: Catalog, plan: Plan) -> Prepared:
-    """Load the inputs, check the files are unchanged and the plan fits the budget. Of the
-    experts, only the planned blocks are loaded (the rest is read from the catalog when needed:
-    a file to re-verify, the manifest's digests); the base whole (every block is streamed)."""
+    """Load the inputs, check the files are unchanged and the plan fits the budget."""
     req = plan.request
     base, *experts = load_models(cat, [req.base, *(e.model for e in req.experts)],
                                  planned=[(b.model, b.tensor, b.block_index)
@@ -78,8 +188,7 @@ def _check_family(ref: str, base: ModelSource, experts: list[ModelSource]) -> No
 
 def _select_blocks(plan: Plan, base: ModelSource, experts: list[ModelSource]
                    ) -> dict[tuple[int, str], list[BlockRow]]:
-    """The catalog's block of each planned block, by (expert position, tensor), in block
-    order; SourceChanged where the catalog no longer has what the plan was made from."""
+    """Each planned block's catalog row by (expert position, tensor); SourceChanged if gone."""
     position = {e.name: i for i, e in enumerate(experts)}
     selected: dict[tuple[int, str], list[BlockRow]] = {}
     for pb in plan.blocks:

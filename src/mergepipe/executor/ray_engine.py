@@ -1,23 +1,16 @@
-"""The Ray engine: a merge's output regions executed as Ray tasks that read and write shared storage.
-
-The driver (the process running the job) creates the output files, cuts the output into regions
-(executor.regions), and submits one task per region; each task opens the checkpoints itself (the
-same paths on every node: shared storage), reads its planned blocks, and pwrites its tensors.
-A task whose worker dies is retried (`RAY_TASK_RETRIES`) and rewrites its region whole. The
-driver checks every tensor came back once with its layout, sums the counters, writes the index
-and the side files; the job layer then publishes and records exactly as with the local engine.
-`ray` is imported only here, when a merge runs on it.
-"""
+"""The Ray engine: a merge's output regions as Ray tasks that read and write shared storage."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +20,15 @@ from mergepipe.core.errors import (
     MergePipeError,
     RemoteUnavailable,
 )
+from mergepipe.core.hooks import hooks
 from mergepipe.core.progress import Progress, ProgressFn
+from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.prepare import Prepared, output_layout
-from mergepipe.executor.regions import combine, create_files, run_region, split_regions
 from mergepipe.executor.side_files import copy_side_files
-from mergepipe.executor.stream import ExecutionResult
-from mergepipe.executor.writer import write_json
+from mergepipe.executor.stream import ExecutionResult, execute, output_hash
+from mergepipe.executor.writer import CheckpointWriter, OutputTensor, write_json
 from mergepipe.storage.checkpoint import INDEX_FILE
-from mergepipe.storage.fsconfine import current_roots
+from mergepipe.storage.fsconfine import confined, current_roots
 from mergepipe.storage.locations import basename
 
 RAY_TASK_RETRIES = 3  # a region whose worker process dies is run again, this many times
@@ -44,9 +38,7 @@ GCS_PROBE_SECONDS = 5.0  # a cluster address must accept a connection within thi
 
 
 def _probe(address: str) -> None:
-    """Refuse a `host:port` cluster address where nothing accepts a connection: Ray itself
-    retries, then ends the whole process (the server's too) instead of raising. `auto` and
-    `ray://` client addresses are Ray's to resolve."""
+    """Refuse a host:port where nothing listens: Ray would retry, then end the whole process."""
     if address == "auto" or "://" in address:
         return
     host, _, port = address.rpartition(":")
@@ -61,9 +53,7 @@ def _probe(address: str) -> None:
 
 
 class _Runtime:
-    """The process's Ray connection: a local runtime (or a connection to `address`) started by
-    the first merge that needs it and shut down after the last one running; one that someone
-    else initialised (a test session, an application) is used and left alone."""
+    """The process's Ray connection: started by the first merge, shut by the last (if ours)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -167,8 +157,7 @@ def _gather(ray: Any, pending: list[Any], prep: Prepared, progress: ProgressFn |
 
 
 def as_finished(ray: Any, pending: list[Any]) -> Iterator[Any]:
-    """The tasks' results as they finish. On the first failure, or when the caller stops early,
-    the others are cancelled; a task's own MergePipeError is raised as itself (its message)."""
+    """The tasks' results as they finish."""
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
@@ -180,3 +169,121 @@ def as_finished(ray: Any, pending: list[Any]) -> Iterator[Any]:
         if isinstance(e, ray.exceptions.RayTaskError) and isinstance(cause, MergePipeError):
             raise cause from None
         raise
+
+
+# -- output regions: runs of whole tensors of one output file, each executed alone by a task,
+# with the local engine's blocks and kernels (so its bytes); `combine` checks and joins them.
+# (file name, [(tensor, dtype, shape), ...]) in output order: prepare.output_layout's shape
+Layout = list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]]
+
+
+@dataclass(frozen=True)
+class Region:
+    """A run of whole tensors of one output file, written by one task."""
+
+    index: int
+    file: str
+    tensors: tuple[str, ...]
+    nbytes: int  # output bytes of its tensors
+
+
+def split_regions(layout: Layout, parts: int) -> list[Region]:
+    """About `parts` regions of similar bytes: whole tensors, one per file at least."""
+    total = sum(math.prod(s) * DTYPE_SIZES[d] for _, specs in layout for _, d, s in specs)
+    target = max(1, total // max(1, parts))
+    regions: list[Region] = []
+    for fname, specs in layout:
+        cur: list[str] = []
+        cur_bytes = 0
+        for name, dtype, shape in specs:
+            cur.append(name)
+            cur_bytes += math.prod(shape) * DTYPE_SIZES[dtype]
+            if cur_bytes >= target:
+                regions.append(Region(len(regions), fname, tuple(cur), cur_bytes))
+                cur, cur_bytes = [], 0
+        if cur or not specs:
+            regions.append(Region(len(regions), fname, tuple(cur), cur_bytes))
+    return regions
+
+
+def create_files(out_dir: Path, layout: Layout, metadata: dict[str, dict[str, str]]) -> int:
+    writer = CheckpointWriter(out_dir, layout, metadata=metadata)
+    writer.abort()  # closes them: the regions write the data
+    return writer.total_bytes
+
+
+def region_prepared(prep: Prepared, region: Region) -> Prepared:
+    """The prepared merge restricted to the region's tensors (no index, no side files)."""
+    keep = set(region.tensors)
+    base = replace(prep.base, tensors={n: t for n, t in prep.base.tensors.items() if n in keep})
+    return replace(prep, base=base,
+                   selected={k: v for k, v in prep.selected.items() if k[1] in keep},
+                   checkpoint=replace(prep.checkpoint, extra_files=[], has_index=False))
+
+
+def run_region(prep: Prepared, out_dir: str, layout: Layout,
+               metadata: dict[str, dict[str, str]], region: Region, *, first_pass: bool,
+               threads: int | None, roots: Sequence[str] | None
+               ) -> tuple[int, int, ExecutionResult]:
+    """Execute one region: (region index, this process's id, what it read and wrote)."""
+    hooks().region_started(region.index)
+    sub = region_prepared(prep, region)
+    with confined(roots) if roots else contextlib.nullcontext():
+        writer = CheckpointWriter(Path(out_dir), layout, metadata=metadata,
+                                  region=(region.file, set(region.tensors)))
+        result = execute(sub, Path(out_dir), threads=threads, compute_threads=1,
+                         first_pass=first_pass, writer=writer)
+    return region.index, os.getpid(), result
+
+
+def combine(layout: Layout, regions: Sequence[Region], results: dict[int, ExecutionResult],
+            exec_seconds: float) -> ExecutionResult:
+    """One result from the regions': every tensor once, as its layout says; counters summed."""
+    if set(results) != {r.index for r in regions}:
+        raise RuntimeError(f"output regions {sorted(set(range(len(regions))) - set(results))} "
+                           "returned no result")
+    by_name = {}
+    for reg in regions:
+        res = results[reg.index]
+        got = [t.name for t in res.tensors]
+        if got != list(reg.tensors) or any(t.file != reg.file for t in res.tensors):
+            raise RuntimeError(f"output region {reg.index} wrote tensors {got[:3]}.. of "
+                               f"{reg.file}, not its own")
+        by_name.update({t.name: t for t in res.tensors})
+    tensors = _in_layout(layout, by_name)
+    parts = list(results.values())
+    fetched, by_model = _expert_counters(parts)
+    passes = {k: v for r in parts for k, v in r.first_passes.items()}
+    return ExecutionResult(tensors, output_hash(tensors), sum(r.expert_bytes_read for r in parts),
+                           by_model, fetched, sum(r.base_bytes_read for r in parts),
+                           sum(r.blocks_total for r in parts),
+                           sum(r.expert_blocks_read for r in parts), exec_seconds, [], [],
+                           passes, sum(r.kernel_copied_bytes for r in parts))
+
+
+def _in_layout(layout: Layout, by_name: dict[str, OutputTensor]) -> list[OutputTensor]:
+    """The output tensors in layout order, each checked against its layout entry."""
+    tensors = []
+    for fname, specs in layout:
+        for name, dtype, shape in specs:
+            t = by_name[name]
+            if (t.dtype, tuple(t.shape), t.file) != (dtype, tuple(shape), fname):
+                raise RuntimeError(f"output tensor {name!r} came back as {t.dtype} "
+                                   f"{list(t.shape)} in {t.file}")
+            tensors.append(t)
+    return tensors
+
+
+def _expert_counters(parts: list[ExecutionResult]
+                     ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """The regions' expert fetch statistics and expert bytes by model, summed."""
+    fetched: dict[str, dict[str, int]] = {}
+    by_model: dict[str, int] = {}
+    for r in parts:
+        for m, st in r.expert_fetch_by_model.items():
+            acc = fetched.setdefault(m, {})
+            for k, v in st.items():
+                acc[k] = acc.get(k, 0) + v
+        for m, n in r.expert_bytes_by_model.items():
+            by_model[m] = by_model.get(m, 0) + n
+    return fetched, by_model

@@ -1,14 +1,4 @@
-"""Ingestion statistics on Ray: one task per shard file of a checkpoint, the rows written here.
-
-`ray_scan(address)` is a `catalog.ingest.ScanFn`: the plans (one per tensor, in checkpoint order)
-are grouped by the shard file their tensor lies in; each group is one Ray task that opens the
-files itself (same paths on every node: shared storage; under the caller's data-root
-confinement) and returns its tensors' typed results (`TensorResult`: block hashes, statistics,
-trim thresholds). A task whose worker dies is retried and scans its shard again (it only reads).
-The driver puts the results back in plan order; catalog.ingest builds the rows from them and
-writes them in one transaction, exactly as after a local scan. A single-file checkpoint is
-scanned locally (one task would only add Ray's start-up).
-"""
+"""Ingestion statistics on Ray: one task per shard file of a checkpoint, the rows written here."""
 
 from __future__ import annotations
 
@@ -42,13 +32,10 @@ class ShardScan:
 
 
 def ray_scan(address: str | None) -> ScanFn:
-    """A ScanFn running one Ray task per shard file (on the cluster at `address`, or a local
-    runtime started for the ingestion)."""
     return functools.partial(scan_on_ray, address=address)
 
 
 def shard_groups(plans: Sequence[TensorPlan]) -> list[list[int]]:
-    """The plans' indices grouped by the file their tensor lies in, files in first-seen order."""
     groups: dict[str, list[int]] = {}
     for k, p in enumerate(plans):
         groups.setdefault(p.entry.file, []).append(k)
@@ -86,8 +73,7 @@ def scan_on_ray(plans: list[TensorPlan], pins: list[tuple[str, Stamp]],
 
 def scan_shard(index: int, plans: list[TensorPlan], pins: list[tuple[str, Stamp]],
                roots: Sequence[str] | None) -> ShardScan:
-    """One shard's scan, in any process that sees the checkpoint at the same paths (a Ray task:
-    one CPU, so one scan thread)."""
+    """One shard's scan, in any process that sees the checkpoint at the same paths."""
     hooks().shard_started(index)
     with confined(roots) if roots else contextlib.nullcontext():
         results, nbytes = scan_pinned(plans, pins, None, workers=1)

@@ -30,7 +30,7 @@ from mergepipe.executor.writer import OutputTensor
 from mergepipe.storage.checkpoint import Checkpoint
 from mergepipe.storage.locations import basename
 from mergepipe.storage.safetensors_format import TensorEntry, torch_dtype
-from mergepipe.storage.storage import SourceReader, open_reader
+from mergepipe.storage.storage import RangeReader, open_reader
 from mergepipe.storage.store import store_for
 from mergepipe.storage.store_types import Stamp
 
@@ -66,7 +66,7 @@ class _Checkpoint:
     """The tensors of one checkpoint (a local directory, or a remote one: s3://, https://,
     hf://), by name; their bytes read by range through the storage layer's reader."""
 
-    def __init__(self, path: str, key: str, reader: SourceReader,
+    def __init__(self, path: str, key: str, reader: RangeReader,
                  opened: Checkpoint | None = None) -> None:
         from mergepipe.storage.checkpoint import open_checkpoint
 
@@ -154,7 +154,7 @@ def output_count(cfg: SliceConfig, opened: Mapping[str, Checkpoint]) -> int:
         return sum(1 for _ in _assignments(cfg, ckpts))
 
 
-def _stamps(ckpts: Iterable[_Checkpoint], reader: SourceReader, pins: Mapping[str, Stamp]
+def _stamps(ckpts: Iterable[_Checkpoint], reader: RangeReader, pins: Mapping[str, Stamp]
             ) -> dict[str, Stamp]:
     """Each source file as it is now (a remote one: the version its reads are pinned to);
     SourceChanged for a file that is not the one `pins` recorded."""

@@ -18,14 +18,12 @@ from mergepipe.catalog.scan import FirstPass
 from mergepipe.core.errors import BudgetViolation
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.executor.blocks import ChunkMerger, MergedBlock
-from mergepipe.executor.prepare import Prepared, output_layout, prepare
-from mergepipe.executor.reads import BudgetCounter, Prefetcher
-from mergepipe.executor.schedule import Step, schedule
+from mergepipe.executor.prepare import ModelSource, Prepared, output_layout, prepare
+from mergepipe.executor.schedule import BudgetCounter, Prefetcher, Step, schedule
 from mergepipe.executor.side_files import copy_side_files
-from mergepipe.executor.sources import ModelSource
 from mergepipe.executor.writer import BackgroundWrites, CheckpointWriter, OutputTensor
 from mergepipe.storage.locations import basename
-from mergepipe.storage.storage import RangeReader, SourceReader, open_reader
+from mergepipe.storage.storage import RangeReader, open_reader
 
 __all__ = ["ExecutionResult", "Prepared", "execute", "prepare"]
 
@@ -64,14 +62,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
             chunk_bytes: int | None = None, compute_threads: int | None = None,
             first_pass: bool = False,
             writer: CheckpointWriter | None = None) -> ExecutionResult:
-    """Write the merged checkpoint into `out_dir` (an existing empty directory).
-
-    Reads run `PREFETCH_DEPTH` chunks ahead in `threads` threads, chunks are merged in
-    `compute_threads` threads (torch, when a block needs it, pinned to one thread), writes go out in order in one more.
-    `first_pass`: also make ingestion's first scan pass over every output block (content
-    hashes, delta statistics against the base, trim threshold histograms) while the merged
-    and base blocks are in memory, so that registering the output need not read it again.
-    """
+    """Write the merged checkpoint into `out_dir` (an existing empty directory)."""
     t0 = time.perf_counter()
     steps, chunks = schedule(prep, chunk_bytes or CHUNK_BYTES)
     writer = writer or CheckpointWriter(
@@ -165,14 +156,14 @@ class _Output:
                                    self.readers[0].bytes_read, self.readers[1].bytes_read))
 
 
-def _pin(reader: SourceReader, models: Sequence[ModelSource]) -> None:
+def _pin(reader: RangeReader, models: Sequence[ModelSource]) -> None:
     """Remote files are read at the version ingested (their ETag / version id)."""
     for m in models:
         for f in m.files.values():
             reader.pin(f.path, f.stamp)
 
 
-def _fetch_by_model(prep: Prepared, expert_reader: SourceReader) -> dict[str, dict[str, int]]:
+def _fetch_by_model(prep: Prepared, expert_reader: RangeReader) -> dict[str, dict[str, int]]:
     """Bytes fetched, requests and retries of each expert's reads."""
     by_path = {f.path: e.name for e in prep.experts for f in e.files.values()}
     by_model = {e.name: {"bytes": 0, "requests": 0, "retries": 0} for e in prep.experts}
@@ -195,12 +186,10 @@ def _reuse_freed_buffers() -> None:
 
 
 def default_compute_threads() -> int:
-    """Merge threads: one per core, at most 4."""
     return max(1, min(4, os.cpu_count() or 1))
 
 
 def default_threads() -> int:
-    """Read threads: I/O-bound, so a few more than the cores."""
     return max(2, min(8, 2 * (os.cpu_count() or 1)))
 
 

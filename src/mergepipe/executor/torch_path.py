@@ -1,39 +1,33 @@
-"""The torch side of merging a block: decode to float32, each expert's delta by storage kind,
-the operator's torch kernel, encode.
-
-Blocks the fused C kernels do not cover come here (other operators, mergekit arithmetic,
-whole-tensor operators, LoRA experts' deltas, a NaN in a fused output, no C extension). Imported
-on first need: a merge that the fused kernels cover never loads torch (~1.5 s of CPU).
-"""
+"""The torch side of merging: a block, or a whole tensor, where the fused C kernels do not."""
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from mergepipe.core.errors import InvalidCheckpoint
-from mergepipe.core.operators import BlockContext, ExpertBlock
+from mergepipe.core.operators import BlockContext, ExpertBlock, Operator
 from mergepipe.core.operators.base import ReadExpert
 from mergepipe.core.torch_threads import pin_torch_threads
-from mergepipe.executor import tensors
 from mergepipe.executor.writer import encode
 from mergepipe.storage.lora import lora_delta
 from mergepipe.storage.safetensors_format import decode_into, to_float32
 
 if TYPE_CHECKING:
     from mergepipe.core.request import MergeRequest
-    from mergepipe.executor.prepare import Prepared
+    from mergepipe.executor.prepare import ModelSource, Prepared
     from mergepipe.executor.schedule import Step
-    from mergepipe.executor.sources import ModelSource
 
 pin_torch_threads()  # before the first kernel: our compute threads give the parallelism
 
 
 class ChunkMerger(Protocol):
-    """What the torch path reads of executor.blocks.ChunkMerger."""
+    """What the torch path reads of executor.blocks.ChunkMerger (which imports this module)."""
 
     prep: Prepared
     req: MergeRequest
@@ -62,13 +56,13 @@ def merge_tensors(m: ChunkMerger, chunk_steps: list[Step], data: Mapping[Hashabl
                   ) -> list[tuple[str, int, memoryview | None]]:
     """Every block of a chunk of whole tensors, each tensor by one kernel call."""
     out: list[tuple[str, int, memoryview | None]] = []
-    for steps in tensors.by_tensor(chunk_steps):
+    for steps in by_tensor(chunk_steps):
         t = m.prep.base.tensors[steps[0].tensor]
         inputs = []
         for st in steps:
             b32 = decode(data[("b", st.tensor, st.block_index)], t.dtype, st.shape)
             inputs.append((b32, *step_inputs(m, st, data, b32)))
-        merged = tensors.merge_tensor(m.op, t.shape, inputs)
+        merged = merge_tensor(m.op, t.shape, inputs)
         out_dtype = m.prep.out_dtype or t.dtype
         out.extend((st.tensor, st.flat_start, encode(x, out_dtype))
                    for st, x in zip(steps, merged, strict=True))
@@ -110,8 +104,7 @@ def decode(raw: memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 class _Deltas(threading.local):
-    """Each compute thread's float32 delta buffers, one per expert position, reused block after
-    block (the operators never return or keep them)."""
+    """Each compute thread's float32 delta buffers, one per expert, reused block after block."""
 
     def __init__(self) -> None:
         self.bufs: dict[int, torch.Tensor] = {}
@@ -128,8 +121,7 @@ _deltas = _Deltas()
 
 def _value_and_delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,
                      data: Mapping[Hashable, memoryview]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A full expert's block widened exactly to float32, and its float32 delta (new tensors:
-    mergekit arithmetic needs both)."""
+    """A full expert's block widened to float32, and its float32 delta (new tensors)."""
     raw = data[("e", i, st.tensor, st.block_index)]
     if raw.nbytes == 0:
         return b32.clone(), torch.zeros_like(b32)
@@ -168,3 +160,60 @@ def expert_delta(e: ModelSource, i: int, st: Step, b32: torch.Tensor,
                                     f"{list(b32.shape)}")
         return d
     raise InvalidCheckpoint(f"model {e.name!r} has unknown kind {e.kind!r}")
+
+
+# one step's inputs: the base block (float32), every expert's view of it, the block's context
+StepInputs = tuple[torch.Tensor, list[ExpertBlock], BlockContext]
+
+
+def by_tensor(steps: Sequence[Step]) -> Iterator[list[Step]]:
+    """The steps of a chunk grouped by tensor, in order (each group a whole tensor)."""
+    group: list[Step] = []
+    for st in steps:
+        if group and st.tensor != group[0].tensor:
+            yield group
+            group = []
+        group.append(st)
+    if group:
+        yield group
+
+
+def merge_tensor(op: Operator, shape: Sequence[int], inputs: list[StepInputs]
+                 ) -> list[torch.Tensor]:
+    """The kernel on the whole tensor joined from its blocks; the float32 output per block."""
+    bases = [b for b, _, _ in inputs]
+    base = _join(bases, shape)
+    experts = [_join_expert([blocks[i] for _, blocks, _ in inputs], bases, shape)
+               for i in range(len(inputs[0][1]))]
+    ctx = replace(inputs[0][2], block_index=0, flat_offset=0, whole_tensor=True)
+    shapes = [b.shape for b in bases]
+    inputs.clear()
+    del bases
+    merged = op(base, experts, ctx).reshape(-1)
+    out, start = [], 0
+    for s in shapes:
+        n = math.prod(s)
+        out.append(merged[start:start + n].reshape(s))
+        start += n
+    return out
+
+
+def _join(parts: list[torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
+    if len(parts) == 1:
+        return parts[0].reshape(tuple(shape))
+    return torch.cat([p.reshape(-1) for p in parts]).reshape(tuple(shape))
+
+
+def _join_expert(blocks: list[ExpertBlock], bases: list[torch.Tensor], shape: Sequence[int]
+                 ) -> ExpertBlock:
+    """One expert's whole tensor, the base's blocks where none was read (None: none read)."""
+    first = blocks[0]
+    if all(e.delta is None for e in blocks):
+        return first
+    deltas = [e.delta if e.delta is not None else torch.zeros_like(b)
+              for e, b in zip(blocks, bases, strict=True)]
+    value = None
+    if any(e.value is not None for e in blocks):
+        value = _join([e.value if e.value is not None else (b + d if e.delta is not None else b)
+                       for e, b, d in zip(blocks, bases, deltas, strict=True)], shape)
+    return replace(first, delta=_join(deltas, shape), value=value)

@@ -1,15 +1,17 @@
-"""Write a safetensors checkpoint block by block: header first, each block pwritten at its offset.
-
-Every byte written is hashed as it goes (a streaming xxh3-128 per tensor); a tensor copied from
-the base by the kernel is read back and checked against the catalog's hash (executor.kernel_copy).
-"""
+"""Write a safetensors checkpoint block by block, every byte hashed as it goes."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 import json
+import math
 import os
+import sys
 from collections import deque
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +19,9 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from mergepipe.core.errors import SourceChanged
+from mergepipe.core.errors import InvalidCheckpoint, SourceChanged
 from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.kernel_copy import copy_range, hash_back, open_source, pwrite_all
-from mergepipe.executor.writeback import Writeback
 from mergepipe.storage.checkpoint import INDEX_FILE
 from mergepipe.storage.fsconfine import current_roots
 from mergepipe.storage.safetensors_format import encode_header, torch_dtype
@@ -31,6 +32,52 @@ if TYPE_CHECKING:
 # Output files are new names in a fresh staging directory: never written through a planted link;
 # read-write, as kernel copies are read back to verify them.
 _NEW_FILE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+# Dirty bytes of one file between two starts of write-back: large enough that each start is a
+# few big sequential writes, small enough that the disk writes while the merge still reads.
+WRITEBACK_EVERY = 16 << 20
+SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start write-out of dirty pages not yet submitted
+
+_Fn = Callable[[int, int, int, int], int]
+
+
+@functools.cache
+def _sync_file_range() -> _Fn | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def start_writeback(fd: int) -> bool:
+    """Start the write-back of the file's dirty pages; False without sync_file_range."""
+    fn = _sync_file_range()
+    if fn is None:
+        return False
+    return fn(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0  # errors: the final fsync reports them
+
+
+class Writeback:
+    """Counts the bytes written to each file; every `every` bytes, starts its write-back."""
+
+    def __init__(self, every: int = WRITEBACK_EVERY) -> None:
+        self.every = every
+        self._dirty: dict[int, int] = {}
+        self.started = 0  # write-backs started (for tests)
+
+    def wrote(self, fd: int, nbytes: int) -> None:
+        n = self._dirty.get(fd, 0) + nbytes
+        if n >= self.every:
+            self.started += start_writeback(fd)
+            n = 0
+        self._dirty[fd] = n
 
 
 @dataclass(frozen=True)
@@ -57,7 +104,6 @@ class _Slot:
 
 
 def encode(t: torch.Tensor, dtype: str) -> memoryview:
-    """A float32 tensor as raw little-endian bytes of `dtype` (no extra copy)."""
     import torch  # loaded by the caller's tensor already
 
     out = t.to(torch_dtype(dtype)).contiguous()
@@ -70,8 +116,10 @@ class CheckpointWriter:
     def __init__(self, out_dir: Path,
                  files: list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]], *,
                  metadata: dict[str, dict[str, str]] | None = None,
-                 write_index: bool = False) -> None:
-        """`files`: (file name, [(tensor, dtype, shape), ...]) in output order."""
+                 write_index: bool = False, region: tuple[str, Collection[str]] | None = None
+                 ) -> None:
+        """`files`: (file name, [(tensor, dtype, shape), ...]) in output order. `region` (file,
+        tensors): write only those, into a file made and sized already (executor.ray_engine)."""
         self.out_dir = Path(out_dir)
         self.write_index = write_index
         self._slots: dict[str, _Slot] = {}
@@ -84,20 +132,27 @@ class CheckpointWriter:
         self.writeback = Writeback()  # the disk writes while the merge runs, not all at fsync
         try:
             for fname, tensors in files:
+                if region is not None and fname != region[0]:
+                    continue
                 header, spans = encode_header(tensors, (metadata or {}).get(fname))
-                fd = os.open(self.out_dir / fname, _NEW_FILE, 0o644)
-                self._fds.append(fd)
-                pwrite_all(fd, header, 0)
-                data_len = spans[-1][1] if spans else 0
-                os.ftruncate(fd, len(header) + data_len)
-                self.total_bytes += data_len
-                for (name, dtype, shape), (begin, _end) in zip(tensors, spans, strict=True):
-                    numel = 1
-                    for d in shape:
-                        numel *= d
-                    self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
-                                              numel, 0, xxhash.xxh3_128())
-                    self._order.append(name)
+                size = len(header) + (spans[-1][1] if spans else 0)
+                if region is None:
+                    fd = os.open(self.out_dir / fname, _NEW_FILE, 0o644)
+                    self._fds.append(fd)
+                    pwrite_all(fd, header, 0)
+                    os.ftruncate(fd, size)
+                else:
+                    fd = os.open(self.out_dir / fname, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    self._fds.append(fd)
+                    if os.fstat(fd).st_size != size:
+                        raise InvalidCheckpoint(f"output file {fname} is {os.fstat(fd).st_size} "
+                                                f"bytes, not the {size} its layout needs")
+                for (name, dtype, shape), (begin, end) in zip(tensors, spans, strict=True):
+                    if region is None or name in region[1]:
+                        self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
+                                                  math.prod(shape), 0, xxhash.xxh3_128())
+                        self._order.append(name)
+                        self.total_bytes += end - begin
         except BaseException:
             self.abort()
             raise
@@ -120,10 +175,7 @@ class CheckpointWriter:
 
     def copy_tensor(self, tensor: str, src: str, src_offset: int, expected_hash: str,
                     model: str) -> None:
-        """Write a whole tensor as the bytes of file `src` at `src_offset`, copied by the kernel
-        (kernel_copy), then read back from the output and checked against `expected_hash`
-        (the catalog's xxh3-128 of the base tensor): SourceChanged naming the model, file and
-        tensor when they differ, so that bytes changed since ingestion are never published."""
+        """A whole tensor copied by the kernel, read back and checked against `expected_hash`."""
         s = self._slots[tensor]
         nbytes = s.numel * DTYPE_SIZES[s.dtype]
         if s.next_elem != 0:
@@ -174,13 +226,11 @@ class CheckpointWriter:
 
 
 def write_json(path: Path, obj: object) -> None:
-    """Write JSON and fsync it."""
     write_new(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
 def write_new(path: Path, data: bytes) -> None:
-    """Write a new file of the staging directory and fsync it (O_EXCL | O_NOFOLLOW: a name
-    planted there is never written through)."""
+    """Write a new staging file (O_EXCL | O_NOFOLLOW: never through a planted name) and fsync it."""
     fd = os.open(path, _NEW_FILE, 0o644)
     try:
         pwrite_all(fd, data, 0)
@@ -214,7 +264,6 @@ class BackgroundWrites:
             self._pending.popleft().result()
 
     def drain(self) -> None:
-        """Wait for every queued write."""
         while self._pending:
             self._pending.popleft().result()
 

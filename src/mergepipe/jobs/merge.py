@@ -32,11 +32,9 @@ from mergepipe.core.request import MergeRequest
 from mergepipe.core.vocab import check_name
 from mergepipe.executor import publish, stream
 from mergepipe.executor.engine import LOCAL, Engine
-from mergepipe.executor.hub_ids import hub_ids
 from mergepipe.executor.manifest import build_manifest, io_figures, write_manifest
-from mergepipe.executor.model_card import CARD_FILE, render_model_card
-from mergepipe.executor.outputs import LocalOutput, output_for
-from mergepipe.executor.s3_output import S3Output
+from mergepipe.executor.model_card import CARD_FILE, hub_ids, render_model_card
+from mergepipe.executor.publish import LocalOutput, S3Output, output_for
 from mergepipe.executor.stream import ExecutionResult, Prepared
 from mergepipe.jobs import slices
 from mergepipe.jobs.planning import check_inputs

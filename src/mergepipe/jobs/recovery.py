@@ -13,7 +13,7 @@ from mergepipe.catalog import records
 from mergepipe.catalog.db import Catalog
 from mergepipe.executor import publish
 from mergepipe.executor.manifest import MANIFEST_FILE
-from mergepipe.executor.s3_output import S3Output
+from mergepipe.executor.publish import S3Output
 from mergepipe.storage.locations import is_url
 
 log = logging.getLogger("mergepipe.jobs.recovery")

@@ -24,7 +24,7 @@ from mergepipe.jobs.ingest import run_ingest_job
 from mergepipe.jobs.merge import run_merge
 from mergepipe.jobs.recovery import recover_interrupted
 from mergepipe.storage.paths import temp_dirs
-from mergepipe.storage.remote_scope import remote_scope
+from mergepipe.storage.remote import remote_scope
 
 log = logging.getLogger("mergepipe.jobs.runner")
 

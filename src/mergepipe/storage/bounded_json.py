@@ -1,7 +1,4 @@
-"""JSON read from checkpoint files (safetensors headers, index and config files) with integers
-bounded: a 5000-digit integer is refused with a clear error naming the file, instead of Python's
-digit-limit ValueError surfacing as an internal error (or, in a base's config.json, failing every
-later merge that rewrites it)."""
+"""JSON of checkpoint files with integers bounded: a clear error, not Python's digit limit."""
 
 from __future__ import annotations
 
@@ -23,6 +20,5 @@ def _int(text: str) -> int:
 
 
 def loads(data: str | bytes) -> Any:
-    """json.loads with integers bounded (IntegerTooLong); JSONDecodeError and RecursionError as
-    json raises them."""
+    """json.loads with integers bounded (IntegerTooLong)."""
     return json.loads(data, parse_int=_int)

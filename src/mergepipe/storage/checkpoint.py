@@ -1,5 +1,4 @@
-"""Locate the safetensors files of a checkpoint (single file, sharded HF directory, LoRA adapter),
-on the local disk or in remote storage (through the store of its scheme)."""
+"""Locate the safetensors files of a checkpoint (file, sharded directory, LoRA adapter)."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ class Checkpoint:
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Read the headers of every file of the checkpoint at `path` (a local path, or an s3:// or
-    http(s):// URL); no tensor data is read."""
+    """Read the headers of every file of the checkpoint at `path` (no tensor data)."""
     p = absolute(path)
     store = store_for(p)
     kind = _kind(store, p)
@@ -79,9 +77,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 
 
 def _check_config(store: Store, p: str) -> None:
-    """A merge rewrites the base's config.json (its dtype): one it could not parse for its
-    integers' length or nesting is refused now, not by every later merge. Other unreadable JSON
-    is copied as is."""
+    """Refuse a config.json no merge could rewrite (integers, nesting); bad JSON is copied."""
     try:
         bounded_json.loads(store.read_bytes(p, MAX_JSON_BYTES))
     except (IntegerTooLong, RecursionError) as e:
@@ -165,11 +161,6 @@ def _from_files(path: str, files: list[str], extra: list[str], *, is_dir: bool =
             seen[t.name] = h.path
             tensors.append(t)
     return Checkpoint(path, headers, tensors, extra, is_dir=is_dir, has_index=has_index)
-
-
-def load_json(path: str) -> dict[str, object]:
-    """A small JSON object file (an index, an adapter or model config), local or remote."""
-    return _load_json(store_for(path), path)
 
 
 def _load_json(store: Store, p: str) -> dict[str, object]:

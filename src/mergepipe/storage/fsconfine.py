@@ -1,15 +1,4 @@
-"""Confinement at the moment of every open: files inside a root are opened beneath the root's fd.
-
-A job of the service runs inside `confined(roots)`. Every local open of its readers and stores
-(`open_confined`) then resolves a path that lies inside a root relative to a file descriptor of
-that root, never by its name from `/`: with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`
-where the kernel has it, else by a walk of one component at a time, each opened with
-`O_NOFOLLOW` relative to the directory before it (symbolic links read with `readlinkat` and
-resolved the same way; absolute ones and `..` above the root refused). A directory or file
-swapped for a link out of the root at any moment is refused (`Forbidden`); no byte from outside
-is read. Links that stay inside the root (a hub cache's snapshot -> blob links) are followed.
-Paths outside every root (a model an administrator registered from the CLI) open as before.
-"""
+"""Confinement at the moment of every open: files inside a root are opened beneath the root's fd."""
 
 from __future__ import annotations
 
@@ -25,6 +14,9 @@ from pathlib import Path
 
 from mergepipe.core.errors import Forbidden, InvalidRequest
 
+# A path inside a root is resolved relative to the root's fd, never by its name from `/`:
+# openat2(RESOLVE_BENEATH) where the kernel has it, else a walk of O_NOFOLLOW opens (links read
+# with readlinkat and resolved the same way). A link swapped in out of the root is refused.
 _ROOTS: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
     "mergepipe_confinement_roots", default=None)
 
@@ -47,7 +39,6 @@ FORCE_WALK = False  # tests: exercise the O_NOFOLLOW walk where the kernel has o
 
 @contextlib.contextmanager
 def confined(roots: Sequence[Path | str]) -> Iterator[None]:
-    """Confine the local opens of readers and stores made in this context to `roots`."""
     token = _ROOTS.set(tuple(os.path.realpath(r) for r in roots))
     try:
         yield
@@ -56,7 +47,6 @@ def confined(roots: Sequence[Path | str]) -> Iterator[None]:
 
 
 def current_roots() -> tuple[str, ...] | None:
-    """The roots of the current job (None: not confined, e.g. the CLI)."""
     return _ROOTS.get()
 
 
@@ -143,8 +133,7 @@ def _have_openat2(dirfd: int) -> bool:
 
 
 def _walk(rfd: int, rel: str, flags: int, mode: int) -> int:
-    """openat2(RESOLVE_BENEATH) by hand: each component opened with O_NOFOLLOW from the fd of
-    the directory before it; links expanded with readlinkat, never followed by the kernel."""
+    """openat2(RESOLVE_BENEATH) by hand: O_NOFOLLOW opens, links expanded with readlinkat."""
     stack = [os.dup(rfd)]  # fds of the directories from the root down to the current one
     parts = [c for c in rel.split("/") if c not in ("", ".")]
     links = 0
@@ -188,8 +177,7 @@ def _open_nofollow(name: str, want: int, mode: int, dirfd: int, rel: str) -> int
 
 
 def _link_parts(name: str, dirfd: int, rel: str, error: OSError, links: int) -> list[str]:
-    """The components of the link `name` under `dirfd` (the `links`-th of the walk), relative
-    to it; `error` (the open's own) when `name` is not a link."""
+    """The components of the link `name`; `error` (the open's own) when it is not a link."""
     try:
         target = os.readlink(name, dir_fd=dirfd)
     except OSError:

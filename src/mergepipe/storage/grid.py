@@ -1,13 +1,8 @@
-"""The block grid: contiguous ranges of about `block_bytes` per tensor, taken from the base.
-
-A grid's units are the tensor's rows, or, for a 0-D/1-D tensor and for a tensor whose rows are
-larger than a block, its elements (flat index): each block is one contiguous byte range either
-way, and memory stays about a block whatever the shape. The catalog stores each block's
-[row_start, row_end) in units; `unit_numel` recovers the unit from the shape and the grid.
-"""
+"""The block grid: contiguous ranges of about `block_bytes` per tensor, taken from the base."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import overload
 
@@ -15,9 +10,7 @@ DEFAULT_BLOCK_BYTES = 1 << 20
 
 
 class BlockGrid(Sequence[tuple[int, int]]):
-    """The unit ranges [start, end) of a tensor's blocks, in closed form: block i is
-    [units * i // n, units * (i + 1) // n). Nothing is stored per block, so a header claiming
-    2**41 blocks costs a few integers until bytes arrive (and the caps refuse it first)."""
+    """Block i is [units * i // n, units * (i + 1) // n): nothing is stored per block."""
 
     __slots__ = ("n", "units")
 
@@ -61,9 +54,7 @@ class BlockGrid(Sequence[tuple[int, int]]):
 
 def block_rows(shape: tuple[int, ...], itemsize: int, block_bytes: int) -> BlockGrid:
     """Unit ranges [start, end) of each block; a small tensor is one block."""
-    numel = 1
-    for d in shape:
-        numel *= d
+    numel = math.prod(shape)
     rows = shape[0] if len(shape) >= 2 else numel
     row_bytes = itemsize * (numel // rows if rows else 1)
     if row_bytes > block_bytes:  # rows larger than a block: cut into element ranges
@@ -77,12 +68,7 @@ def block_rows(shape: tuple[int, ...], itemsize: int, block_bytes: int) -> Block
 
 
 def unit_numel(shape: tuple[int, ...], grid_units: int) -> int:
-    """Elements per grid unit of a tensor whose grid ends at `grid_units` (its last row_end):
-    a row's elements on a row grid, 1 on an element grid."""
-    numel = 1
-    for d in shape:
-        numel *= d
-    return numel // grid_units if grid_units else 1
+    return math.prod(shape) // grid_units if grid_units else 1
 
 
 def is_element_grid(shape: tuple[int, ...], grid_units: int) -> bool:

@@ -1,10 +1,13 @@
-"""A checkpoint directory behind HTTP(S) (a model hub's layout): HEAD, probed names, ranged GETs."""
+"""A checkpoint directory behind HTTP(S): HEAD, probed names, ranged GETs; the deadline watchdog."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import ipaddress
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
@@ -12,19 +15,22 @@ from typing import Any
 from urllib.parse import urljoin
 
 import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from mergepipe.core.errors import Forbidden, InvalidCheckpoint, InvalidRequest, SourceChanged
-from mergepipe.storage.http_watchdog import CURRENT, POOL_CLASSES, WATCHDOG
 from mergepipe.storage.locations import Url, parse_url
-from mergepipe.storage.remote_io import (
+from mergepipe.storage.remote import (
     RangedBody,
     RangedReads,
     RemoteConfig,
+    RemoteScope,
     Transient,
     check_size,
+    current_scope,
+    using,
     with_retries,
 )
-from mergepipe.storage.remote_scope import RemoteScope, current_scope, using
 from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
 
 # HTTP cannot list a directory: these are the names a hub checkpoint directory uses.
@@ -39,13 +45,120 @@ MAX_REDIRECTS = 5
 MAX_LOCATION_CHARS = 8192
 
 
+# A server trickling its headers or body answers each read within any timeout: only a clock ends
+# such a request. At the deadline the watchdog shuts the socket down through a duplicate of its
+# descriptor (so that a TLS handshake in progress is cut off too).
+class Watch:
+    """One request's deadline: a timer that shuts down the connection the request is using."""
+
+    def __init__(self, deadline: float) -> None:
+        self.fired = False
+        self._conn: Any = None
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = threading.Timer(
+            max(0.0, deadline - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def attach(self, conn: Any) -> None:
+        with self._lock:
+            if self._timer is None:  # closed
+                return
+            self._conn = conn
+            fired = self.fired
+        if fired:
+            _shutdown(conn)
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._timer is None:
+                return
+            self.fired = True
+            conn = self._conn
+        if conn is not None:
+            _shutdown(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            timer, self._timer, self._conn = self._timer, None, None
+        if timer is not None:
+            timer.cancel()
+
+
+def _shutdown(conn: Any) -> None:
+    """Shut the socket down: ours through its duplicate descriptor, boto3's through its socket."""
+    sock = getattr(conn, "_watch_dup", None) or getattr(conn, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):  # closed already
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+CURRENT = threading.local()  # .watch: the Watch of the request this thread is making
+
+
+@contextlib.contextmanager
+def watching(conn: Any, deadline: float | None) -> Iterator[Watch | None]:
+    """Cut `conn` off at `deadline` while the body runs (None: no deadline, nothing watched)."""
+    if deadline is None or conn is None:
+        yield None
+        return
+    w = Watch(deadline)
+    w.attach(conn)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+class _Watched:
+    """Connection mixin: attach to the thread's watch on connect and on every request."""
+
+    _watch_dup: socket.socket | None = None
+
+    def _new_conn(self) -> socket.socket:
+        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
+        self._watch_dup = sock.dup()
+        _attach(self)
+        return sock
+
+    def request(self, *args: Any, **kw: Any) -> None:
+        _attach(self)
+        super().request(*args, **kw)  # type: ignore[misc]
+
+    def close(self) -> None:
+        super().close()  # type: ignore[misc]
+        dup, self._watch_dup = self._watch_dup, None
+        if dup is not None:
+            dup.close()
+
+
+def _attach(conn: Any) -> None:
+    w = getattr(CURRENT, "watch", None)
+    if w is not None:
+        w.attach(conn)
+
+
+class _HTTPConnection(_Watched, HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Watched, HTTPSConnection):
+    pass
+
+
+class _HTTPPool(HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+POOL_CLASSES: dict[str, type[HTTPConnectionPool]] = {"http": _HTTPPool, "https": _HTTPSPool}
+
+
 class HttpStore(RangedReads):
-    """Files under an http(s):// base URL. Redirects are followed by hand, each hop checked
-    before it is followed (storage.remote_scope: under a remote root in a service job); a
-    bearer token (MERGEPIPE_HTTP_TOKEN) goes only to the exact origin (scheme, host, port) of
-    the URL asked for, over HTTPS or to a loopback host, and never after a hop to another
-    origin. Every request of a job ends by the job's deadline (the watchdog cuts off one that
-    is still running then)."""
+    """Files under an http(s):// base URL."""
 
     def __init__(self, cfg: RemoteConfig) -> None:
         self.cfg = cfg
@@ -70,8 +183,7 @@ class HttpStore(RangedReads):
         return Stamp(check_size(path, int(size)), mtime_ns, r.headers.get("ETag"))
 
     def kind(self, path: str) -> str | None:
-        """A URL named *.safetensors or like a checkpoint's file (PROBED_NAMES) is a file, if it
-        exists; any other URL is taken as a directory (what it holds is probed by `entries`)."""
+        """A URL named like a checkpoint's file is a file if it exists; any other a directory."""
         name = parse_url(path).name
         if not name.endswith(".safetensors") and name not in PROBED_NAMES:
             return DIR
@@ -82,24 +194,16 @@ class HttpStore(RangedReads):
         return FILE
 
     def entries(self, path: str) -> dict[str, str]:
-        """The PROBED_NAMES that exist under the directory URL (HEAD requests in parallel, in
-        the caller's remote scope)."""
+        """The PROBED_NAMES that exist under the directory URL (HEADs in parallel)."""
         url, scope = parse_url(path), current_scope()
 
         def exists(name: str) -> bool:
             with using(scope):
-                return self._exists(str(url.child(name)))
+                return self.kind(str(url.child(name))) == FILE
 
         with ThreadPoolExecutor(8, thread_name_prefix="mergepipe-probe") as pool:
             found = list(pool.map(exists, PROBED_NAMES))
         return {n: FILE for n, ok in zip(PROBED_NAMES, found, strict=True) if ok}
-
-    def _exists(self, path: str) -> bool:
-        try:
-            self.stat(path)
-        except FileNotFoundError:
-            return False
-        return True
 
     # -- byte ranges -------------------------------------------------------------------------
 
@@ -118,7 +222,7 @@ class HttpStore(RangedReads):
     # -- requests ----------------------------------------------------------------------------
 
     def _call(self, path: str, method: str, headers: dict[str, str]) -> Any:
-        """A request without a body to read (HEAD), with retries; its response."""
+        """A request without a body to read (HEAD), with retries."""
         stats = FetchStats()
 
         def attempt() -> Any:
@@ -129,10 +233,9 @@ class HttpStore(RangedReads):
 
     @contextlib.contextmanager
     def _open(self, path: str, method: str, headers: dict[str, str]) -> Iterator[Any]:
-        """One request (and its redirects), watched until the caller is done with the body;
-        the connection goes back to the pool only when the body was read to its end."""
+        """One request, watched until its body is done; pooled again only if read out."""
         scope = current_scope()
-        watch = WATCHDOG.watch(scope.deadline) if scope.deadline is not None else None
+        watch = Watch(scope.deadline) if scope.deadline is not None else None
         CURRENT.watch = watch
         r = None
         try:
@@ -144,7 +247,7 @@ class HttpStore(RangedReads):
         finally:
             CURRENT.watch = None
             if watch is not None:
-                WATCHDOG.unwatch(watch)
+                watch.close()
             if r is not None:
                 if r.length_remaining == 0 and not (watch is not None and watch.fired):
                     r.release_conn()
@@ -153,8 +256,7 @@ class HttpStore(RangedReads):
 
     def _follow(self, path: str, method: str, headers: dict[str, str],
                 scope: RemoteScope) -> Any:
-        """The response to `method path`, following redirects hop by hop: each target is
-        normalized and checked against the scope's roots before it is requested."""
+        """The response, following redirects hop by hop, each checked before it is requested."""
         start = parse_url(path)
         url, query, trusted = start, "", True
         for hop in range(MAX_REDIRECTS + 1):
@@ -191,9 +293,7 @@ class HttpStore(RangedReads):
 
 def _hop(path: str, current: str, location: str, start: Url, scope: RemoteScope
          ) -> tuple[Url, str]:
-    """The next URL of a redirect from `current` to `location`, and its query: normalized
-    (parse_url) and under the scope's roots, else Forbidden. The message does not repeat the
-    target (no port or path scanning through error messages)."""
+    """The next URL and query of a redirect, under the scope's roots, else Forbidden (unnamed)."""
     refused = Forbidden(f"{path}: the server redirected the request to a location outside the "
                         "allowed remote roots; the redirect was not followed", field="path")
     if len(location) > MAX_LOCATION_CHARS or any(ord(c) <= 32 or ord(c) == 127

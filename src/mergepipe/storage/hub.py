@@ -1,13 +1,4 @@
-"""Hugging Face Hub repositories as checkpoint locations: hf://org/name[@revision][/file].
-
-Through `huggingface_hub` and its conventions: HF_ENDPOINT, HF_TOKEN (or the saved token),
-HF_HUB_OFFLINE and the local cache (HF_HOME, HF_HUB_CACHE). A revision is pinned to its commit
-sha once (`pin`); a pinned location names the same bytes for ever. Files already in the local
-cache are read from disk; the others by ranged GETs of the resolve URLs
-(`{endpoint}/{org}/{name}/resolve/{sha}/{file}`), following the Hub's redirect to its storage
-host under the remote roots of the job (storage.remote_scope): an `hf://org` root admits that
-organization's resolve URLs, and the storage host must be a root too.
-"""
+"""Hugging Face Hub repositories as checkpoint locations: hf://org/name[@revision][/file]."""
 
 from __future__ import annotations
 
@@ -23,8 +14,14 @@ from typing import Any
 
 from mergepipe.core.errors import InvalidRequest, NotFound, RemoteUnavailable
 from mergepipe.storage.locations import Url, parse_url
-from mergepipe.storage.remote_io import RemoteConfig, WholeReads, check_size
-from mergepipe.storage.remote_scope import RemoteScope, current_scope, using
+from mergepipe.storage.remote import (
+    RemoteConfig,
+    RemoteScope,
+    WholeReads,
+    check_size,
+    current_scope,
+    using,
+)
 from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -206,8 +203,7 @@ class HubStore(WholeReads):
 
     @contextlib.contextmanager
     def _scope(self) -> Iterator[None]:
-        """In a job confined to remote roots, each hf://org root admits that organization's
-        resolve URLs at the endpoint; a redirect must still land under a root."""
+        """In a confined job, each hf://org root admits that organization's resolve URLs."""
         scope = current_scope()
         if scope.roots is None:
             yield

@@ -1,5 +1,4 @@
-"""Where a checkpoint file lives: a local path, or an s3://, http(s):// or hf:// URL (parse, join,
-name)."""
+"""Where a checkpoint file lives: a local path, or an s3://, http(s):// or hf:// URL."""
 
 from __future__ import annotations
 
@@ -29,10 +28,7 @@ _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 
 @dataclass(frozen=True)
 class Url:
-    """A remote object or directory: scheme, bucket or host[:port] (no default port), and the
-    key (no leading or trailing slash; '' for the bucket or the site's root). An http(s) key is
-    in canonical percent-encoded form (each segment decoded once, then encoded again the one
-    way); an S3 key is the object key itself."""
+    """A remote object or directory: scheme, bucket or host[:port], canonical key."""
 
     scheme: str
     authority: str
@@ -44,7 +40,6 @@ class Url:
 
     @property
     def name(self) -> str:
-        """The last segment, decoded (a file name)."""
         last = self.key.rsplit("/", 1)[-1]
         return last if self.scheme == "s3" else unquote(last)
 
@@ -64,7 +59,6 @@ class Url:
                    else "")
 
     def within(self, root: Url) -> bool:
-        """Whether this URL is `root` or lies under it (whole path segments)."""
         return (self.scheme, self.authority) == (root.scheme, root.authority) and (
             not root.key or self.key == root.key or self.key.startswith(root.key + "/"))
 
@@ -104,7 +98,7 @@ def parse_url(text: str, field: str = "path") -> Url:
         try:
             decoded = unquote(p, errors="strict")
         except UnicodeDecodeError:
-            raise InvalidRequest(f"{field} {_short(text)}: a path segment is not UTF-8 once "
+            raise InvalidRequest(f"{field} {short(text)}: a path segment is not UTF-8 once "
                                  "percent-decoded", field=field) from None
         _check_segment(decoded, text, field)
     if scheme != "s3":
@@ -129,16 +123,15 @@ def _authority(scheme: str, authority: str, text: str, field: str) -> str:
 
 
 def _check_segment(seg: str, text: str, field: str) -> None:
-    """A decoded path segment: not a dot segment (also as '..;x'), no separator, no control
-    character, no escape left in it (a server that decodes twice would see another path)."""
+    """A decoded path segment: no dot segment, separator, control character or escape."""
     if seg.split(";", 1)[0] in (".", "..") or "/" in seg or "\\" in seg or \
             any(ord(c) < 32 or ord(c) == 127 for c in seg) or _ESCAPE.search(seg):
-        raise InvalidRequest(f"{field} {_short(text)}: a path segment may not be '.' or '..' "
+        raise InvalidRequest(f"{field} {short(text)}: a path segment may not be '.' or '..' "
                              "or hold a separator, control character or escape, encoded or "
                              "not", field=field)
 
 
-def _short(text: str) -> str:
+def short(text: str) -> str:
     r = repr(text)
     return r if len(r) <= 200 else r[:197] + "..."
 
@@ -150,7 +143,6 @@ def absolute(path: str | os.PathLike[str]) -> str:
 
 
 def join(directory: str, name: str) -> str:
-    """`name` inside the directory `directory` (local or remote)."""
     return str(parse_url(directory).child(name)) if is_url(directory) else \
         os.path.join(directory, name)
 

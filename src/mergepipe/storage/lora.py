@@ -36,11 +36,7 @@ class LoraTarget:
 
 
 def lora_delta(b_rows: torch.Tensor, a: torch.Tensor, scale: float) -> torch.Tensor:
-    """The float32 delta of some rows of a LoRA tensor: scale * (B[rows] @ A).
-
-    Ingestion and the executor both call this, so that statistics, trim thresholds and the merge
-    see bit-identical deltas for the same block. Imports torch (only LoRA needs it).
-    """
+    """The float32 delta of some rows of a LoRA tensor: scale * (B[rows] @ A)."""
     import torch
 
     return torch.mm(b_rows, a).mul_(scale)
@@ -171,10 +167,7 @@ def _pattern(config: Mapping[str, object], name: str) -> dict[str, object]:
 
 
 def _pattern_key(pattern: Mapping[str, object], module: str, name: str) -> str | None:
-    r"""The pattern key PEFT would use for `module` (its get_pattern_key rule: the first key
-    matching `(.*\.)?(key)$`), or None. Keys come from a user's file, so they run through RE2
-    (linear time in the module name, whatever the pattern); a key RE2 cannot take (a
-    back-reference, a look-around) is refused by name, never handed to `re`."""
+    r"""The pattern key PEFT would use for `module` (first match of `(.*\.)?(key)$`), run by RE2."""
     for key in pattern:
         if len(key) > MAX_PATTERN_CHARS:
             raise InvalidCheckpoint(f"adapter_config.json: {name} key {key[:60]!r}... is over "

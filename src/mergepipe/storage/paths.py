@@ -1,5 +1,4 @@
-"""Confinement: ingestion paths inside the data roots, URLs under the remote roots, merge outputs
-inside the output root."""
+"""Confinement of the paths and URLs a request names, and of merge outputs."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from pathlib import Path
 
 from mergepipe.core.errors import Conflict, Forbidden, InvalidRequest
 from mergepipe.core.vocab import check_name as check_name  # re-exported
-from mergepipe.storage.locations import is_url, parse_url
+from mergepipe.storage.locations import is_url, parse_url, short
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -18,10 +17,7 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> Path:
-    """The real path of `raw` if it lies inside a data root (symlinks resolved) and exists.
-
-    Relative paths are taken relative to the first data root. Confinement is checked before
-    existence so that nothing is revealed about files outside the roots."""
+    """The real path of `raw` if it lies inside a data root (symlinks resolved) and exists."""
     if not data_roots:
         raise Forbidden("no data roots are configured (MERGEPIPE_DATA_ROOTS); the server may "
                         "not read any path", field=field)
@@ -34,22 +30,20 @@ def confine_input(raw: str, data_roots: Sequence[Path], field: str = "path") -> 
     try:
         real = Path(os.path.realpath(p))
         if not any(_inside(real, r) for r in roots):
-            raise Forbidden(f"{field} {_short(raw)} is outside the allowed data roots",
+            raise Forbidden(f"{field} {short(raw)} is outside the allowed data roots",
                             field=field)
         if not real.exists():
-            raise InvalidRequest(f"{field} {_short(raw)} {_missing_why(real)}", field=field)
+            raise InvalidRequest(f"{field} {short(raw)} {_missing_why(real)}", field=field)
         if real.is_dir():
             _confine_entries(real, roots, raw, field)
     except OSError as e:  # a name too long, a directory we may not list, ...
-        raise InvalidRequest(f"{field} {_short(raw)} is not a usable path ({e.strerror})",
+        raise InvalidRequest(f"{field} {short(raw)} is not a usable path ({e.strerror})",
                              field=field) from None
     return real
 
 
 def confine_url(raw: str, remote_roots: Sequence[str], field: str = "path") -> str:
-    """The canonical form of the URL `raw` if it lies under a remote root (whole path
-    segments: s3://bucket/team does not allow s3://bucket/team-b). Existence is left to the
-    ingestion job, which names the missing object."""
+    """The canonical URL `raw` if it lies under a remote root (whole path segments)."""
     if not remote_roots:
         raise Forbidden("no remote roots are configured (MERGEPIPE_REMOTE_ROOTS); the server "
                         "may not read any URL", field=field)
@@ -63,16 +57,10 @@ def confine_url(raw: str, remote_roots: Sequence[str], field: str = "path") -> s
 
 def confine_source(raw: str, data_roots: Sequence[Path], remote_roots: Sequence[str],
                    field: str = "path") -> str:
-    """A checkpoint location the service may read: a URL under a remote root, or the real
-    path of a local path inside a data root."""
+    """A URL under a remote root, or the real path of a local path inside a data root."""
     if is_url(raw):
         return confine_url(raw, remote_roots, field)
     return str(confine_input(raw, data_roots, field))
-
-
-def _short(raw: str) -> str:
-    r = repr(raw)
-    return r if len(r) <= 200 else r[:197] + "..."
 
 
 def _missing_why(real: Path) -> str:
@@ -86,13 +74,11 @@ def _missing_why(real: Path) -> str:
 
 
 def _confine_entries(real: Path, roots: Sequence[Path], raw: str, field: str) -> None:
-    """Every entry of a checkpoint directory (shards, index, adapter files, config and
-    tokenizer files: ingestion reads them, a merge copies the base's) must resolve inside the
-    roots too: a symbolic link to a file outside them is refused, not followed."""
+    """Refuse a directory entry that is a symbolic link out of the roots."""
     for entry in sorted(real.iterdir()):
         if entry.is_symlink() and not any(_inside(Path(os.path.realpath(entry)), r)
                                           for r in roots):
-            raise Forbidden(f"{field} {_short(raw)}: {entry.name} is a symbolic link to a file "
+            raise Forbidden(f"{field} {short(raw)}: {entry.name} is a symbolic link to a file "
                             "outside the allowed data roots", field=field)
 
 

@@ -11,15 +11,15 @@ from typing import Any, NoReturn
 
 from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChanged
 from mergepipe.storage.locations import Url, parse_url
-from mergepipe.storage.remote_io import (
+from mergepipe.storage.remote import (
     RangedBody,
     RangedReads,
     RemoteConfig,
     Transient,
     check_size,
+    current_scope,
     with_retries,
 )
-from mergepipe.storage.remote_scope import current_scope
 from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
 
 
@@ -29,8 +29,7 @@ class _NoBotocore(Exception):
 
 @functools.cache
 def _botocore_errors() -> tuple[type[Exception], type[Exception]]:
-    """botocore's (BotoCoreError, ClientError), imported when an S3 call fails (an `except`
-    clause is evaluated only then): boto3 takes 0.1-0.3 s to import, only S3 users pay it."""
+    """botocore's (BotoCoreError, ClientError), imported when an S3 call fails (boto3 is slow)."""
     try:
         from botocore.exceptions import BotoCoreError, ClientError
     except ImportError:  # pragma: no cover - exercised by an install without the extra
@@ -46,9 +45,7 @@ MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"}
 
 
 class S3Store(RangedReads):
-    """Objects of any S3-compatible store. The endpoint, region and credentials come from the
-    standard AWS environment and profile (boto3's chain); boto3's own retries are off so that
-    every attempt is counted and a broken body resumes at its first missing byte."""
+    """Objects of any S3-compatible store."""
 
     def __init__(self, cfg: RemoteConfig) -> None:
         self.cfg = cfg
@@ -83,8 +80,7 @@ class S3Store(RangedReads):
     # -- discovery ---------------------------------------------------------------------------
 
     def stat(self, path: str) -> Stamp:
-        url = parse_url(path)
-        r = self._call(path, FetchStats(), "head_object", Bucket=url.authority, Key=url.key)
+        r = self._object(path, "head_object")
         return Stamp(check_size(path, int(r["ContentLength"])),
                      int(r["LastModified"].timestamp() * 1e9),
                      r.get("ETag"), r.get("VersionId"))
@@ -122,7 +118,7 @@ class S3Store(RangedReads):
     def _ranged(self, path: str, start: int, end: int, pin: Stamp | None
                 ) -> Iterator[RangedBody]:
         """A ranged GET of the pinned version (VersionId, else If-Match on the ETag)."""
-        from mergepipe.storage.http_watchdog import watching  # urllib3: with boto3, not before
+        from mergepipe.storage.http_store import watching  # urllib3: with boto3, not before
 
         url = parse_url(path)
         pinned = ({"VersionId": pin.version_id} if pin and pin.version_id
@@ -154,35 +150,30 @@ class S3Store(RangedReads):
         return bool(r.get("KeyCount", 0))
 
     def start_upload(self, path: str) -> str:
-        url = parse_url(path)
-        return str(self._call(path, FetchStats(), "create_multipart_upload",
-                              Bucket=url.authority, Key=url.key)["UploadId"])
+        return str(self._object(path, "create_multipart_upload")["UploadId"])
 
     def upload_part(self, path: str, upload_id: str, number: int, data: bytes) -> str:
-        url = parse_url(path)
-        return str(self._call(path, FetchStats(), "upload_part", Bucket=url.authority,
-                              Key=url.key, UploadId=upload_id, PartNumber=number,
-                              Body=data)["ETag"])
+        return str(self._object(path, "upload_part", UploadId=upload_id, PartNumber=number,
+                                Body=data)["ETag"])
 
     def complete_upload(self, path: str, upload_id: str, etags: list[str]) -> None:
-        url = parse_url(path)
         parts = [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]
-        self._call(path, FetchStats(), "complete_multipart_upload", Bucket=url.authority,
-                   Key=url.key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+        self._object(path, "complete_multipart_upload", UploadId=upload_id,
+                     MultipartUpload={"Parts": parts})
 
     def abort_upload(self, path: str, upload_id: str) -> None:
-        url = parse_url(path)
-        self._call(path, FetchStats(), "abort_multipart_upload", Bucket=url.authority,
-                   Key=url.key, UploadId=upload_id)
+        self._object(path, "abort_multipart_upload", UploadId=upload_id)
 
     def delete(self, path: str) -> None:
-        url = parse_url(path)
-        self._call(path, FetchStats(), "delete_object", Bucket=url.authority, Key=url.key)
+        self._object(path, "delete_object")
 
     # -- requests ----------------------------------------------------------------------------
 
+    def _object(self, path: str, op: str, **kw: Any) -> Any:
+        url = parse_url(path)
+        return self._call(path, FetchStats(), op, Bucket=url.authority, Key=url.key, **kw)
+
     def _call(self, path: str, stats: FetchStats, op: str, **kw: Any) -> Any:
-        """One S3 operation with retries (each attempt counted in `stats`)."""
         def attempt() -> Any:
             stats.add(requests=1)
             return self._request(path, op, **kw)

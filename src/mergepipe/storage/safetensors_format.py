@@ -1,10 +1,9 @@
-"""Parse safetensors headers ourselves and convert raw tensor bytes to and from float32.
-
-numpy at import; the torch conversions (the executor's kernels, LoRA) import torch when called."""
+"""Parse safetensors headers ourselves and convert raw tensor bytes to and from float32."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import struct
@@ -54,10 +53,7 @@ class TensorEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def itemsize(self) -> int:
@@ -75,8 +71,7 @@ class SafetensorsHeader:
 
 def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
                 ) -> SafetensorsHeader:
-    """Parse and validate the header of one safetensors file, reading only the header bytes
-    (through `reader`, whose counters then include them; default: a reader of its own)."""
+    """Parse and check one safetensors file's header, reading only its bytes (through `reader`)."""
     path = absolute(path)
     limits = checkpoint_limits.current()
     size, n, raw = _header_bytes(path, reader, limits.max_file_bytes)
@@ -138,8 +133,7 @@ def _parse_header(path: str, raw: bytes) -> tuple[dict[str, Any], dict[Any, Any]
 
 
 def _check_tiling(path: str, entries: list[TensorEntry], data_start: int, size: int) -> None:
-    """The tensors tile the data section exactly, as the safetensors library requires: each
-    starts where the one before ends (no overlap, no gap) and the last ends the file."""
+    """The tensors tile the data section exactly (no overlap, no gap, no trailing bytes)."""
     end = data_start
     for t in entries:
         if t.data_offset < end:
@@ -170,9 +164,7 @@ def _entry(path: str, name: str, info: object, data_start: int, data_len: int,
         raise InvalidCheckpoint(f"{path}: tensor {name!r}: entry is not an object")
     dtype, shape, offsets = _entry_fields(path, name, info)
     begin, end = offsets
-    numel = 1
-    for d in shape:
-        numel *= d
+    numel = math.prod(shape)
     if numel > max_elements:
         raise InvalidCheckpoint(f"{path}: tensor {name!r}: shape {shape} has {numel} elements, "
                                 f"over the limit of {max_elements} "
@@ -244,8 +236,7 @@ def decode_into(raw: bytes | bytearray | memoryview, dtype: str, out: torch.Tens
 
 def decode_array_into(raw: bytes | bytearray | memoryview, dtype: str, out: np.ndarray
                       ) -> np.ndarray:
-    """`decode_into` for a flat float32 numpy array: the same bits, without torch (bf16 is the
-    top half of a float32; f16 widens exactly)."""
+    """`decode_into` for a flat float32 numpy array, without torch."""
     if out.size == 0:
         return out
     if dtype == "BF16":
@@ -274,9 +265,7 @@ def encode_header(entries: list[tuple[str, str, tuple[int, ...]]],
     spans = []
     pos = 0
     for name, dtype, shape in entries:
-        n = DTYPE_SIZES[dtype]
-        for d in shape:
-            n *= d
+        n = DTYPE_SIZES[dtype] * math.prod(shape)
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + n]}
         spans.append((pos, pos + n))
         pos += n

@@ -1,62 +1,37 @@
-"""The one reader interface to checkpoint storage: byte ranges (local pread, remote ranged GETs), every byte counted."""
+"""Reading checkpoint bytes: local preads and remote ranged GETs (read-ahead, pinned versions)."""
 
 from __future__ import annotations
 
 import os
 import stat
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.storage.fsconfine import current_roots, open_confined
 from mergepipe.storage.locations import is_url
-from mergepipe.storage.remote_reader import RemoteReader
-from mergepipe.storage.store_types import ByteReader, FetchStats, Stamp
+from mergepipe.storage.remote import current_scope, using
+from mergepipe.storage.store import remote_store
+from mergepipe.storage.store_types import FetchStats, Stamp
+
+WINDOW_BYTES = 8 << 20  # a sequential reader fetches objects in windows this large
+WINDOWS_AHEAD = 2       # ... and this many windows ahead of the one being read
+MAX_WINDOWS = 6         # memory: at most this many windows held at once (48 MiB)
 
 
-class RangeReader(Protocol):
-    """What ingestion and the executor read checkpoints through: byte ranges of files, every
-    byte counted (in total and per file): local files and remote objects (s3://, https://).
-    Local files are opened beneath their root when the reader was made in a confined job."""
-
-    @property
-    def bytes_read(self) -> int: ...
-
-    @property
-    def bytes_by_path(self) -> dict[str, int]: ...
-
-    def size(self, path: str) -> int: ...
-
-    def read(self, path: str, offset: int, nbytes: int) -> bytearray: ...
-
-    def read_into(self, path: str, offset: int, out: memoryview) -> None: ...
-
-    def close(self) -> None: ...
-
-    def __enter__(self) -> RangeReader: ...
-
-    def __exit__(self, *exc: object) -> None: ...
+def open_reader(*, random_access: bool = False) -> RangeReader:
+    """A reader of checkpoint files; `random_access`: no read-ahead (scattered large reads)."""
+    return RangeReader(random_access=random_access)
 
 
-def open_reader(*, random_access: bool = False) -> SourceReader:
-    """A reader for checkpoint files. `random_access`: the caller reads scattered ranges in large
-    reads of its own (a budgeted access set), so read-ahead would fetch bytes nobody asked for."""
-    return SourceReader(LocalFileReader(random_access=random_access),
-                        RemoteReader(read_ahead=not random_access))
+class RangeReader:
+    """Byte ranges of local files (LocalFileReader) and URLs (RemoteReader), every byte counted."""
 
-
-class SourceReader(ByteReader):
-    """Dispatch by scheme: local paths to a LocalFileReader, URLs to a RemoteReader; the
-    counters cover both (for local files a request is one read call, never retried)."""
-
-    def __init__(self, local: LocalFileReader, remote: RemoteReader) -> None:
-        self.local, self.remote = local, remote
-        self._local_reads: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def _for(self, path: str) -> LocalFileReader | RemoteReader:
-        return self.remote if is_url(path) else self.local
+    def __init__(self, *, random_access: bool = False) -> None:
+        self.local = LocalFileReader(random_access=random_access)
+        self.remote = RemoteReader(read_ahead=not random_access)
 
     @property
     def bytes_read(self) -> int:
@@ -67,45 +42,49 @@ class SourceReader(ByteReader):
         return {**self.local.bytes_by_path, **self.remote.bytes_by_path}
 
     def fetch_stats(self) -> dict[str, FetchStats]:
-        """Bytes, requests and retries per file read."""
         out = self.remote.fetch_stats()
         for path, n in self.local.bytes_by_path.items():
             out[path] = st = FetchStats()
-            st.add(nbytes=n, requests=self._local_reads.get(path, 0))
+            st.add(nbytes=n, requests=self.local.reads[path])
         return out
 
     def pin(self, path: str, stamp: Stamp) -> None:
-        """Read a remote object at the version `stamp` names (local files: no-op)."""
         if is_url(path):
             self.remote.pin(path, stamp)
 
     def size(self, path: str) -> int:
-        return self._for(path).size(path)
+        return (self.remote if is_url(path) else self.local).size(path)
 
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
-        reader = self._for(path)
-        reader.read_into(path, offset, out)
-        if reader is self.local:
-            with self._lock:
-                self._local_reads[path] = self._local_reads.get(path, 0) + 1
+        (self.remote if is_url(path) else self.local).read_into(path, offset, out)
+
+    def read(self, path: str, offset: int, nbytes: int) -> bytearray:
+        buf = bytearray(nbytes)
+        self.read_into(path, offset, memoryview(buf))
+        return buf
 
     def close(self) -> None:
         self.local.close()
         self.remote.close()
 
+    def __enter__(self) -> RangeReader:
+        return self
 
-class LocalFileReader(ByteReader):
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalFileReader:
     """Reads byte ranges with os.pread from files kept open; thread-safe; counts bytes per file."""
 
     def __init__(self, *, random_access: bool = False) -> None:
-        # random_access: the caller reads scattered ranges (a budgeted access set) in large
-        # preads of its own, so kernel read-ahead would only fetch bytes nobody asked for.
         self.random_access = random_access
         self.roots = current_roots()  # the job's roots, captured for the reading threads
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
         self.bytes_by_path: dict[str, int] = {}
+        self.reads: dict[str, int] = {}
 
     def _fd(self, path: str) -> int:
         with self._lock:
@@ -118,11 +97,9 @@ class LocalFileReader(ByteReader):
             return fd
 
     def size(self, path: str) -> int:
-        """The file's size in bytes (it is opened, and kept open, for reading)."""
         return os.fstat(self._fd(path)).st_size
 
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
-        """Fill `out` with the bytes at `offset`; a short read means the file was truncated."""
         fd = self._fd(path)
         done = 0
         n = len(out)
@@ -136,6 +113,7 @@ class LocalFileReader(ByteReader):
         with self._lock:
             self.bytes_read += n
             self.bytes_by_path[path] = self.bytes_by_path.get(path, 0) + n
+            self.reads[path] = self.reads.get(path, 0) + 1
 
     def close(self) -> None:
         with self._lock:
@@ -144,9 +122,139 @@ class LocalFileReader(ByteReader):
             self._fds.clear()
 
 
+class RemoteReader:
+    """A RangeReader over URLs, in the remote scope of the thread that made it."""
+
+    def __init__(self, *, read_ahead: bool = False) -> None:
+        self.scope = current_scope()
+        self._stats: dict[str, FetchStats] = {}
+        self._pins: dict[str, Stamp] = {}
+        self._lock = threading.Lock()
+        self._ahead = _ReadAhead(self) if read_ahead else None
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(s.bytes for s in list(self._stats.values()))
+
+    @property
+    def bytes_by_path(self) -> dict[str, int]:
+        return {p: s.bytes for p, s in list(self._stats.items())}
+
+    def fetch_stats(self) -> dict[str, FetchStats]:
+        return dict(self._stats)
+
+    def pin(self, path: str, stamp: Stamp) -> None:
+        with self._lock:
+            self._pins[path] = stamp
+
+    def stamp(self, path: str) -> Stamp:
+        """The pinned stamp of `path` (stat and pinned on first use)."""
+        with self._lock:
+            pinned = self._pins.get(path)
+        if pinned is not None:
+            return pinned
+        try:
+            with using(self.scope):
+                st = remote_store(path).stat(path)
+        except OSError as e:
+            raise InvalidCheckpoint(f"{path}: cannot open ({e.strerror})") from None
+        with self._lock:
+            return self._pins.setdefault(path, st)
+
+    def size(self, path: str) -> int:
+        return self.stamp(path).size
+
+    def read_into(self, path: str, offset: int, out: memoryview) -> None:
+        if self._ahead is not None:
+            self._ahead.read_into(path, offset, out)
+        else:
+            self.fetch(path, offset, out)
+
+    def fetch(self, path: str, offset: int, out: memoryview) -> None:
+        """Fill `out` with exactly these bytes from the store (counted)."""
+        with self._lock:
+            stats = self._stats.setdefault(path, FetchStats())
+            pin = self._pins.get(path)
+        try:
+            with using(self.scope):
+                remote_store(path).read_range(path, offset, out, pin, stats)
+        except OSError as e:
+            raise InvalidCheckpoint(f"{path}: cannot read ({e.strerror})") from None
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+
+
+class _ReadAhead:
+    """Windows of WINDOW_BYTES from each object's first offset read, fetched once, kept."""
+
+    def __init__(self, reader: RemoteReader) -> None:
+        self.reader = reader
+        self._anchors: dict[str, int] = {}
+        self._windows: OrderedDict[tuple[str, int], Future[bytearray]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(WINDOWS_AHEAD, thread_name_prefix="mergepipe-ahead")
+
+    def read_into(self, path: str, offset: int, out: memoryview) -> None:
+        with self._lock:
+            anchor = self._anchors.setdefault(path, offset)
+        if offset < anchor:  # behind the stream (rare): read exactly
+            return self.reader.fetch(path, offset, out)
+        pos, end = offset, offset + len(out)
+        while pos < end:
+            k = (pos - anchor) // WINDOW_BYTES
+            start = anchor + k * WINDOW_BYTES
+            for ahead in range(1, WINDOWS_AHEAD + 1):
+                self._window(path, k + ahead, anchor, wait=False)
+            window = self._window(path, k, anchor, wait=True)
+            n = min(end, start + len(window)) - pos
+            if n <= 0:
+                raise InvalidCheckpoint(f"{path}: truncated: wanted {len(out)} bytes at offset "
+                                        f"{offset}, the object ends at {start + len(window)}")
+            out[pos - offset: pos - offset + n] = window[pos - start: pos - start + n]
+            pos += n
+
+    def _window(self, path: str, k: int, anchor: int, *, wait: bool) -> bytearray:
+        key, start, size = (path, k), anchor + k * WINDOW_BYTES, self.reader.size(path)
+        if start >= size and not wait:
+            return bytearray()
+        with self._lock:
+            fut = self._windows.get(key)
+            mine = fut is None
+            if fut is None:
+                fut = self._windows[key] = Future()
+                while len(self._windows) > MAX_WINDOWS:
+                    self._windows.popitem(last=False)
+            else:
+                self._windows.move_to_end(key)
+        if mine:
+            nbytes = max(0, min(WINDOW_BYTES, size - start))
+            if wait:
+                self._fill(fut, path, start, nbytes)
+            else:
+                self._pool.submit(self._fill, fut, path, start, nbytes)
+        return fut.result() if wait else bytearray()
+
+    def _fill(self, fut: Future[bytearray], path: str, start: int, nbytes: int) -> None:
+        buf = bytearray(nbytes)
+        try:
+            self.reader.fetch(path, start, memoryview(buf))
+        except BaseException as e:
+            with self._lock:  # a failed window is fetched again by the next reader
+                for key, f in list(self._windows.items()):
+                    if f is fut:
+                        del self._windows[key]
+            fut.set_exception(e)
+            return
+        fut.set_result(buf)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def open_source(path: str, roots: Sequence[str] | None) -> int:
-    """A read-only fd of a checkpoint file, beneath its root in a confined job; a regular file
-    only."""
+    """A read-only fd of a regular checkpoint file, beneath its root in a confined job."""
     try:  # O_NONBLOCK: a FIFO planted as a checkpoint must not hang the open
         fd = open_confined(path, os.O_RDONLY | os.O_NONBLOCK, roots)
     except OSError as e:
@@ -158,7 +266,6 @@ def open_source(path: str, roots: Sequence[str] | None) -> int:
 
 
 def drop_page_cache(paths: Iterable[str]) -> None:
-    """Evict files from the page cache (cold-read benchmarks)."""
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:

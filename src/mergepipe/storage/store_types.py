@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import threading
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol, Self
+from typing import Protocol
 
 # What an entry of a directory is: a regular file, a directory, or something else (a FIFO...).
 FILE, DIR, OTHER = "file", "dir", "other"
@@ -13,8 +12,7 @@ FILE, DIR, OTHER = "file", "dir", "other"
 
 @dataclass(frozen=True)
 class Stamp:
-    """How a file looked when it was read: size and modification time (ns; a remote object's
-    Last-Modified), and for remote objects the ETag and version id the store gave."""
+    """A file as read: size, mtime (ns; a remote Last-Modified), and a remote ETag / version id."""
 
     size: int
     mtime_ns: int
@@ -22,8 +20,8 @@ class Stamp:
     version_id: str | None = None
 
     def change_from(self, recorded: Stamp) -> str | None:
-        """How this stamp differs from the `recorded` one (None: the same file). The version
-        id decides where one was recorded, else the ETag, else size and modification time."""
+        """How this differs from `recorded` (None: the same file): by version id if recorded,
+        else ETag, else size and mtime."""
         if self.size != recorded.size:
             return f"size {recorded.size} -> {self.size}"
         if recorded.version_id is not None:
@@ -58,8 +56,7 @@ NETWORK = FetchStats()
 
 
 class Store(Protocol):
-    """What discovering a checkpoint needs of the place it lives in. Missing objects raise
-    FileNotFoundError, refused ones PermissionError (both OSError, with a strerror)."""
+    """What discovering a checkpoint needs; missing: FileNotFoundError, refused: PermissionError."""
 
     def stat(self, path: str) -> Stamp: ...
 
@@ -71,30 +68,7 @@ class Store(Protocol):
 
 
 class RemoteStore(Store, Protocol):
-    """A store that also serves byte ranges (the local one leaves those to LocalFileReader)."""
+    """A store that also serves byte ranges (local ones are LocalFileReader's)."""
 
     def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
                    stats: FetchStats) -> None: ...
-
-
-class ByteReader(ABC):
-    """`read` and `with` (closing at the block's end) for a reader of byte ranges."""
-
-    @abstractmethod
-    def read_into(self, path: str, offset: int, out: memoryview) -> None:
-        ...
-
-    @abstractmethod
-    def close(self) -> None:
-        ...
-
-    def read(self, path: str, offset: int, nbytes: int) -> bytearray:
-        buf = bytearray(nbytes)
-        self.read_into(path, offset, memoryview(buf))
-        return buf
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

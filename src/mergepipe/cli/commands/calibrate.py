@@ -1,5 +1,4 @@
-"""`mergepipe calibrate BASE --text FILE`: run a registered base on a calibration text and store
-its input-channel RMS per linear weight, for `--param utility=activation` plans."""
+"""`mergepipe calibrate BASE --text FILE`: store a base's input-channel RMS per linear weight."""
 
 from __future__ import annotations
 

@@ -36,7 +36,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def row(m: ModelRow) -> list[Any]:
-    """The table cells of one model."""
     stats = "-" if m.base is None else ("yes" if m.has_stats else "no")
     secs = m.ingest_seconds
     rel = "" if m.delta_rel_norm is None else f"{m.delta_rel_norm:.3g}"

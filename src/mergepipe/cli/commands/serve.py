@@ -47,10 +47,11 @@ def run(args: argparse.Namespace) -> int:
     app: Any = create_app(s, cat)
     relay = None
     if isinstance(s.catalog, Path):  # DuckDB: the CLI beside it runs through this server
-        from mergepipe.cli.relay import CliRelay
+        from mergepipe.cli.beside import CliRelay
+        from mergepipe.cli.main import build_parser, run_command
 
-        relay = app = CliRelay(app, catalog=s.catalog, host=args.host,
-                               port=sock.getsockname()[1])
+        relay = app = CliRelay(app, (build_parser, run_command), catalog=s.catalog,
+                               host=args.host, port=sock.getsockname()[1])
     config = uvicorn.Config(app, host=args.host, port=args.port,
                             log_level=args.log_level, log_config=None,  # our handler (logs.py)
                             timeout_graceful_shutdown=5,
@@ -73,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def start_settings(host: str, s: Settings, env: Mapping[str, str]) -> Settings:
-    """serve's start-up rule on the address: a non-loopback one needs MERGEPIPE_API_TOKEN, or
-    MERGEPIPE_LOOPBACK_ONLY=1 saying only this machine reaches the port (InvalidRequest
-    otherwise); there any Host is served unless MERGEPIPE_ALLOWED_HOSTS names them."""
+    """serve's address rule: off loopback, an API token or MERGEPIPE_LOOPBACK_ONLY=1; any Host."""
     exposed = host not in LOOPBACK_HOSTS
     if exposed and not s.api_token and env.get("MERGEPIPE_LOOPBACK_ONLY") != "1":
         raise InvalidRequest(

@@ -55,7 +55,7 @@ class BlockContext:
     params: dict[str, Any] = field(default_factory=dict)  # normalize, lambda, rescale, renormalize
     all_weights: tuple[float, ...] = ()  # weights of all experts of the request
     input_dtype: str = "float32"  # the inputs' promoted dtype (torch name) for compute "files"
-    whole_tensor: bool = False  # the block is the whole tensor (executor.tensors joined it)
+    whole_tensor: bool = False  # the block is the whole tensor (executor.torch_path joined it)
 
     @property
     def lam(self) -> float:

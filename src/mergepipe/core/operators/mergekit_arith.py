@@ -4,7 +4,7 @@ torch operations in the same dtypes and order as mergekit, on one block.
 Every operation mergekit does is elementwise or a sum over the stacked experts, so a block gives
 the bytes the whole tensor gives. The exceptions are the per-tensor choices (the TIES trim, which
 comes from the catalog's threshold, and DARE's draw and L1 rescale, keyed and per block here);
-`whole_magnitude` is mergekit's TIES trim and rescale on a whole tensor (executor.tensors).
+`whole_magnitude` is mergekit's TIES trim and rescale on a whole tensor (executor.torch_path).
 An expert whose block was not read is an expert equal to the base there (a zero delta).
 """
 

@@ -119,7 +119,7 @@ class OperatorSpec:
     check: Callable[[Mapping[str, Any], Sequence[float]], None] | None = None
     # None: the kernel runs block by block. Else the reduction over whole tensors the kernel
     # needs (norms, dot products, angles) before any entry can be combined: the executor keeps
-    # each tensor's blocks together and calls the kernel once per tensor (executor.tensors)
+    # each tensor's blocks together and calls the kernel once per tensor (executor.torch_path)
     whole_tensor: str | None = None
     # None, or (params, densities) -> the whole-tensor reduction this request needs (None: its
     # blocks run one by one): an operator whose requests need whole tensors only sometimes

@@ -1,21 +1,23 @@
-"""Remote storage settings (from the environment) and the one retry loop, with backoff."""
+"""What every remote store shares: the job's remote scope, settings, retries, ranged reads."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import os
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from mergepipe.core import checkpoint_limits
-from mergepipe.core.errors import InvalidCheckpoint, RemoteUnavailable
+from mergepipe.core.errors import InvalidCheckpoint, JobTimeout, RemoteUnavailable
 from mergepipe.core.settings import env_number
-from mergepipe.storage.remote_scope import current_scope
+from mergepipe.storage.locations import Url, parse_url
 from mergepipe.storage.store_types import NETWORK, FetchStats, Stamp
 
 T = TypeVar("T")
@@ -30,6 +32,61 @@ AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"
                  "AWS_SHARED_CREDENTIALS_FILE")
 
 
+@dataclass(frozen=True)
+class RemoteScope:
+    """Where remote requests may lead, and until when they may run."""
+
+    roots: tuple[Url, ...] | None = None  # None: any URL (the CLI)
+    deadline: float | None = None         # time.monotonic() by which every call ends
+    limit_s: float | None = None          # the job's time limit, for messages
+
+    def allows(self, url: Url, start: Url) -> bool:
+        """Whether a request for `start` may be redirected to `url`."""
+        if self.roots is None or not any(start.within(r) for r in self.roots):
+            return True
+        return any(url.within(r) for r in self.roots)
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def cap(self, seconds: float) -> float:
+        left = self.remaining()
+        return seconds if left is None else max(0.001, min(seconds, left))
+
+    def check(self, what: str) -> None:
+        left = self.remaining()
+        if left is not None and left <= 0:
+            raise JobTimeout(f"{what}: the job ran past its time limit of {self.limit_s:g} s "
+                             "(MERGEPIPE_JOB_TIMEOUT_S) waiting on the remote store")
+
+
+_UNSCOPED = RemoteScope()
+_SCOPE: contextvars.ContextVar[RemoteScope | None] = contextvars.ContextVar(
+    "mergepipe_remote_scope", default=None)
+
+
+def current_scope() -> RemoteScope:
+    return _SCOPE.get() or _UNSCOPED
+
+
+@contextlib.contextmanager
+def using(scope: RemoteScope) -> Iterator[None]:
+    token = _SCOPE.set(scope)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def remote_scope(roots: Sequence[str] | None, limit_s: float | None
+                 ) -> contextlib.AbstractContextManager[None]:
+    """A job's scope: redirects confined to `roots`, every call over within `limit_s` s."""
+    parsed = None if roots is None else tuple(parse_url(r, "MERGEPIPE_REMOTE_ROOTS")
+                                               for r in roots)
+    deadline = None if limit_s is None else time.monotonic() + limit_s
+    return using(RemoteScope(parsed, deadline, limit_s))
+
+
 class Transient(Exception):
     """A failure worth retrying: a timeout, a reset connection, a truncated body, 429 or 5xx."""
 
@@ -40,9 +97,7 @@ class Transient(Exception):
 
 @dataclass(frozen=True)
 class RemoteConfig:
-    """How remote stores are reached: attempts per request, backoff, timeout (per connect and
-    per read; a job's deadline caps them), the HTTP bearer token, and the AWS variables that
-    pick the S3 client (kept in memory only)."""
+    """Attempts, backoff, timeout (per connect and read), the HTTP token and the AWS variables."""
 
     attempts: int = 5
     backoff_s: float = 0.25
@@ -64,14 +119,11 @@ class RemoteConfig:
         return dict(self.aws).get(name)
 
     def backoff(self, failures: int) -> float:
-        """Seconds to wait after `failures` failures in a row: exponential, full jitter."""
         return random.uniform(0, min(MAX_BACKOFF_S, self.backoff_s * 2 ** (failures - 1)))
 
 
 def check_size(path: str, size: int) -> int:
-    """`size`, the size a store claims for `path` (a HEAD answer, an S3 head), unless it is over
-    the cap on one checkpoint file (MERGEPIPE_MAX_FILE_BYTES): a lie costs a 4xx at the stat,
-    never a read, memory or time in proportion to it."""
+    """`size` as a store claims it, refused over MERGEPIPE_MAX_FILE_BYTES before any read."""
     cap = checkpoint_limits.current().max_file_bytes
     if size > cap:
         raise InvalidCheckpoint(f"{path}: the store claims {size} bytes, over the limit of {cap} "
@@ -81,10 +133,9 @@ def check_size(path: str, size: int) -> int:
 
 def with_retries(what: str, cfg: RemoteConfig, stats: FetchStats, attempt: Callable[[], T],
                  progress: Callable[[], int] = lambda: 0) -> T:
-    """Run `attempt` (one request; it counts itself) until it succeeds, retrying Transient
-    failures after a backoff. An attempt that made `progress` (bytes received) resets the count
-    of failures in a row; `cfg.attempts` failures in a row give up with RemoteUnavailable.
-    Retries and backoff stay inside the job's deadline (storage.remote_scope): JobTimeout."""
+    """Run `attempt` until it succeeds, retrying Transient failures after a backoff, within the
+    job's deadline. An attempt that made `progress` (bytes) resets the count of failures in a
+    row; `cfg.attempts` in a row give up with RemoteUnavailable."""
     failures, seen, scope = 0, progress(), current_scope()
     while True:
         scope.check(what)
@@ -104,9 +155,7 @@ def with_retries(what: str, cfg: RemoteConfig, stats: FetchStats, attempt: Calla
 
 def copy_body(read: Callable[[int], bytes], out: memoryview, done: list[int],
               stats: FetchStats) -> None:
-    """Copy a response body into `out[done[0]:]` as it arrives, counting every byte; a body
-    that ends early is Transient (the retry resumes at `done[0]`); past the job's deadline,
-    Transient too (with_retries then fails the job)."""
+    """Copy a body into `out[done[0]:]` as it arrives; one ending early is Transient."""
     n, scope = len(out), current_scope()
     while done[0] < n:
         left = scope.remaining()
@@ -141,13 +190,11 @@ class WholeReads(ABC):
     """`read_bytes` of a remote store, from its `stat` and `read_range`."""
 
     @abstractmethod
-    def stat(self, path: str) -> Stamp:
-        ...
+    def stat(self, path: str) -> Stamp: ...
 
     @abstractmethod
     def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
-                   stats: FetchStats) -> None:
-        ...
+                   stats: FetchStats) -> None: ...
 
     def read_bytes(self, path: str, limit: int) -> bytes:
         size = self.stat(path).size
@@ -167,12 +214,10 @@ class RangedReads(WholeReads):
     def _ranged(self, path: str, start: int, end: int, pin: Stamp | None
                 ) -> AbstractContextManager[RangedBody]:
         """One GET of bytes [start, end) of `path` (of the pinned version)."""
-        ...
 
     def read_range(self, path: str, offset: int, out: memoryview, pin: Stamp | None,
                    stats: FetchStats) -> None:
-        """Fill `out` from `offset` with ranged GETs; a broken or truncated body is resumed
-        where it stopped."""
+        """Fill `out` from `offset`; a broken or truncated body is resumed where it stopped."""
         if not len(out):
             return
         n, done = len(out), [0]
