@@ -1,0 +1,111 @@
+"""The plan-hash fixture of tests/test_plan_hash_fixture.py: requests over every operator, budgets
+0.1 / 0.3 / 0.5 / 1.0, several rankings and planning units, on a seeded catalog of rows (four
+full experts, one without statistics, one LoRA expert with lora_A bytes), and the line each plan
+gives ("plan_hash planned_bytes model/tensor/block,...", or "refused: field" for a request the
+planner refuses).
+
+`python -m tests.plan_hash_fixture` (from the repo root, PYTHONPATH=src) writes
+tests/data/plan_hashes.json with the planner of the tree on PYTHONPATH; the committed file was
+written by main's planner before the planning-cost work of issue 31 (commit bed2417), so the
+test checks that the new planner gives every plan unchanged."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators.registry import REGISTRY
+from mergepipe.core.request import build_request
+from mergepipe.planner.plan import make_plan
+from tests.catalogs import new_catalog
+from tests.planner_rows import Blk, Model, Ten, add_model, base_like
+
+FIXTURE = Path(__file__).parent / "data" / "plan_hashes.json"
+BUDGETS = (0.1, 0.3, 0.5, 1.0)
+# (experts, extra params): ranked experts, a reweighted set, one without statistics, a LoRA one
+EXPERT_SETS = ("e0,e1,e2", "e2:0.3,e0:0.7,e3,lora")
+PAIRS = ("e1:0.6,e0", "lora,e2")  # the two-expert operators' (the others' too)
+RANKINGS = ("l2", "per_tensor", "coverage", "stratified")
+UNITS = ("group", "group_block")
+
+
+def build_catalog(folder: Path) -> Catalog:
+    """Base B, full experts e0..e2 with statistics, e3 without, and LoRA expert `lora`."""
+    rng = random.Random(3131)
+    shapes = []
+    for t in range(7):
+        blocks = [Blk(rng.choice((64, 100, 128)), 0.0) for _ in range(rng.randint(1, 5))]
+        shapes.append(Ten(f"layer{t}.w", blocks, tau=[round(1 - j / 100, 2) for j in range(100)],
+                          above=list(range(100)), tied=[1] * 100))
+    cat = Catalog(new_catalog(folder, "fixture"))
+    add_model(cat, base_like("B", shapes))
+
+    def expert(lora: bool) -> list[Ten]:
+        return [Ten(t.name, [Blk(b.nbytes, round(rng.uniform(0, 4), 3) if rng.random() > 0.15
+                                 else 0.0, round(rng.uniform(0, 1), 3)) for b in t.blocks],
+                    lora_a_nbytes=rng.choice((None, 16, 48)) if lora else None,
+                    tau=t.tau, above=t.above, tied=t.tied) for t in shapes]
+    for i in range(4):
+        add_model(cat, Model(f"e{i}", expert(False), base="B", has_stats=i != 3))
+    add_model(cat, Model("lora", expert(True), base="B", kind="lora", lora_scale=2.0))
+    return cat
+
+
+def _params(op: str) -> dict[str, Any]:
+    spec = REGISTRY[op]
+    return {"density": 0.5} if spec.density else {}
+
+
+def requests() -> list[dict[str, Any]]:
+    """Every operator at every budget on both expert sets with its defaults (and two pairs); the additive and
+    sparse ones under every ranking; linear and ties under both group units."""
+    out: list[dict[str, Any]] = []
+    for op in sorted(REGISTRY):
+        for experts in EXPERT_SETS:
+            for budget in BUDGETS:
+                out.append({"operator": op, "experts": experts, "budget": budget,
+                            "params": _params(op)})
+        for experts in PAIRS:
+            for budget in (0.3, 1.0):
+                out.append({"operator": op, "experts": experts, "budget": budget,
+                            "params": _params(op)})
+    for op in ("linear", "task_arithmetic", "ties", "dare_ties", "della", "breadcrumbs"):
+        for utility in RANKINGS:
+            for budget in BUDGETS:
+                out.append({"operator": op, "experts": EXPERT_SETS[1], "budget": budget,
+                            "params": {**_params(op), "utility": utility}})
+    for op in ("linear", "ties"):
+        for unit in UNITS:
+            for utility in ("l2", "stratified"):
+                for budget in BUDGETS[:2]:
+                    out.append({"operator": op, "experts": EXPERT_SETS[1], "budget": budget,
+                                "params": {**_params(op), "unit": unit, "utility": utility}})
+    return out
+
+
+def line(cat: Catalog, r: dict[str, Any]) -> str:
+    """What the test compares of one plan (or the field of its refusal)."""
+    try:
+        plan = make_plan(cat, build_request(base="B", **r))
+    except InvalidRequest as e:
+        return f"refused: {e.field}"
+    blocks = ",".join(f"{b.model}/{b.tensor}/{b.block_index}" for b in plan.blocks)
+    return f"{plan.plan_hash} {plan.planned_expert_bytes} {blocks}"
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as d, build_catalog(Path(d)) as cat:
+        rows = [{"request": r, "line": line(cat, r)} for r in requests()]
+    FIXTURE.write_text(json.dumps(rows, indent=1) + "\n")
+    planned = sum(not r["line"].startswith("refused") for r in rows)
+    print(f"{len(rows)} requests ({planned} planned) -> {FIXTURE}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
