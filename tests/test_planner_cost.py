@@ -66,7 +66,7 @@ class Counting:
 def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """The statements make_plan runs, by SQL file name (reset by the test when needed)."""
     names = {}
-    for n in ("planner_models", "planner_candidates_create", "planner_candidates_group",
+    for n in ("planner_models", "planner_candidates",
               "planner_full_read", "planner_missing_stats", "planner_prefix",
               "planner_fill_pass", "planner_fill_pass_group", "planner_fill_pass_plain",
               "planner_fill_pass_group_plain", "planner_totals",

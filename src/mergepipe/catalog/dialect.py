@@ -17,6 +17,9 @@ _DOUBLE = re.compile(r"\bDOUBLE\b(?!\s+PRECISION)", re.IGNORECASE)
 _UNNEST_INSERT = re.compile(
     r"^\s*(?:--[^\n]*\n\s*)*INSERT INTO (\w+) \(([^)]*)\)\s*SELECT\s+(.*?)\s*$", re.DOTALL)
 _SELECT_ITEM = re.compile(r"^(?:unnest\(%\((\w+)\)s\)|%\((\w+)\)s)$")
+# DuckDB's list_contains(list parameter, column) (a filter on a short list of names, planned in
+# a fraction of `IN (SELECT UNNEST(...))`'s time): PostgreSQL's `column = ANY(list)`.
+_LIST_CONTAINS = re.compile(r"\blist_contains\((CAST\(%\(\w+\)s AS \w+\[\]\)), ([\w.]+)\)")
 _CREATE_OR_REPLACE_TEMP = re.compile(
     r"\bCREATE\s+OR\s+REPLACE\s+TEMP(?:ORARY)?\s+TABLE\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 
@@ -66,6 +69,7 @@ def to_postgres(statement: str) -> tuple[list[str], str]:
         else:
             before = [f"DROP TABLE IF EXISTS pg_temp.{name}"]
         statement = statement[:m.start()] + f"CREATE TEMP TABLE {name}" + body
+    statement = _LIST_CONTAINS.sub(r"(\2 = ANY(\1))", statement)
     return before, _DOUBLE.sub("DOUBLE PRECISION", statement)
 
 

@@ -6,9 +6,10 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from mergepipe.catalog.connection import Connection, Row
+from mergepipe.catalog.connection import SQL, Connection, Row
 from mergepipe.catalog.db import load_sql
 from mergepipe.core.errors import BudgetViolation, InvalidRequest
 from mergepipe.planner.activation import UTILITIES as ACTIVATION_UTILITIES
@@ -28,7 +29,7 @@ class ExpertTotals:
 
 
 # Diminishing-returns rankings: the stratum within which a unit's share is discounted by its
-# rank k, sqrt(k) - sqrt(k - 1) (planner_candidates_diminish.sql, docs/catalog.md#rankings).
+# rank k, sqrt(k) - sqrt(k - 1) (planner_rank_diminish.sql, docs/catalog.md#rankings).
 STRATA = {"coverage": "tensor", "stratified": "region"}
 
 
@@ -62,17 +63,35 @@ def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[
                  {k: acts.get(k, []) for k in ("position", "tensor", "block_index", "act")})
 
 
+def candidates_sql(region: str | None = None, utility: str = "l2") -> SQL:
+    """The one statement that creates the ranked candidate units (planner_candidates.sql): the
+    units and their score-per-byte order (planner_units.sql), re-ranked by the ranking pieces
+    the request asks for (planner_rank_*.sql), then costed."""
+    pieces, last = [load_sql("planner_units").text], "ranked_units"
+    for piece, name, wanted in (("planner_rank_diminish", "diminished", utility in STRATA),
+                                ("planner_rank_group", "grouped", region is not None)):
+        if wanted:
+            pieces.append(load_sql(piece).text.replace("{input}", last))
+            last = name
+    return _compose(tuple(pieces), last, "group_rank" if region is not None else "unit_rank")
+
+
+@cache
+def _compose(pieces: tuple[str, ...], last: str, group_rank: str) -> SQL:
+    text = load_sql("planner_candidates").text
+    return SQL(text.replace("{pieces}", ",\n".join(pieces)).replace("{input}", last)
+               .replace("{group_rank}", group_rank))
+
+
 def build_candidates(conn: Connection, region: str | None = None, utility: str = "l2") -> int:
     """Create the ranked candidate units; returns C_full, the operator's full-read bytes.
     region ("tensor" | "block"): rank coherent groups, all experts' units of one output region
     together (PLANNING_UNITS); None: (expert, block) units one by one. utility: the ranking
     (as given to `load_request`); coverage and stratified re-rank with diminishing returns.
     Refuses (InvalidRequest) an expert whose statistics miss a candidate's rows."""
-    conn.execute(load_sql("planner_candidates_create"))
-    if utility in STRATA:
-        conn.execute(load_sql("planner_candidates_diminish"), {"stratum": STRATA[utility]})
-    if region is not None:
-        conn.execute(load_sql("planner_candidates_group"), {"region": region})
+    params = {"stratum": STRATA.get(utility), "region": region}
+    stmt = candidates_sql(region, utility)
+    conn.execute(stmt, {k: v for k, v in params.items() if k in stmt.names})
     full_read, missing = conn.execute(load_sql("planner_full_read")).one()
     if missing:
         model, tensor, what = conn.execute(load_sql("planner_missing_stats")).one()
@@ -122,18 +141,13 @@ def totals(conn: Connection, budget: int) -> dict[int, ExpertTotals]:
             for r in conn.execute(load_sql("planner_totals"), {"budget": budget})}
 
 
-def omission_l2(conn: Connection, budget: int) -> float | None:
-    """sqrt of the sum over (tensor, block) of the squared omitted utility at that block: the
-    tighter omitted-update bound (None when an omitted unit has no statistics)."""
-    v = conn.execute(load_sql("planner_omission_l2"), {"budget": budget}).scalar_one()
-    return None if v is None else float(v)
-
-
-def update_l2(conn: Connection) -> float | None:
-    """`omission_l2` with every candidate omitted: the bound of the full merge's update, the
-    denominator of the predicted deviation (None when a unit has no statistics)."""
-    v = conn.execute(load_sql("planner_update_l2")).scalar_one()
-    return None if v is None else float(v)
+def l2_bounds(conn: Connection, budget: int) -> tuple[float | None, float | None]:
+    """(omission_l2, update_l2): sqrt of the sum over (tensor, block) of the squared omitted
+    utility at that block, the tighter omitted-update bound; and the same with every candidate
+    omitted, the bound of the full merge's update, the denominator of the predicted deviation.
+    Each None when a unit it sums has no statistics."""
+    om, up = conn.execute(load_sql("planner_omission_l2"), {"budget": budget}).one()
+    return (None if om is None else float(om)), (None if up is None else float(up))
 
 
 def access_set(conn: Connection, budget: int) -> tuple[list[tuple[Any, ...]], str]:

@@ -354,9 +354,8 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         min_useful = (knapsack.cheapest_unit(conn, grouped) if planned == 0 and full_read
                       else None)
         per_expert = knapsack.totals(conn, budget)
-        bound_l2 = (knapsack.omission_l2(conn, budget)
-                    if request.spec.additive else None)
-        update_l2 = knapsack.update_l2(conn) if bound_l2 is not None else None
+        bound_l2, update_l2 = (knapsack.l2_bounds(conn, budget) if request.spec.additive
+                               else (None, None))
         with _gc_paused():
             rows, access_digest = knapsack.access_set(conn, budget)
             # C-level construction (row + rank): a full-budget plan has 10^5+ blocks.
@@ -365,7 +364,9 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
                      if any(j is not None for j in trim_indexes(request)) else [])
         band_rows = knapsack.trim_grid_rows(conn) if request.spec.cuts else []
         base_digest = base_content(cat, conn, base)
-        lora = knapsack.lora_identity(conn)
+        # lora_A rows exist for LoRA adapters only (catalog.ingest)
+        lora = (knapsack.lora_identity(conn) if any(m.kind == "lora" for m in models)
+                else {})
 
     trims = {(m, t): TrimThreshold(float(tau), int(above), int(tied), trim_k(j, numel))
              for m, t, numel, j, tau, above, tied in trim_rows}

@@ -4,6 +4,6 @@
 SELECT b.model, b.tensor, b.block_index, b.row_start, b.row_end, b.file_index, b.byte_offset,
        b.nbytes, b.content_hash
 FROM blocks b
-WHERE b.model IN (SELECT UNNEST(CAST(:models AS VARCHAR[])))
+WHERE list_contains(CAST(:models AS VARCHAR[]), b.model)
   AND b.model || chr(31) || b.tensor || chr(31) || CAST(b.block_index AS VARCHAR)
       IN (SELECT UNNEST(CAST(:keys AS VARCHAR[])))

@@ -2,5 +2,5 @@
 SELECT b.model, b.tensor, b.block_index, b.row_start, b.row_end, b.file_index, b.byte_offset,
        b.nbytes, b.content_hash
 FROM blocks b JOIN tensors t ON t.model = b.model AND t.tensor = b.tensor
-WHERE b.model IN (SELECT UNNEST(CAST(:models AS VARCHAR[])))
+WHERE list_contains(CAST(:models AS VARCHAR[]), b.model)
 ORDER BY b.model, t.ordinal, b.block_index

@@ -3,5 +3,5 @@
 SELECT model, tensor, ordinal, file_index, dtype, shape, data_offset, nbytes,
        lora_a_file_index, lora_a_offset, lora_a_nbytes, lora_a_dtype, lora_a_shape, lora_a_hash,
        lora_scale, value_l2
-FROM tensors WHERE model IN (SELECT UNNEST(CAST(:models AS VARCHAR[])))
+FROM tensors WHERE list_contains(CAST(:models AS VARCHAR[]), model)
 ORDER BY model, ordinal

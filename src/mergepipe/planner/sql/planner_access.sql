@@ -1,11 +1,10 @@
 -- The access set in rank order (rank is given by the row order), as PlannedBlock fields plus
 -- each block's content hash (for the access digest): selected block units, and every block of
--- each selected fallback tensor, with names and content hashes joined back.
+-- each selected fallback tensor, with content hashes joined back.
 WITH selected AS (
-    SELECT c.unit_rank, c.block_index, c.nbytes, c.utility, c.fallback, r.model, t.tensor
+    SELECT c.unit_rank, r.model, c.tensor, c.block_index, c.nbytes, c.utility, c.fallback
     FROM planner_candidates c
     JOIN planner_request r ON r.position = c.position
-    JOIN tensors t ON t.model = r.model AND t.ordinal = c.ordinal
     WHERE c.cumulative <= CAST(:budget AS BIGINT) OR c.pass IS NOT NULL
 )
 SELECT model, tensor, block_index, nbytes, utility, content_hash

@@ -1,2 +1,2 @@
 -- The catalog rows of the models named in a merge request.
-SELECT * FROM models WHERE name IN (SELECT UNNEST(CAST(:names AS VARCHAR[])))
+SELECT * FROM models WHERE list_contains(CAST(:names AS VARCHAR[]), name)

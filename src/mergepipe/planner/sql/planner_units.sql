@@ -1,22 +1,20 @@
--- Candidate units of the access set, ranked, with the knapsack prefix sums.
+-- The first pieces of planner_candidates.sql (WITH-list entries, not a statement): the
+-- candidate units of the access set and their order by score per byte.
 --   * experts with statistics: one unit per block that can contribute: utility > 0 (nonzero
---     delta, nonzero coefficient at the tensor: planner_tensor_params, else the expert's) and, for ties, max |delta| >= the tensor's trim threshold tau;
+--     delta, nonzero coefficient at the tensor: planner_tensor_params, else the expert's) and,
+--     for ties, max |delta| >= the tensor's trim threshold tau;
 --   * experts without statistics (fallback): one unit per whole tensor, ranked after every block
 --     unit, in checkpoint order (tensor ordinal, then expert position).
--- Rank: score per byte, descending (score = utility; with utility=per_tensor, utility divided
--- by the L2 of the (expert, tensor) delta: |alpha_i| times the block's share of that delta;
--- with utility=activation or fisher, |alpha_i| times the block's calibrated
--- output change, planner_activation.act); ties broken by expert position, tensor ordinal, block
--- index, so the order is total and the same on every run.
--- cost: bytes of the unit, plus a LoRA expert's lora_A on the first unit of each (expert,
--- tensor) in rank order (lora_A is read once per touched tensor). cumulative: running cost in
--- rank order; the knapsack prefix under budget B is `cumulative <= B`, and SUM(cost) = C_full.
+-- Rank (ranked_units.unit_rank): score per byte, descending (score = utility; with
+-- utility=per_tensor, utility divided by the L2 of the (expert, tensor) delta: |alpha_i| times
+-- the block's share of that delta; with utility=activation or fisher, |alpha_i| times the
+-- block's calibrated output change, planner_activation.act); ties broken by expert position,
+-- tensor ordinal, block index, so the order is total and the same on every run.
 -- missing: a candidate whose statistics are incomplete (the planner refuses the request).
--- Units carry integer keys (expert position, tensor ordinal) only: names are joined back for
--- the access set, which keeps the window sorts light.
-CREATE OR REPLACE TEMP TABLE planner_candidates AS
-WITH block_units AS (
-    SELECT r.position, t.ordinal, b.block_index, 1 AS n_blocks, b.nbytes,
+-- Units carry the tensor's name (regions are matched by name: a LoRA expert's ordinals may
+-- differ), so no later statement joins the tensors again for it.
+block_units AS (
+    SELECT r.position, t.ordinal, b.tensor, b.block_index, 1 AS n_blocks, b.nbytes,
            COALESCE(t.lora_a_nbytes, 0) AS lora_a_nbytes,
            COALESCE(tp.rank_weight, r.rank_weight) * s.l2 AS utility,
            CASE WHEN r.per_tensor
@@ -49,7 +47,7 @@ WITH block_units AS (
                              OR s.max_abs >= ts.trim_tau[COALESCE(tp.trim_j, r.trim_j)])))
 ),
 tensor_units AS (
-    SELECT r.position, t.ordinal, CAST(NULL AS INTEGER) AS block_index,
+    SELECT r.position, t.ordinal, t.tensor, CAST(NULL AS INTEGER) AS block_index,
            COUNT(*) AS n_blocks, SUM(b.nbytes) AS nbytes,
            COALESCE(t.lora_a_nbytes, 0) AS lora_a_nbytes,
            CAST(NULL AS DOUBLE) AS utility, CAST(NULL AS DOUBLE) AS score, TRUE AS fallback,
@@ -59,33 +57,21 @@ tensor_units AS (
     JOIN blocks b ON b.model = t.model AND b.tensor = t.tensor
     LEFT JOIN planner_tensor_params tp ON tp.position = r.position AND tp.tensor = t.tensor
     WHERE NOT r.has_stats AND COALESCE(tp.rank_weight, r.rank_weight) > 0
-    GROUP BY r.position, t.ordinal, t.lora_a_nbytes
+    GROUP BY r.position, t.ordinal, t.tensor, t.lora_a_nbytes
 ),
-units AS MATERIALIZED (
-    SELECT position, ordinal, block_index, CAST(n_blocks AS BIGINT) AS n_blocks,
+units AS (
+    SELECT position, ordinal, tensor, block_index, CAST(n_blocks AS BIGINT) AS n_blocks,
            CAST(nbytes AS BIGINT) AS nbytes, CAST(lora_a_nbytes AS BIGINT) AS lora_a_nbytes,
-           utility, score, fallback, missing,
-           -(score / nbytes) AS neg_density,  -- NULL exactly for fallback: ranked last
-           CASE WHEN fallback THEN ordinal ELSE position END AS order_a,
-           CASE WHEN fallback THEN position ELSE ordinal END AS order_b
+           utility, score, fallback, missing
     FROM (SELECT * FROM block_units UNION ALL SELECT * FROM tensor_units) AS u
 ),
-costed AS (
-    SELECT *, nbytes AS cost FROM units WHERE lora_a_nbytes = 0
-    UNION ALL
-    SELECT *, nbytes + CASE
-               WHEN ROW_NUMBER() OVER (PARTITION BY position, ordinal
-                                       ORDER BY neg_density NULLS LAST, order_a, order_b,
-                                                block_index) = 1
-               THEN lora_a_nbytes ELSE 0 END AS cost
-    FROM units WHERE lora_a_nbytes > 0
+ranked_units AS (
+    SELECT *,
+           ROW_NUMBER() OVER (
+               -- -(score / nbytes) is NULL exactly for fallback units: ranked last
+               ORDER BY -(score / nbytes) NULLS LAST,
+                        CASE WHEN fallback THEN ordinal ELSE position END,
+                        CASE WHEN fallback THEN position ELSE ordinal END,
+                        block_index) AS unit_rank
+    FROM units
 )
-SELECT position, ordinal, block_index, n_blocks, nbytes, lora_a_nbytes, utility, fallback,
-       missing, cost, score,  -- score: the ranking score (coherent groups sum it)
-       ROW_NUMBER() OVER w AS unit_rank,
-       SUM(cost) OVER w AS cumulative,
-       CAST(NULL AS INTEGER) AS pass,   -- fill pass that selected the unit (prefix: NULL)
-       CAST(0 AS BIGINT) AS charged     -- bytes charged by that fill pass
-FROM costed
-WINDOW w AS (ORDER BY neg_density NULLS LAST, order_a, order_b, block_index
-             ROWS UNBOUNDED PRECEDING)
