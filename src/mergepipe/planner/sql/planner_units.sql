@@ -13,6 +13,17 @@
 -- missing: a candidate whose statistics are incomplete (the planner refuses the request).
 -- Units carry the tensor's name (regions are matched by name: a LoRA expert's ordinals may
 -- differ), so no later statement joins the tensors again for it.
+request_tensor_stats AS (
+    -- the tensor statistics a request's expert needs (ties: the trim threshold tau at its
+    -- density's grid index j; per_tensor: the tensor's l2), scalars only: the 100-entry grids
+    -- stay out of the joins below
+    SELECT r.position, ts.model, ts.tensor, ts.l2, len(ts.trim_tau) AS grid_len,
+           ts.trim_tau[COALESCE(tp.trim_j, r.trim_j)] AS tau
+    FROM planner_request r
+    JOIN tensor_stats ts ON ts.model = r.model
+    LEFT JOIN planner_tensor_params tp ON tp.position = r.position AND tp.tensor = ts.tensor
+    WHERE r.has_stats AND (r.trim_j IS NOT NULL OR r.per_tensor)
+),
 block_units AS (
     SELECT r.position, t.ordinal, b.tensor, b.block_index, 1 AS n_blocks, b.nbytes,
            COALESCE(t.lora_a_nbytes, 0) AS lora_a_nbytes,
@@ -25,7 +36,7 @@ block_units AS (
            FALSE AS fallback,
            CASE WHEN s.model IS NULL THEN 'block_stats'
                 WHEN r.trim_j IS NOT NULL
-                     AND (ts.model IS NULL OR len(ts.trim_tau) < COALESCE(tp.trim_j, r.trim_j))
+                     AND (ts.model IS NULL OR ts.grid_len < COALESCE(tp.trim_j, r.trim_j))
                 THEN 'tensor_stats'
                 WHEN r.per_tensor AND ts.model IS NULL THEN 'tensor_stats' END AS missing
     FROM planner_request r
@@ -34,17 +45,15 @@ block_units AS (
     LEFT JOIN planner_tensor_params tp ON tp.position = r.position AND tp.tensor = b.tensor
     LEFT JOIN block_stats s
         ON s.model = b.model AND s.tensor = b.tensor AND s.block_index = b.block_index
-    LEFT JOIN tensor_stats ts
-        ON (r.trim_j IS NOT NULL OR r.per_tensor) AND ts.model = b.model
-           AND ts.tensor = b.tensor
+    LEFT JOIN request_tensor_stats ts ON ts.position = r.position AND ts.tensor = b.tensor
     LEFT JOIN planner_activation pa
         ON r.activation AND pa.position = r.position AND pa.tensor = b.tensor
            AND pa.block_index = b.block_index
     WHERE r.has_stats AND COALESCE(tp.rank_weight, r.rank_weight) > 0
       AND (s.model IS NULL
            OR (s.l2 > 0 AND (r.trim_j IS NULL OR ts.model IS NULL
-                             OR len(ts.trim_tau) < COALESCE(tp.trim_j, r.trim_j)
-                             OR s.max_abs >= ts.trim_tau[COALESCE(tp.trim_j, r.trim_j)])))
+                             OR ts.grid_len < COALESCE(tp.trim_j, r.trim_j)
+                             OR s.max_abs >= ts.tau)))
 ),
 tensor_units AS (
     SELECT r.position, t.ordinal, t.tensor, CAST(NULL AS INTEGER) AS block_index,
