@@ -63,8 +63,8 @@ def _params(op: str) -> dict[str, Any]:
 
 
 def requests() -> list[dict[str, Any]]:
-    """Every operator at every budget on both expert sets with its defaults (and two pairs); the additive and
-    sparse ones under every ranking; linear and ties under both group units."""
+    """Every operator at every budget on both expert sets with its defaults (and two pairs);
+    the additive and sparse ones under every ranking; linear and ties under both group units."""
     out: list[dict[str, Any]] = []
     for op in sorted(REGISTRY):
         for experts in EXPERT_SETS:

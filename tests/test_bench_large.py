@@ -24,6 +24,9 @@ def test_the_large_row_measures_both_operators_and_reuses_its_family(tmp_path: P
     assert not first["setup"]["reused"] and first["setup"]["generate_s"] > 0
     md = (tmp_path / "large-family.md").read_text()
     assert "K = 2 experts" in md and md.count("| 0.1 |") == 2
+    assert "| under 2% |" in md
+    shares = ", ".join(f"{r['operator']} {100 * r['share']:.2f}%" for r in first["rows"])
+    assert f"target under 2%): {shares}." in md
     assert json.loads((tmp_path / "large-family.json").read_text())["rows"] == first["rows"]
     assert not (tmp_path / "work" / "large-runs" / "linear-1").exists()  # outputs removed
     root, catalog, info = setup(tmp_path / "work", logs.append, shape=TINY, experts=2)
