@@ -15,6 +15,7 @@ import json
 import random
 import sys
 import tempfile
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -65,27 +66,19 @@ def _params(op: str) -> dict[str, Any]:
 def requests() -> list[dict[str, Any]]:
     """Every operator at every budget on both expert sets with its defaults (and two pairs);
     the additive and sparse ones under every ranking; linear and ties under both group units."""
+    def req(op: str, experts: str, budget: float, **params: Any) -> dict[str, Any]:
+        return {"operator": op, "experts": experts, "budget": budget,
+                "params": {**_params(op), **params}}
+
     out: list[dict[str, Any]] = []
     for op in sorted(REGISTRY):
-        for experts in EXPERT_SETS:
-            for budget in BUDGETS:
-                out.append({"operator": op, "experts": experts, "budget": budget,
-                            "params": _params(op)})
-        for experts in PAIRS:
-            for budget in (0.3, 1.0):
-                out.append({"operator": op, "experts": experts, "budget": budget,
-                            "params": _params(op)})
-    for op in ("linear", "task_arithmetic", "ties", "dare_ties", "della", "breadcrumbs"):
-        for utility in RANKINGS:
-            for budget in BUDGETS:
-                out.append({"operator": op, "experts": EXPERT_SETS[1], "budget": budget,
-                            "params": {**_params(op), "utility": utility}})
-    for op in ("linear", "ties"):
-        for unit in UNITS:
-            for utility in ("l2", "stratified"):
-                for budget in BUDGETS[:2]:
-                    out.append({"operator": op, "experts": EXPERT_SETS[1], "budget": budget,
-                                "params": {**_params(op), "unit": unit, "utility": utility}})
+        out += [req(op, e, b) for e, b in product(EXPERT_SETS, BUDGETS)]
+        out += [req(op, e, b) for e, b in product(PAIRS, (0.3, 1.0))]
+    out += [req(op, EXPERT_SETS[1], b, utility=u) for op, u, b in product(
+        ("linear", "task_arithmetic", "ties", "dare_ties", "della", "breadcrumbs"), RANKINGS,
+        BUDGETS)]
+    out += [req(op, EXPERT_SETS[1], b, unit=unit, utility=u) for op, unit, u, b in product(
+        ("linear", "ties"), UNITS, ("l2", "stratified"), BUDGETS[:2])]
     return out
 
 
