@@ -173,6 +173,10 @@ def test_dialect_rewrites_are_the_documented_ones() -> None:
     assert sql == ("CREATE TEMP TABLE planner_x AS SELECT CAST(0 AS DOUBLE PRECISION) AS d, "
                    "CAST(NULL AS DOUBLE PRECISION) AS e")
     assert dialect.to_postgres("SELECT 1") == ([], "SELECT 1")
+    # a filter on a list of names: DuckDB's list_contains, PostgreSQL's = ANY
+    assert dialect.to_postgres(
+        "SELECT * FROM blocks b WHERE list_contains(CAST(%(models)s AS VARCHAR[]), b.model)"
+    ) == ([], "SELECT * FROM blocks b WHERE (b.model = ANY(CAST(%(models)s AS VARCHAR[])))")
     # a table re-made from itself (the planner's coherent groups) reads its previous version
     before, sql = dialect.to_postgres(
         "CREATE OR REPLACE TEMP TABLE planner_c AS SELECT c.* FROM planner_c c, planner_cx x")
