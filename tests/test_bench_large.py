@@ -33,3 +33,23 @@ def test_the_large_row_measures_both_operators_and_reuses_its_family(tmp_path: P
     assert info["reused"] and catalog.exists() and root == catalog.parent
     _, _, info = setup(tmp_path / "work", logs.append, shape=TINY, experts=1)  # another family
     assert not info["reused"] and len(read_family(root)["experts"]) == 1
+
+
+def test_the_scaled_family_has_the_large_familys_rows(tmp_path: Path) -> None:
+    from mergepipe.catalog.connection import SQL
+    from mergepipe.catalog.db import Catalog
+    from mergepipe.storage.grid import block_rows
+    from mergepipe_bench.large_family import SHAPE
+    from mergepipe_bench.planning_rows import measure, scaled, setup
+
+    small = scaled(SHAPE, 32)  # hidden 64: same tensors; blocks 32^2 times smaller
+    assert [n for n, _ in small.tensors()] == [n for n, _ in SHAPE.tensors()]
+    catalog, experts = setup(tmp_path, shape=small, experts=2, block_bytes=(1 << 20) // 32 ** 2)
+    want = sum(len(block_rows(s, 2, 1 << 20)) for _, s in SHAPE.tensors())
+    with Catalog(catalog) as cat, cat.reader() as conn:
+        n = conn.execute(SQL("SELECT count(*) FROM blocks WHERE model = 'base'")).scalar_one()
+    assert n == want == 1659
+    rows = measure(catalog, experts, 1)
+    assert [r["operator"] for r in rows] == ["linear", "ties"]
+    for r in rows:
+        assert 0 < r["plan_cpu_s"] <= r["plan_seconds_cpu_s"] and r["blocks"] > 0
