@@ -36,11 +36,12 @@ def test_the_large_row_measures_both_operators_and_reuses_its_family(tmp_path: P
 
 
 def test_the_scaled_family_has_the_large_familys_rows(tmp_path: Path) -> None:
+    from mergepipe_bench.large_family import SHAPE
+    from mergepipe_bench.planning_rows import measure, scaled, setup
+
     from mergepipe.catalog.connection import SQL
     from mergepipe.catalog.db import Catalog
     from mergepipe.storage.grid import block_rows
-    from mergepipe_bench.large_family import SHAPE
-    from mergepipe_bench.planning_rows import measure, scaled, setup
 
     small = scaled(SHAPE, 32)  # hidden 64: same tensors; blocks 32^2 times smaller
     assert [n for n, _ in small.tensors()] == [n for n, _ in SHAPE.tensors()]
