@@ -94,9 +94,10 @@ def line(cat: Catalog, r: dict[str, Any]) -> str:
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as d, build_catalog(Path(d)) as cat:
-        rows = [{"request": r, "line": line(cat, r)} for r in requests()]
+        lines = [(r, line(cat, r)) for r in requests()]
+    rows = [{"request": r, "line": text} for r, text in lines]
     FIXTURE.write_text(json.dumps(rows, indent=1) + "\n")
-    planned = sum(not r["line"].startswith("refused") for r in rows)
+    planned = sum(not text.startswith("refused") for _, text in lines)
     print(f"{len(rows)} requests ({planned} planned) -> {FIXTURE}", file=sys.stderr)
 
 
