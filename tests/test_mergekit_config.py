@@ -9,6 +9,7 @@ import pytest
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_config import parse_config
+from mergepipe.core.mergekit_tokenizer import TokenSource, TokenSpec
 from mergepipe.core.progress import Progress
 
 
@@ -153,11 +154,14 @@ def test_lora_reference() -> None:
     ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer_source: union\n"
      "tokenizer: {source: union}", "tokenizer", "not both"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer: {source: base, tokens: "
-     "{x: {force: true}}}", "tokenizer.tokens.x.force", "not supported"),
+     "{x: {force: 2}}}", "tokenizer.tokens.x.force", "true or false"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer: {source: base, tokens: "
+     "{x: {source: {kind: model_token, model: e}}}}", "tokenizer.tokens.x.source",
+     "one of token and token_id"),
+    ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer: {source: base, tokens: "
+     "{x: {source: {kind: mean}}}}", "tokenizer.tokens.x.source", "kind: zero"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\ntokenizer: {pad_to_multiple_of: 0}",
      "tokenizer.pad_to_multiple_of", "positive integer"),
-    ("merge_method: ties\nbase_model: b\nmodels: [e]\nchat_template: chatml", "chat_template",
-     "bundled"),
     ("merge_method: ties\nbase_model: b\nmodels: [e]\nchat_template: hello", "chat_template",
      "not a chat template"),
     ("merge_method: ties\nbase_model: b\nmodels:\n  - model: e\n    parameters:\n"
@@ -197,8 +201,19 @@ def test_tokenizer_options_are_parsed() -> None:
                        "chat_template: '{% for m in messages %}{{ m.content }}{% endfor %}'")
     assert cfg.tokenizer is not None
     assert (cfg.tokenizer.source, cfg.tokenizer.key, cfg.tokenizer.pad_to_multiple_of,
-            cfg.tokenizer.tokens) == ("e", "tokenizer.source", 8, ("x",))
+            cfg.tokenizer.tokens) == ("e", "tokenizer.source", 8, (TokenSpec("x"),))
     assert cfg.tokenizer.chat_template == "{% for m in messages %}{{ m.content }}{% endfor %}"
+    cfg = parse_config("merge_method: ties\nbase_model: b\nmodels: [e]\nparameters: {weight: 1}\n"
+                       "tokenizer: {tokens: {a: {source: e, force: true}, b: {source: {kind: "
+                       "zero}}, c: {source: {kind: model_token, model: b, token_id: 3}}}}\n"
+                       "chat_template: chatml")
+    assert cfg.tokenizer is not None and cfg.tokenizer.source == "union"  # mergekit's default
+    assert cfg.tokenizer.tokens == (
+        TokenSpec("a", TokenSource("model", "e"), True), TokenSpec("b", TokenSource("zero")),
+        TokenSpec("c", TokenSource("model_token", "b", token_id=3)))
+    # a built-in template's name: its text, as mergekit ships it
+    assert cfg.tokenizer.chat_template is not None
+    assert cfg.tokenizer.chat_template.startswith("{% for message in messages %}{{'<|im_start|>'")
 
 
 def test_parameters_of_the_base_entry_are_ignored_for_task_methods() -> None:

@@ -333,10 +333,16 @@ class Catalog:
         if tokenizer is not None and "://" in str(out):
             raise InvalidRequest("tokenizer: the tokenizer options write files into a local "
                                  "output directory", field="output")
+        finish = None
+        if tokenizer is not None and isinstance(req, MergeRequest):
+            from mergepipe.jobs.reindex import TokenizerStep
+
+            finish = TokenizerStep(tokenizer, req)  # on the staged output, before publishing
         with _Bars(progress, "merging", unit="block") as bar:
             summary = merge(self.db, req, out, output_name=name, progress=bar.report,
-                            threads=threads, overwrite=overwrite, engine=self._engine())
-        if tokenizer is not None:
+                            threads=threads, overwrite=overwrite, engine=self._engine(),
+                            finish=finish)
+        if tokenizer is not None and finish is None:  # passthrough: its files only
             from mergepipe.jobs.tokenizer import apply_tokenizer
 
             apply_tokenizer(tokenizer, Path(out))

@@ -4,6 +4,7 @@ checked; no file access (jobs.tokenizer reads the models' tokenizers and applies
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from mergepipe.core.errors import InvalidRequest
@@ -13,6 +14,29 @@ AUTO_TEMPLATE = "auto"
 BUNDLED = ("alpaca", "chatml", "exaone", "llama3", "mistral")  # mergekit's named templates
 _TOKENIZER_KEYS = {"source", "tokens", "pad_to_multiple_of"}
 _TOKEN_KEYS = {"source", "force"}
+ZERO, MODEL_TOKEN = "zero", "model_token"  # the `kind`s of a token's embedding source
+
+
+@dataclass(frozen=True)
+class TokenSource:
+    """Where `tokenizer.tokens.NAME` takes its embedding from. kind: "default" (no source: the
+    models' own rows), "model" (that model's row of the token), "zero", or "model_token"
+    (`model`'s row of `token` or of row `token_id`)."""
+
+    kind: str = "default"
+    model: str | None = None  # a model as written in the config
+    token: str | None = None
+    token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenSpec:
+    """One `tokenizer.tokens` entry: the token (added to the vocabulary when new), its source,
+    and `force` (every model's row replaced by the source's, even where the model has it)."""
+
+    name: str
+    source: TokenSource = TokenSource()
+    force: bool = False
 
 
 @dataclass(frozen=True)
@@ -22,7 +46,7 @@ class TokenizerOptions:
     source: str | None = None  # "base", "union" or a model as written; None: the base's files
     key: str = "tokenizer_source"  # the YAML key that gave `source`
     pad_to_multiple_of: int | None = None
-    tokens: tuple[str, ...] = ()  # `tokenizer.tokens` names (each must already be in the vocab)
+    tokens: tuple[TokenSpec, ...] = ()  # `tokenizer.tokens`, in the config's order
     chat_template: str | None = None  # a template's text, or "auto"
 
     @property
@@ -41,7 +65,7 @@ def parse_tokenizer(doc: dict[Any, Any]) -> TokenizerOptions | None:
         raise InvalidRequest("tokenizer: give tokenizer_source or tokenizer:, not both (mergekit "
                              "refuses both too)", field="tokenizer")
     key, pad = "tokenizer_source", None
-    tokens: tuple[str, ...] = ()
+    tokens: tuple[TokenSpec, ...] = ()
     if table is not None:
         if not isinstance(table, dict):
             raise InvalidRequest("tokenizer: must be a mapping with source, tokens and "
@@ -74,21 +98,61 @@ def _pad(value: object) -> int | None:
     return value
 
 
-def _tokens(value: object) -> tuple[str, ...]:
+def _tokens(value: object) -> tuple[TokenSpec, ...]:
     if value is None:
         return ()
     if not isinstance(value, dict):
         raise InvalidRequest("tokenizer.tokens: must be a mapping of token -> {source, force}",
                              field="tokenizer.tokens")
+    out = []
     for name, spec in value.items():
         key = f"tokenizer.tokens.{name}"
-        if spec is not None and (not isinstance(spec, dict) or set(map(str, spec)) - _TOKEN_KEYS):
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, dict) or set(map(str, spec)) - _TOKEN_KEYS:
             raise InvalidRequest(f"{key}: must be {{source: ..., force: ...}}", field=key)
-        if isinstance(spec, dict) and spec.get("force"):
-            raise InvalidRequest(f"{key}.force: replacing a token's embedding is not supported "
-                                 "(MergePipe merges the embeddings as they are)",
+        force = spec.get("force", False)
+        if not isinstance(force, bool):
+            raise InvalidRequest(f"{key}.force: must be true or false, got {force!r}",
                                  field=f"{key}.force")
-    return tuple(str(n) for n in value)
+        out.append(TokenSpec(str(name), _token_source(spec.get("source"), f"{key}.source"),
+                             force))
+    return tuple(out)
+
+
+def _token_source(value: object, key: str) -> TokenSource:
+    """A token's `source`: nothing, a model, {kind: zero} or {kind: model_token, model, token
+    | token_id} (mergekit's three shapes)."""
+    if value is None:
+        return TokenSource()
+    if isinstance(value, str) and value.strip():
+        return TokenSource("model", value.strip())
+    doc = value if isinstance(value, dict) else {}
+    kind, keys = doc.get("kind"), set(map(str, doc))
+    if kind == ZERO and keys == {"kind"}:
+        return TokenSource(ZERO)
+    if kind == MODEL_TOKEN and keys <= {"kind", "model", "token", "token_id"}:
+        model, token, token_id = doc.get("model"), doc.get("token"), doc.get("token_id")
+        if not isinstance(model, str) or not model.strip():
+            raise InvalidRequest(f"{key}.model: must name a model of the config", field=f"{key}.model")
+        if (token is None) == (token_id is None):
+            raise InvalidRequest(f"{key}: give one of token and token_id", field=key)
+        if token_id is not None and (isinstance(token_id, bool) or not isinstance(token_id, int)
+                                     or token_id < 0):
+            raise InvalidRequest(f"{key}.token_id: must be a row number >= 0, got {token_id!r}",
+                                 field=f"{key}.token_id")
+        if token is not None and not isinstance(token, str):
+            raise InvalidRequest(f"{key}.token: must be a token, got {token!r}",
+                                 field=f"{key}.token")
+        return TokenSource(MODEL_TOKEN, model.strip(), token, token_id)
+    raise InvalidRequest(f"{key}: must be a model, {{kind: zero}} or {{kind: model_token, model: "
+                         f"..., token: ...}}, got {value!r}", field=key)
+
+
+def bundled_template(name: str) -> str:
+    """The text of mergekit's built-in chat template `name` (one of BUNDLED)."""
+    return resources.files("mergepipe.core").joinpath(
+        f"chat_templates/{name}.jinja").read_text(encoding="utf-8")
 
 
 def _template(value: object) -> str | None:
@@ -100,11 +164,8 @@ def _template(value: object) -> str | None:
                              field="chat_template")
     if value == AUTO_TEMPLATE:
         return value
-    if value in BUNDLED:
-        raise InvalidRequest(f"chat_template: {value!r} names one of mergekit's bundled "
-                             "templates, which MergePipe does not ship; give the template's text "
-                             "(or auto: the most common template of the models)",
-                             field="chat_template")
+    if value in BUNDLED:  # mergekit's built-in templates, by name
+        return bundled_template(value)
     if len(value) < 20 or "{" not in value:
         raise InvalidRequest(f"chat_template: {value!r} is not a chat template (mergekit refuses "
                              "it too: \"Invalid chat template\")", field="chat_template")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mergepipe.catalog import queue
@@ -27,6 +27,7 @@ from mergepipe.core.mergekit_config import (
     parse_config,
 )
 from mergepipe.core.mergekit_slices import PassthroughRequest, has_slices
+from mergepipe.core.mergekit_tokenizer import TokenizerOptions
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.core.vocab import AUTO
 from mergepipe.jobs import slices
@@ -153,11 +154,43 @@ def _tokenizer(cfg: MergekitConfig, resolved: ResolvedConfig, known: _Known, loc
     if base is None:
         raise InvalidRequest(f"{cfg.tokenizer.key}: the base's checkpoint is not known",
                              field=cfg.tokenizer.key)
-    source = cfg.tokenizer.source
+    paths = {cfg.base.text if cfg.base is not None else "base_model": base, **paths}
+    order = [e.ref.text for e in cfg.experts]
+    base_text = next(iter(paths))
+    if cfg.base_weight is not None and cfg.base_position is not None:
+        order.insert(cfg.base_position, base_text)  # mergekit sums the base where it is listed
+    else:
+        order.append(base_text)
+    opts = _token_models(cfg.tokenizer, paths, locate)
+    source = opts.source
     if source not in (None, "base", "union") and source not in paths:
-        paths[str(source)] = locate(str(source), cfg.tokenizer.key)
-    plan = plan_tokenizer(cfg.tokenizer, base, paths)
-    return None if plan.files_from in (None, base) and plan.chat_template is None else plan
+        paths[str(source)] = locate(str(source), opts.key)
+    plan = plan_tokenizer(opts, base, paths, [t for t in order if t in paths], reindex=True)
+    if plan.reindex is not None and any(e.ref.lora is not None for e in cfg.experts):
+        raise InvalidRequest(f"{opts.key}: re-indexing the embeddings of a LoRA expert is not "
+                             "supported", field=opts.key)
+    return None if (plan.files_from in (None, base) and plan.chat_template is None
+                    and plan.reindex is None and not plan.added) else plan
+
+
+def _token_models(opts: TokenizerOptions, paths: dict[str, str], locate: Locate
+                  ) -> TokenizerOptions:
+    """tokenizer.tokens sources naming a model by another spelling of its path: as the
+    config's own text of that model (unknown ones stay, refused by plan_tokenizer)."""
+    specs = []
+    for spec in opts.tokens:
+        model = spec.source.model
+        if model is not None and model not in paths:
+            key = f"tokenizer.tokens.{spec.name}.source"
+            try:
+                where = locate(model, key)
+            except MergePipeError:
+                where = None
+            same = next((t for t, p in paths.items() if where and _same_path(p, where)), None)
+            if same is not None:
+                spec = replace(spec, source=replace(spec.source, model=same))
+        specs.append(spec)
+    return replace(opts, tokens=tuple(specs))
 
 
 def load_config(cat: Catalog, text: str | bytes, *, budget: BudgetSpec = None,

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Protocol
 
 from mergepipe.catalog import records
 from mergepipe.catalog.connection import Connection
@@ -49,6 +50,17 @@ from mergepipe.storage.paths import recheck_input
 __all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
 
 
+class Finish(Protocol):
+    """A last step on the staged output before its manifest (the tokenizer options of a
+    mergekit config: jobs.reindex.TokenizerStep). What it returns is recorded in the manifest
+    under "tokenizer" (with "resized": true, the output is registered as a model of its own,
+    not an expert of the base); its document() is recorded with the plan, for replay."""
+
+    def __call__(self, stage: Path, result: ExecutionResult) -> Mapping[str, object]: ...
+
+    def document(self) -> dict[str, Any]: ...
+
+
 def submit_merge(cat: Catalog, request: MergeRequest | PassthroughRequest, output_name: str,
                  output_dir: Path | str, *,
                  overwrite: bool = False, ingests: Sequence[NewIngestJob] = (),
@@ -72,7 +84,8 @@ def submit_merge(cat: Catalog, request: MergeRequest | PassthroughRequest, outpu
 def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None,
               threads: int | None = None, overwrite: bool = False,
               data_roots: Sequence[Path] = (), output_root: Path | None = None,
-              engine: Engine = LOCAL, fence: Fence | None = None) -> MergeSummary:
+              engine: Engine = LOCAL, fence: Fence | None = None,
+              finish: Finish | None = None) -> MergeSummary:
     """Plan, record the plan, execute, publish (output + manifest.json atomically), register the
     output as a model and record success; any failure is recorded once and raised. With data
     roots (the service), the inputs must still lie inside them, and every input file is opened
@@ -83,12 +96,13 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
     with confined(roots) if data_roots else contextlib.nullcontext():
         return _run_merge(cat, merge_id, progress=progress, threads=threads,
                           overwrite=overwrite, data_roots=data_roots, engine=engine,
-                          fence=fence)
+                          fence=fence, finish=finish)
 
 
 def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
                threads: int | None, overwrite: bool,
-               data_roots: Sequence[Path], engine: Engine, fence: Fence | None) -> MergeSummary:
+               data_roots: Sequence[Path], engine: Engine, fence: Fence | None,
+               finish: Finish | None = None) -> MergeSummary:
     wall0 = time.perf_counter()
     row = records.mark_running(cat, merge_id, fence)
     out, name = output_for(str(row.output_path)), str(row.output_name)
@@ -104,13 +118,16 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
         t0 = time.perf_counter()
         prep = _prepare(cat, request)
         plan_seconds = time.perf_counter() - t0
-        records.record_plan(cat, merge_id, plan_record(prep, plan_seconds), fence)
+        record = plan_record(prep, plan_seconds)
+        if finish is not None:
+            record = replace(record, document={**record.document, "tokenizer": finish.document()})
+        records.record_plan(cat, merge_id, record, fence)
         previous = previous_of(prep.plan)
         records.record_strategy(cat, merge_id, strategy_of(prep.plan),
                                 previous[0] if previous else None, fence)
         result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
                                       progress=progress, threads=threads, overwrite=overwrite,
-                                      engine=engine, fence=fence)
+                                      engine=engine, fence=fence, finish=finish)
     except LeaseLost:
         raise  # another worker owns the merge now: record nothing
     except BaseException as e:
@@ -188,18 +205,23 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
                          out: LocalOutput | S3Output, name: str,
                          plan_seconds: float, wall0: float, *, progress: ProgressFn | None,
                          threads: int | None, overwrite: bool, engine: Engine,
-                         fence: Fence | None) -> ExecutionResult:
-    """Execute into a staging directory, then publish and record it (publish_and_record)."""
+                         fence: Fence | None, finish: Finish | None = None) -> ExecutionResult:
+    """Execute into a staging directory (then `finish` on it), then publish and record it
+    (publish_and_record)."""
     stage = out.stage(merge_id[2:] + (fence.tag if fence else ""), overwrite=overwrite)
+    finished: Mapping[str, object] | None = None
     try:
         with out_of_space_is_507(stage):
             result = engine.execute(prep, stage, threads=threads, first_pass=True,
                                     progress=_recorder(cat, merge_id, progress, fence))
             hooks().merge_staged(merge_id)
-            write_manifest(stage, build_manifest(
+            finished = finish(stage, result) if finish is not None else None
+            manifest = build_manifest(
                 cat, merge_id=merge_id, prep=prep, result=result, output_name=name,
                 output_path=out.location, plan_seconds=plan_seconds,
-                wall_seconds=time.perf_counter() - wall0))
+                wall_seconds=time.perf_counter() - wall0)
+            write_manifest(stage, {**manifest, "tokenizer": dict(finished)}
+                           if finished is not None else manifest)
             shown = user_request(prep.plan)
             inputs = find_models(cat, [shown.base, *(e.model for e in shown.experts)])
             (stage / CARD_FILE).write_text(render_model_card(
@@ -208,7 +230,10 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
     except BaseException:
         publish.discard(stage)  # this run's own staging (per claim with a fence)
         raise
-    publish_and_record(cat, merge_id, stage, out, name, base=prep.plan.request.base,
+    # an output whose embeddings gained or lost rows is no expert of the base
+    resized = finished is not None and bool(finished.get("resized"))
+    publish_and_record(cat, merge_id, stage, out, name,
+                       base=None if resized else prep.plan.request.base,
                        first_passes=result.first_passes,
                        outcome=lambda registered: outcome_record(prep, result, registered,
                                                                  out.location),
@@ -265,15 +290,16 @@ def _fenced(cat: Catalog, merge_id: str, fence: Fence | None
 def merge(cat: Catalog, request: MergeRequest | PassthroughRequest, output_dir: Path | str, *,
           output_name: str | None = None, progress: ProgressFn | None = None,
           threads: int | None = None, overwrite: bool = False,
-          engine: Engine = LOCAL) -> MergeSummary:
+          engine: Engine = LOCAL, finish: Finish | None = None) -> MergeSummary:
     """submit_merge + run_merge: the CLI's merge into a directory or an s3:// prefix. The
-    output name defaults to the directory's name."""
+    output name defaults to the directory's name. `finish` (not for passthrough): see
+    Finish."""
     out = output_for(output_dir)
     merge_id = submit_merge(cat, request, output_name or basename(out.location), out.location,
                             overwrite=overwrite).merge_id
     assert merge_id is not None
     return run_merge(cat, merge_id, progress=progress, threads=threads, overwrite=overwrite,
-                     engine=engine)
+                     engine=engine, finish=finish)
 
 
 def execute_plan(cat: Catalog, plan: Plan, output_dir: Path, *, threads: int | None = None,

@@ -87,9 +87,16 @@ def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
     try:
         with publish.staged(target, f"replay-{merge_id[2:]}") as stage:
             result = stream.execute(prep, stage, threads=threads, progress=progress)
-            write_manifest(stage, build_manifest(
-                cat, merge_id=merge_id, prep=prep, result=result, output_name=None,
-                output_path=target, plan_seconds=None))
+            manifest = build_manifest(cat, merge_id=merge_id, prep=prep, result=result,
+                                      output_name=None, output_path=target, plan_seconds=None)
+            tokenizer = (row.plan or {}).get("tokenizer")
+            if tokenizer is not None:  # the config's tokenizer options, redone
+                from mergepipe.jobs.reindex import TokenizerStep  # torch: only for them
+                from mergepipe.jobs.tokenizer import TokenizerPlan
+
+                step = TokenizerStep(TokenizerPlan.from_document(tokenizer), plan.request)
+                manifest = {**manifest, "tokenizer": step(stage, result)}
+            write_manifest(stage, manifest)
     finally:
         if tmp_root is not None:
             shutil.rmtree(tmp_root, ignore_errors=True)

@@ -1,21 +1,36 @@
-"""mergekit's tokenizer options against the models' files: which tokenizer the output carries and
-its chat template. mergekit re-indexes the embeddings to the output vocabulary; MergePipe runs the
-options that leave them as they are (every model holds the output's tokens at the same ids, and
-the padded vocabulary has as many rows as the embeddings) and refuses the others, naming the
-option. The files are written beside the merged weights (local outputs)."""
+"""mergekit's tokenizer options against the models' files: which tokenizer the output carries,
+its chat template, and how the embeddings move to the output's vocabulary.
+
+mergekit builds an output vocabulary (the base's, another model's, or the union of all, plus
+`tokenizer.tokens`), and before merging moves every model's embedding rows (embed_tokens,
+lm_head) to the output's token ids: a token a model lacks takes the row of the only model that
+has it, else the base's, else the mean of the models that have it, or what `tokens:` says;
+rows padded past the vocabulary take the mean row. plan_tokenizer computes the vocabulary and
+each model's rows here; jobs.reindex runs the re-indexing. The files are written beside the
+merged weights (local outputs)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.mergekit_tokenizer import AUTO_TEMPLATE, BASE, UNION, TokenizerOptions
+from mergepipe.core.mergekit_tokenizer import (
+    AUTO_TEMPLATE,
+    BASE,
+    MODEL_TOKEN,
+    UNION,
+    TokenizerOptions,
+    TokenSource,
+    TokenSpec,
+)
 from mergepipe.storage.locations import is_url
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -53,18 +68,93 @@ def read_json(path: Path) -> dict[str, object] | None:
 
 
 @dataclass(frozen=True)
+class VocabModel:
+    """One input of the re-indexing: its checkpoint, and for each output token id the row of
+    its embeddings holding that token (-1: it lacks the token)."""
+
+    text: str  # the model as written in the config
+    path: str
+    rows: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Reindex:
+    """The embeddings moved to the output vocabulary (jobs.reindex runs it): `tokens` by
+    output id, padded to `rows` rows; `models` in the order the merge method sums its inputs
+    (the experts as listed, the base where it is listed or else last)."""
+
+    tokens: tuple[str, ...]
+    rows: int
+    models: tuple[VocabModel, ...]
+    base: int  # index of the base in `models`
+    specs: tuple[TokenSpec, ...]  # tokenizer.tokens (model sources as written in the config)
+
+    def record(self) -> dict[str, object]:
+        """What the manifest records of it."""
+        return {"vocabulary": len(self.tokens), "rows": self.rows,
+                "models": [m.text for m in self.models],
+                "tokens_sha256": hashlib.sha256("\n".join(self.tokens).encode()).hexdigest()}
+
+    def document(self) -> dict[str, Any]:
+        return {"tokens": list(self.tokens), "rows": self.rows, "base": self.base,
+                "models": [asdict(m) for m in self.models],
+                "specs": [asdict(s) for s in self.specs]}
+
+    @staticmethod
+    def from_document(doc: Mapping[str, Any]) -> Reindex:
+        return Reindex(tuple(doc["tokens"]), int(doc["rows"]),
+                       tuple(VocabModel(m["text"], m["path"], tuple(m["rows"]))
+                             for m in doc["models"]),
+                       int(doc["base"]),
+                       tuple(TokenSpec(s["name"], TokenSource(**s["source"]), bool(s["force"]))
+                             for s in doc["specs"]))
+
+
+@dataclass(frozen=True)
 class TokenizerPlan:
-    """The output's tokenizer: files copied from `files_from` (None: the base's, as merged) and
-    the chat template written (None: as copied)."""
+    """The output's tokenizer: files copied from `files_from` (None: the base's, as merged),
+    `added` entries appended to its tokenizer.json's added_tokens, the chat template written
+    (None: as copied), and the embeddings' re-indexing (None: they stay as merged)."""
 
     files_from: str | None
     chat_template: str | None
+    added: tuple[Mapping[str, object], ...] = ()
+    reindex: Reindex | None = None
+    options: Mapping[str, object] | None = None  # the config's options, for the manifest
+
+    def document(self) -> dict[str, Any]:
+        """The plan as JSON, recorded with the merge's plan (a replay redoes it)."""
+        return {"files_from": self.files_from, "chat_template": self.chat_template,
+                "added": [dict(a) for a in self.added],
+                "reindex": None if self.reindex is None else self.reindex.document(),
+                "options": dict(self.options or {})}
+
+    @staticmethod
+    def from_document(doc: Mapping[str, Any]) -> TokenizerPlan:
+        reindex = doc.get("reindex")
+        return TokenizerPlan(doc.get("files_from"), doc.get("chat_template"),
+                             tuple(doc.get("added") or ()),
+                             None if reindex is None else Reindex.from_document(reindex),
+                             doc.get("options"))
 
 
-def plan_tokenizer(opts: TokenizerOptions, base: str, paths: Mapping[str, str]
-                   ) -> TokenizerPlan:
+@dataclass(frozen=True)
+class _Tok:
+    """A tokenizer.json's token -> id (vocabulary and added tokens), the added tokens' entries,
+    and the model's embedding rows (config.json vocab_size, else the vocabulary's size)."""
+
+    vocab: dict[str, int]
+    added: dict[str, dict[str, object]]
+    size: int
+
+
+def plan_tokenizer(opts: TokenizerOptions, base: str, paths: Mapping[str, str],
+                   order: Sequence[str] = (), *, reindex: bool = False) -> TokenizerPlan:
     """`base`: the base's checkpoint directory; `paths`: each model as written -> its directory
-    (the base included). Refuses what would re-index the embeddings, naming the option."""
+    (the base included); `order`: the models as the merge method sums them (default: `paths`
+    with the base last). mergekit's output vocabulary and each model's rows in it. Without
+    `reindex` (a caller that cannot run jobs.reindex), options that would move the embeddings
+    are refused, naming the option."""
     template = opts.chat_template
     if template == AUTO_TEMPLATE:
         template = _most_common_template([base, *paths.values()])
@@ -74,18 +164,184 @@ def plan_tokenizer(opts: TokenizerOptions, base: str, paths: Mapping[str, str]
     src = base if source in (BASE, UNION) else paths.get(str(source))
     if src is None:
         raise InvalidRequest(f"{opts.key}: {source!r} is not a local checkpoint", field=opts.key)
-    out = _vocab(src, opts.key)
-    for tok in opts.tokens:
-        if tok not in out:
-            raise InvalidRequest(f"tokenizer.tokens.{tok}: adding a token to the vocabulary (and "
-                                 "a row to the embeddings) is not supported", field=
-                                 f"tokenizer.tokens.{tok}")
-    rows = len(out)
+    base_text = next((t for t, p in paths.items() if p == base), "base_model")
+    named = {**paths, base_text: base}
+    toks = {t: _read(p, opts.key) for t, p in named.items()}
+    base_tok = toks[base_text]
+    if base_tok is None:
+        raise InvalidRequest(f"{opts.key}: {base}/tokenizer.json: missing (the output's "
+                             "vocabulary starts from the base's tokenizer)", field=opts.key)
+    _unstripped(base_text, base_tok, opts.key)
+    out_tok = base_tok if src == base else _need(_read(src, opts.key), src, opts.key)
+    tokens, added = _output_vocab(opts, out_tok, base_tok,
+                                  [k for t, k in toks.items() if k is not None and t != base_text])
+    rows = len(tokens)
     if opts.pad_to_multiple_of and rows % opts.pad_to_multiple_of:
         rows += opts.pad_to_multiple_of - rows % opts.pad_to_multiple_of
-    for model, path in {"base_model": base, **paths}.items():
-        _same_ids(opts, model, path, out, rows)
-    return TokenizerPlan(src, template)
+    names = list(order) or [*(t for t in named if t != base_text), base_text]
+    models = tuple(_rows(t, named[t], toks[t], base_tok, tokens, opts.key) for t in names)
+    specs = tuple(_check_spec(s, toks, models, tokens) for s in opts.tokens)
+    moved: Reindex | None = Reindex(tuple(tokens), rows, models, names.index(base_text), specs)
+    if all(_identity(m, rows) for m in models) and not any(s.force for s in specs):
+        moved = None  # every model already holds the output's tokens at their ids
+    if moved is not None and reindex:
+        _same_rows(opts.key, named, base_text)
+    if moved is not None and not reindex:
+        raise InvalidRequest(f"{opts.key}: {source}: the output vocabulary ({len(tokens)} "
+                             f"tokens, {rows} rows) moves the models' embedding rows; "
+                             "re-indexing the embeddings is supported by merges, not here",
+                             field=opts.key)
+    options = {"source": source, "pad_to_multiple_of": opts.pad_to_multiple_of,
+               "tokens": [{"name": s.name, "source": asdict(s.source), "force": s.force}
+                          for s in opts.tokens]}
+    return TokenizerPlan(src, template, tuple(added), moved, options)
+
+
+def _same_rows(key: str, named: Mapping[str, str], base_text: str) -> None:
+    """The catalog stores experts as deltas of the base's tensors: every model must have the
+    base's number of embedding rows (config.json vocab_size), whatever its vocabulary."""
+    want = _vocab_size(named[base_text])
+    for text, path in named.items():
+        n = _vocab_size(path)
+        if want is not None and n is not None and n != want:
+            raise InvalidRequest(f"{key}: {text} has {n} embedding rows (config.json "
+                                 f"vocab_size), the base {want}; MergePipe stores experts as "
+                                 "deltas of the base's tensors, so merging models whose "
+                                 "embeddings differ in size is not supported", field=key)
+
+
+def _output_vocab(opts: TokenizerOptions, out_tok: _Tok, base: _Tok, others: list[_Tok]
+                  ) -> tuple[list[str], list[dict[str, object]]]:
+    """The output's tokens by id, and the added tokens' entries it appends to `out_tok`."""
+    out = dict(out_tok.vocab)
+    added: list[dict[str, object]] = []
+    if opts.source == UNION:
+        _union(out, added, base, others)
+    for spec in opts.tokens:
+        if spec.name not in out:
+            _append(out, added, _plain(spec.name))
+    return _by_id(out, opts.key), added
+
+
+def _union(out: dict[str, int], added: list[dict[str, object]], base: _Tok,
+           others: list[_Tok]) -> None:
+    """mergekit's union: every model's regular tokens (below its vocab_size) missing from the
+    base, then every model's added tokens (the first settings seen), appended as added tokens.
+    mergekit walks each vocabulary in its hash map's order, which varies between runs; here by
+    id, the base first, then the models as listed: the same tokens, each with the same rows."""
+    plain, specials = _union_tokens([base, *others])
+    for t in plain:
+        if t not in specials and t not in base.vocab:
+            _append(out, added, _plain(t))
+    for t, entry in specials.items():
+        settings = {k: v for k, v in entry.items() if k != "id"}
+        if t not in out:
+            _append(out, added, settings)
+        elif t not in base.added:  # a regular token of the base: now an added token at its id
+            added.append({"id": out[t], **settings})
+
+
+def _union_tokens(toks: list[_Tok]) -> tuple[dict[str, None], dict[str, dict[str, object]]]:
+    """The models' regular tokens, and their added tokens' first entries (below vocab_size)."""
+    plain: dict[str, None] = {}
+    specials: dict[str, dict[str, object]] = {}
+    for tok in toks:
+        for t, i in sorted(tok.vocab.items(), key=lambda kv: kv[1]):
+            if i < tok.size and t not in tok.added:
+                plain.setdefault(t)
+        for t, entry in sorted(tok.added.items(), key=lambda kv: tok.vocab[kv[0]]):
+            if tok.vocab[t] < tok.size:
+                specials.setdefault(t, entry)
+    return plain, specials
+
+
+def _plain(token: str) -> dict[str, object]:
+    """A token added by name (as transformers' add_tokens of a string records it)."""
+    return {"content": token, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": True, "special": False}
+
+
+def _append(out: dict[str, int], added: list[dict[str, object]], entry: dict[str, object]
+            ) -> None:
+    i = len(out)
+    out[str(entry["content"])] = i
+    added.append({"id": i, **entry})
+
+
+def _by_id(vocab: Mapping[str, int], key: str) -> list[str]:
+    tokens = sorted(vocab, key=lambda t: vocab[t])
+    if [vocab[t] for t in tokens] != list(range(len(tokens))):
+        raise InvalidRequest(f"{key}: the output tokenizer's ids are not 0..{len(tokens) - 1} "
+                             "without gaps", field=key)
+    return tokens
+
+
+def _need(tok: _Tok | None, path: str, key: str) -> _Tok:
+    if tok is None:
+        raise InvalidRequest(f"{key}: {path}/tokenizer.json: missing or not JSON (a fast "
+                             "tokenizer is needed)", field=key)
+    return tok
+
+
+def _unstripped(text: str, tok: _Tok, key: str) -> None:
+    """mergekit strips the base's tokens at ids past its vocab_size (BPE only): refused here."""
+    over = sorted((i, t) for t, i in tok.vocab.items() if i >= tok.size)
+    if over:
+        raise InvalidRequest(f"{key}: {text}: token {over[0][1]!r} has id {over[0][0]}, past the "
+                             f"model's {tok.size} embedding rows (config.json vocab_size); a "
+                             "base tokenizer with tokens beyond its embeddings is not supported",
+                             field=key)
+
+
+def _rows(text: str, path: str, tok: _Tok | None, base: _Tok, tokens: Sequence[str],
+          key: str) -> VocabModel:
+    """Each output token's row in the model (a model without a tokenizer has the base's)."""
+    have = tok or _Tok(base.vocab, base.added, _vocab_size(path) or len(base.vocab))
+    rows = []
+    for t in tokens:
+        i = have.vocab.get(t, -1)
+        if i >= have.size:
+            raise InvalidRequest(f"{key}: {text}: token {t!r} has id {i}, past the model's "
+                                 f"{have.size} embedding rows (mergekit fails on it too)",
+                                 field=key)
+        rows.append(i)
+    return VocabModel(text, path, tuple(rows))
+
+
+def _identity(m: VocabModel, rows: int) -> bool:
+    """Whether the model's embeddings already are the output's (its rows in order, as many)."""
+    return (m.rows == tuple(range(len(m.rows))) and rows == len(m.rows)
+            and _vocab_size(m.path) in (None, rows))
+
+
+def _check_spec(spec: TokenSpec, toks: Mapping[str, _Tok | None],
+                models: Sequence[VocabModel], tokens: Sequence[str]) -> TokenSpec:
+    """A tokens: entry whose source is one mergekit can take (what it fails on is refused
+    here, naming the entry): a model of the merge having the token; a model_token source's
+    token as its row (token_id)."""
+    where = f"tokenizer.tokens.{spec.name}"
+    src = spec.source
+    names = [m.text for m in models]
+    if src.model is not None and src.model not in names:
+        field = f"{where}.source.model" if src.kind == MODEL_TOKEN else f"{where}.source"
+        raise InvalidRequest(f"{field}: {src.model!r} is not one of the config's models "
+                             f"({', '.join(names)})", field=field)
+    tid = tokens.index(spec.name)
+    lacking = [m.text for m in models if m.rows[tid] < 0]
+    if src.kind == "default" and (spec.force or lacking):
+        raise InvalidRequest(f"{where}.source: missing; {(lacking or names)[0]} lacks the "
+                             "token's row, so it needs a source (a model, {kind: zero} or "
+                             "{kind: model_token, ...})", field=f"{where}.source")
+    if src.kind == "model" and src.model in lacking:
+        raise InvalidRequest(f"{where}.source: {src.model} has no token {spec.name!r}",
+                             field=f"{where}.source")
+    if src.kind == MODEL_TOKEN and src.token is not None:
+        tok = toks.get(str(src.model))
+        if tok is None or src.token not in tok.vocab:
+            raise InvalidRequest(f"{where}.source.token: {src.model} has no token "
+                                 f"{src.token!r}", field=f"{where}.source.token")
+        spec = replace(spec, source=replace(src, token=None, token_id=tok.vocab[src.token]))
+    return spec
 
 
 def apply_tokenizer(plan: TokenizerPlan, out_dir: Path) -> list[str]:
@@ -98,6 +354,11 @@ def apply_tokenizer(plan: TokenizerPlan, out_dir: Path) -> list[str]:
             if data is not None:
                 (out_dir / name).write_bytes(data)
                 written.append(name)
+    if plan.added:  # the tokens the vocabulary gained, in id order as tokenizers writes them
+        doc = json.loads((out_dir / "tokenizer.json").read_text())
+        doc["added_tokens"] = sorted([*doc.get("added_tokens", []), *map(dict, plan.added)],
+                                     key=lambda e: int(e["id"]))
+        (out_dir / "tokenizer.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False))
     if plan.chat_template is not None and any(
             (out_dir / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
         # transformers (5.x) saves a tokenizer's template as chat_template.jinja
@@ -112,39 +373,17 @@ def apply_tokenizer(plan: TokenizerPlan, out_dir: Path) -> list[str]:
     return sorted(set(written))
 
 
-def _same_ids(opts: TokenizerOptions, model: str, path: str, out: dict[str, int],
-              rows: int) -> None:
-    """mergekit moves each model's embedding rows to the output's token ids: a no-op only when
-    the model has every output token at its id and the output has its number of rows."""
-    key = opts.key
-    if rows != len(out):
-        raise InvalidRequest(f"tokenizer.pad_to_multiple_of: {opts.pad_to_multiple_of} pads the "
-                             f"{len(out)}-token vocabulary to {rows} rows; new embedding rows are "
-                             "not supported", field="tokenizer.pad_to_multiple_of")
-    size = _vocab_size(path)
-    if size is not None and size != rows:
-        raise InvalidRequest(f"{key}: {opts.source}: the output vocabulary has {rows} tokens, "
-                             f"but {model} has {size} embedding rows (config.json vocab_size); "
-                             "resizing the embeddings is not supported", field=key)
-    if not (Path(path) / "tokenizer.json").is_file() and not (
-            Path(path) / "tokenizer.model").is_file():
-        return  # no tokenizer: mergekit assumes the base's
-    have = _vocab(path, key)
-    for tok, i in out.items():
-        if have.get(tok) != i:
-            raise InvalidRequest(
-                f"{key}: {opts.source}: the vocabularies differ ({model} has token {tok!r} at "
-                f"{have.get(tok)}, the output at {i}); re-indexing the embeddings to another "
-                "vocabulary is not supported", field=key)
-
-
-def _vocab(path: str, key: str) -> dict[str, int]:
-    """A tokenizer's token -> id (its model's vocabulary and its added tokens)."""
+def _read(path: str, key: str) -> _Tok | None:
+    """A checkpoint's tokenizer (None: it has no tokenizer.json nor tokenizer.model, and mergekit
+    assumes the base's)."""
     if is_url(path):
         raise InvalidRequest(f"{key}: {path}: tokenizer options read local checkpoints",
                              field=key)
     doc = read_json(Path(path) / "tokenizer.json")
     if doc is None:
+        if not (Path(path) / "tokenizer.json").exists() and not (
+                Path(path) / "tokenizer.model").exists():
+            return None
         raise InvalidRequest(f"{key}: {path}/tokenizer.json: missing or not JSON (a fast "
                              "tokenizer is needed)", field=key)
     model = doc.get("model")
@@ -156,11 +395,13 @@ def _vocab(path: str, key: str) -> dict[str, int]:
         out = {str(k): v for k, v in vocab.items() if isinstance(v, int)}
     else:
         raise InvalidRequest(f"{key}: {path}/tokenizer.json has no vocabulary", field=key)
-    added = doc.get("added_tokens")
-    for t in added if isinstance(added, list) else []:
+    added: dict[str, dict[str, object]] = {}
+    entries = doc.get("added_tokens")
+    for t in entries if isinstance(entries, list) else []:
         if isinstance(t, dict) and isinstance(t.get("id"), int):
             out[str(t.get("content"))] = t["id"]
-    return out
+            added[str(t.get("content"))] = t
+    return _Tok(out, added, _vocab_size(path) or len(out))
 
 
 def _vocab_size(path: str) -> int | None:

@@ -1,0 +1,274 @@
+"""The embeddings moved to the output's vocabulary (mergekit's tokenizer_source / tokenizer:),
+a step of the merge run on its staged output before the manifest.
+
+Each model's embedding tensors (embed_tokens, lm_head: the tensors indexed by token) are read
+whole from its checkpoint, their rows moved to the output's token ids (jobs.tokenizer planned
+which row each model holds), rows a model lacks filled as mergekit fills them, and the merge's
+method run over the moved rows at full read: the moved tensors are written as small checkpoints,
+merged by the same request in a scratch catalog (the same kernels, so mergekit's bytes), and the
+results replace the staged tensors (which may gain rows). The budget of the merge does not apply
+to these tensors: they are read whole, and counted apart (`vocab_bytes_read`)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import xxhash
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.queue import NewIngestJob
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.mergekit_tokenizer import MODEL_TOKEN, ZERO, TokenSpec
+from mergepipe.core.request import Budget, MergeRequest
+from mergepipe.core.vocab import DTYPE_SIZES
+from mergepipe.executor.stream import ExecutionResult, output_hash
+from mergepipe.executor.writer import OutputTensor
+from mergepipe.jobs.tokenizer import Reindex, TokenizerPlan, apply_tokenizer
+from mergepipe.storage.checkpoint import INDEX_FILE, open_checkpoint
+from mergepipe.storage.safetensors_format import torch_dtype
+
+# Tensors indexed by token (their first axis), by the last parts of their names.
+VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight", "wte.weight", "embed_in.weight",
+                 "embed_out.weight", "word_embeddings.weight", "tok_embeddings.weight")
+_TIED_HEAD, _TIED_TO = "lm_head.weight", "embed_tokens.weight"
+
+
+def is_vocab_tensor(name: str) -> bool:
+    return any(name == s or name.endswith("." + s) for s in VOCAB_TENSORS)
+
+
+@dataclass(frozen=True)
+class TokenizerStep:
+    """The merge's last step on its staged output (jobs.merge.Finish): the embeddings
+    re-indexed, the tokenizer files written; returns the manifest's record of both."""
+
+    plan: TokenizerPlan
+    request: MergeRequest
+
+    def __call__(self, stage: Path, result: ExecutionResult) -> dict[str, object]:
+        record = reindex_stage(self.plan, self.request, stage, result)
+        record["files"] = apply_tokenizer(self.plan, stage)
+        return record
+
+    def document(self) -> dict[str, Any]:
+        return self.plan.document()
+
+
+def reindex_stage(plan: TokenizerPlan, request: MergeRequest, stage: Path,
+                  result: ExecutionResult) -> dict[str, object]:
+    """Replace the staged output's vocabulary tensors by the merge of the re-indexed ones
+    (`result` updated to match: shapes, hashes); what the manifest records."""
+    reindex = plan.reindex
+    record: dict[str, object] = {"options": dict(plan.options or {})}
+    if reindex is None:
+        return record
+    staged = {t.name: t for t in result.tensors if is_vocab_tensor(t.name)}
+    dtype = request.params.get("compute_dtype", "float32")  # absent: the default, float32
+    moved: dict[str, list[torch.Tensor]] = {}
+    read = 0
+    for name in staged:
+        inputs = []
+        for m in reindex.models:
+            t = _read_tensor(m.path, name)
+            read += t.numel() * t.element_size()
+            inputs.append(t if dtype == "files" else t.to(getattr(torch, str(dtype))))
+        moved[name] = move_rows(reindex, inputs)
+    merged = _merge(request, reindex, moved, {n: t.dtype for n, t in staged.items()})
+    _splice(stage, result, merged)
+    _set_vocab_size(stage / "config.json", reindex.rows)
+    resized = any(tuple(merged[n].shape) != staged[n].shape for n in merged)
+    return {**record, **reindex.record(), "vocab_bytes_read": read,
+            "tensors": sorted(merged), "resized": resized}
+
+
+def move_rows(plan: Reindex, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each model's tensor with its rows at the output's token ids (`tensors` in the order of
+    plan.models, vocabulary first); padding rows take the mean of the vocabulary's rows."""
+    n, rows = len(plan.tokens), plan.rows
+    shape = tensors[0].shape[1:]
+    dtype = tensors[0].dtype
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    fill = _fills(plan, tensors, dtype)
+    forced = [tid for tid, tok in enumerate(plan.tokens)
+              if any(s.name == tok and s.force for s in plan.specs)]
+    out = []
+    for k, m in enumerate(plan.models):
+        new = torch.zeros((rows, *shape), dtype=dtype)
+        src = torch.tensor(m.rows, dtype=torch.long)
+        keep = src >= 0
+        keep[forced] = False
+        new[:n][keep] = tensors[k][src[keep]].to(dtype)
+        for tid, row in fill.items():
+            if not bool(keep[tid]):
+                new[tid] = row
+        if rows > n:
+            new[n:] = torch.mean(new[:n], dim=0)
+        out.append(new)
+    return out
+
+
+def _fills(plan: Reindex, tensors: Sequence[torch.Tensor], dtype: torch.dtype
+           ) -> dict[int, torch.Tensor]:
+    """The row of each token some model lacks (or `force`d), as mergekit fills it: the
+    `tokens:` source, else the one model having it, else the base's, else the mean of the
+    models having it (summed in order); no model having it: zeros."""
+    models, specs = plan.models, {s.name: s for s in plan.specs}
+    fill: dict[int, torch.Tensor] = {}
+    for tid, tok in enumerate(plan.tokens):
+        have = [m.rows[tid] >= 0 for m in models]
+        spec = specs.get(tok)
+        if not (spec is not None and spec.force) and all(have):
+            continue
+        if spec is not None:
+            fill[tid] = _from_spec(plan, tensors, spec, tid)
+        elif sum(have) == 1 or (any(have) and have[plan.base]):
+            k = have.index(True) if sum(have) == 1 else plan.base
+            fill[tid] = tensors[k][models[k].rows[tid]]
+        elif not any(have):
+            fill[tid] = tensors[0].new_zeros(tensors[0].shape[1:])
+        else:
+            mean = torch.zeros(tensors[0].shape[1:], dtype=dtype)
+            for k, m in enumerate(models):
+                if have[k]:
+                    mean = mean + tensors[k][m.rows[tid]]
+            mean /= sum(have)
+            fill[tid] = mean
+    return fill
+
+
+def _from_spec(plan: Reindex, tensors: Sequence[torch.Tensor], spec: TokenSpec, tid: int
+               ) -> torch.Tensor:
+    """A `tokenizer.tokens` entry's row (plan_tokenizer checked its model and token)."""
+    src, where = spec.source, f"tokenizer.tokens.{spec.name}.source"
+    if src.kind == ZERO:
+        return tensors[0].new_zeros(tensors[0].shape[1:])
+    k = next((i for i, m in enumerate(plan.models) if m.text == src.model), None)
+    if k is None:
+        raise InvalidRequest(f"{where}: give the token's source (a model lacks it)", field=where)
+    m = plan.models[k]
+    if src.kind == MODEL_TOKEN:  # plan_tokenizer turned a token into its row
+        row = src.token_id
+        if row is None or not 0 <= row < tensors[k].shape[0]:
+            raise InvalidRequest(f"{where}: {m.text} has no row {row} (it has "
+                                 f"{tensors[k].shape[0]})", field=where)
+        return tensors[k][row]
+    if m.rows[tid] < 0:
+        raise InvalidRequest(f"{where}: {m.text} has no token {spec.name!r}", field=where)
+    return tensors[k][m.rows[tid]]
+
+
+def _read_tensor(path: str, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    entries = open_checkpoint(path).by_name()
+    entry = entries.get(name)
+    if entry is None and name.endswith(_TIED_HEAD):  # tied: the embeddings serve as lm_head
+        entry = next((e for n, e in entries.items() if n.endswith(_TIED_TO)), None)
+    if entry is None:
+        raise InvalidRequest(f"tokenizer: {path} has no tensor {name!r} to re-index",
+                             field="tokenizer")
+    with safe_open(entry.file, framework="pt") as f:
+        return f.get_tensor(entry.name)
+
+
+def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.Tensor]],
+           out_dtypes: Mapping[str, str]) -> dict[str, torch.Tensor]:
+    """The request's merge of the moved tensors at full read, in a scratch catalog."""
+    from safetensors.torch import save_file
+
+    from mergepipe.jobs.ingest import run_ingestion
+    from mergepipe.jobs.merge import merge
+
+    base_dir = plan.models[plan.base].path
+    config = json.loads((Path(base_dir) / "config.json").read_text()) \
+        if (Path(base_dir) / "config.json").is_file() else {}
+    with tempfile.TemporaryDirectory(prefix="mergepipe-vocab-") as tmp:
+        root = Path(tmp)
+        names = [f"v{k}" for k in range(len(plan.models))]
+        for k, name in enumerate(names):
+            (root / name).mkdir()
+            save_file({t: moved[t][k].contiguous() for t in moved},
+                      str(root / name / "model.safetensors"), metadata={"format": "pt"})
+            (root / name / "config.json").write_text(json.dumps(
+                {**config, "vocab_size": plan.rows}))
+        base = names[plan.base]
+        experts = [n for k, n in enumerate(names) if k != plan.base]
+        cat = Catalog(root / "vocab.duckdb")
+        try:
+            run_ingestion(cat, NewIngestJob(base, "full", str(root / base), None,
+                                            with_stats=False))
+            for n in experts:
+                # with statistics: TIES-family trims read their thresholds from them
+                run_ingestion(cat, NewIngestJob(n, "full", str(root / n), base, force=True))
+            dtypes = set(out_dtypes.values())
+            sub = replace(request, base=base, budget=Budget(fraction=1.0), strategy="scratch",
+                          experts=tuple(replace(e, model=n)  # the experts in their order
+                                        for e, n in zip(request.experts, experts, strict=True)),
+                          output_dtype=dtypes.pop() if len(dtypes) == 1 else None)
+            merge(cat, sub, root / "out", output_name="out")
+        finally:
+            cat.close()
+        from safetensors.torch import load_file
+
+        out: dict[str, torch.Tensor] = {}
+        for f in sorted((root / "out").glob("*.safetensors")):
+            out.update(load_file(str(f)))
+        return {t: out[t] for t in moved}
+
+
+def _splice(stage: Path, result: ExecutionResult, merged: Mapping[str, torch.Tensor]) -> None:
+    """Rewrite the staged files holding the merged tensors; `result` follows."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    by_file: dict[str, list[str]] = {}
+    for t in result.tensors:
+        if t.name in merged:
+            by_file.setdefault(t.file, []).append(t.name)
+    for fname in by_file:
+        with safe_open(str(stage / fname), framework="pt") as f:
+            meta = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        tensors.update({k: merged[k] for k in by_file[fname]})
+        (stage / fname).unlink()
+        save_file(tensors, str(stage / fname), metadata=meta)
+    result.tensors = [_entry(t, merged[t.name]) if t.name in merged else t
+                      for t in result.tensors]
+    result.output_hash = output_hash(result.tensors)
+    for name in merged:
+        result.first_passes.pop(name, None)  # the registration scans them again
+    index = stage / INDEX_FILE
+    if index.is_file():
+        doc = json.loads(index.read_text())
+        doc.setdefault("metadata", {})["total_size"] = sum(
+            _nbytes(t) for t in result.tensors)
+        index.write_text(json.dumps(doc, indent=2))
+
+
+def _entry(t: OutputTensor, value: torch.Tensor) -> OutputTensor:
+    assert torch_dtype(t.dtype) == value.dtype, t.name
+    data = value.contiguous().view(torch.uint8).numpy().tobytes()
+    return OutputTensor(t.name, t.dtype, tuple(value.shape), t.file,
+                        xxhash.xxh3_128(data).hexdigest())
+
+
+def _nbytes(t: OutputTensor) -> int:
+    n = DTYPE_SIZES[t.dtype]
+    for d in t.shape:
+        n *= d
+    return n
+
+
+def _set_vocab_size(path: Path, rows: int) -> None:
+    """config.json's vocab_size: the output's rows (mergekit writes it too)."""
+    if path.is_file():
+        doc = json.loads(path.read_text())
+        doc["vocab_size"] = rows
+        path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -1,0 +1,156 @@
+"""mergekit's tokenizer options that re-index the embeddings (a union of differing
+vocabularies, another model's vocabulary, padding to a multiple, `tokenizer.tokens`) and its
+built-in chat templates, against mergekit 0.1.5 run on a tiny Llama family whose models carry
+differing 64-token tokenizers built here: every token's rows bit-equal, the same tokenizer
+files (tests/tokenizer_parity.check_vocab)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import find_model
+from mergepipe.cli.main import main
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.mergekit_tokenizer import BUNDLED
+from mergepipe.jobs.config import load_config
+from mergepipe.jobs.replay import replay
+from tests import mergekit_parity as mp
+from tests import tokenizer_parity as tk
+from tests.catalogs import new_catalog
+
+# The quick default variant (a padded union with tokens: and a built-in template) runs in
+# tests/test_mergekit_slices.py, in one mergekit run with the slice configs.
+
+
+@pytest.mark.slow
+def test_vocabulary_options_equal_mergekit_all(tmp_path: Path) -> None:
+    """linear, ties and task_arithmetic over each option, and every built-in template."""
+    pytest.importorskip("mergekit")
+    fam = tk.differing_family(tmp_path / "fam")
+    cfgs = tk.vocab_configs(fam, methods=("linear", "ties", "task_arithmetic"),
+                            templates=BUNDLED)
+    mp.run_mergekit(cfgs, tmp_path)
+    tk.check_vocab(cfgs, tmp_path)
+
+
+def _merge(db: str, cfg: dict[str, Any], out: Path, *extra: str) -> dict[str, Any]:
+    (out.parent / f"{out.name}.yml").write_text(yaml.safe_dump(cfg))
+    argv = ["--catalog", db, "merge", str(out.parent / f"{out.name}.yml"), "--out", str(out),
+            "--json", *extra]
+    assert main(argv) == 0
+    return json.loads((out / "manifest.json").read_text())
+
+
+def test_budgeted_merge_reindexes_whole_and_replays(tmp_path: Path) -> None:
+    """At budget 0.4: the other tensors within the budget, the vocabulary tensors read whole
+    and counted apart (4 models x 2 tensors of 64 x 32 bf16); 96 rows, zz appended last; the
+    output a model of its own; replay redoes the re-indexing, every tensor equal."""
+    fam = tk.differing_family(tmp_path / "fam")
+    cfg = tk.vocab_configs(fam)["task_arithmetic-pad"]
+    db = str(new_catalog(tmp_path, "cat"))
+    part = _merge(db, cfg, tmp_path / "part", "--budget", "0.4")
+    got = mp.load_raw(tmp_path / "part")
+    assert [got[k].shape[0] for k in ("model.embed_tokens.weight", "lm_head.weight")] == [96, 96]
+    assert part["tokenizer"]["vocab_bytes_read"] == 4 * 2 * 64 * 32 * 2
+    assert (part["tokenizer"]["vocabulary"], part["tokenizer"]["rows"]) == (89, 96)
+    assert 0 < part["expert_bytes_read"] <= part["budget_bytes"] < part["full_read_bytes"]
+    assert tk.ids(tmp_path / "part")["zz"] == 88
+    cat = Catalog(db)
+    try:
+        row = find_model(cat, "part")
+        assert row is not None and row.base is None
+        result = replay(cat, part["merge_id"])
+        assert result.match and not result.mismatched_tensors
+    finally:
+        cat.close()
+
+
+@pytest.mark.slow
+def test_budgeted_merge_reindexes_at_full_read(tmp_path: Path) -> None:
+    """At budget 0.4 the other tensors follow the budgeted plan while the vocabulary tensors
+    are the full read's, bit for bit."""
+    fam = tk.differing_family(tmp_path / "fam")
+    cfg = tk.vocab_configs(fam)["task_arithmetic-pad"]
+    db = str(new_catalog(tmp_path, "cat"))
+    _merge(db, cfg, tmp_path / "part", "--budget", "0.4")
+    _merge(db, cfg, tmp_path / "full")
+    a, b = mp.load_raw(tmp_path / "part"), mp.load_raw(tmp_path / "full")
+    vocab = ("model.embed_tokens.weight", "lm_head.weight")
+    assert all(torch.equal(a[k], b[k]) for k in vocab)
+    assert any(not torch.equal(a[k], b[k]) for k in a if k not in vocab)
+
+
+def test_embeddings_of_another_size_are_refused_naming_the_option(tmp_path: Path) -> None:
+    """Experts are deltas of the base's tensors: a model with other embedding rows is refused
+    when the config is read, naming the option and the model."""
+    fam = tk.differing_family(tmp_path / "fam")
+    cfg = json.loads((fam["e1"] / "config.json").read_text())
+    (fam["e1"] / "config.json").write_text(json.dumps({**cfg, "vocab_size": 70}))
+    cat = Catalog(new_catalog(tmp_path, "cat"))
+    try:
+        with pytest.raises(InvalidRequest, match=r"^tokenizer_source: .*/e1 has 70 embedding "
+                                                 "rows .*, the base 64"):
+            load_config(cat, yaml.safe_dump({**mp.config("task_arithmetic", fam, None),
+                                             "tokenizer_source": "union"}))
+    finally:
+        cat.close()
+
+
+@pytest.mark.parametrize(("tokenizer", "field", "words"), [
+    ({"source": "union", "tokens": {"zz": {"source": "/nowhere/e9"}}},
+     "tokenizer.tokens.zz.source", "'/nowhere/e9' is not one of the config's models"),
+    ({"source": "union", "tokens": {"zz": {"source": {"kind": "model_token", "model": "E1",
+                                                      "token": "nope"}}}},
+     "tokenizer.tokens.zz.source.token", "has no token 'nope'"),
+    ({"source": "union", "tokens": {"zz": {}}}, "tokenizer.tokens.zz.source",
+     "needs a source"),
+    ({"source": "union", "tokens": {"w50": {"source": "E1"}}}, "tokenizer.tokens.w50.source",
+     "has no token 'w50'"),
+    ({"source": "union", "pad_to_multiple_of": 0}, "tokenizer.pad_to_multiple_of",
+     "must be a positive integer, got 0"),
+])
+def test_bad_tokenizer_input_is_one_error_naming_the_field(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer: dict[str, Any],
+        field: str, words: str) -> None:
+    fam = tk.differing_family(tmp_path / "fam")
+    e1 = str(fam["e1"])
+    text = yaml.safe_dump({**mp.config("task_arithmetic", fam, None), "tokenizer": tokenizer})
+    text = text.replace("E1", e1)
+    db = new_catalog(tmp_path, "cat")
+    cat = Catalog(db)
+    try:
+        with pytest.raises(InvalidRequest) as e:
+            load_config(cat, text)
+        assert e.value.field == field and words in e.value.message, e.value.message
+    finally:
+        cat.close()
+    (tmp_path / "c.yml").write_text(text)
+    assert main(["--catalog", str(db), "merge", str(tmp_path / "c.yml"), "--out",
+                 str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{field}: " in err[0] and words in err[0], err
+
+
+def test_passthrough_refuses_what_would_move_the_embeddings(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Layer stacking copies tensors and runs no re-indexing: a union of differing vocabularies
+    is refused there, naming the option (the same vocabulary is still accepted)."""
+    fam = tk.differing_family(tmp_path / "fam")
+    cfg: dict[str, Any] = {"merge_method": "passthrough", "tokenizer_source": "union",
+                           "slices": [{"sources": [{"model": str(fam[m]), "layer_range": r}]}
+                                      for m, r in (("base", [0, 1]), ("e1", [1, 2]))]}
+    (tmp_path / "p.yml").write_text(yaml.safe_dump(cfg))
+    argv = ["--catalog", str(new_catalog(tmp_path, "cat")), "merge", str(tmp_path / "p.yml"),
+            "--out", str(tmp_path / "out")]
+    assert main(argv) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tokenizer_source: union: the output vocabulary (87 tokens" in err[0]
+    tk.save_tokenizer(fam["e1"], tk.vocab())
+    assert main([*argv, "--json"]) == 0
