@@ -216,6 +216,19 @@ def test_tokenizer_options_are_parsed() -> None:
     assert cfg.tokenizer.chat_template.startswith("{% for message in messages %}{{'<|im_start|>'")
 
 
+
+def test_a_built_in_template_name_without_mergekit_is_refused_naming_the_field(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in templates' texts are mergekit's data, read from an installed mergekit (not
+    shipped with MergePipe): without one, the name is one clear error."""
+    from mergepipe.core import mergekit_tokenizer
+
+    monkeypatch.setattr(mergekit_tokenizer.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(InvalidRequest, match="mergekit's built-in templates") as e:
+        parse_config("merge_method: linear\nmodels: [a, b]\nparameters: {weight: 1}\n"
+                     "chat_template: llama3")
+    assert e.value.field == "chat_template"
+
 def test_parameters_of_the_base_entry_are_ignored_for_task_methods() -> None:
     cfg = parse_config("merge_method: ties\nbase_model: b\nmodels:\n"
                        "  - {model: b, parameters: {weight: 3}}\n  - model: e\n"

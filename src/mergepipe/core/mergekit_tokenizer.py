@@ -1,10 +1,11 @@
 """mergekit's tokenizer options (`tokenizer_source`, `tokenizer:`, `chat_template`), parsed and
-checked; no file access (jobs.tokenizer reads the models' tokenizers and applies them)."""
+checked; no file access but a built-in template's text (jobs.tokenizer reads the models' tokenizers and applies them)."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from mergepipe.core.errors import InvalidRequest
@@ -150,9 +151,20 @@ def _token_source(value: object, key: str) -> TokenSource:
 
 
 def bundled_template(name: str) -> str:
-    """The text of mergekit's built-in chat template `name` (one of BUNDLED)."""
-    return resources.files("mergepipe.core").joinpath(
-        f"chat_templates/{name}.jinja").read_text(encoding="utf-8")
+    """The text of mergekit's built-in chat template `name` (one of BUNDLED), read from the
+    installed mergekit's data files (not imported; its templates are not ours to ship)."""
+    try:
+        spec = importlib.util.find_spec("mergekit")
+    except (ImportError, ValueError):
+        spec = None
+    folder = None if spec is None or spec.origin is None else Path(spec.origin).parent
+    path = None if folder is None else folder / "_data" / "chat_templates" / f"{name}.jinja"
+    if path is None or not path.is_file():
+        raise InvalidRequest(f"chat_template: {name!r} names one of mergekit's built-in templates, "
+                             "read from an installed mergekit (pip install 'mergekit==0.1.5'), "
+                             "which is not installed here; give the template's text instead",
+                             field="chat_template")
+    return path.read_text(encoding="utf-8")
 
 
 def _template(value: object) -> str | None:
