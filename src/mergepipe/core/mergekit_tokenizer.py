@@ -1,5 +1,6 @@
 """mergekit's tokenizer options (`tokenizer_source`, `tokenizer:`, `chat_template`), parsed and
-checked; no file access but a built-in template's text (jobs.tokenizer reads the models' tokenizers and applies them)."""
+checked; no file access but a built-in template's text (jobs.tokenizer reads the models'
+tokenizers and applies them)."""
 
 from __future__ import annotations
 
