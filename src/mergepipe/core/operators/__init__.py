@@ -1,57 +1,66 @@
-"""Merge operators: one module each declaring its OperatorSpec, registered here by name."""
+"""Merge operators by name: each family's module declares its OperatorSpecs, registered here."""
 
 from __future__ import annotations
 
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import (
     arcee_fusion,
     breadcrumbs,
-    breadcrumbs_ties,
-    dare_linear,
-    dare_ties,
+    dare,
     della,
-    della_linear,
-    karcher,
     linear,
     model_stock,
-    multislerp,
     nearswap,
-    nuslerp,
     ram,
-    ramplus_tl,
     sce,
-    slerp,
-    task_arithmetic,
+    spherical,
     ties,
 )
 from mergepipe.core.operators.base import BlockContext, ExpertBlock, Operator
-from mergepipe.core.operators.registry import (
-    REGISTRY,
-    get_operator,
-    mergekit_methods,
-    register,
-    unregister,
-)
 from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 
-register(linear.SPEC)
-register(task_arithmetic.SPEC)
-register(ties.SPEC)
-register(dare_linear.SPEC)
-register(dare_ties.SPEC)
-register(breadcrumbs.SPEC)
-register(breadcrumbs_ties.SPEC)
-register(della.SPEC)
-register(della_linear.SPEC)
-register(slerp.SPEC)
-register(nuslerp.SPEC)
-register(model_stock.SPEC)
-register(multislerp.SPEC)
-register(karcher.SPEC)
-register(nearswap.SPEC)
-register(sce.SPEC)
-register(ram.SPEC)
-register(ramplus_tl.SPEC)
-register(arcee_fusion.SPEC)
+REGISTRY: dict[str, OperatorSpec] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register(spec: OperatorSpec) -> OperatorSpec:
+    """Add an operator (and its aliases); a name already taken is a programming error."""
+    for name in (spec.name, *spec.aliases):
+        if name in REGISTRY or name in _ALIASES:
+            raise ValueError(f"operator name {name!r} is already registered")
+    REGISTRY[spec.name] = spec
+    _ALIASES.update({a: spec.name for a in spec.aliases})
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove an operator and its aliases (tests that register a toy operator)."""
+    spec = REGISTRY.pop(name)
+    for a in spec.aliases:
+        _ALIASES.pop(a, None)
+
+
+def get_operator(name: str) -> OperatorSpec:
+    """The spec of an operator by name or alias (case-insensitive); InvalidRequest otherwise."""
+    key = str(name).strip().lower()
+    spec = REGISTRY.get(_ALIASES.get(key, key))
+    if spec is None:
+        raise InvalidRequest(f"unknown operator {name!r}; choose one of "
+                             f"{', '.join([*REGISTRY, *_ALIASES])}", field="operator")
+    return spec
+
+
+def mergekit_methods() -> dict[str, OperatorSpec]:
+    """mergekit merge_method name -> the operator that implements it."""
+    return {s.mergekit.name: s for s in REGISTRY.values() if s.mergekit is not None}
+
+
+for _spec in (linear.LINEAR, linear.TASK_ARITHMETIC, ties.TIES, dare.DARE_LINEAR, dare.DARE_TIES,
+              breadcrumbs.BREADCRUMBS, breadcrumbs.BREADCRUMBS_TIES, della.DELLA,
+              della.DELLA_LINEAR, spherical.SLERP, spherical.NUSLERP, model_stock.MODEL_STOCK,
+              spherical.MULTISLERP, spherical.KARCHER, nearswap.NEARSWAP, sce.SCE, ram.RAM,
+              ram.RAMPLUS_TL, arcee_fusion.ARCEE_FUSION):
+    register(_spec)
 
 __all__ = ["REGISTRY", "BlockContext", "ExpertBlock", "MergekitMethod", "Operator",
            "OperatorSpec", "Param", "get_operator", "mergekit_methods", "register", "unregister"]

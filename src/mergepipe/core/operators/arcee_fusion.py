@@ -40,7 +40,7 @@ def arcee_fusion(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockConte
     return (b + (x - b) * mask).float()
 
 
-SPEC = OperatorSpec(
+ARCEE_FUSION = OperatorSpec(
     name="arcee_fusion", title="Arcee Fusion",
     formula="M = B + (X - B) [importance >= median + 1.5 IQR], importance = |X - B| "
             "KL(softmax X || softmax B) per row",

@@ -1,5 +1,6 @@
-"""breadcrumbs: drop each expert delta's largest gamma fraction (outliers) and its smallest
-entries, keeping the density fraction in between (the catalog's band thresholds); then a sum."""
+"""breadcrumbs and breadcrumbs_ties: drop each expert delta's largest gamma fraction (outliers) and
+its smallest entries, keeping the density fraction in between (the catalog's band thresholds);
+then a sum or the TIES election."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.operators.gta_native import gta_either
+from mergepipe.core.operators.gta_native import gta_kernel
 from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
 
-    from mergepipe.core.operators.base import BlockContext, ExpertBlock, ReadExpert
+    from mergepipe.core.operators.base import BlockContext, ReadExpert
 
 GAMMA = Param("gamma", float, 0.01, help="fraction of each delta's largest |entries| dropped "
               "as outliers (mergekit's default 0.01)", bounds=(0.0, 1.0))
@@ -74,14 +75,12 @@ def no_rescale(params: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return params
 
 
-def breadcrumbs(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
-                ) -> torch.Tensor:
-    """M = B + lambda * sum_i w_i band(D_i) (normalize divides by sum_i w_i)."""
-    return gta_either(base, experts, ctx, mergekit=band_mask, native=band_native, consensus=False,
-                      normalize_default=False)
+# M = B + lambda * sum_i w_i band(D_i) (normalize divides by sum_i w_i)
+breadcrumbs = gta_kernel(band_mask, band_native, consensus=False, normalize_default=False)
+# M = B + lambda * disjoint_sum_i(w_i band(D_i)) (normalize: disjoint mean)
+breadcrumbs_ties = gta_kernel(band_mask, band_native, consensus=True, normalize_default=False)
 
-
-SPEC = OperatorSpec(
+BREADCRUMBS = OperatorSpec(
     name="breadcrumbs", title="Model Breadcrumbs",
     formula="M = B + lambda * sum_i w_i band(D_i; gamma, density_i)",
     kernel=breadcrumbs, normalize_default=False, additive=True, density=True,
@@ -89,4 +88,14 @@ SPEC = OperatorSpec(
     not_incremental=("the band thresholds are planned with each merge; extending a stored merge "
                      "is not implemented for band operators"),
     mergekit=MergekitMethod("breadcrumbs", params=MERGEKIT_PARAMS, translate=no_rescale),
+)
+BREADCRUMBS_TIES = OperatorSpec(
+    name="breadcrumbs_ties", title="Model Breadcrumbs with TIES",
+    formula="M = B + lambda * disjoint_sum_i(w_i band(D_i; gamma, density_i))",
+    kernel=breadcrumbs_ties, normalize_default=False, additive=False, density=True,
+    params=(GAMMA,), cuts=cuts,
+    default_utility="per_tensor",  # as ties
+    not_incremental=("breadcrumbs_ties elects each entry's sign over all experts together: one "
+                     "expert more can flip signs everywhere"),
+    mergekit=MergekitMethod("breadcrumbs_ties", params=MERGEKIT_PARAMS, translate=no_rescale),
 )

@@ -1,5 +1,5 @@
-"""della: magnitude-ranked keyed drop (probabilities density +- epsilon by rank within each row),
-L1 rescale, then the TIES election and a disjoint mean (mergekit's della_magprune)."""
+"""della and della_linear: magnitude-ranked keyed drop (probabilities density +- epsilon by rank
+within each row, mergekit's della_magprune), L1 rescale, then the TIES election or a sum."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.operators.gta_native import gta_either
+from mergepipe.core.operators.gta_native import gta_kernel
 from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
 
-    from mergepipe.core.operators.base import BlockContext, ExpertBlock, ReadExpert
+    from mergepipe.core.operators.base import BlockContext, ReadExpert
 
 EPSILON = Param("epsilon", float, 0.15, help="spread of the keep probabilities: density - "
                 "epsilon for the smallest |entry| of a row to density + epsilon for the largest")
@@ -80,13 +80,12 @@ def magprune_native(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext, j: in
     return magprune(e, delta, ctx).clone() if e.density >= 1 else magprune(e, delta, ctx)
 
 
-def della(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
-    """M = B + lambda * disjoint_mean_i(w_i magprune(D_i))."""
-    return gta_either(base, experts, ctx, mergekit=magprune, native=magprune_native, consensus=True,
-                      normalize_default=True)
+# M = B + lambda * disjoint_mean_i(w_i magprune(D_i))
+della = gta_kernel(magprune, magprune_native, consensus=True, normalize_default=True)
+# M = B + lambda * sum_i w_i magprune(D_i) (normalize divides by sum_i w_i)
+della_linear = gta_kernel(magprune, magprune_native, consensus=False, normalize_default=False)
 
-
-SPEC = OperatorSpec(
+DELLA = OperatorSpec(
     name="della", title="DELLA",
     formula="M = B + lambda * disjoint_mean_i(w_i magprune(D_i; density_i, epsilon))",
     kernel=della, normalize_default=True, additive=False, density=True,
@@ -98,4 +97,14 @@ SPEC = OperatorSpec(
     not_incremental=("della elects each entry's sign over all experts together: one expert more "
                      "can flip signs everywhere"),
     mergekit=MergekitMethod("della", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
+)
+DELLA_LINEAR = OperatorSpec(
+    name="della_linear", title="DELLA (linear)",
+    formula="M = B + lambda * sum_i w_i magprune(D_i; density_i, epsilon)",
+    kernel=della_linear, normalize_default=False, additive=False, density=True,
+    params=(EPSILON, RESCALE), check=check, min_ndim=1,  # magprune ranks within rows
+    not_incremental=("the per-block L1 rescale and row ranks are computed with each merge; "
+                     "extending a stored merge is not implemented for della"),
+    mergekit=MergekitMethod("della_linear", params=MERGEKIT_PARAMS,
+                            translate=rescale_from_mergekit),
 )

@@ -1,9 +1,5 @@
-"""The float32 (native) form of mergekit's generalized task arithmetic for the newer sparsifiers
-(breadcrumbs, della): sparsify each read delta, weight it, then a TIES election or a plain sum.
-
-Sums run left to right in request order (sparsify.py's fused pieces); an expert whose block was
-not read adds nothing.
-"""
+"""Generalized task arithmetic on float32 blocks: sparsify each read delta, weight it, then a TIES
+election or a plain sum (sums left to right in request order; an unread expert adds nothing)."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ from mergepipe.core.operators.base import read_experts
 if TYPE_CHECKING:
     import torch
 
-    from mergepipe.core.operators.base import BlockContext, ExpertBlock, ReadExpert
+    from mergepipe.core.operators.base import BlockContext, ExpertBlock, Operator, ReadExpert
     from mergepipe.core.operators.mergekit_arith import Sparsify
 
 # sparsify(expert, its float32 delta, ctx, j) -> a new float32 tensor (never e.delta itself)
@@ -39,9 +35,7 @@ def gta(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext, *,
     read = read_experts(experts)
     if not read:
         return base.clone()
-    weighted = []
-    for j, e in enumerate(read):
-        weighted.append(scale_(sparsify(e, e.delta, ctx, j), e.weight))
+    weighted = [scale_(sparsify(e, e.delta, ctx, j), e.weight) for j, e in enumerate(read)]
     out = torch.empty_like(base)
     if consensus:
         divisor = scratch.like("divisor", base) if ctx.normalize(normalize_default) else None
@@ -52,15 +46,19 @@ def gta(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext, *,
     return finish_into(out, base, ctx.lam, total)
 
 
-def gta_either(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext, *,
-               mergekit: Sparsify, native: NativeSparsify, consensus: bool,
-               normalize_default: bool) -> torch.Tensor:
-    """mergekit's arithmetic (mergekit_arith.gta, sparsified by `mergekit`) where the request
-    asks for it, else the float32 form (gta, sparsified by `native`)."""
-    from mergepipe.core.operators import mergekit_arith as mk
+def gta_kernel(mergekit: Sparsify, native: NativeSparsify, *, consensus: bool,
+               normalize_default: bool) -> Operator:
+    """The kernel of a sparsifying operator: mergekit's arithmetic (mergekit_arith.gta,
+    sparsified by `mergekit`) where the request asks for it, else `gta` sparsified by `native`."""
 
-    if mk.uses_mergekit_arith(ctx):
-        return mk.gta(base, experts, ctx, sparsify=mergekit, consensus=consensus,
-                      normalize_default=normalize_default)
-    return gta(base, experts, ctx, sparsify=native, consensus=consensus,
-               normalize_default=normalize_default)
+    def kernel(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
+               ) -> torch.Tensor:
+        from mergepipe.core.operators import mergekit_arith as mk
+
+        if mk.uses_mergekit_arith(ctx):
+            return mk.gta(base, experts, ctx, sparsify=mergekit, consensus=consensus,
+                          normalize_default=normalize_default)
+        return gta(base, experts, ctx, sparsify=native, consensus=consensus,
+                   normalize_default=normalize_default)
+
+    return kernel

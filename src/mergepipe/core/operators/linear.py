@@ -1,4 +1,5 @@
-"""linear (alias avg): M = B + lambda * sum_i alpha_i D_i, alpha_i = w_i / sum_j w_j (normalize)."""
+"""linear (alias avg) and task_arithmetic: M = B + lambda * sum_i w_i D_i, divided by sum_j w_j
+under normalize (linear's default)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,11 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
     from mergepipe.core.operators.base import BlockContext, ExpertBlock
 
 
-def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
-    """Weighted average of the experts' deltas on the base; omitted blocks add nothing.
-
-    The coefficients are fixed by all experts' weights; with renormalize='selected' the
-    divisor is the sum of the weights of the experts read for this block instead.
-    """
-    from mergepipe.core.operators import mergekit_arith as mk
-
-    if mk.uses_mergekit_arith(ctx):
-        return mk.linear(base, experts, ctx)
+def weighted_sum(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext,
+                 normalize_default: bool) -> torch.Tensor:
+    """The float32 sum of the read experts' weighted deltas (omitted blocks add nothing); the
+    divisor is fixed by all experts' weights, or with renormalize='selected' (linear) by those
+    of the experts read for this block."""
     import torch
 
     from mergepipe.core.operators.sparsify import finish_into, weight_total, weighted_sum_into
@@ -34,10 +30,27 @@ def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) ->
     mixed = weighted_sum_into([e.delta for e in read],
                               [e.weight for e in read], torch.empty_like(base))
     divisor = None
-    if ctx.normalize(True):
+    if ctx.normalize(normalize_default):
         selected = ctx.params.get("renormalize", "fixed") == "selected"
         divisor = weight_total([e.weight for e in read] if selected else ctx.all_weights)
     return finish_into(mixed, base, ctx.lam, divisor)
+
+
+def linear(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.linear(base, experts, ctx)
+    return weighted_sum(base, experts, ctx, normalize_default=True)
+
+
+def task_arithmetic(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
+                    ) -> torch.Tensor:
+    from mergepipe.core.operators import mergekit_arith as mk
+
+    if mk.uses_mergekit_arith(ctx):
+        return mk.gta(base, experts, ctx, sparsify=None, consensus=False, normalize_default=False)
+    return weighted_sum(base, experts, ctx, normalize_default=False)
 
 
 def _coefficients(weights: Sequence[float], params: Mapping[str, Any]) -> list[float]:
@@ -56,7 +69,7 @@ def _renormalized(params: Mapping[str, Any]) -> str | None:
     return None
 
 
-SPEC = OperatorSpec(
+LINEAR = OperatorSpec(
     name="linear", title="linear (weighted average)",
     formula="M = B + lambda * sum_i (w_i / sum_j w_j) D_i",
     kernel=linear, normalize_default=True, additive=True,
@@ -68,5 +81,15 @@ SPEC = OperatorSpec(
     mergekit=MergekitMethod("linear", params={"normalize": "normalize"},
                             base_in_average=True),
     bound_exception=_renormalized, coefficients=_coefficients,
+    fused=FusedKernel("linear"),
+)
+TASK_ARITHMETIC = OperatorSpec(
+    name="task_arithmetic", title="task arithmetic",
+    formula="M = B + lambda * sum_i w_i D_i",
+    kernel=task_arithmetic, normalize_default=False, additive=True,
+    default_utility="per_tensor",  # measured: below random plans (docs/FIDELITY.md)
+    not_incremental=None,
+    mergekit=MergekitMethod("task_arithmetic", params={"normalize": "normalize",
+                                                       "lambda": "lambda", "rescale": None}),
     fused=FusedKernel("linear"),
 )

@@ -105,6 +105,12 @@ def linear(base32: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
     return result[0].to(dt).float()
 
 
+def magnitude(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+    """TIES trim: mergekit's own on a whole tensor (whole_tensor_for: `rescale` or off the
+    grid), else the catalog threshold's."""
+    return (whole_magnitude if ctx.whole_tensor else magnitude_mask)(e, delta, ctx)
+
+
 def magnitude_mask(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
     """TIES trim: the catalog threshold's mask (float32 deltas) applied in the compute dtype."""
     from mergepipe.core.operators.sparsify import scratch, trimmed_into

@@ -50,7 +50,7 @@ def model_stock(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContex
     return (t * average + (1 - t) * w_0).reshape(out_shape).float()
 
 
-SPEC = OperatorSpec(
+MODEL_STOCK = OperatorSpec(
     name="model_stock", title="Model Stock",
     formula="M = t mean_i X_i + (1 - t) B, t = k cos / (1 + (k - 1) cos), cos the mean "
             "pairwise cosine of the deltas",

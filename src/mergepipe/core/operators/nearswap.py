@@ -39,7 +39,7 @@ def _translate(p: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return p
 
 
-SPEC = OperatorSpec(
+NEARSWAP = OperatorSpec(
     name="nearswap", title="NearSwap",
     formula="M = w X + (1 - w) B, w = clamp(t / |X - B|, 0, 1) per entry",
     kernel=nearswap, normalize_default=False, additive=False,

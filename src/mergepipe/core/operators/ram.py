@@ -1,5 +1,6 @@
-"""ram: Reinforced Agent Merging: entries one expert changed keep its delta, shared entries
-average the deltas of the experts that changed them (arXiv 2601.13572)."""
+"""ram and ramplus_tl: Reinforced Agent Merging (arXiv 2601.13572): entries one expert changed keep
+its delta, shared entries average the deltas of the experts that changed them; RAM+ scales each
+expert's unique entries up by how much it overlaps the others in the tensor."""
 
 from __future__ import annotations
 
@@ -59,11 +60,51 @@ def check_epsilon(params: Any, densities: Any) -> None:
 
 EPSILON = Param("epsilon", float, 1e-5, help="a delta entry counts as a change above it")
 
-SPEC = OperatorSpec(
+RAM = OperatorSpec(
     name="ram", title="RAM (Reinforced Agent Merging)",
     formula="M = B + sum over experts that changed an entry of D_i / (how many did)",
     kernel=ram, normalize_default=False, additive=False, params=(EPSILON,),
     planning_unit="group", check=check_epsilon,
     not_incremental="RAM divides each entry by how many experts changed it",
     mergekit=MergekitMethod("ram", params={"epsilon": "epsilon"}, weights=False),
+)
+
+
+def ramplus_tl(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
+               ) -> torch.Tensor:
+    """RAM where expert i's unique entries are scaled by 1 + r clamp(rho_i, 0, alpha), rho_i
+    its shared over unique changed entries in the whole tensor, as mergekit 0.1.5 computes it
+    (the scale in float32, so the sum is float32 too)."""
+    b, c = contributions(base, experts, ctx)
+    eps = float(ctx.params.get("epsilon", 1e-5))
+    shared = (c.nonzero & c.overlap).sum(dim=1)
+    unique = (c.nonzero & c.unique).sum(dim=1)
+    rho = shared / unique.clamp(min=eps)
+    lam = 1 + float(ctx.params.get("r", 0.1)) * rho.clamp(min=0,
+                                                          max=float(ctx.params.get("alpha", 0.2)))
+    z = c.deltas * c.nonzero
+    merged = ((z * c.unique * lam.unsqueeze(-1))
+              + (z * c.overlap / c.counts.clamp(min=1))).sum(dim=0, keepdim=True)
+    return (b + merged.reshape_as(b)).float()
+
+
+def _check(params: Any, densities: Any) -> None:
+    check_epsilon(params, densities)
+    for name in ("r", "alpha"):
+        if float(params.get(name, 0.0)) < 0:
+            raise InvalidRequest(f"params.{name} must be >= 0", field=f"params.{name}")
+
+
+RAMPLUS_TL = OperatorSpec(
+    name="ramplus_tl", title="RAM+ (tensor-local)",
+    formula="RAM with expert i's unique entries scaled by 1 + r clamp(shared_i / unique_i, 0, "
+            "alpha) over the tensor",
+    kernel=ramplus_tl, normalize_default=False, additive=False,
+    params=(Param("r", float, 0.1, help="how much overlap scales the unique entries"),
+            Param("alpha", float, 0.2, help="cap of the overlap ratio"), EPSILON),
+    planning_unit="group", check=_check,
+    whole_tensor="each expert's counts of shared and unique changed entries in the tensor",
+    not_incremental="RAM+ scales each expert by its overlap with all the others",
+    mergekit=MergekitMethod("ramplus_tl", params={"r": "r", "alpha": "alpha",
+                                                  "epsilon": "epsilon"}, weights=False),
 )

@@ -69,7 +69,7 @@ def _check(params: Any, densities: Any) -> None:
                              "[0, 1]", field="params.select_topk")
 
 
-SPEC = OperatorSpec(
+SCE = OperatorSpec(
     name="sce", title="SCE (select, calculate, erase)",
     formula="M = B + sum_i w_i m_i D_i / sum_i w_i m_i, w_i ~ mean(D_i^2), m_i the sign "
             "consensus, over the select_topk entries of largest variance",

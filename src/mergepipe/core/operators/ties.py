@@ -6,45 +6,26 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.operators.base import read_experts
+from mergepipe.core.operators.gta_native import gta_kernel
+from mergepipe.core.operators.mergekit_arith import magnitude
 from mergepipe.core.operators.spec import FusedKernel, MergekitMethod, OperatorSpec, Param
 from mergepipe.core.tensor_params import Setting, is_scalar
 
 if TYPE_CHECKING:  # torch loads with the first merge, not with a request's validation
     import torch
 
-    from mergepipe.core.operators.base import BlockContext, ExpertBlock
+    from mergepipe.core.operators.base import BlockContext, ReadExpert
 
 
-def ties(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
-    """TIES-merging; entries tied at the trim threshold are kept by the keyed rule."""
-    from mergepipe.core.operators import mergekit_arith as mk
+def _trimmed(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext, j: int) -> torch.Tensor:
+    """The catalog threshold's trim; entries tied at it are kept by the keyed rule."""
+    from mergepipe.core.operators.sparsify import scratch, trimmed_into
 
-    if mk.uses_mergekit_arith(ctx):
-        # a whole tensor (whole_tensor_for): mergekit's own magnitude trim and L1 rescale
-        trim = mk.whole_magnitude if ctx.whole_tensor else mk.magnitude_mask
-        return mk.gta(base, experts, ctx, sparsify=trim, consensus=True, normalize_default=True)
-    import torch
+    return trimmed_into(delta, e.trim, e.key, ctx.flat_offset, scratch.like(("w", j), delta))
 
-    from mergepipe.core.operators.sparsify import (
-        elect_into,
-        finish_into,
-        scale_,
-        scratch,
-        trimmed_into,
-    )
 
-    read = read_experts(experts)
-    if not read:
-        return base.clone()
-    trimmed = []
-    for j, e in enumerate(read):
-        w = trimmed_into(e.delta, e.trim, e.key, ctx.flat_offset, scratch.like(("w", j), base))
-        trimmed.append(scale_(w, e.weight))
-    out = torch.empty_like(base)
-    divisor = scratch.like("divisor", base) if ctx.normalize(True) else None
-    elect_into(trimmed, [e.weight for e in read], out, divisor)
-    return finish_into(out, base, ctx.lam, divisor)
+# TIES-merging: M = B + lambda * disjoint_mean_i(w_i trim(D_i))
+ties = gta_kernel(magnitude, _trimmed, consensus=True, normalize_default=True)
 
 
 # The catalog keeps each expert tensor's exact TIES trim threshold at every whole percent of
@@ -105,7 +86,7 @@ def _translate(p: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return p
 
 
-SPEC = OperatorSpec(
+TIES = OperatorSpec(
     name="ties", title="TIES",
     formula="M = B + lambda * disjoint_mean_i(w_i trim(D_i, density_i))",
     kernel=ties, normalize_default=True, additive=False, density=True, trim=True,
