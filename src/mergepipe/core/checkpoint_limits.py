@@ -1,12 +1,6 @@
-"""Caps on what a checkpoint may claim: file size, tensors per file, elements per tensor, blocks.
-
-A header or a size answer is a claim, checked against these before anything is built from it,
-so that a lie (one tensor of 2**60 elements in a sparse file, a HEAD answering 2**62 bytes)
-costs a 4xx and constant memory. The defaults are far above any real checkpoint; the settings
-set them (MERGEPIPE_MAX_FILE_BYTES, MERGEPIPE_MAX_TENSORS_PER_FILE,
-MERGEPIPE_MAX_TENSOR_ELEMENTS, MERGEPIPE_MAX_BLOCKS) and `install` makes them the process's
-at start-up, for every store (local, S3, HTTP).
-"""
+"""Caps on what a checkpoint may claim (file size, tensors per file, elements per tensor, blocks),
+checked before anything is built from a header or a size answer, so that a lie costs a 4xx and
+constant memory. The settings set them (MERGEPIPE_MAX_*) and `install` makes them the process's."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The catalog's passes over a block's delta: |delta| from raw bytes and the block's statistics.
-
-Both run in C (mergepipe/core/_fused.c, built by setup.py) when the extension is there, else in
-numpy with the same bits. No torch: ingesting a full or a delta checkpoint never imports it.
-
-Sums, defined so that every machine and both implementations give the same float64 bits (a
-float32 reduction's order depends on the CPU's vector width): entry i of the flat float32
-|delta| a goes to lane i mod 8; lane j's sum is (((0.0 + a[j]) + a[j+8]) + a[j+16]) + ...
-in float64 (each float32 widened exactly), and likewise for the squares (a[i] * a[i] in float64,
-exact: 48 significant bits at most); l1 = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) of
-the lane sums, and the sum of squares the same of theirs.
-"""
+"""The catalog's passes over a block's delta: |delta| from raw bytes and the block's statistics, in
+C (mergepipe/core/_fused.c) or, without the extension, in numpy with the same bits (no torch).
+The sums are the lane sums of docs/catalog.md ("l1"): 8 float64 lanes, combined pairwise."""
 
 from __future__ import annotations
 
@@ -23,7 +14,6 @@ from mergepipe.core.native import CODES
 _fused: Any = native.EXTENSION  # None: numpy serves, same bits
 LANES = 8
 _ROWS = 1 << 15  # lane rows per numpy chunk (1 MiB of float64 per sum)
-HIST_BINS = 1 << 16
 
 
 def available() -> bool:

@@ -1,10 +1,5 @@
-"""Points in a job where a caller may act: the fault tests pause a process there to kill it.
-
-The product calls `hooks().<point>(...)`; the installed object's methods are no-ops unless a
-test installs its own (tests/site_hooks/hold_hooks.py: in its own process with `install`, in
-the processes it starts through a `sitecustomize` on their path). Nothing here reads the
-environment.
-"""
+"""Points in a job where a caller may act: the fault tests pause a process there to kill it. The
+product calls `hooks().<point>(...)`, no-ops unless a test installs its own (tests/site_hooks)."""
 
 from __future__ import annotations
 

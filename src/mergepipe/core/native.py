@@ -1,8 +1,5 @@
-"""The C extension (mergepipe/core/_fused.c, built by setup.py at install) and its dtype codes.
-
-`EXTENSION` is None where it was not built (no C compiler) or MERGEPIPE_NO_FUSED is set (A/B
-benchmarks, triage); its users then fall back to their torch or numpy twins, same bits.
-"""
+"""The C extension (mergepipe/core/_fused.c, built by setup.py at install) and its dtype codes;
+`EXTENSION` is None where it was not built or MERGEPIPE_NO_FUSED is set (same bits in torch)."""
 
 from __future__ import annotations
 

@@ -172,13 +172,6 @@ def request_of(checked: dict[str, Any]) -> MergeRequest:
                         checked["seed"], checked["output_dtype"], **extra)
 
 
-def operator_params(spec: OperatorSpec, params: dict[str, Any]) -> dict[str, Any]:
-    """The request's global parameters checked against the operator's spec, defaults filled in."""
-    from mergepipe.core.schema import operator_params as checked
-
-    return checked(spec, params)
-
-
 def parse_experts(text: str) -> list[ExpertSpec]:
     """'e1,e2:0.5,e3:1:0.7' -> experts with optional weight and density (for the schema to check)."""
     out = []

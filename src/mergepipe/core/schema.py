@@ -7,6 +7,7 @@ each operator's spec. The vocabulary (dtypes, names, kinds, strategies) is core.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -87,39 +88,34 @@ def validate(model: type[M], data: Any, prefix: str = "") -> M:
 
 # -- field types -------------------------------------------------------------------------------
 
-def _name(v: str) -> str:
-    why = name_problem(v)
-    if why is not None:
-        raise ValueError(why)
-    return v
+def _refusing(problem: Callable[[Any], str | None]) -> AfterValidator:
+    """A validator that refuses a value `problem` finds fault with (ValueError: its words)."""
+
+    def check(v: Any) -> Any:
+        why = problem(v)
+        if why is not None:
+            raise ValueError(why)
+        return v
+
+    return AfterValidator(check)
 
 
-def _share(v: float) -> float:
-    why = share_problem(v)
-    if why is not None:
-        raise ValueError(why)
-    return v
-
-
-def _bigint(v: int) -> int:
-    if v > MAX_BUDGET_BYTES:
-        raise ValueError("must be at most 2^63 - 1 (what the catalog holds)")
-    return v
-
-
-Name = Annotated[str, Field(strict=True, description=NAME_RULE), AfterValidator(_name)]
+_share = _refusing(share_problem)
+_bigint = _refusing(lambda v: "must be at most 2^63 - 1 (what the catalog holds)"
+                    if v > MAX_BUDGET_BYTES else None)
+Name = Annotated[str, Field(strict=True, description=NAME_RULE), _refusing(name_problem)]
 # A registered model named by a request: looked up (an unknown name is a 404), never created
 Ref = Annotated[str, Field(strict=True, min_length=1, max_length=256,
                            description="a registered model's name")]
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Weight = Annotated[Finite, Field(ge=-MAX_COEFFICIENT, le=MAX_COEFFICIENT)]
-Density = Annotated[Finite, AfterValidator(_share),
+Density = Annotated[Finite, _share,
                     Field(json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})]
-Fraction = Annotated[Finite, AfterValidator(_share),
+Fraction = Annotated[Finite, _share,
                      Field(description="of the operator's full-read cost",
                            json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})]
 ByteCount = Annotated[int, Field(strict=True, gt=0, description="expert bytes, at most 2^63 - 1"),
-                      AfterValidator(_bigint)]
+                      _bigint]
 Seed = Annotated[int, Field(strict=True, ge=0, lt=2**63)]
 Dtype = Annotated[Literal["F32", "F16", "BF16"], BeforeValidator(dtype_name),
                   Field(description=DTYPE_HELP)]
@@ -133,8 +129,7 @@ Deviation = Annotated[Finite, Field(ge=0, le=1, description=(
 
 
 class In(BaseModel):
-    """A request part: unknown fields are refused. (defer_build saved no measurable time and
-    made FastAPI warn.)"""
+    """A request part: unknown fields are refused."""
 
     model_config = ConfigDict(extra="forbid")
 

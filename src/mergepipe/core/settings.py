@@ -64,42 +64,24 @@ class Settings:
     @staticmethod
     def from_env(env: dict[str, str] | None = None, **overrides: object) -> Settings:
         e = dict(os.environ if env is None else env)
+        numbers = {name: env_number(e, f"MERGEPIPE_{name.upper()}", type(default), default,
+                                    minimum)
+                   for name, minimum in _MINIMUMS.items()
+                   for default in [getattr(Settings, name)]}
         s = Settings(
             catalog=catalog_location(e.get("MERGEPIPE_CATALOG") or DEFAULT_CATALOG),
             data_roots=tuple(Path(p).resolve() for p in
                              (e.get("MERGEPIPE_DATA_ROOTS") or "").split(":") if p),
             remote_roots=tuple((e.get("MERGEPIPE_REMOTE_ROOTS") or "").replace(",", " ").split()),
             output_root=Path(e.get("MERGEPIPE_OUTPUT_ROOT") or "./outputs"),
-            workers=env_number(e, "MERGEPIPE_WORKERS", int, 2, minimum=1),
             api_token=e.get("MERGEPIPE_API_TOKEN") or None,
             read_token=e.get("MERGEPIPE_READ_TOKEN") or None,
             allowed_hosts=tuple(h.lower() for h in (e.get("MERGEPIPE_ALLOWED_HOSTS") or "")
                                 .replace(",", " ").split()) or LOOPBACK_HOSTS,
-            sql_row_limit=env_number(e, "MERGEPIPE_SQL_ROW_LIMIT", int, 10_000, minimum=1),
-            sql_timeout_s=env_number(e, "MERGEPIPE_SQL_TIMEOUT_S", float, 10.0, minimum=0.001),
-            sql_result_bytes=env_number(e, "MERGEPIPE_SQL_RESULT_BYTES", int, 16 << 20, minimum=1),
-            sql_memory_bytes=env_number(e, "MERGEPIPE_SQL_MEMORY_BYTES", int, 512 << 20,
-                                        minimum=64 << 20),
-            sql_threads=env_number(e, "MERGEPIPE_SQL_THREADS", int, 1, minimum=1),
-            sql_slots=env_number(e, "MERGEPIPE_SQL_SLOTS", int, 2, minimum=1),
-            sql_queue=env_number(e, "MERGEPIPE_SQL_QUEUE", int, 16, minimum=0),
-            max_body_bytes=env_number(e, "MERGEPIPE_MAX_BODY_BYTES", int, 1 << 20, minimum=1),
-            shutdown_grace_s=env_number(e, "MERGEPIPE_SHUTDOWN_GRACE_S", float, 30.0, minimum=0),
-            max_queued_jobs=env_number(e, "MERGEPIPE_MAX_QUEUED_JOBS", int, 1000, minimum=1),
-            lease_s=env_number(e, "MERGEPIPE_LEASE_S", float, 30.0, minimum=1.0),
-            job_timeout_s=env_number(e, "MERGEPIPE_JOB_TIMEOUT_S", float, 6 * 3600.0,
-                                     minimum=0.001),
             engine=e.get("MERGEPIPE_ENGINE") or "local",
             ray_address=e.get("MERGEPIPE_RAY_ADDRESS") or None,
             log_format=(e.get("MERGEPIPE_LOG_FORMAT") or "text").lower(),
-            max_file_bytes=env_number(e, "MERGEPIPE_MAX_FILE_BYTES", int,
-                                      CheckpointLimits.max_file_bytes, minimum=8),
-            max_tensors_per_file=env_number(e, "MERGEPIPE_MAX_TENSORS_PER_FILE", int,
-                                            CheckpointLimits.max_tensors_per_file, minimum=1),
-            max_tensor_elements=env_number(e, "MERGEPIPE_MAX_TENSOR_ELEMENTS", int,
-                                           CheckpointLimits.max_tensor_elements, minimum=1),
-            max_blocks=env_number(e, "MERGEPIPE_MAX_BLOCKS", int, CheckpointLimits.max_blocks,
-                                  minimum=1),
+            **numbers,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         if "catalog" in given:  # a command-line option: text
@@ -112,6 +94,16 @@ class Settings:
             raise InvalidRequest(f"MERGEPIPE_LOG_FORMAT={s.log_format!r} is not one of "
                                  f"{', '.join(LOG_FORMATS)}", field="MERGEPIPE_LOG_FORMAT")
         return s
+
+
+# The numeric settings: each read from MERGEPIPE_<NAME> (default: the field's), with its minimum.
+_MINIMUMS: dict[str, float] = {
+    "workers": 1, "sql_row_limit": 1, "sql_timeout_s": 0.001, "sql_result_bytes": 1,
+    "sql_memory_bytes": 64 << 20, "sql_threads": 1, "sql_slots": 1, "sql_queue": 0,
+    "max_body_bytes": 1, "shutdown_grace_s": 0, "max_queued_jobs": 1, "lease_s": 1.0,
+    "job_timeout_s": 0.001, "max_file_bytes": 8, "max_tensors_per_file": 1,
+    "max_tensor_elements": 1, "max_blocks": 1,
+}
 
 
 def env_number(env: dict[str, str], key: str, cast: type[int] | type[float], default: float,

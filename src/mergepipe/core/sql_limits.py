@@ -9,9 +9,7 @@ from mergepipe.core.settings import Settings
 
 @dataclass(frozen=True)
 class SqlLimits:
-    """What one user query may use. Row and byte limits are enforced while rows are fetched;
-    the time limit (counted from arrival, waiting for a slot included) interrupts the query;
-    `slots` queries run at once, `queue` more wait, callers beyond get 429; `memory_bytes`, `threads` and `temp_bytes` bound the database engine's own work."""
+    """What one user query may use (the time limit counts from arrival, the wait included)."""
 
     row_limit: int = 10_000        # more rows: the first row_limit, "truncated": true
     result_bytes: int = 16 << 20   # a result over this many bytes of JSON is refused

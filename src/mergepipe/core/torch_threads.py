@@ -11,12 +11,9 @@ _pinned = False
 
 
 def pin_torch_threads(*, load: bool = False) -> None:
-    """torch's intra-op threads on top of our read, scan and merge threads oversubscribe the
-    cores (block-sized ops run ~10x slower here); set one thread for the rest of the process.
-    Never restored: two jobs in one process would otherwise undo each other's setting.
-
-    Only where torch is imported already (a scan of full or delta checkpoints never imports
-    it), or with `load`, which imports it first (a LoRA scan, whose product is torch's)."""
+    """One intra-op thread for the rest of the process (torch's threads on top of ours run
+    block-sized ops ~10x slower; never restored, or two jobs would undo each other's setting).
+    Only where torch is imported already, or with `load`, which imports it (a LoRA scan)."""
     global _pinned
     if _pinned or not (load or "torch" in sys.modules):
         return

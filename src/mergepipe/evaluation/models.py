@@ -24,11 +24,8 @@ CONFIG_FILE = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
 
-class MissingExtra(InvalidRequest):
+class MissingExtra(InvalidRequest, status=501, code="missing_extra"):
     """The optional dependencies that running a model needs are not installed."""
-
-    status = 501
-    code = "missing_extra"
 
 
 def transformers() -> Any:

@@ -1,17 +1,8 @@
-"""Fused block kernels: linear, task arithmetic and TIES from raw bytes to output bytes in one
-pass (decode, delta, operator, encode over L1-sized tiles), bit-identical to the torch kernels.
-
-Why a small C extension (mergepipe/core/_fused.c, compiled by setup.py when the package is
-installed): the torch kernels make 10-30 passes over a block, and bit-identity needs every float
-operation in torch's order without fused multiply-adds, which C compiled with -ffp-contract=off
-gives exactly. numba would compile at the first merge of every process (or cache in user
-directories) and pins numpy and LLVM versions; fewer torch passes cannot go below one pass per
-operation. Where the extension was not built (no C compiler), `available()` is False and the
-executor keeps the torch kernels: same bytes, slower.
-
-NaN outputs: torch's vector and scalar conversions disagree on NaN bit patterns, so a block
-whose output holds a NaN comes back None and the caller recomputes it with the torch kernels.
-"""
+"""Fused block kernels: linear, task arithmetic and TIES (and DARE's drop before them) from raw bytes
+to output bytes in one C pass, bit-identical to the torch kernels (docs/development.md: why C,
+compiled with -ffp-contract=off). Without the extension `available()` is False and the torch
+kernels serve. A block whose output holds a NaN comes back None (torch's vector and scalar
+conversions disagree on NaN bits) and the torch kernels recompute it."""
 
 from __future__ import annotations
 
@@ -30,7 +21,6 @@ from mergepipe.core.operators.weight_sum import weight_total
 from mergepipe.core.vocab import DTYPE_SIZES
 
 _fused: Any = native.EXTENSION  # None: the torch kernels serve
-
 
 
 def available() -> bool:

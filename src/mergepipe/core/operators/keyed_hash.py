@@ -1,9 +1,6 @@
-"""Counter-based keyed randomness: one uniform per (seed, expert, tensor, flat element index).
-
-u(key, i) = (splitmix64(splitmix64(key) + (i + 1) * golden_gamma) >> 11) / 2**53, a pure
-function of the key and the element's flat index in its tensor: the same value whatever the
-block grid, the order of the blocks, the threads or the budget.
-"""
+"""Counter-based keyed randomness: one uniform per (seed, expert, tensor, flat element index),
+u(key, i) = (splitmix64(splitmix64(key) + (i + 1) * golden_gamma) >> 11) / 2**53, whatever the
+block grid, the block order, the threads or the budget."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ under normalize (linear's default)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.operators.base import read_experts
@@ -53,16 +53,6 @@ def task_arithmetic(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockCo
     return weighted_sum(base, experts, ctx, normalize_default=False)
 
 
-def _coefficients(weights: Sequence[float], params: Mapping[str, Any]) -> list[float]:
-    """alpha_i: lambda * w_i, divided by the weights' sum (the base's own weight included when
-    mergekit's linear averages the base in) under normalize."""
-    lam = float(params.get("lambda", 1.0))
-    if params.get("normalize"):
-        total = sum(weights) + float(params.get("base_weight", 0.0))
-        return [lam * w / total for w in weights]
-    return [lam * w for w in weights]
-
-
 def _renormalized(params: Mapping[str, Any]) -> str | None:
     if params.get("renormalize") == "selected":
         return "no bound: renormalize=selected changes the coefficients with the access set"
@@ -80,7 +70,7 @@ LINEAR = OperatorSpec(
     aliases=("avg", "average"),
     mergekit=MergekitMethod("linear", params={"normalize": "normalize"},
                             base_in_average=True),
-    bound_exception=_renormalized, coefficients=_coefficients,
+    bound_exception=_renormalized,
     fused=FusedKernel("linear"),
 )
 TASK_ARITHMETIC = OperatorSpec(

@@ -1,12 +1,8 @@
-"""Block kernels with mergekit 0.1.5's arithmetic: inputs cast to the compute dtype, then the same
-torch operations in the same dtypes and order as mergekit, on one block.
-
-Every operation mergekit does is elementwise or a sum over the stacked experts, so a block gives
-the bytes the whole tensor gives. The exceptions are the per-tensor choices (the TIES trim, which
-comes from the catalog's threshold, and DARE's draw and L1 rescale, keyed and per block here);
-`whole_magnitude` is mergekit's TIES trim and rescale on a whole tensor (executor.torch_path).
-An expert whose block was not read is an expert equal to the base there (a zero delta).
-"""
+"""Block kernels with mergekit 0.1.5's arithmetic: inputs cast to the compute dtype, then its torch
+operations in its dtypes and order. All are elementwise or sums over the experts, so a block
+gives the whole tensor's bytes, except the per-tensor choices (the TIES trim from the catalog's
+threshold, DARE's keyed per-block draw and L1 rescale; `whole_magnitude` is mergekit's trim on a
+whole tensor, executor.torch_path). An unread expert is an expert equal to the base there (a zero delta)."""
 
 from __future__ import annotations
 

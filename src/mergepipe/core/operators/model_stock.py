@@ -14,13 +14,8 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
 
 def model_stock(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
                 ) -> torch.Tensor:
-    """Model Stock (arXiv 2403.19522) as mergekit 0.1.5 computes it, in the compute dtype.
-
-    cos theta is the mean over expert pairs of the cosine of their deltas (per row with
-    `filter_wise`, else over the whole tensor); t = k cos / (1 + (k - 1) cos), 0 where the
-    denominator vanishes. An expert's unread blocks are the base's there (a zero delta: the
-    angle is the angle of the blocks read).
-    """
+    """Model Stock (arXiv 2403.19522) as mergekit 0.1.5 computes it, in the compute dtype: cos per
+    row with `filter_wise`, t = 0 where its denominator vanishes; unread blocks are the base's."""
     import torch
 
     from mergepipe.core.operators import mergekit_arith as mk

@@ -14,9 +14,7 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
 
 
 def nearswap(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
-    """M = w X + (1 - w) B, w = clamp(t / max(|X - B|, 1e-6), 0, 1) per entry, in the compute
-    dtype as mergekit 0.1.5 computes it: entries closer than t to the base become the expert's,
-    farther ones move toward it by t. An unread block is the expert equal to the base: B."""
+    """mergekit 0.1.5's NearSwap in the compute dtype (an unread block is the base)."""
     from mergepipe.core.operators import mergekit_arith as mk
 
     dt = mk.compute_dtype(ctx)

@@ -16,8 +16,7 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
 
 
 class Contributions(NamedTuple):
-    """Who changed each entry: the deltas (flattened), |delta| > epsilon, how many experts
-    changed the entry, and whether more than one or exactly one did."""
+    """Who changed each entry (|delta| > epsilon) and how many did."""
 
     deltas: torch.Tensor
     nonzero: torch.Tensor
@@ -44,8 +43,7 @@ def contributions(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockCont
 
 
 def ram(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
-    """M = B + sum_i D_i [only i changed it] + sum_i D_i / n [n > 1 experts changed it], per
-    entry: block by block."""
+    """M = B + sum_i D_i / (how many experts changed the entry), block by block."""
     b, c = contributions(base, experts, ctx)
     z = c.deltas * c.nonzero
     merged = ((z * c.unique) + (z * c.overlap / c.counts.clamp(min=1))).sum(dim=0, keepdim=True)
@@ -72,9 +70,7 @@ RAM = OperatorSpec(
 
 def ramplus_tl(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
                ) -> torch.Tensor:
-    """RAM where expert i's unique entries are scaled by 1 + r clamp(rho_i, 0, alpha), rho_i
-    its shared over unique changed entries in the whole tensor, as mergekit 0.1.5 computes it
-    (the scale in float32, so the sum is float32 too)."""
+    """RAM with expert i's unique entries scaled as mergekit 0.1.5 does (in float32)."""
     b, c = contributions(base, experts, ctx)
     eps = float(ctx.params.get("epsilon", 1e-5))
     shared = (c.nonzero & c.overlap).sum(dim=1)

@@ -15,14 +15,8 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
 
 
 def sce(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
-    """mergekit 0.1.5's SCE on a whole tensor, in the compute dtype.
-
-    Select: with select_topk < 1, keep only the int(nonzero * select_topk) entries of largest
-    variance across the experts' deltas. Calculate: each expert's weight is the mean square of
-    its (selected) delta over the sum of them (equal weights when that sum is below 1e-6).
-    Erase: drop the entries whose sign disagrees with the sign of the deltas' sum (0 counts as
-    +). M = B + sum_i w_i m_i D_i / max(sum_i w_i m_i, 1e-6). An unread block is a zero delta.
-    """
+    """mergekit 0.1.5's SCE on a whole tensor, in the compute dtype (an unread block is a zero
+    delta): select by variance, weight by mean square, erase the minority signs (0 counts as +)."""
     import torch
 
     from mergepipe.core.operators import mergekit_arith as mk

@@ -1,16 +1,12 @@
 """Shared pieces of the sparse operators: magnitude trim, random drop + rescale, sign election.
 
 Sums run left to right in request order, so a merged element depends only on its own inputs,
-never on the block's shape (torch's reductions change association with the shape).
-
-The operators use these fused kernels (`trimmed_into`, `dropped_into`, `elect_into`,
-`finish_into`): the same float operations in the same order as the plain reference versions in
-tests/operator_reference.py, written into reused per-thread buffers, with every mask a 0/1 float32 array made by a
-numpy comparison (torch's comparisons to bool, boolean indexing and torch.where are an order of
-magnitude slower than an elementwise float pass here). Entries the trim or the drop removes
-may come out as zeros of either sign; no result depends on that sign (a zero never votes, is
-never kept, and adding it to the +0-initialized sums changes nothing).
-"""
+never on the block's shape. The fused pieces (`*_into`) do the float operations of the plain
+reference versions (tests/operator_reference.py) in the same order, into reused per-thread
+buffers, with masks as 0/1 float32 arrays from numpy comparisons (an order of magnitude faster
+than torch's bool masks here). Removed entries may be zeros of either sign; no result depends on
+that sign (a zero never votes, is never kept, and adding it to the +0-initialized sums changes
+nothing)."""
 
 from __future__ import annotations
 

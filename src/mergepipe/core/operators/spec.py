@@ -28,15 +28,12 @@ class Param:
 
 @dataclass(frozen=True)
 class MergekitMethod:
-    """How a mergekit 0.1.x `merge_method` maps onto the operator.
-
-    `params` maps mergekit's global `parameters:` keys to ours (or to None: accepted and ignored
-    with a note); `translate` turns mergekit values into ours where they differ (e.g. DARE's
-    `rescale: true`), appending a note for the user.
-    """
+    """How a mergekit 0.1.x `merge_method` maps onto the operator."""
 
     name: str
+    # mergekit's global `parameters:` keys -> ours (None: accepted and ignored with a note)
     params: Mapping[str, str | None] = field(default_factory=dict)
+    # mergekit values -> ours where they differ (DARE's `rescale: true`), noting it for the user
     translate: Callable[[dict[str, Any], list[str]], dict[str, Any]] | None = None
     base_in_average: bool = False  # mergekit averages base_model in too (linear)
     weights: bool = True  # the method takes a `weight` per model (slerp, model_stock do not)
@@ -46,10 +43,11 @@ class MergekitMethod:
 
 
 def default_coefficients(weights: Sequence[float], params: Mapping[str, Any]) -> list[float]:
-    """alpha_i, the coefficient applied to D_i: lambda * w_i, divided by sum w with normalize."""
+    """alpha_i, the coefficient applied to D_i: lambda * w_i, divided under normalize by the
+    weights' sum (the base's own weight included when mergekit's linear averages the base in)."""
     lam = float(params.get("lambda", 1.0))
     if params.get("normalize"):
-        total = sum(weights)
+        total = sum(weights) + float(params.get("base_weight", 0.0))
         return [lam * w / total for w in weights]
     return [lam * w for w in weights]
 
@@ -76,11 +74,8 @@ PLANNING_UNITS: dict[str, str | None] = {"expert_block": None, "group": "tensor"
 
 @dataclass(frozen=True)
 class OperatorSpec:
-    """Name, kernel, typed parameters and semantics of one merge operator.
-
-    Validation, planning, the manifest, the model card and the mergekit translation read these
-    fields; no module outside the operator's own names it.
-    """
+    """Name, kernel, typed parameters and semantics of one merge operator: what validation,
+    planning, the manifest, the model card and the mergekit translation read."""
 
     name: str
     title: str        # in model cards: "A {title} merge of ..."

@@ -21,12 +21,8 @@ CHUNK_ELEMENTS = 1024 * 1024  # mergekit's reduction chunks: the same sums in th
 
 
 def slerp(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
-    """Spherical interpolation from the base (t=0) to the one expert (t=1), on a whole tensor.
-
-    The inputs are cast to the compute dtype; the norms, the dot product of the normalized
-    tensors and the interpolation run in float32 (float64 inputs: float64) as in mergekit 0.1.5,
-    the result is rounded to the compute dtype. An expert's unread blocks are the base's there.
-    """
+    """From the base (t=0) to the one expert (t=1); the norms, the dot product and the
+    interpolation run in float32 (float64 inputs: float64) as in mergekit 0.1.5."""
     from mergepipe.core.operators import mergekit_arith as mk
 
     dt = mk.compute_dtype(ctx)
@@ -86,12 +82,8 @@ SLERP = OperatorSpec(
 
 
 def nuslerp(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
-    """M = B + slerp(t, X_0 - B, X_1 - B) with t = w_1 / (w_0 + w_1), on a whole tensor.
-
-    mergekit 0.1.5's operations in the compute dtype: the deltas are normalized per row of the
-    last dimension (`nuslerp_flatten: false`), per column (`nuslerp_row_wise: true`) or over the
-    whole flattened tensor (the default). An expert's unread blocks are the base's there.
-    """
+    """M = B + slerp(w_1 / (w_0 + w_1), X_0 - B, X_1 - B), the deltas normalized per row of the
+    last dimension (`flatten: false`), per column (`row_wise`) or over the whole tensor."""
     from mergepipe.core.operators import mergekit_arith as mk
 
     dt = mk.compute_dtype(ctx)
@@ -149,11 +141,8 @@ NUSLERP = OperatorSpec(
 
 def multislerp(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
                ) -> torch.Tensor:
-    """mergekit 0.1.5's Multi-SLERP on a whole tensor, in the compute dtype: the deltas are
-    projected on the unit sphere, averaged with the weights in the tangent space at their
-    weighted mean, mapped back and scaled by the weighted mean of their norms; M = B + that.
-    One expert: its own tensor. An unread block is a zero delta; where every delta is zero the
-    result is the base (mergekit refuses a zero mean of three or more)."""
+    """mergekit 0.1.5's Multi-SLERP of the deltas (one expert: its own tensor); where every delta
+    is zero the result is the base (mergekit refuses a zero mean of three or more)."""
     import torch
 
     from mergepipe.core.operators import mergekit_arith as mk
@@ -210,11 +199,8 @@ MULTISLERP = OperatorSpec(
 
 
 def karcher(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> torch.Tensor:
-    """mergekit 0.1.5's Karcher mean of the tensors (not deltas) of the experts and then the
-    base (mergekit counts base_model as one more point), equal weights, on a whole tensor: the
-    directions are averaged by at most max_iter Riemannian gradient steps (stopping below tol),
-    the result scaled by the mean norm. An unread block is the expert equal to the base there.
-    """
+    """mergekit 0.1.5's Karcher mean of the experts' tensors (not deltas) and then the base
+    (mergekit counts base_model as one more point), with equal weights."""
     from mergepipe.core.operators import mergekit_arith as mk
 
     dt = mk.compute_dtype(ctx)
