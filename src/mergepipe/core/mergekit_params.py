@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,10 +12,11 @@ from mergepipe.core.tensor_params import (
     TENSOR_PARAMS,
     canonical,
     is_scalar,
+    number,
     numbers,
     representative,
 )
-from mergepipe.core.vocab import DTYPE_NAMES, HF_DTYPE_NAMES, share_problem
+from mergepipe.core.vocab import HF_DTYPE_NAMES, dtype_name, share_problem
 
 # mergekit methods no registered operator implements, and why each is refused.
 REFUSED_METHODS = {
@@ -81,19 +81,18 @@ def check_params(params: Mapping[str, Any], allowed: set[str], where: str,
                                      f"not {name}; give a single value", field=key)
             kept[name] = setting = canonical(value, key)
             for v in numbers(setting):
-                _check_number(name, v, key, spec)
+                _check_number(name, v, key)
             continue
         if name in _NUMBER_PARAMS:
-            _check_number(name, value, key, spec)
+            _check_number(name, value, key)
         if name in ("normalize", "int8_mask") and not isinstance(value, bool):
             raise InvalidRequest(f"{key}: must be true or false, got {value!r}", field=key)
         kept[name] = value
     return kept
 
 
-def _check_number(name: str, value: object, key: str, spec: OperatorSpec) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequest(f"{key}: must be a finite number, got {value!r}", field=key)
+def _check_number(name: str, value: object, key: str) -> None:
+    value = number(value, key)
     why = share_problem(value) if name == "density" else None
     if why is not None:  # here too, for per-tensor values: the pure parse refuses them
         raise InvalidRequest(f"{key}: {why} (the fraction of each delta kept)", field=key)
@@ -158,11 +157,11 @@ def dtypes(doc: Mapping[str, Any], notes: list[str]) -> tuple[str, str | None]:
         names[key] = None
         if value is None:
             continue
-        name = str(value).removeprefix("torch.")
-        if name not in DTYPE_NAMES:
+        try:
+            names[key] = dtype_name(str(value))
+        except ValueError:
             raise InvalidRequest(f"{key}: {value!r} is not supported (float32, float16 or "
-                                 "bfloat16)", field=key)
-        names[key] = DTYPE_NAMES[name]
+                                 "bfloat16)", field=key) from None
     compute = HF_DTYPE_NAMES[names["dtype"]] if names["dtype"] else "files"
     notes.append(f"the arithmetic runs in {compute if names['dtype'] else 'the files dtype'}, "
                  "operation by operation as in mergekit")

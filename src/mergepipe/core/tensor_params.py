@@ -32,8 +32,8 @@ def canonical(value: object, key: str) -> Setting:
                                  "or filtered values [{filter: ..., value: ...}]", field=key)
         if all(isinstance(v, dict) for v in value):
             return [_conditional(v, f"{key}[{i}]") for i, v in enumerate(value)]
-        return [_number(v, f"{key}[{i}]") for i, v in enumerate(value)]
-    return _number(value, key)
+        return [number(v, f"{key}[{i}]") for i, v in enumerate(value)]
+    return number(value, key)
 
 
 def _conditional(d: dict[Any, Any], key: str) -> dict[str, Any]:
@@ -50,13 +50,13 @@ def _conditional(d: dict[Any, Any], key: str) -> dict[str, Any]:
     if isinstance(v, list):
         if not v:
             raise InvalidRequest(f"{key}.value: an empty gradient", field=f"{key}.value")
-        value: Any = [_number(x, f"{key}.value[{i}]") for i, x in enumerate(v)]
+        value: Any = [number(x, f"{key}.value[{i}]") for i, x in enumerate(v)]
     else:
-        value = _number(v, f"{key}.value")
+        value = number(v, f"{key}.value")
     return {"filter": f, "value": value}
 
 
-def _number(v: object, key: str) -> float:
+def number(v: object, key: str) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
         raise InvalidRequest(f"{key}: must be a finite number, got {v!r}", field=key)
     return float(v)

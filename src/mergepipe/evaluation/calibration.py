@@ -1,14 +1,6 @@
-"""`mergepipe calibrate`: run a registered base on a calibration text and store, per linear
-weight, the RMS of each input channel (catalog.calibrations), for utility=activation plans.
-
-The model runs on CPU with transformers (the optional `eval` extra; evaluation.models loads it), one
-chunk of tokens at a time, with a forward hook on every nn.Linear that adds the squares of its
-inputs per channel (float64) and counts the tokens. A second pass estimates the diagonal of
-the empirical Fisher information of every parameter (the mean over short examples of the
-squared gradient of their language-modelling loss), kept per block of the base's grid and
-channel group (catalog.col_groups), for utility=fisher. Memory: the model's weights, their
-gradients and the Fisher sums in float32, plus one chunk's activations; nothing per token is
-kept. docs/catalog.md#calibrations."""
+"""`mergepipe calibrate`: run a registered base on a calibration text (CPU, transformers) and store
+per linear weight the RMS of each input channel (utility=activation) and, per block and channel
+group, the diagonal of the empirical Fisher information (utility=fisher); docs/catalog.md#calibrations."""
 
 from __future__ import annotations
 
@@ -142,8 +134,7 @@ def calibrate(cat: Catalog, base: str, text: str, tokens: int = DEFAULT_TOKENS
                              "tensor of the checkpoint by name and shape", field="base")
     squares = [v * v for c in vectors for v in c.rms]
     fallback = math.sqrt(math.fsum(squares) / len(squares))
-    fisher = fisher_blocks(measured.fisher, {t.name: t.shape for t in model_tensors(cat, row.name)},
-                           model_blocks(cat, row.name))
+    fisher = fisher_blocks(measured.fisher, shapes, model_blocks(cat, row.name))
     fallback_fisher = (math.fsum(float(f.sum()) for f in measured.fisher.values())
                        / max(1, sum(f.size for f in measured.fisher.values())))
     digest = hashlib.sha256(text.encode()).hexdigest()

@@ -1,11 +1,5 @@
-"""Teacher-forced comparison of two registered models on a text: KL(A || B) per token and each
-model's perplexity (docs/deviation.md#compare-two-models).
-
-Both models read the same token ids (one tokenizer) in windows of at most their context
-length; at every position that has a next token, A's and B's next-token distributions give
-  KL(A || B) = sum over the vocabulary of p_A (log p_A - log p_B),
-and the next token's negative log-likelihood under each. The report is the mean over
-positions: the KL, and exp(mean NLL), the perplexity. Sums run in float64."""
+"""Teacher-forced comparison of two registered models on a text: the mean KL(A || B) per token and
+each model's perplexity, in float64 (docs/deviation.md#compare-two-models)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""A registered model as a transformers causal LM and its tokenizer, from its catalog files.
-
-The architecture comes from `config.json` beside the weights (merge outputs copy the base's),
-the weights from the model's safetensors files (float32 on the CPU), the tokenizer from the
-tokenizer files beside them. Only local full checkpoints run: an adapter or a delta is not a
-model by itself, and a remote one would be downloaded whole."""
+"""A registered model as a transformers causal LM (float32, CPU) and its tokenizer, from the files
+beside its weights; only local full checkpoints run (an adapter or a delta is not a model)."""
 
 from __future__ import annotations
 

@@ -3,19 +3,7 @@
 from __future__ import annotations
 
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.operators import (
-    arcee_fusion,
-    breadcrumbs,
-    dare,
-    della,
-    linear,
-    model_stock,
-    nearswap,
-    ram,
-    sce,
-    spherical,
-    ties,
-)
+from mergepipe.core.operators import breadcrumbs, dare, della, entrywise, linear, spherical, ties
 from mergepipe.core.operators.base import BlockContext, ExpertBlock, Operator
 from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 
@@ -57,9 +45,9 @@ def mergekit_methods() -> dict[str, OperatorSpec]:
 
 for _spec in (linear.LINEAR, linear.TASK_ARITHMETIC, ties.TIES, dare.DARE_LINEAR, dare.DARE_TIES,
               breadcrumbs.BREADCRUMBS, breadcrumbs.BREADCRUMBS_TIES, della.DELLA,
-              della.DELLA_LINEAR, spherical.SLERP, spherical.NUSLERP, model_stock.MODEL_STOCK,
-              spherical.MULTISLERP, spherical.KARCHER, nearswap.NEARSWAP, sce.SCE, ram.RAM,
-              ram.RAMPLUS_TL, arcee_fusion.ARCEE_FUSION):
+              della.DELLA_LINEAR, spherical.SLERP, spherical.NUSLERP, spherical.MODEL_STOCK,
+              spherical.MULTISLERP, spherical.KARCHER, entrywise.NEARSWAP, entrywise.SCE,
+              entrywise.RAM, entrywise.RAMPLUS_TL, entrywise.ARCEE_FUSION):
     register(_spec)
 
 __all__ = ["REGISTRY", "BlockContext", "ExpertBlock", "MergekitMethod", "Operator",
