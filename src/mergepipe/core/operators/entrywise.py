@@ -50,19 +50,14 @@ def ram(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) -> to
     return (b + merged.reshape_as(b)).float()
 
 
-def check_epsilon(params: Any, densities: Any) -> None:
-    if float(params.get("epsilon", 1e-5)) < 0:
-        raise InvalidRequest("params.epsilon: the change threshold must be >= 0",
-                             field="params.epsilon")
-
-
-EPSILON = Param("epsilon", float, 1e-5, help="a delta entry counts as a change above it")
+EPSILON = Param("epsilon", float, 1e-5, help="a delta entry counts as a change above it",
+                bounds=(0.0, None))
 
 RAM = OperatorSpec(
     name="ram", title="RAM (Reinforced Agent Merging)",
     formula="M = B + sum over experts that changed an entry of D_i / (how many did)",
     kernel=ram, normalize_default=False, additive=False, params=(EPSILON,),
-    planning_unit="group", check=check_epsilon,
+    planning_unit="group",
     not_incremental="RAM divides each entry by how many experts changed it",
     mergekit=MergekitMethod("ram", params={"epsilon": "epsilon"}, weights=False),
 )
@@ -84,21 +79,16 @@ def ramplus_tl(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext
     return (b + merged.reshape_as(b)).float()
 
 
-def _check_ramplus(params: Any, densities: Any) -> None:
-    check_epsilon(params, densities)
-    for name in ("r", "alpha"):
-        if float(params.get(name, 0.0)) < 0:
-            raise InvalidRequest(f"params.{name} must be >= 0", field=f"params.{name}")
-
-
 RAMPLUS_TL = OperatorSpec(
     name="ramplus_tl", title="RAM+ (tensor-local)",
     formula="RAM with expert i's unique entries scaled by 1 + r clamp(shared_i / unique_i, 0, "
             "alpha) over the tensor",
     kernel=ramplus_tl, normalize_default=False, additive=False,
-    params=(Param("r", float, 0.1, help="how much overlap scales the unique entries"),
-            Param("alpha", float, 0.2, help="cap of the overlap ratio"), EPSILON),
-    planning_unit="group", check=_check_ramplus,
+    params=(Param("r", float, 0.1, help="how much overlap scales the unique entries",
+                  bounds=(0.0, None)),
+            Param("alpha", float, 0.2, help="cap of the overlap ratio", bounds=(0.0, None)),
+            EPSILON),
+    planning_unit="group",
     whole_tensor="each expert's counts of shared and unique changed entries in the tensor",
     not_incremental="RAM+ scales each expert by its overlap with all the others",
     mergekit=MergekitMethod("ramplus_tl", params={"r": "r", "alpha": "alpha",
@@ -115,12 +105,6 @@ def nearswap(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) 
     return (weight * b + (1 - weight) * a).float()
 
 
-def _check_t(params: Any, densities: Any) -> None:
-    if float(params["t"]) < 0:
-        raise InvalidRequest("params.t: nearswap's distance threshold t must be >= 0",
-                             field="params.t")
-
-
 def _require_t(p: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     if "t" not in p:
         raise InvalidRequest("parameters.t: missing; mergekit's nearswap requires the distance "
@@ -133,8 +117,8 @@ NEARSWAP = OperatorSpec(
     formula="M = w X + (1 - w) B, w = clamp(t / |X - B|, 0, 1) per entry",
     kernel=nearswap, normalize_default=False, additive=False,
     params=(Param("t", float, 0.001, help="distance below which the expert's value is taken "
-                  "as is; farther entries move toward the expert by t"),),
-    experts_count=(1, 1), check=_check_t,
+                  "as is; farther entries move toward the expert by t", bounds=(0.0, None)),),
+    experts_count=(1, 1),
     not_incremental="nearswap's weight depends on the expert's distance to the base per entry",
     mergekit=MergekitMethod("nearswap", params={"t": "t"}, weights=False, translate=_require_t),
 )
@@ -219,22 +203,16 @@ def _select(tvs: torch.Tensor, density: float) -> torch.Tensor:
     return mask
 
 
-def _check_topk(params: Any, densities: Any) -> None:
-    if not 0 <= float(params.get("select_topk", 1.0)) <= 1:
-        raise InvalidRequest("params.select_topk: the share of entries SCE keeps must be in "
-                             "[0, 1]", field="params.select_topk")
-
-
 SCE = OperatorSpec(
     name="sce", title="SCE (select, calculate, erase)",
     formula="M = B + sum_i w_i m_i D_i / sum_i w_i m_i, w_i ~ mean(D_i^2), m_i the sign "
             "consensus, over the select_topk entries of largest variance",
     kernel=sce, normalize_default=False, additive=False,
     params=(Param("select_topk", float, 1.0, help="share of the entries of largest variance "
-                  "across the experts kept (1: all)"),
+                  "across the experts kept (1: all)", bounds=(0.0, 1.0)),
             Param("int8_mask", bool, False, optional=True,
                   help="mergekit's mask storage; the result is the same")),
-    planning_unit="group", check=_check_topk,
+    planning_unit="group",
     whole_tensor="each expert's mean square delta and, with select_topk < 1, the variance "
                  "ranking of every entry",
     not_incremental="SCE weights every expert by its share of all experts' mean squares",

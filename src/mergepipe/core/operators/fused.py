@@ -17,10 +17,18 @@ from mergepipe.core.native import CODES
 from mergepipe.core.operators.base import BlockContext, Trim
 from mergepipe.core.operators.keyed_hash import _BITS, _start, _threshold
 from mergepipe.core.operators.spec import OperatorSpec
-from mergepipe.core.operators.weight_sum import weight_total
 from mergepipe.core.vocab import DTYPE_SIZES
 
 _fused: Any = native.EXTENSION  # None: the torch kernels serve
+
+
+def weight_total(weights: Sequence[float]) -> np.float32:
+    """The divisor of the normalized operators, the fused and the torch kernels' alike: the
+    weights' sum in float32, left to right, with mergekit's guard (|sum| < 1e-8 -> 1)."""
+    total = np.float32(weights[0])
+    for w in weights[1:]:
+        total = np.float32(total + np.float32(w))
+    return total if abs(total) >= np.float32(1e-8) else np.float32(1.0)
 
 
 def available() -> bool:

@@ -39,10 +39,8 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 def _bits(key: int, index: np.ndarray) -> np.ndarray:
     """The 53 random bits of each flat index (uint64 array, consumed in place)."""
-    stream = _mix(np.array([key & _MASK64], dtype=np.uint64))[0]  # decorrelate nearby keys
-    index += np.uint64(1)
     index *= _GAMMA
-    index += stream
+    index += np.uint64(_start(key, 0))
     return _mix(index) >> np.uint64(64 - _BITS)
 
 
@@ -85,12 +83,7 @@ def below_at(key: int, flat_index: torch.Tensor, p: float) -> torch.Tensor:
         raise ValueError("flat indexes must be >= 0")
     import torch
 
-    return torch.from_numpy(below_at_np(key, flat_index.numpy().astype(np.uint64), p))
-
-
-def below_at_np(key: int, flat_index: np.ndarray, p: float) -> np.ndarray:
-    """below_at on a uint64 numpy array of flat indexes (consumed in place)."""
-    return _bits(key, flat_index) < _threshold(p)
+    return torch.from_numpy(_bits(key, flat_index.numpy().astype(np.uint64)) < _threshold(p))
 
 
 def not_below_at(key: int, flat_offset: int, index: np.ndarray, p: float) -> np.ndarray:
@@ -140,12 +133,9 @@ _words = _Words()
 
 
 def below_into(key: int, flat_offset: int, out: np.ndarray, p: float) -> np.ndarray:
-    """`out` (a flat float32 array) = 1.0 where uniform(key, flat_offset + i) < p, else 0.0.
-
-    The same draws as `below`, computed without temporaries: (offset + i + 1) * gamma + stream
-    is the shared ramp i * gamma plus one constant, the finalizer runs in place, and
-    bits >> 11 < T is compared as the 64-bit word < T << 11.
-    """
+    """`out` (a flat float32 array) = 1.0 where uniform(key, flat_offset + i) < p, else 0.0: the
+    draws of `below` without temporaries (the shared ramp i * gamma plus one constant, the
+    finalizer in place, bits >> 11 < T compared as the 64-bit word < T << 11)."""
     n = out.size
     if flat_offset < 0:
         raise ValueError(f"flat_offset {flat_offset} must be >= 0")
@@ -167,7 +157,7 @@ def below_into(key: int, flat_offset: int, out: np.ndarray, p: float) -> np.ndar
 
 def _start(key: int, flat_offset: int) -> int:
     """(flat_offset + 1) * gamma + stream (mod 2**64): the counter of index 0 of a block."""
-    stream = int(_mix(np.array([key & _MASK64], dtype=np.uint64))[0])
+    stream = int(_mix(np.array([key & _MASK64], dtype=np.uint64))[0])  # decorrelates near keys
     return ((flat_offset + 1) * int(_GAMMA) + stream) & _MASK64
 
 

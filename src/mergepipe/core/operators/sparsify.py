@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mergepipe.core.operators import weight_sum
+from mergepipe.core.operators import fused
 from mergepipe.core.operators.base import Trim
 from mergepipe.core.operators.dare import RESCALES
 from mergepipe.core.operators.keyed_hash import below_into, not_below_at
@@ -34,7 +34,7 @@ def ordered_sum(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def weight_total(weights: Sequence[float]) -> torch.Tensor:
     """Sum of weights in float32, left to right; |sum| < 1e-8 -> 1 (mergekit's guard)."""
-    return torch.tensor(weight_sum.weight_total(weights), dtype=torch.float32)
+    return torch.tensor(fused.weight_total(weights), dtype=torch.float32)
 
 
 class _Scratch(threading.local):

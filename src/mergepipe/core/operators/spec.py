@@ -23,7 +23,7 @@ class Param:
     choices: tuple[str, ...] = ()  # for str parameters: the allowed values
     help: str = ""
     optional: bool = False  # kept in a request only when not the default (plan hashes stay)
-    bounds: tuple[float, float] | None = None  # for float parameters: [low, high]
+    bounds: tuple[float | None, float | None] | None = None  # float parameters: [low, high]
 
 
 @dataclass(frozen=True)
