@@ -143,6 +143,10 @@ def request_params(spec: OperatorSpec, g: Mapping[str, Any], notes: list[str]
         p["density"] = float(g["density"])  # per-tensor densities: in each expert's chain
     if "lambda" in p:
         p["lambda"] = float(p["lambda"])
+    for name, what in spec.mergekit.required.items():
+        if name not in p:
+            raise InvalidRequest(f"parameters.{name}: missing; mergekit's {spec.mergekit.name} "
+                                 f"requires {what}", field=f"parameters.{name}")
     if spec.mergekit.translate is not None:
         p = spec.mergekit.translate(p, notes)
     return p

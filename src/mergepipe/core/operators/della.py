@@ -51,7 +51,7 @@ def magprune(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.Ten
     import torch
 
     from mergepipe.core.operators.keyed_hash import uniform
-    from mergepipe.core.operators.sparsify import L1_EPS
+    from mergepipe.core.operators.mergekit_arith import l1_rescaled
 
     d = e.density
     if d >= 1:
@@ -69,9 +69,7 @@ def magprune(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.Ten
     x = t.to(work)
     masked = x * mask
     if str(ctx.params.get("rescale", "l1")) == "l1":
-        before, after = x.abs().sum(), masked.abs().sum()
-        if not (before < L1_EPS or after < L1_EPS):
-            masked = masked * (before / after)
+        masked = l1_rescaled(x, masked)
     return masked.to(delta.dtype).reshape(delta.shape)
 
 

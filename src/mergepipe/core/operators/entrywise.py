@@ -6,9 +6,8 @@ expert equal to the base there (a zero delta)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import mergekit_arith as mk
 from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 
@@ -105,13 +104,6 @@ def nearswap(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext) 
     return (weight * b + (1 - weight) * a).float()
 
 
-def _require_t(p: dict[str, Any], notes: list[str]) -> dict[str, Any]:
-    if "t" not in p:
-        raise InvalidRequest("parameters.t: missing; mergekit's nearswap requires the distance "
-                             "threshold t", field="parameters.t")
-    return p
-
-
 NEARSWAP = OperatorSpec(
     name="nearswap", title="NearSwap",
     formula="M = w X + (1 - w) B, w = clamp(t / |X - B|, 0, 1) per entry",
@@ -120,7 +112,8 @@ NEARSWAP = OperatorSpec(
                   "as is; farther entries move toward the expert by t", bounds=(0.0, None)),),
     experts_count=(1, 1),
     not_incremental="nearswap's weight depends on the expert's distance to the base per entry",
-    mergekit=MergekitMethod("nearswap", params={"t": "t"}, weights=False, translate=_require_t),
+    mergekit=MergekitMethod("nearswap", params={"t": "t"}, weights=False,
+                            required={"t": "the distance threshold t"}),
 )
 
 

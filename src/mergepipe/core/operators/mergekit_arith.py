@@ -126,7 +126,6 @@ def whole_magnitude(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> to
     import torch
 
     from mergepipe.core.operators.keyed_hash import bits_at
-    from mergepipe.core.operators.sparsify import L1_EPS
 
     n = delta.numel()
     if e.density >= 1:
@@ -145,12 +144,16 @@ def whole_magnitude(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> to
         order = np.argsort(bits_at(e.key, tied.numpy()), kind="stable")[:need]
         keep[tied[torch.from_numpy(order)]] = True
     masked = delta * keep.reshape(delta.shape).to(delta.dtype)
-    if ctx.params.get("rescale", "none") != "l1":
-        return masked
-    before, after = delta.abs().sum(), masked.abs().sum()
-    if before < L1_EPS or after < L1_EPS:
-        return masked
-    return masked * (before / after)
+    return l1_rescaled(delta, masked) if ctx.params.get("rescale", "none") == "l1" else masked
+
+
+def l1_rescaled(x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """mergekit's rescaled_masked_tensor: `masked` scaled to x's L1 norm (norms below L1_EPS:
+    unscaled)."""
+    from mergepipe.core.operators.sparsify import L1_EPS
+
+    before, after = x.abs().sum(), masked.abs().sum()
+    return masked if before < L1_EPS or after < L1_EPS else masked * (before / after)
 
 
 def random_mask(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
@@ -158,7 +161,7 @@ def random_mask(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.
     import torch
 
     from mergepipe.core.operators.keyed_hash import below_into
-    from mergepipe.core.operators.sparsify import L1_EPS, flat
+    from mergepipe.core.operators.sparsify import flat
 
     if e.density >= 1:
         return delta
@@ -171,7 +174,5 @@ def random_mask(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext) -> torch.
     if rescale == "density":
         masked = masked / e.density
     elif rescale == "l1":
-        before, after = x.abs().sum(), masked.abs().sum()
-        if not (before < L1_EPS or after < L1_EPS):
-            masked = masked * (before / after)
+        masked = l1_rescaled(x, masked)
     return masked.to(delta.dtype)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators.base import Operator
@@ -40,6 +40,8 @@ class MergekitMethod:
     # why MergePipe needs base_model where mergekit's method does without one (None: mergekit
     # requires it too, or averages the base in)
     base_needed: str | None = None
+    # our parameters a config must give (a missing one is refused): name -> what it is
+    required: Mapping[str, str] = field(default_factory=dict)
 
 
 def default_coefficients(weights: Sequence[float], params: Mapping[str, Any]) -> list[float]:
@@ -58,12 +60,8 @@ class FusedKernel:
     bits of its torch kernel: `linear` (a weighted sum of deltas) or `ties` (trim, sign election,
     disjoint sum); `drop`: each delta goes through DARE's keyed random drop first."""
 
-    c_kernel: str  # "linear" | "ties"
+    c_kernel: Literal["linear", "ties"]
     drop: bool = False
-
-    def __post_init__(self) -> None:
-        if self.c_kernel not in ("linear", "ties"):
-            raise ValueError(f"fused kernel {self.c_kernel!r} is not linear or ties")
 
 
 # Planning units: the unit name -> the output region a coherent group spans (None: no grouping).

@@ -4,7 +4,7 @@ expert's unread blocks are the base's there."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import mergekit_arith as mk
@@ -60,13 +60,6 @@ def slerp_pair(t: float, v0: torch.Tensor, v1: torch.Tensor) -> torch.Tensor:
     return result.reshape(v0.shape)
 
 
-def _slerp_t(p: dict[str, Any], notes: list[str]) -> dict[str, Any]:
-    if "t" not in p:
-        raise InvalidRequest("parameters.t: missing; mergekit's slerp requires the interpolation "
-                             "factor t (0: the base, 1: the other model)", field="parameters.t")
-    return p
-
-
 SLERP = OperatorSpec(
     name="slerp", title="SLERP (spherical interpolation)",
     formula="M = sin((1-t) theta)/sin(theta) B + sin(t theta)/sin(theta) X, "
@@ -77,7 +70,8 @@ SLERP = OperatorSpec(
     whole_tensor="the norms of the base and expert tensors and the dot product of their "
                  "normalized copies",
     not_incremental="slerp interpolates between whole tensors, not a sum of per-expert terms",
-    mergekit=MergekitMethod("slerp", params={"t": "t"}, weights=False, translate=_slerp_t),
+    mergekit=MergekitMethod("slerp", params={"t": "t"}, weights=False, required={
+        "t": "the interpolation factor t (0: the base, 1: the other model)"}),
 )
 
 
