@@ -41,9 +41,9 @@ class Budget:
             return Budget(fraction=1.0)
         if isinstance(text, Budget):
             return text
-        from mergepipe.core.schema import check_budget
+        from mergepipe.core.schema import BudgetIn, validate
 
-        return Budget(**check_budget(budget_value(text)))
+        return Budget(**validate(BudgetIn, budget_value(text), prefix="budget").value())
 
     def to_dict(self) -> dict[str, float | int]:
         return {"fraction": self.fraction} if self.fraction is not None else {"bytes": self.bytes or 0}
@@ -149,21 +149,21 @@ def build_request(*, base: str, experts: Sequence[dict[str, Any] | ExpertSpec] |
                   output_dtype: str | None = None, strategy: str | None = None) -> MergeRequest:
     """The request checked by the request schema (core.schema); raise InvalidRequest naming the
     field. `experts` and `budget` may be spelled as on the command line ('e1,e2:0.5', '2GiB')."""
-    from mergepipe.core.schema import check_request  # pydantic: not on `--help`'s import path
+    from mergepipe.core.schema import RequestIn, validate  # pydantic: not on `--help`'s path
 
     items: Any = parse_experts(experts) if isinstance(experts, str) else experts
     if isinstance(items, list | tuple):
         items = [asdict(e) if isinstance(e, ExpertSpec) else e for e in items]
-    return request_of(check_request(
-        base=base, operator=operator, params=params, seed=seed, output_dtype=output_dtype,
-        strategy=strategy, experts=items,
-        budget=(budget.to_dict() if isinstance(budget, Budget)
-                else None if budget is None else budget_value(budget))))
+    fields = {"base": base, "operator": operator, "params": params, "seed": seed,
+              "output_dtype": output_dtype, "strategy": strategy, "experts": items,
+              "budget": (budget.to_dict() if isinstance(budget, Budget)
+                         else None if budget is None else budget_value(budget))}
+    return request_of(validate(RequestIn, {k: v for k, v in fields.items() if v is not None})
+                      .checked())
 
 
 def request_of(checked: dict[str, Any]) -> MergeRequest:
-    """The MergeRequest of fields the request schema checked (core.schema.check_request, or a
-    request body's `checked()`)."""
+    """The MergeRequest of fields a request schema model checked (its `checked()`)."""
     budget = checked["budget"]
     extra = {} if checked["strategy"] is None else {"strategy": checked["strategy"]}
     return MergeRequest(checked["base"], tuple(ExpertSpec(**e) for e in checked["experts"]),

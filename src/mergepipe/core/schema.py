@@ -473,12 +473,3 @@ def _check_tensor_scale(settings: dict[str, Any]) -> None:
                                      f"[-{MAX_COEFFICIENT:g}, {MAX_COEFFICIENT:g}]",
                                      field=f"experts[{i}].weight")
 
-
-def check_request(**fields: Any) -> dict[str, Any]:
-    """RequestIn's fields (None: the default) checked and normalized."""
-    return validate(RequestIn, {k: v for k, v in fields.items() if v is not None}).checked()
-
-
-def check_budget(value: dict[str, Any]) -> dict[str, Any]:
-    """{"fraction": f} | {"bytes": n} checked (errors name budget.fraction / budget.bytes)."""
-    return validate(BudgetIn, value, prefix="budget").value()
