@@ -109,16 +109,13 @@ def _divisor(normalize: bool, experts: Sequence[FusedExpert], ctx: BlockContext
     return float(weight_total(weights))
 
 
-_MASK64 = (1 << 64) - 1
-
-
 def _drop_args(e: FusedExpert, flat_offset: int, rescale: str) -> tuple[Any, ...]:
     """sparsify.dropped_into as parameters: (mode 2, -, 0, divisor, start, limit)."""
     if e.density >= 1.0:  # the delta as is
         return (*_head(e), 0, 0.0, 0, 0.0, 0, 0)
     div = e.density if rescale == "density" else 0.0
     threshold = int(_threshold(e.density))  # 1 <= it < 2**53 for 0 < density < 1
-    return (*_head(e), 2, 0.0, 0, div, _start(e.key, flat_offset) & _MASK64,
+    return (*_head(e), 2, 0.0, 0, div, _start(e.key, flat_offset),
             threshold << (64 - _BITS))
 
 
@@ -141,6 +138,6 @@ def _ties_args(e: FusedExpert, flat_offset: int) -> tuple[Any, ...]:
         return (*head, *shrink, 0, 0.0, 0, 0)
     if threshold == 0:
         return (*head, *shrink, 2, float(tau), 0, 0)
-    return (*head, *shrink, 1, float(tau), _start(e.key, flat_offset) & _MASK64,
+    return (*head, *shrink, 1, float(tau), _start(e.key, flat_offset),
             threshold << (64 - _BITS))
 
