@@ -67,6 +67,8 @@ class BlockContext:
         return bool(self.params.get("normalize", default))
 
 
+# DARE's rescale of the kept entries (sparsify.dropped_into): by density, to the L1 norm, or none
+RESCALES = ("density", "l1", "none")
 Operator = Callable[["torch.Tensor", list[ExpertBlock], BlockContext], "torch.Tensor"]
 
 

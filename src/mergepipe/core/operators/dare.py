@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.operators.base import RESCALES
 from mergepipe.core.operators.gta_native import gta_kernel
 from mergepipe.core.operators.mergekit_arith import random_mask
 from mergepipe.core.operators.spec import FusedKernel, MergekitMethod, OperatorSpec, Param
@@ -14,7 +15,6 @@ if TYPE_CHECKING:  # torch loads with the first merge, not with a request's vali
 
     from mergepipe.core.operators.base import BlockContext, ReadExpert
 
-RESCALES = ("density", "l1", "none")
 RESCALE = Param("rescale", str, "density", RESCALES,
                 "density: divide kept entries by density (the DARE paper); l1: match each "
                 "block's L1 norm (mergekit); none: leave them")

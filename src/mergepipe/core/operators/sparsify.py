@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from mergepipe.core.operators import fused
-from mergepipe.core.operators.base import Trim
-from mergepipe.core.operators.dare import RESCALES
+from mergepipe.core.operators.base import RESCALES, Trim
 from mergepipe.core.operators.keyed_hash import below_into, not_below_at
 
 L1_EPS = 1e-7  # mergekit rescaled_masked_tensor: norms below this are left unscaled
