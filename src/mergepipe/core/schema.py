@@ -1,9 +1,6 @@
 """The request schema: the pydantic models of a merge, a plan and an ingestion, shared by the HTTP
-API (its bodies), the CLI (its options build them) and mergekit configs (they produce them).
-
-Each number and name is checked here, once, where it enters; an error names the field
-(InvalidRequest, HTTP 422; one line on the CLI). Operator parameters are a model generated from
-each operator's spec. The vocabulary (dtypes, names, kinds, strategies) is core.vocab's."""
+API, the CLI and mergekit configs; each value is checked here, once, and an error names its field
+(InvalidRequest). Operator parameters are a model generated from each operator's spec."""
 
 from __future__ import annotations
 
