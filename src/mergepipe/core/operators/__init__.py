@@ -1,9 +1,29 @@
-"""Merge operators by name: each family's module declares its OperatorSpecs, registered here."""
+"""Merge operators by name: one module each declaring its OperatorSpec, registered here."""
 
 from __future__ import annotations
 
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.operators import breadcrumbs, dare, della, entrywise, linear, spherical, ties
+from mergepipe.core.operators import (
+    arcee_fusion,
+    breadcrumbs,
+    breadcrumbs_ties,
+    dare_linear,
+    dare_ties,
+    della,
+    della_linear,
+    karcher,
+    linear,
+    model_stock,
+    multislerp,
+    nearswap,
+    nuslerp,
+    ram,
+    ramplus_tl,
+    sce,
+    slerp,
+    task_arithmetic,
+    ties,
+)
 from mergepipe.core.operators.base import BlockContext, ExpertBlock, Operator
 from mergepipe.core.operators.spec import MergekitMethod, OperatorSpec, Param
 
@@ -43,12 +63,25 @@ def mergekit_methods() -> dict[str, OperatorSpec]:
     return {s.mergekit.name: s for s in REGISTRY.values() if s.mergekit is not None}
 
 
-for _spec in (linear.LINEAR, linear.TASK_ARITHMETIC, ties.TIES, dare.DARE_LINEAR, dare.DARE_TIES,
-              breadcrumbs.BREADCRUMBS, breadcrumbs.BREADCRUMBS_TIES, della.DELLA,
-              della.DELLA_LINEAR, spherical.SLERP, spherical.NUSLERP, spherical.MODEL_STOCK,
-              spherical.MULTISLERP, spherical.KARCHER, entrywise.NEARSWAP, entrywise.SCE,
-              entrywise.RAM, entrywise.RAMPLUS_TL, entrywise.ARCEE_FUSION):
-    register(_spec)
+register(linear.SPEC)
+register(task_arithmetic.SPEC)
+register(ties.SPEC)
+register(dare_linear.SPEC)
+register(dare_ties.SPEC)
+register(breadcrumbs.SPEC)
+register(breadcrumbs_ties.SPEC)
+register(della.SPEC)
+register(della_linear.SPEC)
+register(slerp.SPEC)
+register(nuslerp.SPEC)
+register(model_stock.SPEC)
+register(multislerp.SPEC)
+register(karcher.SPEC)
+register(nearswap.SPEC)
+register(sce.SPEC)
+register(ram.SPEC)
+register(ramplus_tl.SPEC)
+register(arcee_fusion.SPEC)
 
 __all__ = ["REGISTRY", "BlockContext", "ExpertBlock", "MergekitMethod", "Operator",
            "OperatorSpec", "Param", "get_operator", "mergekit_methods", "register", "unregister"]

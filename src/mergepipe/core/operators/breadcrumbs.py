@@ -1,6 +1,6 @@
-"""breadcrumbs and breadcrumbs_ties: drop each expert delta's largest gamma fraction (outliers) and
+"""breadcrumbs: drop each expert delta's largest gamma fraction (outliers) and
 its smallest entries, keeping the density fraction in between (the catalog's band thresholds);
-then a sum or the TIES election."""
+then a weighted sum (the band is breadcrumbs_ties's too)."""
 
 from __future__ import annotations
 
@@ -77,10 +77,8 @@ def no_rescale(params: dict[str, Any], notes: list[str]) -> dict[str, Any]:
 
 # M = B + lambda * sum_i w_i band(D_i) (normalize divides by sum_i w_i)
 breadcrumbs = gta_kernel(band_mask, band_native, consensus=False, normalize_default=False)
-# M = B + lambda * disjoint_sum_i(w_i band(D_i)) (normalize: disjoint mean)
-breadcrumbs_ties = gta_kernel(band_mask, band_native, consensus=True, normalize_default=False)
 
-BREADCRUMBS = OperatorSpec(
+SPEC = OperatorSpec(
     name="breadcrumbs", title="Model Breadcrumbs",
     formula="M = B + lambda * sum_i w_i band(D_i; gamma, density_i)",
     kernel=breadcrumbs, normalize_default=False, additive=True, density=True,
@@ -88,14 +86,4 @@ BREADCRUMBS = OperatorSpec(
     not_incremental=("the band thresholds are planned with each merge; extending a stored merge "
                      "is not implemented for band operators"),
     mergekit=MergekitMethod("breadcrumbs", params=MERGEKIT_PARAMS, translate=no_rescale),
-)
-BREADCRUMBS_TIES = OperatorSpec(
-    name="breadcrumbs_ties", title="Model Breadcrumbs with TIES",
-    formula="M = B + lambda * disjoint_sum_i(w_i band(D_i; gamma, density_i))",
-    kernel=breadcrumbs_ties, normalize_default=False, additive=False, density=True,
-    params=(GAMMA,), cuts=cuts,
-    default_utility="per_tensor",  # as ties
-    not_incremental=("breadcrumbs_ties elects each entry's sign over all experts together: one "
-                     "expert more can flip signs everywhere"),
-    mergekit=MergekitMethod("breadcrumbs_ties", params=MERGEKIT_PARAMS, translate=no_rescale),
 )

@@ -1,5 +1,6 @@
-"""della and della_linear: magnitude-ranked keyed drop (probabilities density +- epsilon by rank
-within each row, mergekit's della_magprune), L1 rescale, then the TIES election or a sum."""
+"""della: magnitude-ranked keyed drop (probabilities density +- epsilon by rank
+within each row, mergekit's della_magprune), L1 rescale, then the TIES election (della_linear shares all but the
+election)."""
 
 from __future__ import annotations
 
@@ -80,10 +81,8 @@ def magprune_native(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext, j: in
 
 # M = B + lambda * disjoint_mean_i(w_i magprune(D_i))
 della = gta_kernel(magprune, magprune_native, consensus=True, normalize_default=True)
-# M = B + lambda * sum_i w_i magprune(D_i) (normalize divides by sum_i w_i)
-della_linear = gta_kernel(magprune, magprune_native, consensus=False, normalize_default=False)
 
-DELLA = OperatorSpec(
+SPEC = OperatorSpec(
     name="della", title="DELLA",
     formula="M = B + lambda * disjoint_mean_i(w_i magprune(D_i; density_i, epsilon))",
     kernel=della, normalize_default=True, additive=False, density=True,
@@ -95,14 +94,4 @@ DELLA = OperatorSpec(
     not_incremental=("della elects each entry's sign over all experts together: one expert more "
                      "can flip signs everywhere"),
     mergekit=MergekitMethod("della", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
-)
-DELLA_LINEAR = OperatorSpec(
-    name="della_linear", title="DELLA (linear)",
-    formula="M = B + lambda * sum_i w_i magprune(D_i; density_i, epsilon)",
-    kernel=della_linear, normalize_default=False, additive=False, density=True,
-    params=(EPSILON, RESCALE), check=check, min_ndim=1,  # magprune ranks within rows
-    not_incremental=("the per-block L1 rescale and row ranks are computed with each merge; "
-                     "extending a stored merge is not implemented for della"),
-    mergekit=MergekitMethod("della_linear", params=MERGEKIT_PARAMS,
-                            translate=rescale_from_mergekit),
 )

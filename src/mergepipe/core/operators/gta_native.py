@@ -1,5 +1,6 @@
 """Generalized task arithmetic on float32 blocks: sparsify each read delta, weight it, then a TIES
-election or a plain sum (sums left to right in request order; an unread expert adds nothing)."""
+election or a plain sum (sums left to right in request order; an unread expert adds nothing);
+`weighted_sum`, the plain weighted sum of linear and task_arithmetic."""
 
 from __future__ import annotations
 
@@ -62,3 +63,23 @@ def gta_kernel(mergekit: Sparsify, native: NativeSparsify, *, consensus: bool,
                    normalize_default=normalize_default)
 
     return kernel
+
+
+def weighted_sum(base: torch.Tensor, experts: list[ExpertBlock], ctx: BlockContext,
+                 normalize_default: bool) -> torch.Tensor:
+    """The float32 sum of the read experts' weighted deltas; the divisor is fixed by all experts'
+    weights, or with renormalize='selected' (linear) by those of the experts read for this block."""
+    import torch
+
+    from mergepipe.core.operators.sparsify import finish_into, weight_total, weighted_sum_into
+
+    read = read_experts(experts)
+    if not read:
+        return base.clone()
+    mixed = weighted_sum_into([e.delta for e in read],
+                              [e.weight for e in read], torch.empty_like(base))
+    divisor = None
+    if ctx.normalize(normalize_default):
+        selected = ctx.params.get("renormalize", "fixed") == "selected"
+        divisor = weight_total([e.weight for e in read] if selected else ctx.all_weights)
+    return finish_into(mixed, base, ctx.lam, divisor)

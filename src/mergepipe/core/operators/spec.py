@@ -1,4 +1,4 @@
-"""The operator spec: everything about one merge operator, declared once in its family's module."""
+"""The operator spec: everything about one merge operator, declared once in its own module."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def _translate(p: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return p
 
 
-TIES = OperatorSpec(
+SPEC = OperatorSpec(
     name="ties", title="TIES",
     formula="M = B + lambda * disjoint_mean_i(w_i trim(D_i, density_i))",
     kernel=ties, normalize_default=True, additive=False, density=True, trim=True,

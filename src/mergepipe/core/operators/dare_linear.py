@@ -1,4 +1,5 @@
-"""dare_linear and dare_ties: keyed random drop with rescale, then a sum or the TIES election."""
+"""dare_linear: keyed random drop with rescale, then a weighted sum (the drop, the `rescale`
+parameter and its mergekit form are dare_ties's too)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def rescale_from_mergekit(params: dict[str, Any], notes: list[str]) -> dict[str,
                          f"{value!r}", field=key)
 
 
-def _dropped(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext, j: int) -> torch.Tensor:
+def dropped(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext, j: int) -> torch.Tensor:
     from mergepipe.core.operators.sparsify import dropped_into, scratch
 
     return dropped_into(delta, e.density, e.key, ctx.flat_offset,
@@ -45,11 +46,9 @@ def _dropped(e: ReadExpert, delta: torch.Tensor, ctx: BlockContext, j: int) -> t
 
 
 # M = B + lambda * sum_i w_i DARE(D_i) (normalize divides by sum_i w_i)
-dare_linear = gta_kernel(random_mask, _dropped, consensus=False, normalize_default=False)
-# DARE drop and rescale per expert, then the TIES election (normalize default false)
-dare_ties = gta_kernel(random_mask, _dropped, consensus=True, normalize_default=False)
+dare_linear = gta_kernel(random_mask, dropped, consensus=False, normalize_default=False)
 
-DARE_LINEAR = OperatorSpec(
+SPEC = OperatorSpec(
     name="dare_linear", title="DARE (linear)",
     formula="M = B + lambda * sum_i w_i drop(D_i, density_i) / rescale",
     kernel=dare_linear, normalize_default=False, additive=False, density=True,
@@ -57,15 +56,4 @@ DARE_LINEAR = OperatorSpec(
     params=(RESCALE,),
     mergekit=MergekitMethod("dare_linear", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
     fused=FusedKernel("linear", drop=True),
-)
-DARE_TIES = OperatorSpec(
-    name="dare_ties", title="DARE-TIES",
-    formula="M = B + lambda * disjoint_sum_i(w_i drop(D_i, density_i) / rescale)",
-    kernel=dare_ties, normalize_default=False, additive=False, density=True,
-    planning_unit="group",  # measured: closest to the full merge (docs/FIDELITY.md)
-    not_incremental="DARE-TIES elects each entry's sign over all experts together: one expert more "
-                    "can flip signs everywhere",
-    params=(RESCALE,),
-    mergekit=MergekitMethod("dare_ties", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
-    fused=FusedKernel("ties", drop=True),
 )

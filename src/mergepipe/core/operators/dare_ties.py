@@ -1,0 +1,28 @@
+"""dare_ties: keyed random drop with rescale (dare_linear's), then the TIES sign election."""
+
+from __future__ import annotations
+
+from mergepipe.core.operators.dare_linear import (
+    MERGEKIT_PARAMS,
+    RESCALE,
+    dropped,
+    rescale_from_mergekit,
+)
+from mergepipe.core.operators.gta_native import gta_kernel
+from mergepipe.core.operators.mergekit_arith import random_mask
+from mergepipe.core.operators.spec import FusedKernel, MergekitMethod, OperatorSpec
+
+# DARE drop and rescale per expert, then the TIES election (normalize default false)
+dare_ties = gta_kernel(random_mask, dropped, consensus=True, normalize_default=False)
+
+SPEC = OperatorSpec(
+    name="dare_ties", title="DARE-TIES",
+    formula="M = B + lambda * disjoint_sum_i(w_i drop(D_i, density_i) / rescale)",
+    kernel=dare_ties, normalize_default=False, additive=False, density=True,
+    planning_unit="group",  # measured: closest to the full merge (docs/FIDELITY.md)
+    not_incremental="DARE-TIES elects each entry's sign over all experts together: one expert more "
+                    "can flip signs everywhere",
+    params=(RESCALE,),
+    mergekit=MergekitMethod("dare_ties", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
+    fused=FusedKernel("ties", drop=True),
+)
