@@ -18,7 +18,7 @@ import pytest
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
-from mergepipe.core.operators import REGISTRY
+from mergepipe.core.operators.registry import REGISTRY
 from mergepipe.core.request import build_request
 from mergepipe.jobs.merge import merge
 from mergepipe.jobs.planning import check_inputs

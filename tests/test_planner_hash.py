@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.core.operators import REGISTRY
+from mergepipe.core.operators.registry import REGISTRY
 from mergepipe.core.request import build_request
 from mergepipe.planner.hashing import canonical_json
 from mergepipe.planner.plan import make_plan

@@ -117,7 +117,7 @@ def test_default_ranking_per_operator(fam: tuple[Catalog, Path], op: str,
 def test_operator_listing_gives_each_operator_its_default_ranking() -> None:
     # GET /v1/operators (and the console, which sends the listed defaults) must show the spec's
     # ranking, not the parameter's global l2: else the console overrides every default
-    from mergepipe.core.operators import REGISTRY
+    from mergepipe.core.operators.registry import REGISTRY
     from mergepipe.service.routes.operators import operator_out
     for op, utility in (("ties", "stratified"), ("della", "stratified"), ("linear", "per_tensor"),
                         ("task_arithmetic", "per_tensor"), ("dare_ties", "l2")):

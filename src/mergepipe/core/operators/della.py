@@ -1,5 +1,5 @@
-"""della: magnitude-ranked keyed drop (probabilities density +- epsilon by rank
-within each row, mergekit's della_magprune), L1 rescale, then the TIES election (della_linear shares all but the
+"""della: magnitude-ranked keyed drop (probabilities density +- epsilon by rank within each row,
+mergekit's della_magprune), L1 rescale, then the TIES election (della_linear shares all but the
 election)."""
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 operations in its dtypes and order. All are elementwise or sums over the experts, so a block
 gives the whole tensor's bytes, except the per-tensor choices (the TIES trim from the catalog's
 threshold, DARE's keyed per-block draw and L1 rescale; `whole_magnitude` is mergekit's trim on a
-whole tensor, executor.torch_path). An unread expert is an expert equal to the base there (a zero delta)."""
+whole tensor, executor.torch_path). An unread expert is an expert equal to the base there (a
+zero delta)."""
 
 from __future__ import annotations
 
