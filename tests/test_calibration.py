@@ -181,6 +181,37 @@ def test_activation_plan_skips_a_large_delta_on_dead_channels(cat: Catalog) -> N
     assert "calibration" not in l2.summary()
 
 
+@pytest.fixture(scope="module")
+def share_cat(family: dict[str, Any], tmp_path_factory: pytest.TempPathFactory):
+    """An expert with a tiny delta in q_proj's block 0 (live columns 16..31 only) and deltas
+    100x larger in o_proj's blocks 1 and 2, of one pattern at scales 2:1."""
+    root = tmp_path_factory.mktemp("calib-share")
+    g = torch.Generator().manual_seed(9)
+    dq = torch.zeros(32, 32)
+    dq[:8, 16:] = torch.randn(8, 16, generator=g) * 1e-3
+    m = torch.randn(8, 32, generator=g)
+    do = torch.zeros(32, 32)
+    do[8:16], do[16:24] = 0.1 * m, 0.05 * m
+    expert = make_placed_expert(family["base"], root / "e1", {Q0: dq, O0: do})
+    c = Catalog(new_catalog(root))
+    ingest_model(c, family["base"], "base", block_bytes=BLOCK)
+    ingest_model(c, expert, "e0", base="base", block_bytes=BLOCK)
+    calibrate(c, "base", TEXT, tokens=100)
+    yield c
+    c.close()
+
+
+def test_activation_ranks_by_share_of_each_tensors_output_change(share_cat: Catalog) -> None:
+    # act = the block's share of its (expert, tensor) output change: q_proj block 0 holds all
+    # of q_proj's (1), o_proj's blocks 2/sqrt(5) and 1/sqrt(5), whatever the channel RMS; the
+    # absolute output change (the ranking before) read o_proj's block 1 first
+    want = [(Q0, 0), (O0, 1), (O0, 2)]
+    for k in (1, 2, 3):
+        p = _plan(share_cat, "activation", k * BLOCK)
+        assert sorted((b.rank, b.tensor, b.block_index) for b in p.blocks) == [
+            (r, t, i) for r, (t, i) in enumerate(want[:k])]
+
+
 def test_activation_plans_are_budget_sound(cat: Catalog, family: dict[str, Any]) -> None:
     calibrate(cat, "base", TEXT, tokens=100)
     deltas = {Q0: family["dq"].double(), O0: family["do"].double()}

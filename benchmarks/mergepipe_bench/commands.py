@@ -122,7 +122,8 @@ def run_calibration(args: argparse.Namespace, root: Path, command: str) -> int:
     name = f"calibration-{args.family}"
     family = realistic_family() if args.family == "realistic" else toy_family()
     res = (json.loads((root / f"{name}.json").read_text()) if args.render_only
-           else run_calibration_study(CalibrationConfig(family=family), root, name))
+           else run_calibration_study(CalibrationConfig(
+               family=family, oracle_stride=2 if args.family == "realistic" else 1), root, name))
     (root / f"{name}.md").write_text(render([(args.family, res)], command) + "\n")
     print(f"report: {root / f'{name}.md'}  results: {root / f'{name}.json'}")
     return 0

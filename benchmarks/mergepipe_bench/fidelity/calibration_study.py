@@ -27,8 +27,9 @@ from mergepipe_bench.fidelity.family import FamilySpec, build_family
 from mergepipe_bench.fidelity.run import Evaluator, OperatorSpec, _execute, machine
 from mergepipe_bench.fidelity.tasks import eval_set, task_examples
 
-UTILITIES = ("l2", "per_tensor", "activation", "fisher")
+UTILITIES = ("l2", "per_tensor", "stratified", "activation", "fisher")
 CALIBRATED = ("activation", "fisher")
+EXTRA = ("activation_exact", "oracle")  # first-fit plans of the study's own orders
 STUDY_OPERATORS = (OperatorSpec("linear"), OperatorSpec("ties", {"density": 0.5}))
 
 
@@ -46,6 +47,8 @@ class CalibrationConfig:
     out_dtype: str = "F32"
     threads: int = 1
     utilities: tuple[str, ...] = field(default=UTILITIES)
+    oracle: bool = True  # linear: the leave-one-out KL ranking (calibration_oracle)
+    oracle_stride: int = 1  # the oracle scores on every k-th eval line (its cost: one eval per block)
 
 
 def calibration_text(cfg: CalibrationConfig) -> str:
@@ -95,8 +98,14 @@ def run_calibration_study(cfg: CalibrationConfig, root: Path, name: str) -> dict
         res["calibration"] = {**cal.to_dict(), "seconds": time.perf_counter() - t1,
                               "text_chars": len(text)}
         res["catalog"] = {**catalog_bytes(cat, db), "checkpoint_bytes": checkpoint_bytes}
+        from mergepipe_bench.fidelity.calibration_oracle import grouping_error
+        res["grouping"] = grouping_error(cat, cal.calibration_id, base_dir, {
+            e: Path(family["experts"][e]["path"]) for e in experts})
+        print(f"    column groups vs exact channel RMS: {res['grouping']}", flush=True)
         for op in cfg.operators:
-            res["operators"].append(_operator(cfg, cat, ev, work, experts, op, base_dir))
+            res["operators"].append(_operator(
+                cfg, cat, ev, work, experts, op, base_dir,
+                {e: family["experts"][e]["path"] for e in experts}, cal.calibration_id))
     shutil.rmtree(work, ignore_errors=True)
     res["seconds"] = time.perf_counter() - t0
     (root / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
@@ -104,7 +113,8 @@ def run_calibration_study(cfg: CalibrationConfig, root: Path, name: str) -> dict
 
 
 def _operator(cfg: CalibrationConfig, cat: Catalog, ev: Evaluator, work: Path,
-              experts: list[str], op: OperatorSpec, base_dir: Path) -> dict[str, Any]:
+              experts: list[str], op: OperatorSpec, base_dir: Path,
+              family_paths: dict[str, str], calibration_id: str) -> dict[str, Any]:
     from mergepipe_bench.fidelity.evaluate import l2_deviation, load_state
 
     def plan(budget: float, utility: str) -> Any:
@@ -114,31 +124,98 @@ def _operator(cfg: CalibrationConfig, cat: Catalog, ev: Evaluator, work: Path,
             output_dtype=cfg.out_dtype))
 
     full_dir = work / op.name / "full"
-    _execute(cat, plan(1.0, "l2"), full_dir, cfg.threads)
+    full_plan = plan(1.0, "l2")
+    _execute(cat, full_plan, full_dir, cfg.threads)
     full_lp, targets, _ = ev.measure(full_dir)
     full_state = load_state(full_dir)
     base_lp, _, _ = ev.measure(base_dir)
     base_kl = ev.kl(full_lp, base_lp, targets)["answer"]
     out: dict[str, Any] = {"operator": op.name, "params": op.params, "base_kl": base_kl,
                            "budgets": []}
+    from mergepipe_bench.fidelity.calibration_oracle import exact_activation_order
+    from mergepipe_bench.fidelity.random_plan import _first_fit, candidates
+    op_cands = candidates(cat, full_plan)
+    exact = exact_activation_order(cat, calibration_id, full_plan, op_cands, base_dir,
+                                   {e: Path(family_paths[e]) for e in experts})
+    oracle = None
+    if cfg.oracle and op.name == "linear":
+        oracle = (op_cands, _oracle(cfg, cat, ev, op_cands, full_plan, full_dir, base_dir,
+                                    {e: Path(family_paths[e]) for e in experts}, plan, out))
+
+    def measure(p: Any, tag: str) -> dict[str, Any]:
+        d = work / op.name / tag
+        _execute(cat, p, d, cfg.threads)
+        lp, _, acc = ev.measure(d)
+        kl = ev.kl(full_lp, lp, targets)
+        r = {"kl": kl["answer"], "kl_all": kl["all"], "kl_ratio": kl["answer"] / base_kl,
+             "l2": l2_deviation(full_state, load_state(d))["abs"],
+             "exact_match": acc["mean"], "planned_expert_bytes": p.planned_expert_bytes,
+             "plan_hash": p.plan_hash}
+        shutil.rmtree(d, ignore_errors=True)
+        return r
+
     for f in cfg.budgets:
         row: dict[str, Any] = {"fraction": f}
+        biggest = None
+        plans = {}
         for u in cfg.utilities:
-            p = plan(f, u)
-            d = work / op.name / f"{u}-{f}"
-            _execute(cat, p, d, cfg.threads)
-            lp, _, acc = ev.measure(d)
-            kl = ev.kl(full_lp, lp, targets)
-            row[u] = {"kl": kl["answer"], "kl_all": kl["all"], "kl_ratio": kl["answer"] / base_kl,
-                      "l2": l2_deviation(full_state, load_state(d))["abs"],
-                      "exact_match": acc["mean"], "planned_expert_bytes": p.planned_expert_bytes,
-                      "plan_hash": p.plan_hash}
-            shutil.rmtree(d, ignore_errors=True)
+            p = plans[u] = plan(f, u)
+            if biggest is None or p.planned_expert_bytes > biggest.planned_expert_bytes:
+                biggest = p
+            row[u] = measure(p, f"{u}-{f}")
+        assert biggest is not None
+        row["activation_exact"] = measure(_first_fit(biggest, op_cands, exact, {
+            "order": "activation, exact channel RMS"}), f"exact-{f}")
+        if oracle is not None:  # the cell's largest bytes
+            from mergepipe_bench.fidelity.calibration_oracle import oracle_plan
+            o = oracle_plan(biggest, *oracle)
+            row["oracle"] = measure(o, f"oracle-{f}")
+            kept = {(b.model, b.tensor, b.block_index): b.nbytes for b in o.blocks}
+            for u, p in plans.items():  # bytes of the oracle's blocks this plan reads too
+                row[u]["oracle_overlap"] = sum(kept.get((b.model, b.tensor, b.block_index), 0)
+                                               for b in p.blocks) / max(1, sum(kept.values()))
         out["budgets"].append(row)
         print(f"    {op.name} {f:.2f}: " + "  ".join(
-            f"{u} {row[u]['kl_ratio']:.3g}" for u in cfg.utilities), flush=True)
+            f"{u} {row[u]['kl_ratio']:.3g}" for u in (*cfg.utilities, *EXTRA) if u in row),
+            flush=True)
     shutil.rmtree(full_dir, ignore_errors=True)
     return out
+
+
+def _oracle(cfg: CalibrationConfig, cat: Catalog, ev: Evaluator, cands: list[Any],
+            full_plan: Any, full_dir: Path, base_dir: Path, expert_dirs: dict[str, Path],
+            plan: Any, out: dict[str, Any]) -> list[float]:
+    """The leave-one-out KL of every candidate (out["oracle"]: them, their cost, and each
+    ranking's rank correlation with the oracle's order)."""
+    from mergepipe_bench.fidelity.calibration_oracle import LeaveOneOut, oracle_scores
+
+    lines = ev.examples[::cfg.oracle_stride]
+    loo = LeaveOneOut(cat, full_plan, full_dir, base_dir, expert_dirs, lines)
+    scores, secs = oracle_scores(loo, cands)
+    del loo
+    out["oracle"] = {"candidates": len(cands), "seconds": secs, "eval_lines": len(lines),
+                     "scores": [[c.model, c.tensor, c.block_index, c.nbytes, c.utility, k]
+                                for c, k in zip(cands, scores, strict=True)]}
+    print(f"    linear: leave-one-out KL of {len(cands)} blocks, {secs:.0f} s", flush=True)
+    loo_order = {(c.model, c.tensor, c.block_index): -k / c.nbytes
+                 for c, k in zip(cands, scores, strict=True)}
+    out["oracle"]["spearman"] = {u: _spearman(loo_order, {
+        (b.model, b.tensor, b.block_index): b.rank for b in plan(1.0, u).blocks})
+        for u in cfg.utilities}
+    print(f"    rank correlation with the leave-one-out KL per byte: "
+          f"{out['oracle']['spearman']}", flush=True)
+    return scores
+
+
+def _spearman(a: dict[Any, float], b: dict[Any, float]) -> float:
+    """Spearman rank correlation of two orders over their common keys (ties by key order)."""
+    keys = sorted(set(a) & set(b))
+    if len(keys) < 2:
+        return 0.0
+    ra = {k: i for i, k in enumerate(sorted(keys, key=lambda k: (a[k], k)))}
+    rb = {k: i for i, k in enumerate(sorted(keys, key=lambda k: (b[k], k)))}
+    n = len(keys)
+    return 1 - 6 * sum((ra[k] - rb[k]) ** 2 for k in keys) / (n * (n * n - 1))
 
 
 def render(results: list[tuple[str, dict[str, Any]]], command: str) -> str:
@@ -155,16 +232,20 @@ def render(results: list[tuple[str, dict[str, Any]]], command: str) -> str:
                   f"statistics {c['col_sq_bytes']:,} B over {c['col_sq_blocks']} blocks "
                   f"({100 * c['col_sq_bytes'] / c['checkpoint_bytes']:.3f}%).", ""]
         for op in res["operators"]:
-            us = [u for u in UTILITIES if u in op["budgets"][0]]
+            us = [u for u in (*UTILITIES, *EXTRA) if u in op["budgets"][0]]
+            head = "| budget | " + " | ".join(us) + " | best calibrated vs best uncalibrated |"
+            if "oracle" in us:
+                head += " oracle vs best uncalibrated |"
             lines += [f"{op['operator']} (KL(full merge || plan) on answer tokens, as a ratio "
-                      f"to the base's {op['base_kl']:.3g}):", "",
-                      "| budget | " + " | ".join(us) + " | KL change, best calibrated vs best uncalibrated |",
-                      "|---:|" + "---:|" * (len(us) + 1)]
+                      f"to the base's {op['base_kl']:.3g}):", "", head,
+                      "|---:|" + "---:|" * (len(us) + 1 + ("oracle" in us))]
             for row in op["budgets"]:
-                best = min(row[u]["kl"] for u in us if u not in CALIBRATED)
+                best = min(row[u]["kl"] for u in us if u not in (*CALIBRATED, *EXTRA))
+                cells = [f"{row[u]['kl_ratio']:.3g}" for u in us]
                 cal = min(row[u]["kl"] for u in us if u in CALIBRATED)
-                gain = 1 - cal / best if best else 0.0
-                lines.append(f"| {row['fraction']:.1f} | " + " | ".join(
-                    f"{row[u]['kl_ratio']:.3g}" for u in us) + f" | {-100 * gain:+.0f}% |")
+                cells.append(f"{100 * (cal / best - 1):+.0f}%" if best else "-")
+                if "oracle" in us:
+                    cells.append(f"{100 * (row['oracle']['kl'] / best - 1):+.0f}%" if best else "-")
+                lines.append(f"| {row['fraction']:.1f} | " + " | ".join(cells) + " |")
             lines.append("")
     return "\n".join(lines)

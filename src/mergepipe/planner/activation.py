@@ -5,9 +5,14 @@ activation: for a linear weight W (out x in) and an expert block D_b (rows of th
 output change on the calibration's inputs has energy sum_j ||D_b[:, j]||^2 * rms_j^2 per token
 (cross terms between channels left out). Ingestion keeps ||D_b[:, j]||^2 summed over 16
 channel groups (block_stats.col_sq), the calibration the mean of rms_j^2 over the same groups
-(group_ms): act_b = sqrt(col_sq . group_ms). Tensors the calibration has no RMS for
-(embeddings, norms, other shapes) score l2_b * fallback_rms: the output change if each of
-their input channels had the calibration's overall RMS.
+(group_ms): y_b = sqrt(col_sq . group_ms). The blocks of a weight are disjoint row ranges, so
+the energies add up to the whole (expert, tensor) delta's output change Y_it^2 = sum_b y_b^2,
+and the score is the block's share of it, act_b = y_b / Y_it: the objective is per_tensor's
+(the summed kept share of every (expert, tensor) update), measured on the layer's output under
+the calibration instead of in weight space. Tensors the calibration has no RMS for
+(embeddings, norms, other shapes) use l2_b in place of y_b, so their score is per_tensor's
+share l2_b / ||D_it||. A tensor whose update changes nothing under the calibration (its
+inputs are zero) scores 0.
 
 fisher: the KL a small change d of the weights causes is about (1/2) sum_i F_i d_i^2, with F the
 diagonal of the Fisher information; the calibration keeps F's mean per block of the base's
@@ -66,11 +71,13 @@ def activation_rows(conn: Connection, experts: list[ModelInfo], calibration: Cal
             if g is not None and cols is not None:
                 act = math.sqrt(max(0.0, _dot(cols, g)))
             else:
-                act = float(l2) * row.fallback_rms
+                act = float(l2)
         out["position"].append(int(position))
         out["tensor"].append(tensor)
         out["block_index"].append(int(block_index))
         out["act"].append(act)
+    if utility == "activation":
+        out["act"] = _shares(out["position"], out["tensor"], out["act"])
     scored = set(out["position"])
     for i, m in enumerate(experts):
         if m.has_stats and i in scored and i not in with_cols:
@@ -78,6 +85,17 @@ def activation_rows(conn: Connection, experts: list[ModelInfo], calibration: Cal
                                  "(ingested before calibration-aware planning); re-ingest it",
                                  field="experts")
     return out
+
+
+def _shares(position: list[int], tensor: list[str], y: list[float]) -> list[float]:
+    """Each block's y over the root sum of squares of its (expert, tensor)'s (0 when that is
+    0)."""
+    total: dict[tuple[int, str], float] = {}
+    for p, t, v in zip(position, tensor, y, strict=True):
+        total[(p, t)] = total.get((p, t), 0.0) + v * v
+    norm = {k: math.sqrt(v) for k, v in total.items()}
+    return [v / norm[(p, t)] if norm[(p, t)] > 0 else 0.0
+            for p, t, v in zip(position, tensor, y, strict=True)]
 
 
 def _dot(a: list[float], b: list[float]) -> float:
