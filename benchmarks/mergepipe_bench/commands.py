@@ -67,8 +67,9 @@ def register_fidelity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--calibration", action="store_true",
                    help="the calibration study instead: the base calibrated on task text "
                    "(mergepipe calibrate), linear and ties planned with utility l2, per_tensor, "
-                   "activation and fisher at budgets 0.1, 0.3 and 0.5; writes "
-                   "DIR/calibration-FAMILY.json and .md")
+                   "stratified, activation and fisher at budgets 0.1, 0.3 and 0.5, plus the "
+                   "activation order from exact channel RMS and (toy, linear) a leave-one-out "
+                   "KL oracle; writes DIR/calibration-FAMILY.json and .md")
     p.add_argument("--family", choices=("toy", "realistic"), default="toy",
                    help="with --units or --calibration: toy (4 experts, large deltas) or realistic (12 experts, "
                    "deltas of about 1e-3 of the weights, float32)")
@@ -123,7 +124,7 @@ def run_calibration(args: argparse.Namespace, root: Path, command: str) -> int:
     family = realistic_family() if args.family == "realistic" else toy_family()
     res = (json.loads((root / f"{name}.json").read_text()) if args.render_only
            else run_calibration_study(CalibrationConfig(
-               family=family, oracle_stride=2 if args.family == "realistic" else 1), root, name))
+               family=family, oracle=args.family != "realistic"), root, name))
     (root / f"{name}.md").write_text(render([(args.family, res)], command) + "\n")
     print(f"report: {root / f'{name}.md'}  results: {root / f'{name}.json'}")
     return 0
