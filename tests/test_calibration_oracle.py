@@ -4,6 +4,7 @@ the oracle's plans are first-fit in leave-one-out KL per byte within the budget.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from mergepipe.planner.plan import make_plan  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("oracle")
     spec = quick_units_config().family
     fam = build_family(spec, root)

@@ -149,8 +149,8 @@ def exact_activation_order(cat: Catalog, calibration_id: str, plan: Plan,
                 (d.square().sum(0) * torch.tensor(v.rms, dtype=torch.float64).square()).sum()
                 if v is not None and d.dim() == 2 else d.square().sum())
     total: dict[tuple[str, str], float] = {}
-    for (e, t, _), v in y.items():
-        total[(e, t)] = total.get((e, t), 0.0) + v
+    for (e, t, _), energy in y.items():
+        total[(e, t)] = total.get((e, t), 0.0) + energy
 
     def score(c: Candidate) -> float:
         tot = total[(c.model, c.tensor)]
