@@ -40,7 +40,8 @@ from mergepipe_bench.fidelity.units import UnitsConfig, realistic_family, toy_fa
 
 OPERATORS = (OperatorSpec("linear"), OperatorSpec("ties", {"density": 0.5}),
              OperatorSpec("dare_ties", {"density": 0.5}), OperatorSpec("della", {"density": 0.5}),
-             OperatorSpec("task_arithmetic", {"lambda": 0.5}))
+             OperatorSpec("task_arithmetic", {"lambda": 0.5}),
+             OperatorSpec("breadcrumbs_ties", {"density": 0.5}))
 BUDGETS = (0.1, 0.2, 0.3, 0.5, 0.7)
 PLANNER_RANKINGS = ("l2", "per_tensor", "coverage", "stratified")  # params.utility values
 
@@ -50,8 +51,14 @@ def small_deltas_family() -> FamilySpec:
     return FamilySpec(finetune=TrainSpec(steps=100, batch=16, lr=1e-4, warmup=10))
 
 
+def _reseeded(make: Callable[[], FamilySpec], seed: int) -> Callable[[], FamilySpec]:
+    """The same family trained from another seed (base and experts)."""
+    return lambda: replace(make(), seed=seed)
+
+
 FAMILIES: dict[str, Callable[[], FamilySpec]] = {
-    "toy": toy_family, "small": small_deltas_family, "realistic": realistic_family}
+    "toy": toy_family, "small": small_deltas_family, "realistic": realistic_family,
+    "toy-s1": _reseeded(toy_family, 1), "small-s1": _reseeded(small_deltas_family, 1)}
 
 Order = Callable[[list[Candidate]], list[Candidate]]
 
@@ -168,7 +175,7 @@ class Study:
 
     def run(self, operators: list[OperatorSpec], budgets: list[float], names: list[str],
             n_random: int, out: dict[str, Any],
-            planner_variants: tuple[str, ...] = ()) -> dict[str, Any]:
+            planner_variants: tuple[str, ...] = (), seed0: int = 1000) -> dict[str, Any]:
         torch.set_num_threads(self.cfg.threads)
         cat, info = self.catalog()
         experts = list(info["experts"])
@@ -229,7 +236,8 @@ class Study:
                                       else kl(plan, "default"))
                     top = max([r["bytes"] for r in row["rankings"].values()]
                               + [row["default"]["bytes"]])
-                    row["random"] = [kl(random_plan(_cap(plan, top), cands, 1000 + s), f"r{s}")
+                    row["random_seeds"] = [seed0, seed0 + n_random - 1]
+                    row["random"] = [kl(random_plan(_cap(plan, top), cands, seed0 + s), f"r{s}")
                                      for s in range(n_random)]
                     med = statistics.median(r["kl"] for r in row["random"])
                     msg = "  ".join(f"{k} {v['kl']:.3g}" for k, v in row["rankings"].items())
@@ -300,6 +308,7 @@ def main() -> None:
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     p.add_argument("--rankings", default=",".join(rankings()))
     p.add_argument("--random", type=int, default=8)
+    p.add_argument("--seed0", type=int, default=1000, help="first random plan's seed")
     p.add_argument("--planner", default="", help="comma-separated utility:unit planner plans")
     p.add_argument("--eval-per-task", type=int, default=64)
     p.add_argument("--render", action="store_true")
@@ -316,7 +325,7 @@ def main() -> None:
                 "machine": machine(), "eval_per_task": a.eval_per_task})
     Study(a.family, root, a.eval_per_task).run(
         ops, [float(x) for x in a.budgets.split(",")], a.rankings.split(","), a.random, out,
-        tuple(x for x in a.planner.split(",") if x))
+        tuple(x for x in a.planner.split(",") if x), a.seed0)
 
 
 if __name__ == "__main__":
