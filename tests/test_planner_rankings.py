@@ -95,7 +95,7 @@ def test_sparse_operators_full_budget_is_the_standard_merge(fam: tuple[Catalog, 
     ("linear", {}, "per_tensor", "expert_block"),
     ("task_arithmetic", {}, "per_tensor", "expert_block"),
     ("ties", {"density": 0.5}, "stratified", "expert_block"),
-    ("dare_ties", {"density": 0.5}, "l2", "group"),
+    ("dare_ties", {"density": 0.5}, "l2", "expert_block"),
     ("della", {"density": 0.5}, "stratified", "expert_block")])
 def test_default_ranking_per_operator(fam: tuple[Catalog, Path], op: str,
                                       params: dict[str, object], utility: str,

@@ -110,6 +110,17 @@ def _energy(cs: list[Candidate]) -> list[Candidate]:
     return _by(cs, {i: c.utility ** 2 / e[(c.model, c.tensor)] for i, c in enumerate(cs)})
 
 
+def _tensor_energy(cs: list[Candidate]) -> list[Candidate]:
+    """a_u^2 / E_t per byte, E_t the summed a^2 of the tensor over every expert: the greedy of
+    sum over tensors of (omitted energy / total energy), a quadratic (KL-like) model of the
+    output change in which each tensor's whole update counts the same."""
+    e: dict[str, float] = {}
+    for c in cs:
+        e[c.tensor] = e.get(c.tensor, 0.0) + c.utility ** 2
+    return _by(cs, {i: c.utility ** 2 / e[c.tensor] if e[c.tensor] else 0.0
+                    for i, c in enumerate(cs)})
+
+
 def _dim(cs: list[Candidate], key: Callable[[Candidate], Any]) -> list[Candidate]:
     """per_tensor share times sqrt(k) - sqrt(k - 1), k the rank by share in key's group (ties:
     the per_tensor order), as planner_candidates_diminish.sql."""
@@ -133,6 +144,7 @@ def rankings() -> dict[str, Order]:
     stratified: per region (tensor, block), experts with diminishing returns;
     coverage_exact: coverage with the exact running energy instead of the rank."""
     return {"l2": _l2, "per_tensor": _per_tensor, "energy": _energy,
+            "tensor_energy": _tensor_energy,
             "coverage": lambda cs: _dim(cs, lambda c: (c.model, c.tensor)),
             "stratified": lambda cs: _dim(cs, lambda c: (c.tensor, c.block_index)),
             "coverage_exact": lambda cs: _by(cs, _marginal_sqrt(

@@ -128,3 +128,36 @@ def load(dirs: list[Path], families: list[str]) -> dict[str, dict[str, Any]]:
                     for k, v in row["rankings"].items():
                         have["rankings"].setdefault(k, v)
     return out
+
+
+def names(results: dict[str, dict[str, Any]], operator: str) -> list[str]:
+    """Every plan measured for the operator in some cell: `default` and the rankings."""
+    out = ["default"]
+    for res in results.values():
+        for row in res.get("operators", {}).get(operator, {}).get("budgets", {}).values():
+            out += [k for k in row["rankings"] if k not in out]
+    return out
+
+
+def summary(results: dict[str, dict[str, Any]], operators: list[str]) -> str:
+    """Markdown: per operator and ranking measured in every cell, the cells below the random
+    median (failed cells named), the geometric mean at 0.3 and 0.5 and whether it is the best."""
+    lines = ["| operator | ranking | cells below the random median | failed cells (ranking / "
+             "random median, KL ratio) | mean at 0.3, 0.5 | best other at 0.3, 0.5 |",
+             "|---|---|---:|---|---:|---|"]
+    for op in operators:
+        for k in names(results, op):
+            try:
+                v = verdict(results, op, k)
+            except KeyError:  # not measured in every cell
+                continue
+            if not v.cells:
+                continue
+            best = v.best_other
+            failed = ", ".join(f"{c.family} {c.budget} ({c.default:.3g} / {c.median:.3g})"
+                               for c in v.failed) or "-"
+            mean = v.mid_mean.get(k)
+            lines.append(f"| {op} | {k} | {len(v.cells) - len(v.failed)}/{len(v.cells)} | "
+                         f"{failed} | {'-' if mean is None else f'{mean:.3g}'} | "
+                         + (f"{best[0]} {best[1]:.3g}" if best else "-") + " |")
+    return "\n".join(lines)
