@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from mergepipe_bench.fidelity.ranking_verdict import load, verdict
 
 

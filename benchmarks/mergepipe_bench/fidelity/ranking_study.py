@@ -43,7 +43,7 @@ OPERATORS = (OperatorSpec("linear"), OperatorSpec("ties", {"density": 0.5}),
              OperatorSpec("task_arithmetic", {"lambda": 0.5}),
              OperatorSpec("breadcrumbs_ties", {"density": 0.5}))
 BUDGETS = (0.1, 0.2, 0.3, 0.5, 0.7)
-PLANNER_RANKINGS = ("l2", "per_tensor", "coverage", "stratified")  # params.utility values
+PLANNER_RANKINGS = ("l2", "per_tensor", "coverage", "stratified", "tensor_energy")  # params.utility values
 
 
 def small_deltas_family() -> FamilySpec:
