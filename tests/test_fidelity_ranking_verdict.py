@@ -75,11 +75,20 @@ def test_runs_with_other_seeds_pool_their_random_plans(tmp_path: Path) -> None:
     b.mkdir()
     (a / "ranking-toy.json").write_text(json.dumps(_res(1.0, {
         "0.3": _row({"l2": 0.5}, [0.4, 0.6, 0.7], default=0.5)})))
-    (b / "ranking-toy.json").write_text(json.dumps(_res(1.0, {
-        "0.3": _row({"l2": 0.9, "per_tensor": 0.3}, [0.1, 0.2, 0.3], default=0.9)})))
+    later = _row({"l2": 0.9, "per_tensor": 0.3}, [0.1, 0.2, 0.3], default=0.9)
+    later["random_seeds"] = [1003, 1005]  # the first run's were 1000..1002 (no record kept)
+    (b / "ranking-toy.json").write_text(json.dumps(_res(1.0, {"0.3": later})))
     v = verdict(load([a, b], ["toy", "small"]), "dare_ties", "l2")
     (cell,) = v.cells
     # the first run's plan, the six random plans together: median (0.3 + 0.4) / 2
     assert cell.default == 0.5 and len(cell.random) == 6
     assert cell.median == pytest.approx(0.35) and not cell.passed
     assert math.isclose(v.mid_mean["per_tensor"], 0.3)  # a ranking only the later run has
+    # a third run with seeds 1002..1004 adds nothing: those seeds are in already
+    c = tmp_path / "c"
+    c.mkdir()
+    again = _row({"l2": 0.9}, [0.01, 0.01, 0.01], default=0.9)
+    again["random_seeds"] = [1002, 1004]
+    (c / "ranking-toy.json").write_text(json.dumps(_res(1.0, {"0.3": again})))
+    (cell,) = verdict(load([a, b, c], ["toy"]), "dare_ties", "l2").cells
+    assert len(cell.random) == 6 and cell.median == pytest.approx(0.35)

@@ -34,6 +34,7 @@ from mergepipe.planner.plan import Plan, make_plan
 from mergepipe_bench.fidelity.family import FamilySpec, build_family
 from mergepipe_bench.fidelity.model import TrainSpec
 from mergepipe_bench.fidelity.random_plan import Candidate, _first_fit, candidates, random_plan
+from mergepipe_bench.fidelity.ranking_verdict import load, summary
 from mergepipe_bench.fidelity.run import Evaluator, OperatorRun, OperatorSpec, machine
 from mergepipe_bench.fidelity.tasks import eval_set
 from mergepipe_bench.fidelity.units import UnitsConfig, realistic_family, toy_family
@@ -267,11 +268,10 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
-def render(root: Path, families: list[str]) -> str:
+def render(roots: list[Path], families: list[str]) -> str:
     """One Markdown table per operator, rows (family, budget): answer-token KL to the full merge
     as a ratio of the base's; **bold**: below the median of the random plans."""
-    res = {f: json.loads((root / f"ranking-{f}.json").read_text()) for f in families
-           if (root / f"ranking-{f}.json").exists()}
+    res = load(roots, families)  # later roots add random plans (other seeds) and rankings
     ops = list(dict.fromkeys(op for r in res.values() for op in r.get("operators", {})))
     lines: list[str] = []
     for op in ops:
@@ -323,12 +323,17 @@ def main() -> None:
     p.add_argument("--seed0", type=int, default=1000, help="first random plan's seed")
     p.add_argument("--planner", default="", help="comma-separated utility:unit planner plans")
     p.add_argument("--eval-per-task", type=int, default=64)
-    p.add_argument("--render", action="store_true")
+    p.add_argument("--render", action="store_true",
+                   help="tables of DIR's results (DIR: comma-separated directories, pooled)")
+    p.add_argument("--verdict", default="",
+                   help="with --render: the done-when summary of these operators instead")
     a = p.parse_args()
-    root = Path(a.dir).absolute()
     if a.render:
-        print(render(root, list(FAMILIES)))
+        roots = [Path(d).absolute() for d in a.dir.split(",")]
+        print(summary(load(roots, list(FAMILIES)), a.verdict.split(",")) if a.verdict
+              else render(roots, list(FAMILIES)))
         return
+    root = Path(a.dir).absolute()
     ops = [o for o in OPERATORS if o.name in a.operators.split(",")]
     ops.sort(key=lambda o: a.operators.split(",").index(o.name))
     path = root / f"ranking-{a.family}.json"

@@ -7,8 +7,10 @@ of the study's JSON results, so the comparison itself is tested:
 * on average: the geometric mean over the families and the budgets 0.3 and 0.5 of the
   default's KL ratio is at or below that of every other ranking measured in all those cells.
 
-Random plans of several runs of one cell (other seeds) are pooled when the result files are
-given together: `load` concatenates them and keeps the first file's ranking plans.
+Random plans of several runs of one cell are pooled when the result files are given together:
+`load` adds a later run's random plans of seeds the earlier runs lack (a ranking's plan is the
+same in every run; a random plan of one seed nearly so, its byte cap being the run's largest
+ranking plan) and the rankings the earlier runs lack.
 """
 
 from __future__ import annotations
@@ -102,6 +104,14 @@ def verdict(results: dict[str, dict[str, Any]], operator: str, default: str) -> 
     return Verdict(operator, default, tuple(cells), mean)
 
 
+def _seeds(row: dict[str, Any]) -> list[int]:
+    """The seeds of a row's random plans (runs before `random_seeds` was kept: 1000, 1001...)."""
+    if "random_seeds_list" in row:
+        return list(row["random_seeds_list"])
+    first = row.get("random_seeds", [1000])[0]
+    return list(range(first, first + len(row.get("random", []))))
+
+
 def load(dirs: list[Path], families: list[str]) -> dict[str, dict[str, Any]]:
     """ranking-<family>.json of each directory, merged: rows of the later directories add
     their random plans (other seeds) and the rankings the earlier ones lack."""
@@ -124,7 +134,11 @@ def load(dirs: list[Path], families: list[str]) -> dict[str, dict[str, Any]]:
                     have = ops[op]["budgets"].setdefault(f, row)
                     if have is row:
                         continue
-                    have["random"] = have.get("random", []) + row.get("random", [])
+                    seen = _seeds(have)
+                    extra = [(s, r) for s, r in zip(_seeds(row), row.get("random", []),
+                                                    strict=True) if s not in seen]
+                    have["random"] = have.get("random", []) + [r for _, r in extra]
+                    have["random_seeds_list"] = seen + [s for s, _ in extra]
                     for k, v in row["rankings"].items():
                         have["rankings"].setdefault(k, v)
     return out
