@@ -21,7 +21,10 @@ SPEC = OperatorSpec(
     formula="M = B + lambda * disjoint_sum_i(w_i band(D_i; gamma, density_i))",
     kernel=breadcrumbs_ties, normalize_default=False, additive=False, density=True,
     params=(GAMMA,), cuts=cuts,
-    default_utility="per_tensor",  # as ties
+    # tensor_energy: the output is a disjoint sum, an unread block costs its kept delta; the
+    # quadratic per-tensor model of task_arithmetic; l2 and per_tensor lost at budget 0.1
+    # (docs/FIDELITY.md, "Default rankings")
+    default_utility="tensor_energy",
     not_incremental=("breadcrumbs_ties elects each entry's sign over all experts together: one "
                      "expert more can flip signs everywhere"),
     mergekit=MergekitMethod("breadcrumbs_ties", params=MERGEKIT_PARAMS, translate=no_rescale),
