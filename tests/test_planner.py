@@ -357,8 +357,10 @@ def test_per_tensor_utility_under_a_budget(cat: Catalog) -> None:
     assert keys(p) == RANKED_PER_TENSOR[:3] and p.planned_expert_bytes == 180
     # retained 1 + 2 + 1.5: less than the default plan's 6.5 (which maximizes it)
     assert p.omission_bound == pytest.approx(TOTAL_UTILITY - 4.5)
-    # per_tensor is task_arithmetic's default: not stored in the request (nor its hash)
-    assert "utility" not in p.summary()["params"]
+    # tensor_energy is task_arithmetic's default: not stored in the request (nor its hash);
+    # per_tensor and l2 are
+    assert p.summary()["params"]["utility"] == "per_tensor"
+    assert "utility" not in plan(cat, "200B", utility="tensor_energy").summary()["params"]
     assert plan(cat, "200B", utility="l2").summary()["params"]["utility"] == "l2"
 
 
