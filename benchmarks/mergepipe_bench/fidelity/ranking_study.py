@@ -276,14 +276,16 @@ def render(roots: list[Path], families: list[str]) -> str:
     lines: list[str] = []
     for op in ops:
         recs = {f: r["operators"][op] for f, r in res.items() if op in r.get("operators", {})}
-        names = ["default"] + list(dict.fromkeys(
+        # pooled runs had other defaults: then only the named rankings
+        names = ["default"] * (len(roots) == 1) + list(dict.fromkeys(
             k for rec in recs.values() for row in rec["budgets"].values() for k in row["rankings"]))
         first = next(iter(recs.values()))
+        during = (f" default during the run: {first['default_utility']}, unit "
+                  f"{first['default_unit']};" if len(roots) == 1 else "")
         lines += [f"**{op}** ({', '.join(f'{k}={v}' for k, v in first['params'].items()) or '-'};"
-                  f" default during the run: {first['default_utility']}, unit "
-                  f"{first['default_unit']}): KL ratio (answer tokens, to "
+                  f"{during} KL ratio (answer tokens, to "
                   "the full merge, over the base's); **bold**: below the random median", "",
-                  "| family | budget | random, median [min, max] | " + " | ".join(names)
+                  "| family | budget | random, median [min, max] (plans) | " + " | ".join(names)
                   + " |", "|---|---:|---:|" + "---:|" * len(names)]
         wins = dict.fromkeys(names, 0)
         n = 0
@@ -304,7 +306,8 @@ def render(roots: list[Path], families: list[str]) -> str:
                     v = c["kl"] / b
                     wins[k] += v < med
                     txt.append(f"**{_g(v)}**" if v < med else _g(v))
-                lines.append(f"| {fam} | {f} | {_g(med)} [{_g(min(rnd))}, {_g(max(rnd))}] | "
+                lines.append(f"| {fam} | {f} | {_g(med)} [{_g(min(rnd))}, {_g(max(rnd))}] "
+                             f"({len(rnd)}) | "
                              + " | ".join(txt) + " |")
         lines.append("| below the median | | | " + " | ".join(f"{wins[k]}/{n}" for k in names)
                      + " |")
