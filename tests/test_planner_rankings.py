@@ -95,7 +95,7 @@ def test_sparse_operators_full_budget_is_the_standard_merge(fam: tuple[Catalog, 
 @pytest.mark.parametrize(("op", "params", "utility", "unit"), [
     ("linear", {}, "per_tensor", "expert_block"),
     ("task_arithmetic", {}, "tensor_energy", "expert_block"),
-    ("breadcrumbs_ties", {"density": 0.5}, "tensor_energy", "expert_block"),
+    ("breadcrumbs_ties", {"density": 0.5}, "l2", "expert_block"),
     ("ties", {"density": 0.5}, "stratified", "expert_block"),
     ("dare_ties", {"density": 0.5}, "l2", "expert_block"),
     ("della", {"density": 0.5}, "stratified", "expert_block")])
@@ -123,7 +123,7 @@ def test_operator_listing_gives_each_operator_its_default_ranking() -> None:
     from mergepipe.service.routes.operators import operator_out
     for op, utility in (("ties", "stratified"), ("della", "stratified"), ("linear", "per_tensor"),
                         ("task_arithmetic", "tensor_energy"), ("dare_ties", "l2"),
-                        ("breadcrumbs_ties", "tensor_energy")):
+                        ("breadcrumbs_ties", "l2")):
         params = {p["name"]: p for p in operator_out(REGISTRY[op])["params"]}
         assert params["utility"]["default"] == utility
         assert params["unit"]["default"] == REGISTRY[op].planning_unit

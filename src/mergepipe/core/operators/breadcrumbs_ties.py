@@ -21,10 +21,9 @@ SPEC = OperatorSpec(
     formula="M = B + lambda * disjoint_sum_i(w_i band(D_i; gamma, density_i))",
     kernel=breadcrumbs_ties, normalize_default=False, additive=False, density=True,
     params=(GAMMA,), cuts=cuts,
-    # tensor_energy: the output is a disjoint sum, an unread block costs its kept delta; the
-    # quadratic per-tensor model of task_arithmetic; l2 and per_tensor lost at budget 0.1
-    # (docs/FIDELITY.md, "Default rankings")
-    default_utility="tensor_energy",
+    # l2 (the spec default): the output is a disjoint sum, so an unread block costs its kept,
+    # agreeing delta, as for dare_ties; per_tensor (its previous default) lost 9 of 25 cells
+    # against random plans, l2 3 (all at budget 0.1) (docs/FIDELITY.md, "Default rankings")
     not_incremental=("breadcrumbs_ties elects each entry's sign over all experts together: one "
                      "expert more can flip signs everywhere"),
     mergekit=MergekitMethod("breadcrumbs_ties", params=MERGEKIT_PARAMS, translate=no_rescale),
