@@ -431,15 +431,16 @@ def test_coverage_gives_the_small_tensor_its_share(catalog: Catalog) -> None:
 
 
 def test_utility_param_default_and_validation(cat: Catalog) -> None:
-    # linear and task_arithmetic rank per_tensor by default (issue 31), as ties
-    for op in ("task_arithmetic", "linear"):
+    # linear ranks per_tensor by default, task_arithmetic tensor_energy (issue 31)
+    for op, utility in (("task_arithmetic", "tensor_energy"), ("linear", "per_tensor")):
         default = plan(cat, "200B", op=op, utility=None)
-        explicit = plan(cat, "200B", op=op, utility="per_tensor")
+        explicit = plan(cat, "200B", op=op, utility=utility)
         assert "utility" not in explicit.request.params  # the default is not stored: same hash
         assert explicit.plan_hash == default.plan_hash
-        assert keys(default) == RANKED_PER_TENSOR[:3]
-        assert plan(cat, "200B", op=op, utility="l2").plan_hash != default.plan_hash
-        assert plan(cat, "200B", op=op, utility="coverage").plan_hash != default.plan_hash
+        if op == "linear":
+            assert keys(default) == RANKED_PER_TENSOR[:3]
+        for other in ("l2", "coverage", "per_tensor" if op != "linear" else "tensor_energy"):
+            assert plan(cat, "200B", op=op, utility=other).plan_hash != default.plan_hash
     with pytest.raises(InvalidRequest, match="utility"):
         plan(cat, "200B", utility="relative")
 
