@@ -160,7 +160,7 @@ def summary(results: dict[str, dict[str, Any]], operators: list[str]) -> str:
              "random median, KL ratio) | mean at 0.3, 0.5 | best other at 0.3, 0.5 |",
              "|---|---|---:|---|---:|---|"]
     for op in operators:
-        for k in names(results, op):
+        for k in names(results, op)[1:]:  # `default`: whatever the run's default was
             try:
                 v = verdict(results, op, k)
             except KeyError:  # not measured in every cell
