@@ -280,10 +280,10 @@ def render(roots: list[Path], families: list[str]) -> str:
         names = ["default"] * (len(roots) == 1) + list(dict.fromkeys(
             k for rec in recs.values() for row in rec["budgets"].values() for k in row["rankings"]))
         first = next(iter(recs.values()))
-        during = (f" default during the run: {first['default_utility']}, unit "
-                  f"{first['default_unit']};" if len(roots) == 1 else "")
-        lines += [f"**{op}** ({', '.join(f'{k}={v}' for k, v in first['params'].items()) or '-'};"
-                  f"{during} KL ratio (answer tokens, to "
+        during = (f"; default during the run: {first['default_utility']}, unit "
+                  f"{first['default_unit']}" if len(roots) == 1 else "")
+        lines += [f"**{op}** ({', '.join(f'{k}={v}' for k, v in first['params'].items()) or '-'}"
+                  f"{during}): KL ratio (answer tokens, to "
                   "the full merge, over the base's); **bold**: below the random median", "",
                   "| family | budget | random, median [min, max] (plans) | " + " | ".join(names)
                   + " |", "|---|---:|---:|" + "---:|" * len(names)]
