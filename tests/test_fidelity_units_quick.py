@@ -29,7 +29,7 @@ def test_every_unit_and_baseline_is_measured(quick: tuple[dict, Path]) -> None:
         json.dumps(res["config"]))
     assert len(res["family"]["experts"]) == 4
     (op,) = res["operators"]
-    assert op["operator"] == "dare_ties" and op["default_unit"] == "group"
+    assert op["operator"] == "dare_ties" and op["default_unit"] == "expert_block"
     assert op["base"]["kl"]["answer"] > 0
     for row in op["budgets"]:
         assert set(row["units"]) == set(cfg.units)

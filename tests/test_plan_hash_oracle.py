@@ -36,6 +36,9 @@ from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 # current ones.
 ORACLE = "1eb6e7bbea43426f751f8b532049931e95c4ef27e6ddba69408057f8b4c26fc1"
 ORACLE_31 = "950015efcc7dcf709cb0a9a9906add257e706954c3565a1896a81be6ba77ed01"
+# Then dare_ties planned by (expert, block) units (l2) instead of whole-tensor groups: ORACLE_31
+# is checked with dare_ties back on groups (only dare_ties' plans changed), ORACLE_NOW as is.
+ORACLE_NOW = "e0f27b2dedcd430ac7282cfda3e501c28258af1fd490967145772173af660c83"
 
 
 def _tensors(rng: random.Random, salt: int) -> list[Ten]:
@@ -89,7 +92,10 @@ def _digest(tmp_path: Path) -> str:
 
 
 def test_plan_hashes_match_the_oracle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _digest(tmp_path / "now") == ORACLE_31
+    assert _digest(tmp_path / "now") == ORACLE_NOW
+    monkeypatch.setitem(REGISTRY, "dare_ties",
+                        replace(REGISTRY["dare_ties"], planning_unit="group"))
+    assert _digest(tmp_path / "31") == ORACLE_31
     for name, utility in (("linear", "l2"), ("task_arithmetic", "l2"), ("ties", "per_tensor")):
         monkeypatch.setitem(REGISTRY, name, replace(REGISTRY[name], default_utility=utility))
     monkeypatch.setitem(REGISTRY, "della", replace(REGISTRY["della"], default_utility="l2",

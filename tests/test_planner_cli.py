@@ -118,13 +118,16 @@ def test_readable_output_shows_both_bounds(db: str, capsys: pytest.CaptureFixtur
 
 
 def test_utility_param(db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(db, "--experts", "e0,e1", "--op", "task_arithmetic", "--budget", "200B",
+    assert run(db, "--experts", "e0,e1", "--op", "linear", "--budget", "200B",
                "--param", "utility=per_tensor", "--json") == 0
     out = json.loads(capsys.readouterr().out)
-    assert "utility" not in out["params"]  # task_arithmetic's default: not stored
+    assert "utility" not in out["params"]  # linear's default: not stored
     # e1.t1.1 (3/3/40) then e0.t1.1 (1/sqrt(5)/40) then e0.t0.0 (4/sqrt(17)/100): 180 bytes
     assert out["planned_expert_bytes"] == 180
     assert run(db, "--experts", "e0,e1", "--op", "task_arithmetic", "--budget", "200B",
                "--param", "utility=l2", "--json") == 0
     assert json.loads(capsys.readouterr().out)["params"]["utility"] == "l2"
+    assert run(db, "--experts", "e0,e1", "--op", "task_arithmetic", "--budget", "200B",
+               "--param", "utility=tensor_energy", "--json") == 0
+    assert "utility" not in json.loads(capsys.readouterr().out)["params"]  # its default
     assert run(db, "--experts", "e0", "--param", "utility=bogus") != 0

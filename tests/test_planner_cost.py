@@ -169,7 +169,7 @@ def test_a_base_of_the_same_name_in_another_catalog_is_read_again(
     ("linear", {}, "290B", False),
     ("linear", {}, "1500B", True),  # whole tensors of the fallback expert too
     ("ties", {"density": 0.5}, "300B", False),
-    ("dare_ties", {"density": 0.5}, "500B", True),  # coherent groups
+    ("dare_ties", {"density": 0.5, "unit": "group"}, "500B", True),  # coherent groups
 ])
 def test_the_access_digest_equals_the_catalogs_sha256_of_its_lines(
         catalog: Catalog, op: str, params: dict[str, Any], budget: str, fallback: bool) -> None:

@@ -55,8 +55,7 @@ def keys(p: Plan) -> list[tuple[str, str, int]]:
 
 
 def test_operator_specs_declare_their_unit() -> None:
-    assert REGISTRY["dare_ties"].planning_unit == "group"
-    for name in ("linear", "task_arithmetic", "dare_linear", "ties"):
+    for name in ("linear", "task_arithmetic", "dare_linear", "ties", "dare_ties"):
         assert REGISTRY[name].planning_unit == "expert_block"
 
 
@@ -91,13 +90,13 @@ def test_block_groups_hand_computed(cat: Catalog, budget: str, groups: list[str]
     assert p.summary()["unit"] == "group_block" and p.summary()["unit_region"] == "block"
 
 
-def test_dare_ties_defaults_to_groups_and_is_coherent(cat: Catalog) -> None:
-    full = plan(cat, op="dare_ties", density=0.5)
-    old = plan(cat, op="dare_ties", density=0.5, unit="expert_block")
-    assert full.unit == "group" and old.unit == "expert_block"
-    assert sorted(keys(full)) == sorted(keys(old)) == sorted(RANKED)  # same reads at 1.0
-    assert "unit" not in full.request.params and old.request.params["unit"] == "expert_block"
-    for op, params in (("dare_ties", {}), ("ties", {"unit": "group"})):
+def test_dare_ties_groups_are_coherent(cat: Catalog) -> None:
+    full = plan(cat, op="dare_ties", density=0.5, unit="group")
+    default = plan(cat, op="dare_ties", density=0.5)
+    assert full.unit == "group" and default.unit == "expert_block"  # issue 31: (expert, block)
+    assert sorted(keys(full)) == sorted(keys(default)) == sorted(RANKED)  # same reads at 1.0
+    assert "unit" not in default.request.params and full.request.params["unit"] == "group"
+    for op, params in (("dare_ties", {"unit": "group"}), ("ties", {"unit": "group"})):
         for budget in range(1, 1121, 97):
             p = plan(cat, f"{budget}B", op=op, density=0.5, **params)
             assert p.planned_expert_bytes <= p.budget_bytes == budget

@@ -18,8 +18,9 @@ from mergepipe.planner.plan import Plan, make_plan
 from tests import factory
 from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
+from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
-RANKINGS = ("coverage", "stratified")
+RANKINGS = ("coverage", "stratified", "tensor_energy")
 EXPERTS = "e0:1.0,e1:0.5,e2:2.0"
 
 
@@ -93,9 +94,10 @@ def test_sparse_operators_full_budget_is_the_standard_merge(fam: tuple[Catalog, 
 
 @pytest.mark.parametrize(("op", "params", "utility", "unit"), [
     ("linear", {}, "per_tensor", "expert_block"),
-    ("task_arithmetic", {}, "per_tensor", "expert_block"),
+    ("task_arithmetic", {}, "tensor_energy", "expert_block"),
+    ("breadcrumbs_ties", {"density": 0.5}, "l2", "expert_block"),
     ("ties", {"density": 0.5}, "stratified", "expert_block"),
-    ("dare_ties", {"density": 0.5}, "l2", "group"),
+    ("dare_ties", {"density": 0.5}, "l2", "expert_block"),
     ("della", {"density": 0.5}, "stratified", "expert_block")])
 def test_default_ranking_per_operator(fam: tuple[Catalog, Path], op: str,
                                       params: dict[str, object], utility: str,
@@ -120,7 +122,32 @@ def test_operator_listing_gives_each_operator_its_default_ranking() -> None:
     from mergepipe.core.operators.registry import REGISTRY
     from mergepipe.service.routes.operators import operator_out
     for op, utility in (("ties", "stratified"), ("della", "stratified"), ("linear", "per_tensor"),
-                        ("task_arithmetic", "per_tensor"), ("dare_ties", "l2")):
+                        ("task_arithmetic", "tensor_energy"), ("dare_ties", "l2"),
+                        ("breadcrumbs_ties", "l2")):
         params = {p["name"]: p for p in operator_out(REGISTRY[op])["params"]}
         assert params["utility"]["default"] == utility
         assert params["unit"]["default"] == REGISTRY[op].planning_unit
+
+
+def test_tensor_energy_order_hand_computed(catalog: Catalog) -> None:
+    # 100-byte blocks, weights 1. Tensor A: e0 l2 3, 4; e1 1, 1 -> E_A = 9 + 16 + 1 + 1 = 27.
+    # Tensor B: e0 .1, .2; e1 .2, .1 -> E_B = .1. Scores a^2 / E_t: A/e0/1 16/27 = .593,
+    # B/e0/1 = B/e1/0 = .04/.1 = .4, A/e0/0 9/27 = .333, B/e0/0 = B/e1/1 = .1, A/e1 1/27 = .037
+    # (equal scores: l2 order, then expert position). l2 takes A's blocks first.
+    shapes = [Ten("A", [Blk(100), Blk(100)]), Ten("B", [Blk(100), Blk(100)])]
+    add_model(catalog, base_like("base", shapes))
+    for name, a, b in (("e0", (3, 4), (.1, .2)), ("e1", (1, 1), (.2, .1))):
+        add_model(catalog, Model(name, [Ten("A", [Blk(100, x) for x in a]),
+                                         Ten("B", [Blk(100, x) for x in b])], base="base"))
+
+    def blocks(utility: str, budget: str) -> list[tuple[str, str, int]]:
+        p = make_plan(catalog, build_request(base="base", experts="e0,e1",
+                                             operator="task_arithmetic", budget=budget,
+                                             params={"utility": utility}))
+        return [(b.model, b.tensor, b.block_index) for b in p.blocks]
+
+    order = [("e0", "A", 1), ("e0", "B", 1), ("e1", "B", 0), ("e0", "A", 0), ("e0", "B", 0),
+             ("e1", "B", 1), ("e1", "A", 0), ("e1", "A", 1)]
+    for k in range(1, 9):
+        assert sorted(blocks("tensor_energy", f"{100 * k}B")) == sorted(order[:k])
+    assert sorted(blocks("l2", "300B")) == sorted([("e0", "A", 1), ("e0", "A", 0), ("e1", "A", 0)])

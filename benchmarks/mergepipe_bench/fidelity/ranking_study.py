@@ -34,15 +34,17 @@ from mergepipe.planner.plan import Plan, make_plan
 from mergepipe_bench.fidelity.family import FamilySpec, build_family
 from mergepipe_bench.fidelity.model import TrainSpec
 from mergepipe_bench.fidelity.random_plan import Candidate, _first_fit, candidates, random_plan
+from mergepipe_bench.fidelity.ranking_verdict import load, summary
 from mergepipe_bench.fidelity.run import Evaluator, OperatorRun, OperatorSpec, machine
 from mergepipe_bench.fidelity.tasks import eval_set
 from mergepipe_bench.fidelity.units import UnitsConfig, realistic_family, toy_family
 
 OPERATORS = (OperatorSpec("linear"), OperatorSpec("ties", {"density": 0.5}),
              OperatorSpec("dare_ties", {"density": 0.5}), OperatorSpec("della", {"density": 0.5}),
-             OperatorSpec("task_arithmetic", {"lambda": 0.5}))
+             OperatorSpec("task_arithmetic", {"lambda": 0.5}),
+             OperatorSpec("breadcrumbs_ties", {"density": 0.5}))
 BUDGETS = (0.1, 0.2, 0.3, 0.5, 0.7)
-PLANNER_RANKINGS = ("l2", "per_tensor", "coverage", "stratified")  # params.utility values
+PLANNER_RANKINGS = ("l2", "per_tensor", "coverage", "stratified", "tensor_energy")  # params.utility values
 
 
 def small_deltas_family() -> FamilySpec:
@@ -50,8 +52,14 @@ def small_deltas_family() -> FamilySpec:
     return FamilySpec(finetune=TrainSpec(steps=100, batch=16, lr=1e-4, warmup=10))
 
 
+def _reseeded(make: Callable[[], FamilySpec], seed: int) -> Callable[[], FamilySpec]:
+    """The same family trained from another seed (base and experts)."""
+    return lambda: replace(make(), seed=seed)
+
+
 FAMILIES: dict[str, Callable[[], FamilySpec]] = {
-    "toy": toy_family, "small": small_deltas_family, "realistic": realistic_family}
+    "toy": toy_family, "small": small_deltas_family, "realistic": realistic_family,
+    "toy-s1": _reseeded(toy_family, 1), "small-s1": _reseeded(small_deltas_family, 1)}
 
 Order = Callable[[list[Candidate]], list[Candidate]]
 
@@ -103,6 +111,17 @@ def _energy(cs: list[Candidate]) -> list[Candidate]:
     return _by(cs, {i: c.utility ** 2 / e[(c.model, c.tensor)] for i, c in enumerate(cs)})
 
 
+def _tensor_energy(cs: list[Candidate]) -> list[Candidate]:
+    """a_u^2 / E_t per byte, E_t the summed a^2 of the tensor over every expert: the greedy of
+    sum over tensors of (omitted energy / total energy), a quadratic (KL-like) model of the
+    output change in which each tensor's whole update counts the same."""
+    e: dict[str, float] = {}
+    for c in cs:
+        e[c.tensor] = e.get(c.tensor, 0.0) + c.utility ** 2
+    return _by(cs, {i: c.utility ** 2 / e[c.tensor] if e[c.tensor] else 0.0
+                    for i, c in enumerate(cs)})
+
+
 def _dim(cs: list[Candidate], key: Callable[[Candidate], Any]) -> list[Candidate]:
     """per_tensor share times sqrt(k) - sqrt(k - 1), k the rank by share in key's group (ties:
     the per_tensor order), as planner_candidates_diminish.sql."""
@@ -126,6 +145,7 @@ def rankings() -> dict[str, Order]:
     stratified: per region (tensor, block), experts with diminishing returns;
     coverage_exact: coverage with the exact running energy instead of the rank."""
     return {"l2": _l2, "per_tensor": _per_tensor, "energy": _energy,
+            "tensor_energy": _tensor_energy,
             "coverage": lambda cs: _dim(cs, lambda c: (c.model, c.tensor)),
             "stratified": lambda cs: _dim(cs, lambda c: (c.tensor, c.block_index)),
             "coverage_exact": lambda cs: _by(cs, _marginal_sqrt(
@@ -168,7 +188,7 @@ class Study:
 
     def run(self, operators: list[OperatorSpec], budgets: list[float], names: list[str],
             n_random: int, out: dict[str, Any],
-            planner_variants: tuple[str, ...] = ()) -> dict[str, Any]:
+            planner_variants: tuple[str, ...] = (), seed0: int = 1000) -> dict[str, Any]:
         torch.set_num_threads(self.cfg.threads)
         cat, info = self.catalog()
         experts = list(info["experts"])
@@ -229,7 +249,8 @@ class Study:
                                       else kl(plan, "default"))
                     top = max([r["bytes"] for r in row["rankings"].values()]
                               + [row["default"]["bytes"]])
-                    row["random"] = [kl(random_plan(_cap(plan, top), cands, 1000 + s), f"r{s}")
+                    row["random_seeds"] = [seed0, seed0 + n_random - 1]
+                    row["random"] = [kl(random_plan(_cap(plan, top), cands, seed0 + s), f"r{s}")
                                      for s in range(n_random)]
                     med = statistics.median(r["kl"] for r in row["random"])
                     msg = "  ".join(f"{k} {v['kl']:.3g}" for k, v in row["rankings"].items())
@@ -247,23 +268,24 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
-def render(root: Path, families: list[str]) -> str:
+def render(roots: list[Path], families: list[str]) -> str:
     """One Markdown table per operator, rows (family, budget): answer-token KL to the full merge
     as a ratio of the base's; **bold**: below the median of the random plans."""
-    res = {f: json.loads((root / f"ranking-{f}.json").read_text()) for f in families
-           if (root / f"ranking-{f}.json").exists()}
+    res = load(roots, families)  # later roots add random plans (other seeds) and rankings
     ops = list(dict.fromkeys(op for r in res.values() for op in r.get("operators", {})))
     lines: list[str] = []
     for op in ops:
         recs = {f: r["operators"][op] for f, r in res.items() if op in r.get("operators", {})}
-        names = ["default"] + list(dict.fromkeys(
+        # pooled runs had other defaults: then only the named rankings
+        names = ["default"] * (len(roots) == 1) + list(dict.fromkeys(
             k for rec in recs.values() for row in rec["budgets"].values() for k in row["rankings"]))
         first = next(iter(recs.values()))
-        lines += [f"**{op}** ({', '.join(f'{k}={v}' for k, v in first['params'].items()) or '-'};"
-                  f" default during the run: {first['default_utility']}, unit "
-                  f"{first['default_unit']}): KL ratio (answer tokens, to "
+        during = (f"; default during the run: {first['default_utility']}, unit "
+                  f"{first['default_unit']}" if len(roots) == 1 else "")
+        lines += [f"**{op}** ({', '.join(f'{k}={v}' for k, v in first['params'].items()) or '-'}"
+                  f"{during}): KL ratio (answer tokens, to "
                   "the full merge, over the base's); **bold**: below the random median", "",
-                  "| family | budget | random, median [min, max] | " + " | ".join(names)
+                  "| family | budget | random, median [min, max] (plans) | " + " | ".join(names)
                   + " |", "|---|---:|---:|" + "---:|" * len(names)]
         wins = dict.fromkeys(names, 0)
         n = 0
@@ -284,7 +306,8 @@ def render(root: Path, families: list[str]) -> str:
                     v = c["kl"] / b
                     wins[k] += v < med
                     txt.append(f"**{_g(v)}**" if v < med else _g(v))
-                lines.append(f"| {fam} | {f} | {_g(med)} [{_g(min(rnd))}, {_g(max(rnd))}] | "
+                lines.append(f"| {fam} | {f} | {_g(med)} [{_g(min(rnd))}, {_g(max(rnd))}] "
+                             f"({len(rnd)}) | "
                              + " | ".join(txt) + " |")
         lines.append("| below the median | | | " + " | ".join(f"{wins[k]}/{n}" for k in names)
                      + " |")
@@ -300,14 +323,20 @@ def main() -> None:
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     p.add_argument("--rankings", default=",".join(rankings()))
     p.add_argument("--random", type=int, default=8)
+    p.add_argument("--seed0", type=int, default=1000, help="first random plan's seed")
     p.add_argument("--planner", default="", help="comma-separated utility:unit planner plans")
     p.add_argument("--eval-per-task", type=int, default=64)
-    p.add_argument("--render", action="store_true")
+    p.add_argument("--render", action="store_true",
+                   help="tables of DIR's results (DIR: comma-separated directories, pooled)")
+    p.add_argument("--verdict", default="",
+                   help="with --render: the done-when summary of these operators instead")
     a = p.parse_args()
-    root = Path(a.dir).absolute()
     if a.render:
-        print(render(root, list(FAMILIES)))
+        roots = [Path(d).absolute() for d in a.dir.split(",")]
+        print(summary(load(roots, list(FAMILIES)), a.verdict.split(",")) if a.verdict
+              else render(roots, list(FAMILIES)))
         return
+    root = Path(a.dir).absolute()
     ops = [o for o in OPERATORS if o.name in a.operators.split(",")]
     ops.sort(key=lambda o: a.operators.split(",").index(o.name))
     path = root / f"ranking-{a.family}.json"
@@ -316,7 +345,7 @@ def main() -> None:
                 "machine": machine(), "eval_per_task": a.eval_per_task})
     Study(a.family, root, a.eval_per_task).run(
         ops, [float(x) for x in a.budgets.split(",")], a.rankings.split(","), a.random, out,
-        tuple(x for x in a.planner.split(",") if x))
+        tuple(x for x in a.planner.split(",") if x), a.seed0)
 
 
 if __name__ == "__main__":

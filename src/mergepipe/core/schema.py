@@ -275,8 +275,10 @@ NORMALIZE = Param("normalize", bool, False, help="divide by the sum of the weigh
 LAMBDA = Param("lambda", float, 1.0, help="scale of the merged delta")
 # activation: the block's output change under the base's calibration (mergepipe calibrate);
 # fisher: the KL the block's delta causes under the calibration's Fisher (planner.activation).
+# tensor_energy: a_u^2 over the summed a^2 of its tensor (every expert), per byte: each tensor's
+# omitted energy share, a quadratic model of the output change (docs/catalog.md#rankings).
 UTILITY = Param("utility", str, "l2", ("l2", "per_tensor", "coverage", "stratified",
-                                       "activation", "fisher"),
+                                       "tensor_energy", "activation", "fisher"),
                 help="the planner's block ranking")
 # The dtype the arithmetic runs in, and whose arithmetic: native (float32 fused kernels) or
 # mergekit's operation by operation (a mergekit config). Kept only when not the default.

@@ -69,6 +69,7 @@ def candidates_sql(region: str | None = None, utility: str = "l2") -> SQL:
     the request asks for (planner_rank_*.sql), then costed."""
     pieces, last = [load_sql("planner_units").text], "ranked_units"
     for piece, name, wanted in (("planner_rank_diminish", "diminished", utility in STRATA),
+                                ("planner_rank_energy", "energized", utility == "tensor_energy"),
                                 ("planner_rank_group", "grouped", region is not None)):
         if wanted:
             pieces.append(load_sql(piece).text.replace("{input}", last))
@@ -87,7 +88,8 @@ def build_candidates(conn: Connection, region: str | None = None, utility: str =
     """Create the ranked candidate units; returns C_full, the operator's full-read bytes.
     region ("tensor" | "block"): rank coherent groups, all experts' units of one output region
     together (PLANNING_UNITS); None: (expert, block) units one by one. utility: the ranking
-    (as given to `load_request`); coverage and stratified re-rank with diminishing returns.
+    (as given to `load_request`); coverage and stratified re-rank with diminishing returns,
+    tensor_energy by the squared utility over its tensor's total.
     Refuses (InvalidRequest) an expert whose statistics miss a candidate's rows."""
     params = {"stratum": STRATA.get(utility), "region": region}
     stmt = candidates_sql(region, utility)

@@ -21,7 +21,9 @@ SPEC = OperatorSpec(
     formula="M = B + lambda * disjoint_sum_i(w_i band(D_i; gamma, density_i))",
     kernel=breadcrumbs_ties, normalize_default=False, additive=False, density=True,
     params=(GAMMA,), cuts=cuts,
-    default_utility="per_tensor",  # as ties
+    # l2 (the spec default): the output is a disjoint sum, so an unread block costs its kept,
+    # agreeing delta, as for dare_ties; per_tensor (its previous default) lost 9 of 25 cells
+    # against random plans, l2 3 (all at budget 0.1) (docs/FIDELITY.md, "Default rankings")
     not_incremental=("breadcrumbs_ties elects each entry's sign over all experts together: one "
                      "expert more can flip signs everywhere"),
     mergekit=MergekitMethod("breadcrumbs_ties", params=MERGEKIT_PARAMS, translate=no_rescale),

@@ -19,7 +19,10 @@ SPEC = OperatorSpec(
     name="dare_ties", title="DARE-TIES",
     formula="M = B + lambda * disjoint_sum_i(w_i drop(D_i, density_i) / rescale)",
     kernel=dare_ties, normalize_default=False, additive=False, density=True,
-    planning_unit="group",  # measured: closest to the full merge (docs/FIDELITY.md)
+    # (expert, block) units ranked l2: the output is a disjoint *sum*, so an unread block costs
+    # its expert's kept, agreeing delta there, whose expected norm ||D_b|| / sqrt(density) has
+    # the l2 order (the drop and rescale are the same for every block); below random plans of
+    # equal bytes at every budget of five families (docs/FIDELITY.md, "Default rankings")
     not_incremental="DARE-TIES elects each entry's sign over all experts together: one expert more "
                     "can flip signs everywhere",
     params=(RESCALE,),
