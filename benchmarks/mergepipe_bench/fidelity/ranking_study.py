@@ -124,7 +124,7 @@ def _tensor_energy(cs: list[Candidate]) -> list[Candidate]:
 
 def _dim(cs: list[Candidate], key: Callable[[Candidate], Any]) -> list[Candidate]:
     """per_tensor share times sqrt(k) - sqrt(k - 1), k the rank by share in key's group (ties:
-    the per_tensor order), as planner_candidates_diminish.sql."""
+    the per_tensor order), as planner/sql/planner_rank_diminish.sql."""
     e = _et_energy(cs)
     share = {i: c.utility / math.sqrt(e[(c.model, c.tensor)]) for i, c in enumerate(cs)}
     prior = {id(c): r for r, c in enumerate(_per_tensor(cs))}

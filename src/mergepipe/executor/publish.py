@@ -22,7 +22,7 @@ from mergepipe.storage.store_types import FILE
 
 PART_BYTES = 8 << 20  # S3 parts are at least 5 MiB (but the last)
 UPLOAD_THREADS = 4
-log = logging.getLogger("mergepipe.executor.s3_output")
+log = logging.getLogger("mergepipe.executor.publish")
 
 
 def check_target(target: Path, *, overwrite: bool = False) -> None:
