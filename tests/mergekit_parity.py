@@ -98,12 +98,14 @@ def run_mergekit(cfgs: dict[str, dict[str, Any]], root: Path, seed: int | None =
     return {name: load_raw(root / name) for name in cfgs}
 
 
-def run_ours(cat: Catalog, cfg: dict[str, Any], out: Path, **kw: Any
+def run_ours(cat: Catalog, cfg: dict[str, Any], out: Path, *, stats: bool = True, **kw: Any
              ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """`mergepipe merge CFG.yml` in process: resolve, register what is new, merge."""
+    """`mergepipe merge CFG.yml` in process: resolve, register what is new (experts without
+    statistics unless `stats`), merge."""
     request, resolved = load_config(cat, yaml.safe_dump(cfg), **kw)
     for job in resolved.to_ingest:
-        run_ingestion(cat, dataclasses.replace(job, block_bytes=BLOCK_BYTES))
+        run_ingestion(cat, dataclasses.replace(job, block_bytes=BLOCK_BYTES,
+                                               with_stats=stats or job.base is None))
     summary = merge(cat, request, out, output_name=out.name).to_dict()
     return summary, load_raw(out)
 

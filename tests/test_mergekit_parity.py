@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.models import list_models
+from tests import catalogs
 from tests import mergekit_parity as mp
 
 pytest.importorskip("mergekit", reason="mergekit (test extra) is the conformance reference")
@@ -43,8 +46,9 @@ def fam(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return mp.make_family(tmp_path_factory.mktemp("family"))
 
 
-def _check(name: str, method: str, dtype: str | None, fam, cat, theirs, out: Path) -> None:
-    summary, ours = mp.run_ours(cat, _config(method, fam, dtype, name), out)
+def _check(name: str, method: str, dtype: str | None, fam, cat, theirs, out: Path,
+           stats: bool = True) -> None:
+    summary, ours = mp.run_ours(cat, _config(method, fam, dtype, name), out, stats=stats)
     assert summary["expert_bytes_read"] <= summary["full_read_bytes"]
     densities = FLOOR if name == "ties-floor" else mp.DENSITIES
     keep = mp.untied(fam, COMPUTE[dtype], densities) if method == "ties" else None
@@ -65,6 +69,20 @@ def test_bf16_fp16_and_files_dtype_configs_give_mergekits_bytes(name, fam, cat, 
                                                                  tmp_path):
     method, dtype = FAST[name]
     _check(name, method, dtype, fam, cat, fast_reference[name], tmp_path / name)
+
+
+def test_ties_of_experts_without_statistics_gives_mergekits_bytes(fam, fast_reference, tmp_path):
+    """Experts ingested without statistics (`--no-stats`): the planner computes their exact
+    trim thresholds from the files, so the full-budget TIES merge is mergekit's (it kept
+    every entry before: no catalog threshold meant no trim)."""
+    bare = Catalog(catalogs.new_catalog(tmp_path, "nostats"))
+    try:
+        _check("ties-none", "ties", None, fam, bare, fast_reference["ties-none"],
+               tmp_path / "ties-none", stats=False)
+        experts = [m for m in list_models(bare) if m.name in mp.EXPERTS]
+        assert len(experts) == 3 and not any(m.has_stats for m in experts)
+    finally:
+        bare.close()
 
 
 def test_native_float32_arithmetic_differs_from_a_bf16_config(fam, cat, fast_reference, tmp_path):

@@ -50,7 +50,7 @@ from mergepipe.storage.store import store_for
 from mergepipe.storage.store_types import Stamp
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "KINDS", "ScanFn", "ScannedModel", "ingest_model",
-           "scan_model", "write_model"]
+           "TrimGrid", "scan_model", "trim_grids", "write_model"]
 
 # How the blocks are scanned: (plans, the checkpoint's files with their stamps, progress) ->
 # (one result per plan, in order; bytes read). `scan_pinned` by default; an engine may spread it
@@ -503,3 +503,39 @@ def _tensor_stats_row(r: TensorResult) -> dict[str, Any]:
             "l1": sum(s.l1 for s in r.stats), "max_abs": max(s.max_abs for s in r.stats),
             "nnz": sum(s.nnz for s in r.stats), "trim_tau": r.trim.tau,
             "trim_above": r.trim.above, "trim_tied": r.trim.tied}
+
+
+@dataclass(frozen=True)
+class TrimGrid:
+    """One expert tensor's TIES trim thresholds on the 1% grid (tensor_stats.trim_*)."""
+
+    numel: int
+    tau: list[float]
+    above: list[int]
+    tied: list[int]
+
+
+def trim_grids(cat: Catalog, name: str, tensors: set[str]) -> dict[str, TrimGrid]:
+    """The trim-threshold grids of some tensors of an expert registered without statistics,
+    computed by ingestion's own scan from its files (the rows `ingest` with statistics would
+    have stored; a merge needs them for the operators that trim by magnitude). Reads those
+    tensors and the base's; a file changed since ingestion is refused (SourceChanged)."""
+    model = get_model(cat, name)
+    assert model.base is not None
+    ckpt = _open(model.path, model.kind)
+    recorded = {f.path: f.stamp for f in model_files(cat, name)}
+    stamps = _file_stamps(ckpt)
+    for h, stamp in zip(ckpt.files, stamps, strict=True):
+        was = recorded.get(h.path)
+        change = "not registered" if was is None else stamp.change_from(was)
+        if change is not None:
+            raise SourceChanged(f"{h.path}: changed since model {name!r} was ingested "
+                                f"({change}); re-ingest it", field="experts")
+    layout = _BaseLayout.load(cat, model.base)
+    plans, _, _ = _plan_tensors(ckpt, layout, model.kind, layout.block_bytes, True)
+    plans = [p for p in plans if p.name in tensors]
+    pins = [(h.path, s) for h, s in zip(ckpt.files, stamps, strict=True)]
+    results, _ = scan_pinned(plans, pins, None)
+    return {r.name: TrimGrid(r.trim.numel, list(r.trim.tau), list(r.trim.above),
+                             list(r.trim.tied))
+            for r in results if r.trim is not None}

@@ -25,6 +25,7 @@ from mergepipe.core.errors import (
     NotFound,
     SourceChanged,
 )
+from mergepipe.executor.fallback_trims import fill_fallback_trims
 from mergepipe.planner.plan import Plan
 from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.storage.locations import absolute, basename
@@ -161,6 +162,7 @@ def prepare(cat: Catalog, plan: Plan) -> Prepared:
     _check_family(req.base, base, experts)
     for m in (base, *experts):
         m.check_files(cat)
+    fill_fallback_trims(cat, plan)  # experts without statistics, for ties and breadcrumbs
     selected = _select_blocks(plan, base, experts)
     planned = _planned_bytes(selected, experts)
     total = sum(planned.values())
