@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mergepipe.api import Catalog
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.executor.prepare import prepare
 from tests import catalogs, factory
 
@@ -106,3 +107,16 @@ def test_budgeted_ties_without_statistics_uses_the_exact_thresholds(cats, tmp_pa
                                 params=OPERATORS["ties"], budget=budget, out=tmp_path / f"m{i}",
                                 name=f"budgeted-{i}", progress=False) for i in range(2))
     assert a.output_hash == b.output_hash and a.expert_bytes_read <= budget
+
+
+def test_a_trimmed_tensor_without_threshold_is_refused_naming_the_expert(cats):
+    """The guard behind the fix: a ties plan that reads a tensor of an expert with no threshold
+    for it (here one removed from the plan) is refused before anything is merged, naming the
+    expert and how to fix it, never merged untrimmed."""
+    plan = cats["stats"].plan(base="base", experts=list(EXPERTS), operator="ties",
+                              params=OPERATORS["ties"], budget=1.0, progress=False)
+    key = next(k for k in sorted(plan.trims) if k[0] == "e2")
+    del plan.trims[key]
+    with pytest.raises(InvalidRequest, match=r"expert 'e2'.*re-ingest 'e2' with statistics") as e:
+        prepare(cats["stats"].db, plan)
+    assert e.value.field == "experts" and key[1] in str(e.value)
