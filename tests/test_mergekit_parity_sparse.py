@@ -18,7 +18,8 @@ import pytest
 import torch
 import yaml
 
-from tests import factory
+from mergepipe.catalog.db import Catalog
+from tests import catalogs, factory
 from tests import mergekit_parity as mp
 
 pytest.importorskip("mergekit", reason="mergekit (test extra) is the conformance reference")
@@ -67,8 +68,8 @@ def band_untied(fam: dict[str, Path], dtype: torch.dtype, gamma: float
 
 
 def _check_band(name: str, method: str, dtype: str | None, gamma: float, fam, cat, theirs,
-                out: Path) -> tuple[int, int]:
-    summary, ours = mp.run_ours(cat, _config(method, fam, dtype, gamma), out)
+                out: Path, stats: bool = True) -> tuple[int, int]:
+    summary, ours = mp.run_ours(cat, _config(method, fam, dtype, gamma), out, stats=stats)
     assert summary["expert_bytes_read"] == summary["full_read_bytes"]
     keep = band_untied(fam, COMPUTE[dtype], gamma)
     differ, compared, rel = mp.differences(ours, theirs, keep)
@@ -123,6 +124,20 @@ def test_breadcrumbs_configs_give_mergekits_bytes_off_the_cut_ties(name, fam, ca
                                                                   fast_reference, tmp_path):
     method, dtype, gamma = BAND_FAST[name]
     _check_band(name, method, dtype, gamma, fam, cat, fast_reference[0][name], tmp_path / name)
+
+
+@pytest.mark.slow  # a mergekit subprocess (~30 s)
+def test_breadcrumbs_ties_of_experts_without_statistics_gives_mergekits_bytes(fam, fast_reference,
+                                                                            tmp_path):
+    """Experts ingested without statistics: their band cuts come from thresholds computed from
+    the files when the merge starts (before, they were not trimmed at all)."""
+    bare = Catalog(catalogs.new_catalog(tmp_path, "nostats"))
+    try:
+        method, dtype, gamma = BAND_FAST["bct-none"]
+        _check_band("bct-none", method, dtype, gamma, fam, bare, fast_reference[0]["bct-none"],
+                    tmp_path / "bct-none", stats=False)
+    finally:
+        bare.close()
 
 
 @pytest.mark.slow  # a mergekit subprocess (~30 s); make test keeps tests/test_mergekit_parity.py's
