@@ -157,11 +157,14 @@ def untied(fam: dict[str, Path], dtype: torch.dtype, densities: tuple[Any, ...] 
            ) -> dict[str, torch.Tensor]:
     """Entries no expert has at its trim threshold in the compute dtype (where mergekit's
     argsort keeps an arbitrary subset of the tied entries). A density may be a function of the
-    tensor name (per-tensor parameters)."""
+    tensor name (per-tensor parameters). A tensor of another shape than the base's (an
+    expert's resized embeddings) is left to the caller."""
     base = {k: v.to(dtype) for k, v in factory.load(fam["base"]).items()}
     keep = {k: torch.ones(v.shape, dtype=torch.bool) for k, v in base.items()}
     for name, dens in zip(EXPERTS, densities, strict=True):
         for k, v in factory.load(fam[name]).items():
+            if v.shape != base[k].shape:
+                continue
             d = (v.to(dtype) - base[k]).abs().float().reshape(-1)
             n = max(1, int((dens(k) if callable(dens) else dens) * d.numel()))
             tau = torch.sort(d, descending=True).values[n - 1]

@@ -100,13 +100,16 @@ def test_slices_and_tokenizer_options_equal_mergekit_quick(
     read by range from the fake Hub (mergekit reading local copies), and slerp over one slice
     (the same tensor names, every entry bit-equal, the same layer count), and an inline chat
     template and another model's tokenizer (tests/test_mergekit_tokenizer.py: the same tensors
-    and tokenizer files), and a padded union of differing vocabularies with tokens: and a
-    built-in template (tests/test_mergekit_vocab.py: every token's rows equal)."""
+    and tokenizer files), a padded union of differing vocabularies with tokens: and a
+    built-in template, and a union over an expert with added tokens and resized embeddings
+    (tests/test_mergekit_vocab.py: every token's rows equal)."""
     fam = tk.family(tmp_path / "fam", layers=LAYERS)
     slices = {n: c for n, c in configs({**fam, "t1": fam["e1"]}).items() if n in QUICK}
     tokens = {n: c for n, c in tk.configs(fam).items() if n in tk.QUICK}
     vocab = {n: c for n, c in tk.vocab_configs(tk.differing_family(tmp_path / "vfam")).items()
              if n in tk.VOCAB_QUICK}
+    vocab |= {n: c for n, c in tk.resized_configs(tk.resized_family(tmp_path / "rfam")).items()
+              if n in tk.RESIZED_QUICK}
     theirs = mp.run_mergekit({**slices, **tokens, **vocab, "hub": slices["stack"]}, tmp_path)
     check(slices, theirs, tmp_path)
     tk.check(tokens, theirs, tmp_path)

@@ -7,6 +7,7 @@ files (tests/tokenizer_parity.check_vocab)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 import yaml
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.models import find_model
+from mergepipe.catalog.models import find_model, model_tensors
 from mergepipe.cli.main import main
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_tokenizer import BUNDLED
@@ -87,16 +88,96 @@ def test_budgeted_merge_reindexes_at_full_read(tmp_path: Path) -> None:
     assert any(not torch.equal(a[k], b[k]) for k in a if k not in vocab)
 
 
-def test_embeddings_of_another_size_are_refused_naming_the_option(tmp_path: Path) -> None:
-    """Experts are deltas of the base's tensors: a model with other embedding rows is refused
-    when the config is read, naming the option and the model."""
-    fam = tk.differing_family(tmp_path / "fam")
-    cfg = json.loads((fam["e1"] / "config.json").read_text())
-    (fam["e1"] / "config.json").write_text(json.dumps({**cfg, "vocab_size": 70}))
+@pytest.mark.slow
+def test_resized_expert_equals_mergekit_all(tmp_path: Path) -> None:
+    """An expert fine-tuned with added tokens (embed_tokens and lm_head of 68 rows, the base
+    64): linear, ties and task_arithmetic over a union (gaining its tokens) and the base's
+    vocabulary (dropping them), every token's rows equal mergekit's."""
+    pytest.importorskip("mergekit")
+    cfgs = tk.resized_configs(tk.resized_family(tmp_path / "fam"),
+                              methods=("linear", "ties", "task_arithmetic"))
+    mp.run_mergekit(cfgs, tmp_path)
+    tk.check_vocab(cfgs, tmp_path)
+
+
+def test_resized_expert_without_reindexing_is_refused_naming_expert_and_tensor(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The expert with resized embeddings ingests (its embeddings recorded with their own 68
+    rows); a merge of it that does not re-index the embeddings (no tokenizer option) is
+    refused in one line naming the expert and the tensor, as mergekit refuses it; the same
+    config with tokenizer_source: union merges it (the output has its added tokens' rows)."""
+    fam = tk.resized_family(tmp_path / "fam")
+    cfg = tk.resized_configs(fam)["task_arithmetic-resized-union"]
+    plain = {k: v for k, v in cfg.items() if k != "tokenizer_source"}
+    db = str(new_catalog(tmp_path, "cat"))
+    (tmp_path / "plain.yml").write_text(yaml.safe_dump(plain))
+    assert main(["--catalog", db, "merge", str(tmp_path / "plain.yml"), "--out",
+                 str(tmp_path / "plain")]) != 0
+    # (the other lines: the config's models registered first, a note on the arithmetic)
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert re.search(r"experts\[1\]\.model: expert 'e1[^']*': tensor '(lm_head|model\."
+                     r"embed_tokens)\.weight' has 68 rows, 64 in the base 'base[^']*' .*"
+                     "tokenizer option that re-indexes", err[0]), err
+    assert not (tmp_path / "plain").exists()
+    cat = Catalog(db)
+    try:
+        row = find_model(cat, "e1")
+        assert row is not None and row.status == "ready"
+        shapes = {t.name: t.shape for t in model_tensors(cat, "e1")}
+        assert shapes["model.embed_tokens.weight"] == shapes["lm_head.weight"] == (68, 32)
+    finally:
+        cat.close()
+    manifest = _merge(db, cfg, tmp_path / "union")
+    assert (manifest["tokenizer"]["vocabulary"], manifest["tokenizer"]["rows"]) == (92, 92)
+    got = mp.load_raw(tmp_path / "union")
+    e1 = mp.load_raw(fam["e1"])
+    ids = tk.ids(tmp_path / "union")
+    # n64..n67 only e1 has: the output's rows are e1's (task arithmetic: w * e1 + (1 - w) *
+    # base's fill, the base's fill being e1's row too)
+    for i, t in enumerate(tk.ADDED):
+        assert torch.equal(got["lm_head.weight"][ids[t]], e1["lm_head.weight"][64 + i].float())
+
+
+def test_resized_tensor_other_than_vocabulary_rows_is_refused(tmp_path: Path) -> None:
+    """Ingestion accepts an expert's vocabulary tensors with more rows only: fewer rows, another
+    width, or another tensor resized stays refused, naming the file and the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    from mergepipe.catalog.queue import NewIngestJob
+    from mergepipe.core.errors import InvalidCheckpoint
+    from mergepipe.jobs.ingest import run_ingestion
+
+    fam = mp.make_family(tmp_path / "fam")
     cat = Catalog(new_catalog(tmp_path, "cat"))
     try:
-        with pytest.raises(InvalidRequest, match=r"^tokenizer_source: .*/e1 has 70 embedding "
-                                                 "rows .*, the base 64"):
+        run_ingestion(cat, NewIngestJob("base", "full", str(fam["base"]), None))
+        cases = {"model.embed_tokens.weight": lambda t: t[:60],
+                 "lm_head.weight": lambda t: torch.cat([t, t], dim=1),
+                 "model.norm.weight": lambda t: torch.cat([t, t])}
+        for k, (name, change) in enumerate(cases.items()):
+            tensors = load_file(str(fam["e1"] / "model.safetensors"))
+            tensors[name] = change(tensors[name]).contiguous()
+            path = tmp_path / f"x{k}"
+            path.mkdir()
+            save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+            with pytest.raises(InvalidCheckpoint, match=rf"model.safetensors: tensor "
+                                                        rf"'{name}' has shape"):
+                run_ingestion(cat, NewIngestJob(f"x{k}", "full", str(path), "base"))
+    finally:
+        cat.close()
+
+
+def test_embeddings_of_fewer_rows_are_refused_naming_the_option(tmp_path: Path) -> None:
+    """Experts are deltas of the base's tensors: a model with fewer embedding rows than the
+    base is refused when the config is read, naming the option and the model."""
+    fam = tk.differing_family(tmp_path / "fam")
+    cfg = json.loads((fam["base"] / "config.json").read_text())
+    (fam["base"] / "config.json").write_text(json.dumps({**cfg, "vocab_size": 70}))
+    cat = Catalog(new_catalog(tmp_path, "cat"))
+    try:
+        with pytest.raises(InvalidRequest, match=r"^tokenizer_source: .*/e0 has 64 embedding "
+                                                 "rows .*, fewer than the base's 70"):
             load_config(cat, yaml.safe_dump({**mp.config("task_arithmetic", fam, None),
                                              "tokenizer_source": "union"}))
     finally:

@@ -115,6 +115,44 @@ def differing_family(root: Path, layers: int = 2) -> dict[str, Path]:
     return fam
 
 
+RESIZED_QUICK = ("task_arithmetic-resized-union",)
+ADDED = ("n64", "n65", "n66", "n67")  # the tokens resized_family's e1 was fine-tuned with
+VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def resized_family(root: Path, layers: int = 2) -> dict[str, Path]:
+    """differing_family whose e1 was fine-tuned with 4 added tokens (ADDED, ids 64..67): its
+    embed_tokens and lm_head have 68 rows (the extra rows seeded), config.json vocab_size 68."""
+    from safetensors.torch import load_file, save_file
+
+    fam = differing_family(root, layers=layers)
+    e1 = fam["e1"]
+    tensors = load_file(str(e1 / "model.safetensors"))
+    gen = torch.Generator().manual_seed(64)
+    for k in VOCAB_TENSORS:
+        t = tensors[k]
+        extra = torch.randn((len(ADDED), t.shape[1]), generator=gen) * 0.02
+        tensors[k] = torch.cat([t, extra.to(t.dtype)]).contiguous()
+    save_file(tensors, str(e1 / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((e1 / "config.json").read_text())
+    (e1 / "config.json").write_text(json.dumps({**cfg, "vocab_size": 64 + len(ADDED)}))
+    words = {("y63" if t == "x63" else t): i for t, i in renamed_vocab().items()}
+    save_tokenizer(e1, {**words, **{t: 64 + i for i, t in enumerate(ADDED)}})
+    return fam
+
+
+def resized_configs(fam: dict[str, Path], methods: tuple[str, ...] = ("task_arithmetic",)
+                    ) -> dict[str, dict[str, Any]]:
+    """Configs over resized_family: a union (gaining e1's added tokens) and the base's
+    vocabulary (dropping them)."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in methods:
+        cfg = _method(m, fam, "float32")
+        out[f"{m}-resized-union"] = {**cfg, "tokenizer_source": "union"}
+        out[f"{m}-resized-base"] = {**cfg, "tokenizer": {"source": "base"}}
+    return out
+
+
 # the quick variant: a padded union with tokens: of every kind and a built-in template
 VOCAB_QUICK = ("task_arithmetic-pad",)
 

@@ -40,6 +40,7 @@ from mergepipe.core.errors import (
     NotFound,
     SourceChanged,
 )
+from mergepipe.core.mergekit_tokenizer import is_vocab_tensor
 from mergepipe.core.progress import ProgressFn
 from mergepipe.core.vocab import MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, name_problem
 from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
@@ -418,14 +419,30 @@ def _expert_plans(ckpt: Checkpoint, base: _BaseLayout, kind: str,
     plans = []
     for t in ckpt.tensors:
         b = base.tensors[t.name]
-        if t.shape != b.shape:
-            raise InvalidCheckpoint(f"{t.file}: tensor {t.name!r} has shape {list(t.shape)}, "
-                                    f"the base {base.name!r} has {list(b.shape)}")
+        view = _shared_rows(t, b, base.name, kind) if t.shape != b.shape else t
         mode = kind if with_stats else "hash"
-        plans.append(TensorPlan(t.name, mode, t, base.rows[t.name],
+        plans.append(TensorPlan(t.name, mode, view, base.rows[t.name],
                                 base=b if mode == "full" else None,
-                                base_hashes=base.hashes[t.name] if mode == "full" else None))
+                                base_hashes=base.hashes[t.name] if mode == "full" else None,
+                                recorded=t if view is not t else None))
     return plans
+
+
+def _shared_rows(t: TensorEntry, b: TensorEntry, base: str, kind: str) -> TensorEntry:
+    """An expert's vocabulary tensor (embeddings, output head) with more rows than the base's
+    (a fine-tune that added tokens): recorded with its own shape, its blocks and statistics
+    those of the rows it shares with the base (its first rows). A merge uses the tensor only
+    through a tokenizer option that re-indexes the embeddings (jobs.reindex reads it whole);
+    any other shape difference is refused."""
+    extra = (is_vocab_tensor(t.name) and kind == "full" and len(t.shape) == len(b.shape) >= 1
+             and t.shape[1:] == b.shape[1:] and t.shape[0] > b.shape[0])
+    if not extra:
+        more = " (an expert's vocabulary tensor may only have more rows)" \
+            if is_vocab_tensor(t.name) and t.shape[1:] == b.shape[1:] else ""
+        raise InvalidCheckpoint(f"{t.file}: tensor {t.name!r} has shape {list(t.shape)}, "
+                                f"the base {base!r} has {list(b.shape)}{more}")
+    return TensorEntry(t.name, t.dtype, b.shape, t.file, t.data_offset,
+                       t.nbytes // t.shape[0] * b.shape[0])
 
 
 def _lora_plans(ckpt: Checkpoint, base: _BaseLayout,
@@ -469,10 +486,10 @@ def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 def _tensor_row(p: TensorPlan, r: TensorResult, files: dict[str, int], scale: float | None,
                 ordinal: int) -> dict[str, Any]:
-    a = p.lora_a
-    return {"tensor": p.name, "ordinal": ordinal, "file_index": files[p.entry.file],
-            "dtype": p.entry.dtype, "shape": list(p.entry.shape),
-            "data_offset": p.entry.data_offset, "nbytes": p.entry.nbytes,
+    a, e = p.lora_a, p.recorded or p.entry
+    return {"tensor": p.name, "ordinal": ordinal, "file_index": files[e.file],
+            "dtype": e.dtype, "shape": list(e.shape),
+            "data_offset": e.data_offset, "nbytes": e.nbytes,
             "n_blocks": len(p.rows),
             "lora_a_file_index": files[a.path] if a else None,
             "lora_a_offset": a.offset if a else None, "lora_a_nbytes": a.nbytes if a else None,

@@ -65,6 +65,9 @@ class TensorPlan:
     lora_a_shape: tuple[int, ...] | None = None
     lora_scale: float | None = None
     value_norm: bool = False  # "hash" of a base: also the L2 norm of the tensor's values
+    # the tensor as the catalog records it, when `entry` is a view of its first rows (an
+    # expert's vocabulary tensor with more rows than its base's: the rows they share)
+    recorded: TensorEntry | None = None
 
     def span(self, i: int) -> Span:
         return self._span(self.entry, i)

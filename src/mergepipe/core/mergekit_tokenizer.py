@@ -17,6 +17,14 @@ BUNDLED = ("alpaca", "chatml", "exaone", "llama3", "mistral")  # mergekit's name
 _TOKENIZER_KEYS = {"source", "tokens", "pad_to_multiple_of"}
 _TOKEN_KEYS = {"source", "force"}
 ZERO, MODEL_TOKEN = "zero", "model_token"  # the `kind`s of a token's embedding source
+# Tensors indexed by token (their first axis), by the last parts of their names.
+VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight", "wte.weight", "embed_in.weight",
+                 "embed_out.weight", "word_embeddings.weight", "tok_embeddings.weight")
+
+
+def is_vocab_tensor(name: str) -> bool:
+    """Whether the tensor's first axis is indexed by token (embeddings, output head)."""
+    return any(name == s or name.endswith("." + s) for s in VOCAB_TENSORS)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from mergepipe.executor.model_card import CARD_FILE, hub_ids, render_model_card
 from mergepipe.executor.publish import LocalOutput, S3Output, output_for
 from mergepipe.executor.stream import ExecutionResult, Prepared
 from mergepipe.jobs import slices
-from mergepipe.jobs.planning import check_inputs
+from mergepipe.jobs.planning import check_inputs, check_vocab_rows
 from mergepipe.jobs.report import MergeSummary, outcome_record, plan_record, summary
 from mergepipe.jobs.space import check_space, out_of_space_is_507
 from mergepipe.planner.incremental import choose_plan, previous_of, strategy_of, user_request
@@ -59,6 +59,12 @@ class Finish(Protocol):
     def __call__(self, stage: Path, result: ExecutionResult) -> Mapping[str, object]: ...
 
     def document(self) -> dict[str, Any]: ...
+
+    @property
+    def reindexes(self) -> bool:
+        """Whether it re-indexes the embeddings (then experts whose vocabulary tensors have
+        more rows than the base's may be merged: jobs.planning.check_vocab_rows)."""
+        ...
 
 
 def submit_merge(cat: Catalog, request: MergeRequest | PassthroughRequest, output_name: str,
@@ -116,6 +122,7 @@ def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
         if data_roots:
             _recheck_inputs(cat, request, data_roots)
         t0 = time.perf_counter()
+        check_vocab_rows(cat, request, reindexed=finish is not None and finish.reindexes)
         prep = _prepare(cat, request)
         plan_seconds = time.perf_counter() - t0
         record = plan_record(prep, plan_seconds)

@@ -24,7 +24,7 @@ import xxhash
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.queue import NewIngestJob
 from mergepipe.core.errors import InvalidRequest
-from mergepipe.core.mergekit_tokenizer import MODEL_TOKEN, ZERO, TokenSpec
+from mergepipe.core.mergekit_tokenizer import MODEL_TOKEN, ZERO, TokenSpec, is_vocab_tensor
 from mergepipe.core.request import Budget, MergeRequest
 from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.stream import ExecutionResult, output_hash
@@ -33,14 +33,7 @@ from mergepipe.jobs.tokenizer import Reindex, TokenizerPlan, apply_tokenizer
 from mergepipe.storage.checkpoint import INDEX_FILE, open_checkpoint
 from mergepipe.storage.safetensors_format import torch_dtype
 
-# Tensors indexed by token (their first axis), by the last parts of their names.
-VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight", "wte.weight", "embed_in.weight",
-                 "embed_out.weight", "word_embeddings.weight", "tok_embeddings.weight")
 _TIED_HEAD, _TIED_TO = "lm_head.weight", "embed_tokens.weight"
-
-
-def is_vocab_tensor(name: str) -> bool:
-    return any(name == s or name.endswith("." + s) for s in VOCAB_TENSORS)
 
 
 @dataclass(frozen=True)
@@ -58,6 +51,10 @@ class TokenizerStep:
 
     def document(self) -> dict[str, Any]:
         return self.plan.document()
+
+    @property
+    def reindexes(self) -> bool:
+        return self.plan.reindex is not None
 
 
 def reindex_stage(plan: TokenizerPlan, request: MergeRequest, stage: Path,

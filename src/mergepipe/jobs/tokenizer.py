@@ -198,16 +198,18 @@ def plan_tokenizer(opts: TokenizerOptions, base: str, paths: Mapping[str, str],
 
 
 def _same_rows(key: str, named: Mapping[str, str], base_text: str) -> None:
-    """The catalog stores experts as deltas of the base's tensors: every model must have the
-    base's number of embedding rows (config.json vocab_size), whatever its vocabulary."""
+    """The catalog stores experts as deltas of the base's tensors, the embeddings of an expert
+    that added tokens by the rows it shares with the base (catalog.ingest): a model may have
+    more embedding rows than the base (config.json vocab_size), not fewer."""
     want = _vocab_size(named[base_text])
     for text, path in named.items():
         n = _vocab_size(path)
-        if want is not None and n is not None and n != want:
+        if want is not None and n is not None and n < want:
             raise InvalidRequest(f"{key}: {text} has {n} embedding rows (config.json "
-                                 f"vocab_size), the base {want}; MergePipe stores experts as "
-                                 "deltas of the base's tensors, so merging models whose "
-                                 "embeddings differ in size is not supported", field=key)
+                                 f"vocab_size), fewer than the base's {want}; MergePipe stores "
+                                 "experts as deltas of the base's tensors, so merging a model "
+                                 "with fewer embedding rows than its base is not supported",
+                                 field=key)
 
 
 def _output_vocab(opts: TokenizerOptions, out_tok: _Tok, base: _Tok, others: list[_Tok]
