@@ -184,9 +184,10 @@ def test_api_config_yaml(family: dict[str, Path], tmp_path: Path) -> None:
         assert r.status_code == 422
         assert r.json()["error"]["field"] == "config_yaml.models"
         assert "passthrough copies one model" in r.json()["error"]["message"]
-        # a chat template is written by the CLI; the service says so rather than dropping it
+        # a chat template is written by the merge (tests/test_mergekit_vocab.py); a dry run
+        # writes no files and says so rather than dropping it
         templated = text.rstrip("\n") + "\nchat_template: '{% for m in messages %}{{ m }}{% endfor %}'\n"
-        r = client.post("/v1/merges", json={"config_yaml": templated, "output": {"name": "ct"}})
+        r = client.post("/v1/plans", json={"config_yaml": templated})
         assert r.status_code == 422, r.text
         assert r.json()["error"]["field"] == "config_yaml.tokenizer"
         r = client.post("/v1/merges", json={"config_yaml": text, "base": "base",

@@ -235,3 +235,40 @@ def test_passthrough_refuses_what_would_move_the_embeddings(
     assert len(err) == 1 and "tokenizer_source: union: the output vocabulary (87 tokens" in err[0]
     tk.save_tokenizer(fam["e1"], tk.vocab())
     assert main([*argv, "--json"]) == 0
+
+
+def test_http_merge_runs_the_tokenizer_options_as_the_cli(tmp_path: Path) -> None:
+    """POST /v1/merges with a config re-indexing the embeddings (a union over the expert with
+    added tokens, a built-in template, a model named by path relative to the data root): the
+    merge runs in the service's worker and its output equals the CLI's, tensors and tokenizer
+    files; a tokenizer source outside the data roots is refused (403, naming the key); a dry
+    run (POST /v1/plans) still refuses the options, which write files."""
+    from tests import api_helpers
+
+    fam = tk.resized_family(tmp_path / "fam")
+    cfg = tk.resized_configs(fam)["task_arithmetic-resized-union"]
+    cli = _merge(str(new_catalog(tmp_path, "cat")), {**cfg, "chat_template": "chatml"},
+                 tmp_path / "cli")
+    root = fam["base"].parent.resolve()
+    rel = yaml.safe_dump({**cfg, "chat_template": "chatml"}).replace(f"{root}/", "")
+    (tmp_path / "svc").mkdir()
+    settings = api_helpers.settings_for(tmp_path / "svc", data_roots=(root,))
+    with api_helpers.client_for(settings) as client:
+        r = client.post("/v1/merges", json={"config_yaml": rel, "output": {"name": "u"}})
+        assert r.status_code == 202, r.text
+        done = api_helpers.wait(client, f"/v1/merges/{r.json()['id']}")
+        assert done["status"] == "succeeded", done
+        manifest = client.get(f"/v1/merges/{r.json()['id']}/manifest").json()
+        assert manifest["tokenizer"]["rows"] == cli["tokenizer"]["rows"] == 92
+        outside = yaml.safe_dump({**cfg, "tokenizer_source": str(tmp_path)})
+        r = client.post("/v1/merges", json={"config_yaml": outside, "output": {"name": "o"}})
+        assert r.status_code == 403, r.text
+        assert r.json()["error"]["field"] == "config_yaml.tokenizer_source", r.text
+        r = client.post("/v1/plans", json={"config_yaml": rel})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["field"] == "config_yaml.tokenizer", r.text
+    out = settings.output_root / "u"
+    ours, ref = mp.load_raw(out), mp.load_raw(tmp_path / "cli")
+    assert sorted(ours) == sorted(ref) and all(torch.equal(ours[k], ref[k]) for k in ref)
+    assert tk.tokenizer_files(out) == tk.tokenizer_files(tmp_path / "cli")
+    assert tk.ids(out)["n64"] == 88

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,9 @@ class NewMerge:
     output_path: str
     field: str = "output.name"
     replace: bool = False  # overwrite: a live model of the output name is replaced
+    # a mergekit config's tokenizer plan (jobs.tokenizer.TokenizerPlan.document()), stored with
+    # the request under "tokenizer": the merge runs it on its staged output
+    tokenizer: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,9 @@ def _insert_merge(conn: Connection, m: NewMerge) -> str:
     r = m.request
     conn.execute(load_sql("merge_insert"), {
         "merge_id": merge_id, "operator": r.operator, "base": r.base,
-        "request": dumps(r.to_dict()), "params": dumps(r.params), "seed": r.seed,
+        "request": dumps({**r.to_dict(), **({"tokenizer": dict(m.tokenizer)}
+                                            if m.tokenizer is not None else {})}),
+        "params": dumps(r.params), "seed": r.seed,
         "output_name": m.output_name, "output_path": m.output_path,
         "request_id": REQUEST_ID.get()})
     return merge_id

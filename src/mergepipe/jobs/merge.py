@@ -25,7 +25,7 @@ from mergepipe.catalog.models import find_model, find_models
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
 from mergepipe.catalog.records import OutcomeRecord
 from mergepipe.catalog.scan import FirstPass
-from mergepipe.core.errors import MergePipeError, failure_message
+from mergepipe.core.errors import InvalidRequest, MergePipeError, failure_message
 from mergepipe.core.hooks import hooks
 from mergepipe.core.mergekit_slices import PASSTHROUGH, PassthroughRequest
 from mergepipe.core.progress import Progress, ProgressFn
@@ -70,20 +70,29 @@ class Finish(Protocol):
 def submit_merge(cat: Catalog, request: MergeRequest | PassthroughRequest, output_name: str,
                  output_dir: Path | str, *,
                  overwrite: bool = False, ingests: Sequence[NewIngestJob] = (),
-                 max_queued: int | None = None) -> Queued:
+                 max_queued: int | None = None,
+                 tokenizer: Mapping[str, Any] | None = None) -> Queued:
     """Check the request against the catalog and the output, and queue the merge (with the
     ingestions of its inputs that are not registered yet, in one transaction). A passthrough
     request was checked against the catalog and its sources when it was resolved
-    (jobs.slices.resolve_passthrough)."""
+    (jobs.slices.resolve_passthrough). `tokenizer`: a mergekit config's tokenizer plan (its
+    document), queued with the request under "tokenizer": the runner passes it to run_merge as
+    its finish (jobs.reindex.queued_step); a local output, the files written beside the
+    weights."""
     check_name(output_name, "output.name")  # it becomes a model: the name rule of ingestion
     out = output_for(output_dir)
     out.check(overwrite=overwrite)
+    if tokenizer is not None and not (isinstance(out, LocalOutput)
+                                      and isinstance(request, MergeRequest)):
+        raise InvalidRequest("tokenizer: the tokenizer options write files into a local "
+                             "output directory, after a merge (not a layer copy)",
+                             field="tokenizer")
     if isinstance(request, MergeRequest):
         request = check_inputs(cat, request, pending={j.model for j in ingests})
         if isinstance(out, LocalOutput):
             check_space(cat, request, out.path)
     return enqueue(cat, ingests=ingests, merge=NewMerge(request, output_name, out.location,
-                                                        replace=overwrite),
+                                                        replace=overwrite, tokenizer=tokenizer),
                    max_queued=max_queued)
 
 

@@ -57,6 +57,15 @@ class TokenizerStep:
         return self.plan.reindex is not None
 
 
+def queued_step(request: Mapping[str, Any]) -> TokenizerStep | None:
+    """The tokenizer step a queued merge carries (jobs.merge.submit_merge stores its config's
+    tokenizer plan under the request's "tokenizer"); None without one."""
+    doc = request.get("tokenizer")
+    if doc is None:
+        return None
+    return TokenizerStep(TokenizerPlan.from_document(doc), MergeRequest.from_dict(dict(request)))
+
+
 def reindex_stage(plan: TokenizerPlan, request: MergeRequest, stage: Path,
                   result: ExecutionResult) -> dict[str, object]:
     """Replace the staged output's vocabulary tensors by the merge of the re-indexed ones

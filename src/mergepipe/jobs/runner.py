@@ -157,9 +157,15 @@ class JobRunner:
         with request_context(merge.request_id), self._scope():
             log.info("merge %s started", job.id)
             try:
+                finish = None
+                if merge.request.get("tokenizer") is not None:  # a config's tokenizer options
+                    from mergepipe.jobs.reindex import queued_step  # torch: only for them
+
+                    finish = queued_step(merge.request)
                 run_merge(self.cat, job.id, progress=track, data_roots=self.settings.data_roots,
                           output_root=self.settings.output_root,
-                          engine=Engine.of(self.settings), fence=self._fence(job))
+                          engine=Engine.of(self.settings), fence=self._fence(job),
+                          finish=finish)
             except Exception as e:  # noqa: BLE001 - recorded on the merge by run_merge
                 if not isinstance(e, MergePipeError):
                     log.exception("merge %s failed", job.id)

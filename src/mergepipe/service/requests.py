@@ -12,13 +12,17 @@ from mergepipe.core.mergekit_slices import PassthroughRequest
 from mergepipe.core.request import MergeRequest, request_of
 from mergepipe.jobs.config import load_config, load_passthrough, not_found
 from mergepipe.jobs.slices import tokenizer_plan
+from mergepipe.jobs.tokenizer import TokenizerPlan
 from mergepipe.service.schemas import MergeIn, PlanIn
 from mergepipe.service.state import AppState
 from mergepipe.storage.paths import confine_source
 
 TOKENIZER_REFUSED = ("the tokenizer options (chat_template, another model's tokenizer) are "
-                     "written by `mergepipe merge CONFIG.yml`; the service keeps the base's "
-                     "tokenizer files")
+                     "written by a merge (POST /v1/merges, `mergepipe merge CONFIG.yml`); a "
+                     "plan keeps the base's tokenizer files")
+PASSTHROUGH_TOKENIZER = ("the tokenizer options of a passthrough config are written by "
+                         "`mergepipe merge CONFIG.yml`; the service keeps the donor's "
+                         "tokenizer files")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class BodyRequest:
     request: MergeRequest
     to_ingest: list[NewIngestJob] = field(default_factory=list)
     notes: tuple[str, ...] = ()
+    tokenizer: TokenizerPlan | None = None  # a merge body's config's tokenizer options
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,11 @@ def body_request(st: AppState, body: PlanIn) -> BodyRequest:
     the first data root. A passthrough config is refused (it has no plan): merge_request."""
     if body.config_yaml is None:
         return BodyRequest(request_of(body.checked()))  # the body's schema checked it
-    return _config_request(st, body)
+    req = _config_request(st, body)
+    if req.tokenizer is not None:
+        raise InvalidRequest(f"config_yaml.tokenizer: {TOKENIZER_REFUSED}",
+                             field="config_yaml.tokenizer")
+    return req
 
 
 def merge_request(st: AppState, body: MergeIn) -> BodyRequest | PassthroughBody:
@@ -57,7 +66,7 @@ def merge_request(st: AppState, body: MergeIn) -> BodyRequest | PassthroughBody:
         copied = load_passthrough(st.cat, body.config_yaml, locate=_locator(st),
                                   dtype=body.output_dtype(), seed=body.seed)
         if copied is not None and tokenizer_plan(body.config_yaml, copied) is not None:
-            raise InvalidRequest(TOKENIZER_REFUSED, field="tokenizer")
+            raise InvalidRequest(PASSTHROUGH_TOKENIZER, field="tokenizer")
     except MergePipeError as e:
         key = f"config_yaml.{e.field}" if e.field else "config_yaml"
         raise type(e)(f"config_yaml: {e.message}", field=key) from None
@@ -93,12 +102,9 @@ def _config_request(st: AppState, body: PlanIn) -> BodyRequest:
             raise
         key = f"config_yaml.{e.field}" if e.field else "config_yaml"
         raise type(e)(f"config_yaml: {e.message}", field=key) from None
-    if resolved.tokenizer is not None:
-        raise InvalidRequest(f"config_yaml.tokenizer: {TOKENIZER_REFUSED}",
-                             field="config_yaml.tokenizer")
     if body.output_dtype():
         request = replace(request, output_dtype=body.output_dtype())
     if body.strategy is not None:
         request = replace(request, strategy=body.strategy)
     jobs = [replace(j, field=f"config_yaml.{j.field}") for j in resolved.to_ingest]
-    return BodyRequest(request, jobs, resolved.config.notes)
+    return BodyRequest(request, jobs, resolved.config.notes, resolved.tokenizer)
