@@ -138,3 +138,29 @@ def test_a_tokenizer_file_missing_on_the_hub_is_refused_by_name(
             load_config(cat, yaml.safe_dump(hubbed))
         assert message.format(base=sha("base"), e1=sha("e1")) in e.value.message
         assert e.value.field == "tokenizer_source"
+
+
+def test_http_merge_by_hub_ids_runs_the_union_within_the_remote_roots(
+        hub: FakeHub, family: dict[str, Path], tmp_path: Path) -> None:
+    """POST /v1/merges of the union by Hub ids, the Hub and its storage host the remote roots:
+    the output equals the local CLI merge (tensors and tokenizer files). The service takes
+    Hub models as hf:// URLs."""
+    from tests import api_helpers
+
+    local, hubbed = configs(family, "union")
+    hubbed["base_model"] = "hf://acme/base"
+    for m in hubbed["models"]:
+        m["model"] = f"hf://{m['model']}"
+    a = merge(tmp_path, "local", local)
+    (tmp_path / "svc").mkdir()
+    settings = api_helpers.settings_for(tmp_path / "svc", remote_roots=("hf://acme", hub.storage))
+    with api_helpers.client_for(settings) as client:
+        r = client.post("/v1/merges", json={"config_yaml": yaml.safe_dump(hubbed),
+                                             "output": {"name": "u"}})
+        assert r.status_code == 202, r.text
+        done = api_helpers.wait(client, f"/v1/merges/{r.json()['id']}")
+        assert done["status"] == "succeeded", done
+        manifest = client.get(f"/v1/merges/{r.json()['id']}/manifest").json()
+    assert manifest["tokenizer"]["models"] == ["hf://acme/e0", "hf://acme/e1", "hf://acme/e2",
+                                               "hf://acme/base"]
+    same_outputs(tmp_path / "local", settings.output_root / "u", a["tokenizer"]["files"])
