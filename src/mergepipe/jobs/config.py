@@ -148,6 +148,8 @@ def _tokenizer(cfg: MergekitConfig, resolved: ResolvedConfig, known: _Known, loc
     base's files, as every merge copies them)."""
     assert cfg.tokenizer is not None
     where = {m.name: m.path for m in known.models} | {j.model: j.path for j in resolved.to_ingest}
+    # a Hub model queued unpinned (the service's URLs) is read at one commit, planned and run
+    where = {n: _pinned(p, cfg.tokenizer.key) if is_url(p) else p for n, p in where.items()}
     paths = {e.ref.text: where[n] for e, n in zip(cfg.experts, resolved.experts, strict=True)
              if e.ref.lora is None and n in where}
     base = where.get(resolved.base)

@@ -2,7 +2,8 @@
 a step of the merge run on its staged output before the manifest.
 
 Each model's embedding tensors (embed_tokens, lm_head: the tensors indexed by token) are read
-whole from its checkpoint, their rows moved to the output's token ids (jobs.tokenizer planned
+whole from its checkpoint (a local directory or a URL such as a pinned Hub revision: byte ranges
+through the storage layer's reader), their rows moved to the output's token ids (jobs.tokenizer planned
 which row each model holds), rows a model lacks filled as mergekit fills them, and the merge's
 method run over the moved rows at full read: the moved tensors are written as small checkpoints,
 merged by the same request in a scratch catalog (the same kernels, so mergekit's bytes), and the
@@ -29,9 +30,10 @@ from mergepipe.core.request import Budget, MergeRequest
 from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.stream import ExecutionResult, output_hash
 from mergepipe.executor.writer import OutputTensor
-from mergepipe.jobs.tokenizer import Reindex, TokenizerPlan, apply_tokenizer
+from mergepipe.jobs.tokenizer import Reindex, TokenizerPlan, apply_tokenizer, model_json
 from mergepipe.storage.checkpoint import INDEX_FILE, open_checkpoint
 from mergepipe.storage.safetensors_format import torch_dtype
+from mergepipe.storage.storage import RangeReader, open_reader
 
 _TIED_HEAD, _TIED_TO = "lm_head.weight", "embed_tokens.weight"
 
@@ -78,13 +80,14 @@ def reindex_stage(plan: TokenizerPlan, request: MergeRequest, stage: Path,
     dtype = request.params.get("compute_dtype", "float32")  # absent: the default, float32
     moved: dict[str, list[torch.Tensor]] = {}
     read = 0
-    for name in staged:
-        inputs = []
-        for m in reindex.models:
-            t = _read_tensor(m.path, name)
-            read += t.numel() * t.element_size()
-            inputs.append(t if dtype == "files" else t.to(getattr(torch, str(dtype))))
-        moved[name] = move_rows(reindex, inputs)
+    with open_reader(random_access=True) as reader:
+        for name in staged:
+            inputs = []
+            for m in reindex.models:
+                t = _read_tensor(m.path, name, reader)
+                read += t.numel() * t.element_size()
+                inputs.append(t if dtype == "files" else t.to(getattr(torch, str(dtype))))
+            moved[name] = move_rows(reindex, inputs)
     merged = _merge(request, reindex, moved, {n: t.dtype for n, t in staged.items()})
     _splice(stage, result, merged)
     _set_vocab_size(stage / "config.json", reindex.rows)
@@ -170,9 +173,12 @@ def _from_spec(plan: Reindex, tensors: Sequence[torch.Tensor], spec: TokenSpec, 
     return tensors[k][m.rows[tid]]
 
 
-def _read_tensor(path: str, name: str) -> torch.Tensor:
-    from safetensors import safe_open
-
+def _read_tensor(path: str, name: str, reader: RangeReader | None = None) -> torch.Tensor:
+    """The tensor `name` of the checkpoint at `path`, read whole by range (lm_head absent: the
+    tied embeddings)."""
+    if reader is None:
+        with open_reader(random_access=True) as own:
+            return _read_tensor(path, name, own)
     entries = open_checkpoint(path).by_name()
     entry = entries.get(name)
     if entry is None and name.endswith(_TIED_HEAD):  # tied: the embeddings serve as lm_head
@@ -180,8 +186,10 @@ def _read_tensor(path: str, name: str) -> torch.Tensor:
     if entry is None:
         raise InvalidRequest(f"tokenizer: {path} has no tensor {name!r} to re-index",
                              field="tokenizer")
-    with safe_open(entry.file, framework="pt") as f:
-        return f.get_tensor(entry.name)
+    raw = reader.read(entry.file, entry.data_offset, entry.nbytes)
+    if not raw:
+        return torch.empty(entry.shape, dtype=torch_dtype(entry.dtype))
+    return torch.frombuffer(raw, dtype=torch_dtype(entry.dtype)).reshape(entry.shape)
 
 
 def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.Tensor]],
@@ -193,8 +201,7 @@ def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.
     from mergepipe.jobs.merge import merge
 
     base_dir = plan.models[plan.base].path
-    config = json.loads((Path(base_dir) / "config.json").read_text()) \
-        if (Path(base_dir) / "config.json").is_file() else {}
+    config = model_json(base_dir, "config.json") or {}
     with tempfile.TemporaryDirectory(prefix="mergepipe-vocab-") as tmp:
         root = Path(tmp)
         names = [f"v{k}" for k in range(len(plan.models))]

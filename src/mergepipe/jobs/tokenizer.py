@@ -7,10 +7,14 @@ lm_head) to the output's token ids: a token a model lacks takes the row of the o
 has it, else the base's, else the mean of the models that have it, or what `tokens:` says;
 rows padded past the vocabulary take the mean row. plan_tokenizer computes the vocabulary and
 each model's rows here; jobs.reindex runs the re-indexing. The files are written beside the
-merged weights (local outputs)."""
+merged weights (local outputs). A model may lie at a URL (a Hub repository pinned at the commit
+its ingestion recorded): its small files are read whole through the storage layer's store (the
+local Hub cache when they are there, else ranged reads of the pinned revision, confined as every
+remote read)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -31,7 +35,9 @@ from mergepipe.core.mergekit_tokenizer import (
     TokenSource,
     TokenSpec,
 )
-from mergepipe.storage.locations import is_url
+from mergepipe.storage.locations import is_url, join
+from mergepipe.storage.store import store_for
+from mergepipe.storage.store_types import FILE
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt",
@@ -57,9 +63,37 @@ def read_file(path: Path, cap: int = MAX_FILE_BYTES) -> bytes | None:
         os.close(fd)
 
 
+def model_file(model: str, name: str, cap: int = MAX_FILE_BYTES) -> bytes | None:
+    """The file `name` of the checkpoint at `model` (a directory or a URL); None when it is
+    missing, not a regular file or over `cap` bytes. Errors of a remote store (not found at
+    the revision aside) propagate: a Hub that does not answer is not a missing file."""
+    if not is_url(model):
+        return read_file(Path(model) / name, cap)
+    where = join(model, name)
+    store = store_for(where)
+    try:
+        if store.kind(where) != FILE:
+            return None
+        return store.read_bytes(where, cap)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # over the cap (EFBIG), as a local file over it
+        if e.errno == errno.EFBIG:
+            return None
+        raise
+
+
+def model_json(model: str, name: str) -> dict[str, object] | None:
+    """A checkpoint's JSON object file (None: missing, unreadable or not an object)."""
+    return _json(model_file(model, name))
+
+
 def read_json(path: Path) -> dict[str, object] | None:
     """A JSON object file (None: missing, unreadable or not an object)."""
-    data = read_file(path)
+    return _json(read_file(path))
+
+
+def _json(data: bytes | None) -> dict[str, object] | None:
     try:
         doc = json.loads(data) if data is not None else None
     except ValueError:
@@ -352,7 +386,7 @@ def apply_tokenizer(plan: TokenizerPlan, out_dir: Path) -> list[str]:
     if plan.files_from is not None:
         for name in TOKENIZER_FILES:
             (out_dir / name).unlink(missing_ok=True)
-            data = read_file(Path(plan.files_from) / name)
+            data = model_file(plan.files_from, name)
             if data is not None:
                 (out_dir / name).write_bytes(data)
                 written.append(name)
@@ -378,13 +412,11 @@ def apply_tokenizer(plan: TokenizerPlan, out_dir: Path) -> list[str]:
 def _read(path: str, key: str) -> _Tok | None:
     """A checkpoint's tokenizer (None: it has no tokenizer.json nor tokenizer.model, and mergekit
     assumes the base's)."""
-    if is_url(path):
-        raise InvalidRequest(f"{key}: {path}: tokenizer options read local checkpoints",
-                             field=key)
-    doc = read_json(Path(path) / "tokenizer.json")
+    raw = model_file(path, "tokenizer.json")
+    doc = _json(raw)
     if doc is None:
-        if not (Path(path) / "tokenizer.json").exists() and not (
-                Path(path) / "tokenizer.model").exists():
+        if raw is None and not _exists(path, "tokenizer.json") and not _exists(
+                path, "tokenizer.model"):
             return None
         raise InvalidRequest(f"{key}: {path}/tokenizer.json: missing or not JSON (a fast "
                              "tokenizer is needed)", field=key)
@@ -406,8 +438,18 @@ def _read(path: str, key: str) -> _Tok | None:
     return _Tok(out, added, _vocab_size(path) or len(out))
 
 
+def _exists(model: str, name: str) -> bool:
+    if not is_url(model):
+        return (Path(model) / name).exists()
+    where = join(model, name)
+    try:
+        return store_for(where).kind(where) is not None
+    except FileNotFoundError:
+        return False
+
+
 def _vocab_size(path: str) -> int | None:
-    n = (read_json(Path(path) / "config.json") or {}).get("vocab_size")
+    n = (model_json(path, "config.json") or {}).get("vocab_size")
     return n if isinstance(n, int) else None
 
 
@@ -415,17 +457,17 @@ def _most_common_template(paths: list[str]) -> str | None:
     """chat_template: auto - the template most of the models carry (the first on a tie)."""
     found: list[str] = []
     for p in dict.fromkeys(paths):
-        text = _template_of(Path(p))
+        text = _template_of(p)
         if text:
             found.append(text.strip())
     return Counter(found).most_common(1)[0][0] if found else None
 
 
-def _template_of(path: Path) -> str | None:
-    data = read_file(path / TEMPLATE_FILE)
+def _template_of(path: str) -> str | None:
+    data = model_file(path, TEMPLATE_FILE)
     if data is not None:
         return data.decode("utf-8", "replace")
-    t = (read_json(path / "tokenizer_config.json") or {}).get("chat_template")
+    t = (model_json(path, "tokenizer_config.json") or {}).get("chat_template")
     if isinstance(t, list):  # named templates: the default one
         t = next((e.get("template") for e in t
                   if isinstance(e, dict) and e.get("name") == "default"), None)

@@ -16,6 +16,7 @@ from mergepipe.jobs.tokenizer import TokenizerPlan
 from mergepipe.service.schemas import MergeIn, PlanIn
 from mergepipe.service.state import AppState
 from mergepipe.storage.paths import confine_source
+from mergepipe.storage.remote import remote_scope
 
 TOKENIZER_REFUSED = ("the tokenizer options (chat_template, another model's tokenizer) are "
                      "written by a merge (POST /v1/merges, `mergepipe merge CONFIG.yml`); a "
@@ -95,8 +96,10 @@ def _config_request(st: AppState, body: PlanIn) -> BodyRequest:
     assert body.config_yaml is not None
     budget = body.budget.value() if body.budget is not None else None
     try:
-        request, resolved = load_config(st.cat, body.config_yaml, budget=budget, seed=body.seed,
-                                        locate=_locator(st))
+        # the tokenizer options read the models' small files now: confined as a job's reads
+        with remote_scope(st.settings.remote_roots, st.settings.job_timeout_s):
+            request, resolved = load_config(st.cat, body.config_yaml, budget=budget,
+                                            seed=body.seed, locate=_locator(st))
     except MergePipeError as e:
         if e.field in ("budget", "seed"):
             raise
