@@ -149,7 +149,7 @@ def _tokenizer(cfg: MergekitConfig, resolved: ResolvedConfig, known: _Known, loc
     assert cfg.tokenizer is not None
     where = {m.name: m.path for m in known.models} | {j.model: j.path for j in resolved.to_ingest}
     # a Hub model queued unpinned (the service's URLs) is read at one commit, planned and run
-    where = {n: _pinned(p, cfg.tokenizer.key) if is_url(p) else p for n, p in where.items()}
+    where = {n: slices.pinned(p, cfg.tokenizer.key) for n, p in where.items()}
     paths = {e.ref.text: where[n] for e, n in zip(cfg.experts, resolved.experts, strict=True)
              if e.ref.lora is None and n in where}
     base = where.get(resolved.base)
@@ -307,27 +307,14 @@ def local_path(text: str, key: str, cwd: str | None = None) -> str:
     default the working directory) that exists, or else a Hub id (org/name[@revision]) as
     hf:// (as mergekit reads them: a local directory of that name wins)."""
     if is_url(text):
-        return _pinned(str(parse_url(text, key)), key)
+        return slices.pinned(str(parse_url(text, key)), key)
     path = Path(cwd or ".") / Path(text).expanduser()
     if path.exists():
         return str(path.resolve())
     hub = hub_id_location(text)
     if hub is None:
         raise not_found(text, key)
-    return _pinned(str(parse_url(hub, key)), key)
-
-
-def _pinned(url: str, key: str) -> str:
-    """A Hub location at its commit sha (what a registered model's path records), so a config
-    naming org/name finds the model ingested from it; other URLs as they are."""
-    if parse_url(url).scheme != "hf":
-        return url
-    from mergepipe.storage.hub import pin  # huggingface_hub: only for a Hub id
-
-    try:
-        return pin(url)
-    except MergePipeError as e:
-        raise type(e)(f"{key}: {e.message}", field=key) from None
+    return slices.pinned(str(parse_url(hub, key)), key)
 
 
 def not_found(text: str, key: str) -> InvalidRequest:

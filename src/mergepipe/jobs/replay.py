@@ -78,12 +78,7 @@ def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
     plan = stored_plan(cat, merge_id)
     expected = records.output_tensors(cat, merge_id)
     prep = stream.prepare(cat, plan)
-    tmp_root = None
-    if output_dir is None:
-        tmp_root = Path(tempfile.mkdtemp(prefix=f"mergepipe-replay-{merge_id}-"))
-        target = tmp_root / "output"
-    else:
-        target = Path(output_dir).absolute()
+    tmp_root, target = _target(output_dir, merge_id)
     try:
         with publish.staged(target, f"replay-{merge_id[2:]}") as stage:
             result = stream.execute(prep, stage, threads=threads, progress=progress)
@@ -126,12 +121,7 @@ def _replay_passthrough(cat: Catalog, row: records.MergeRow, output_dir: Path | 
                        field="merge_id")
     plan = slices.PassthroughPlan.from_document(PassthroughRequest.from_dict(row.request),
                                                 row.plan)
-    tmp_root = None
-    if output_dir is None:
-        tmp_root = Path(tempfile.mkdtemp(prefix=f"mergepipe-replay-{row.merge_id}-"))
-        target = tmp_root / "output"
-    else:
-        target = Path(output_dir).absolute()
+    tmp_root, target = _target(output_dir, row.merge_id)
     try:
         with publish.staged(target, f"replay-{row.merge_id[2:]}") as stage:
             result = slices.execute(plan, stage)
@@ -151,3 +141,12 @@ def _replay_passthrough(cat: Catalog, row: records.MergeRow, output_dir: Path | 
         expert_bytes_read=0, base_bytes_read=result.bytes_read, budget_bytes=0,
         output=None if tmp_root is not None else str(target),
         wall_seconds=time.perf_counter() - t0, tensors=checks)
+
+
+def _target(output_dir: Path | None, merge_id: str) -> tuple[Path | None, Path]:
+    """Where a replay writes: `output_dir`, or a temporary folder removed afterwards (its root
+    returned first, None for `output_dir`)."""
+    if output_dir is None:
+        root = Path(tempfile.mkdtemp(prefix=f"mergepipe-replay-{merge_id}-"))
+        return root, root / "output"
+    return None, Path(output_dir).absolute()

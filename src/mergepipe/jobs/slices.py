@@ -112,7 +112,7 @@ class _Source:
 def _source(text: str, key: str, models: Sequence[ModelRow], locate: Locate) -> _Source:
     named = [m for m in models if text in (m.name, m.display_name)]
     if not named:
-        path = _pinned(locate(text, key), key)
+        path = pinned(locate(text, key), key)
         named = [m for m in models if m.status == "ready" and _same_path(m.path, path)]
         if not named:
             return _Source(path, path, False)
@@ -127,8 +127,9 @@ def _source(text: str, key: str, models: Sequence[ModelRow], locate: Locate) -> 
     return _Source(m.name, m.path, True)
 
 
-def _pinned(path: str, key: str) -> str:
-    """A Hub location at its commit sha (the version the merge reads and records)."""
+def pinned(path: str, key: str) -> str:
+    """A Hub location at its commit sha (the version a merge reads and records, and what a
+    registered model's path records); local paths and other URLs as they are."""
     if not is_url(path) or parse_url(path).scheme != "hf":
         return path
     from mergepipe.storage.hub import pin  # huggingface_hub: only for a Hub source
