@@ -271,6 +271,14 @@ def test_cli_and_http_calibrate(tmp_path: Path, family: dict[str, Any],
         assert body["tokens"] == 100 and body["model"] == "base"
         r = client.post("/v1/calibrations", json={"base": "nope", "text": TEXT})
         assert r.status_code == 404 and "nope" in r.text
+        # a NUL in a model's name is refused as input (PostgreSQL text cannot hold one: it was a
+        # 500 there), as for every request naming a registered model
+        for path, req in (("/v1/calibrations", {"base": "ba\x00se", "text": TEXT}),
+                          ("/v1/compare", {"model_a": "ba\x00se", "model_b": "base",
+                                           "text": TEXT})):
+            r = client.post(path, json=req)
+            assert r.status_code == 422, (path, r.text)
+            assert r.json()["error"]["field"] in ("base", "model_a"), r.text
     # the CLI on the same catalog gives the same calibration (same model, text and tokens)
     text = tmp_path / "t.txt"
     text.write_text(TEXT)

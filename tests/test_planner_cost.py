@@ -29,10 +29,9 @@ E1 = [Ten("t0", [Blk(100, 6), Blk(100, 2), Blk(100, 2)], tau=0.5),
 OLD_ACCESS = SQL("""
 CREATE OR REPLACE TEMP TABLE old_access AS
 WITH selected AS (
-    SELECT c.*, r.model, t.tensor
+    SELECT c.*, r.model
     FROM planner_candidates c
     JOIN planner_request r ON r.position = c.position
-    JOIN tensors t ON t.model = r.model AND t.ordinal = c.ordinal
     WHERE c.cumulative <= CAST(:budget AS BIGINT) OR c.pass IS NOT NULL
 )
 SELECT s.unit_rank, s.model, s.tensor, s.block_index, b.content_hash

@@ -101,8 +101,9 @@ _share = _refusing(share_problem)
 _bigint = _refusing(lambda v: "must be at most 2^63 - 1 (what the catalog holds)"
                     if v > MAX_BUDGET_BYTES else None)
 Name = Annotated[str, Field(strict=True, description=NAME_RULE), _refusing(name_problem)]
-# A registered model named by a request: looked up (an unknown name is a 404), never created
-Ref = Annotated[str, Field(strict=True, min_length=1, max_length=256,
+# A registered model named by a request: looked up (an unknown name is a 404), never created;
+# no NUL character (no registered name has one, and PostgreSQL refuses them in text)
+Ref = Annotated[str, Field(strict=True, min_length=1, max_length=256, pattern=r"^[^\x00]+$",
                            description="a registered model's name")]
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Weight = Annotated[Finite, Field(ge=-MAX_COEFFICIENT, le=MAX_COEFFICIENT)]

@@ -225,7 +225,7 @@ class OperatorList(_Out):
 class CalibrationIn(_In):
     """POST /v1/calibrations: run a registered base over a calibration text."""
 
-    base: str = Field(min_length=1, max_length=512)
+    base: Ref
     text: str = Field(min_length=1, max_length=4_000_000)
     tokens: int = Field(2048, ge=1, le=1_000_000)
 
