@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,18 @@ def merge_lineage(plan: Plan, output_name: str) -> list[LineageEdge]:
     return edges
 
 
+def tensor_entries(tensors: Iterable[Any]) -> list[dict[str, Any]]:
+    """The output tensors as a manifest lists them (rows with name, file, dtype, shape, hash)."""
+    return [{"name": t.name, "file": t.file, "dtype": t.dtype, "shape": list(t.shape),
+             "content_hash": t.content_hash} for t in tensors]
+
+
+def lineage_entries(edges: Iterable[LineageEdge]) -> list[dict[str, Any]]:
+    """The output's lineage edges as a manifest lists them."""
+    return [{"child": e.child, "parent": e.parent, "role": e.role, "weight": e.weight}
+            for e in edges]
+
+
 def build_manifest(cat: Catalog, *, merge_id: str | None, prep: Prepared, result: ExecutionResult,
                    output_name: str | None, output_path: Path | str, plan_seconds: float | None,
                    wall_seconds: float | None = None) -> dict[str, Any]:
@@ -94,11 +106,8 @@ def build_manifest(cat: Catalog, *, merge_id: str | None, prep: Prepared, result
         "output": {"name": output_name, "path": str(output_path), "hash": result.output_hash,
                    "extra_files": result.extra_files,
                    "left_out_files": result.left_out_files,
-                   "tensors": [{"name": t.name, "file": t.file, "dtype": t.dtype,
-                                "shape": list(t.shape), "content_hash": t.content_hash}
-                               for t in result.tensors]},
-        "lineage": [{"child": e.child, "parent": e.parent, "role": e.role, "weight": e.weight}
-                    for e in lineage],
+                   "tensors": tensor_entries(result.tensors)},
+        "lineage": lineage_entries(lineage),
         "timings": {"plan_seconds": plan_seconds, "exec_seconds": result.exec_seconds,
                     "wall_seconds": wall_seconds},
         "blocks_total": result.blocks_total,

@@ -28,7 +28,7 @@ from mergepipe.core.mergekit_slices import (
 )
 from mergepipe.core.mergekit_tokenizer import parse_tokenizer
 from mergepipe.core.progress import ProgressFn
-from mergepipe.executor.manifest import MANIFEST_FORMAT
+from mergepipe.executor.manifest import MANIFEST_FORMAT, lineage_entries, tensor_entries
 from mergepipe.jobs.report import MergeSummary
 from mergepipe.jobs.tokenizer import TokenizerPlan, plan_tokenizer, read_json
 from mergepipe.storage.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
@@ -338,11 +338,8 @@ def manifest(plan: PassthroughPlan, result: SliceResult, *, merge_id: str | None
                    for s in doc["sources"]],
         "output": {"name": output_name, "path": output_path, "hash": result.output_hash,
                    "layers": result.layers, "extra_files": result.side_files,
-                   "tensors": [{"name": t.name, "file": t.file, "dtype": t.dtype,
-                                "shape": list(t.shape), "content_hash": t.content_hash}
-                               for t in result.written]},
-        "lineage": [{"child": e.child, "parent": e.parent, "role": e.role, "weight": e.weight}
-                    for e in edges],
+                   "tensors": tensor_entries(result.written)},
+        "lineage": lineage_entries(edges),
         "timings": {"plan_seconds": plan_seconds, "exec_seconds": result.exec_seconds,
                     "wall_seconds": wall_seconds}}))
 
