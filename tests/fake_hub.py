@@ -18,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+import pytest
+
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 
 
@@ -27,8 +29,18 @@ class Repo:
     sha: str
 
     @staticmethod
-    def from_dir(folder: Path, sha: str) -> Repo:
-        return Repo({p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}, sha)
+    def from_dir(folder: Path, sha: str | None = None) -> Repo:
+        """The folder's files as a repo; its commit sha derived from their names and bytes
+        unless given (as a real commit's: a process caches what it read at a sha, so two tests
+        serving other files at one sha would see each other's)."""
+        files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+        if sha is None:
+            h = hashlib.sha1()
+            for name, data in files.items():
+                h.update(f"{name}\0{len(data)}\0".encode())
+                h.update(data)
+            sha = h.hexdigest()
+        return Repo(files, sha)
 
 
 @dataclass
@@ -192,6 +204,19 @@ def serve(hub: FakeHub) -> Iterator[FakeHub]:
             s.shutdown()
             s.server_close()
 
+
+
+@contextmanager
+def serve_as_hub(hub: FakeHub, cache: Path, monkeypatch: pytest.MonkeyPatch
+                 ) -> Iterator[FakeHub]:
+    """serve(hub) as the Hub the code under test reaches: HF_ENDPOINT at it, HF_HUB_CACHE at
+    `cache`, online and without a token."""
+    with serve(hub) as h:
+        monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+        monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
+            monkeypatch.delenv(var, raising=False)
+        yield h
 
 def fill_cache(cache: Path, repo_id: str, repo: Repo) -> None:
     """The Hub cache layout huggingface_hub writes (blobs, a snapshot of links, refs/main)."""

@@ -22,7 +22,7 @@ from mergepipe.jobs.merge import merge
 from mergepipe.storage.remote import remote_scope
 from tests import factory
 from tests import mergekit_parity as mp
-from tests.fake_hub import FakeHub, Repo, fill_cache, serve
+from tests.fake_hub import FakeHub, Repo, fill_cache, serve_as_hub
 
 NAMES = ("base", "e0", "e1")
 
@@ -39,11 +39,7 @@ def family(tmp_path: Path) -> dict[str, Path]:
 @pytest.fixture
 def hub(family: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     repos = {f"acme/{n}": Repo.from_dir(family[n], sha_of(n)) for n in NAMES}
-    with serve(FakeHub(repos)) as h:
-        monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
-            monkeypatch.delenv(var, raising=False)
+    with serve_as_hub(FakeHub(repos), tmp_path / "hf-cache", monkeypatch) as h:
         yield h
 
 

@@ -20,13 +20,9 @@ from mergepipe.jobs.config import load_config
 from mergepipe.jobs.reindex import _read_tensor
 from tests import mergekit_parity as mp
 from tests import tokenizer_parity as tk
-from tests.fake_hub import FakeHub, Repo, fill_cache, serve
+from tests.fake_hub import FakeHub, Repo, fill_cache, serve_as_hub
 
 NAMES = ("base", "e0", "e1", "e2")
-
-
-def sha(name: str) -> str:
-    return f"{NAMES.index(name) + 1:040x}"
 
 
 @pytest.fixture
@@ -36,14 +32,10 @@ def family(tmp_path: Path) -> dict[str, Path]:
 
 def start(family: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
           drop: tuple[str, str] | None = None) -> Iterator[FakeHub]:
-    repos = {f"acme/{n}": Repo.from_dir(family[n], sha(n)) for n in NAMES}
+    repos = {f"acme/{n}": Repo.from_dir(family[n]) for n in NAMES}
     if drop is not None:
         del repos[f"acme/{drop[0]}"].files[drop[1]]
-    with serve(FakeHub(repos)) as h:
-        monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
-            monkeypatch.delenv(var, raising=False)
+    with serve_as_hub(FakeHub(repos), tmp_path / "hf-cache", monkeypatch) as h:
         yield h
 
 
@@ -89,7 +81,7 @@ def test_a_vocabulary_tensor_is_read_by_range_from_the_hub(
     """The tensor alone (and the header) leaves the storage, not its whole file."""
     data = hub.repos["acme/e2"].files["model.safetensors"]
     header = 8 + int.from_bytes(data[:8], "little")
-    got = _read_tensor(f"hf://acme/e2@{sha('e2')}", "model.embed_tokens.weight")
+    got = _read_tensor(f"hf://acme/e2@{hub.repos['acme/e2'].sha}", "model.embed_tokens.weight")
     assert torch.equal(got, mp.load_raw(family["e2"])["model.embed_tokens.weight"])
     assert 0 < hub.body_bytes["acme/e2"] <= header + 64 * 32 * 2 < len(data)
 
@@ -132,11 +124,12 @@ def test_union_by_hub_ids_offline_reads_the_local_cache(
 def test_a_tokenizer_file_missing_on_the_hub_is_refused_by_name(
         family: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         drop: str, source: str, message: str) -> None:
-    for _ in start(family, tmp_path, monkeypatch, drop=(drop, "tokenizer.json")):
+    for hub in start(family, tmp_path, monkeypatch, drop=(drop, "tokenizer.json")):
         _, hubbed = configs(family, source)
         with Catalog(tmp_path / "c.duckdb") as cat, pytest.raises(InvalidRequest) as e:
             load_config(cat, yaml.safe_dump(hubbed))
-        assert message.format(base=sha("base"), e1=sha("e1")) in e.value.message
+        shas = {n: hub.repos[f"acme/{n}"].sha for n in ("base", "e1")}
+        assert message.format(**shas) in e.value.message
         assert e.value.field == "tokenizer_source"
 
 

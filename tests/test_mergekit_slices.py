@@ -114,14 +114,10 @@ def test_slices_and_tokenizer_options_equal_mergekit_quick(
     check(slices, theirs, tmp_path)
     tk.check(tokens, theirs, tmp_path)
     tk.check_vocab(vocab, tmp_path)
-    from tests.fake_hub import FakeHub, Repo, serve
+    from tests.fake_hub import FakeHub, Repo, serve_as_hub
 
-    repos = {f"acme/{n}": Repo.from_dir(fam[n], f"{i + 1:040x}")
-             for i, n in enumerate(("base", "e0", "e1"))}
-    with serve(FakeHub(repos)) as hub:
-        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    repos = {f"acme/{n}": Repo.from_dir(fam[n]) for n in ("base", "e0", "e1")}
+    with serve_as_hub(FakeHub(repos), tmp_path / "hf-cache", monkeypatch) as hub:
         remote = json.loads(json.dumps(slices["stack"]).replace(str(fam["e0"]), "acme/e0")
                             .replace(str(fam["e1"]), "acme/e1").replace(str(fam["base"]),
                                                                         "hf://acme/base"))

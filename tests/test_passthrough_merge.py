@@ -17,7 +17,7 @@ from mergepipe.storage.safetensors_format import read_header
 from tests import api_helpers as ah
 from tests import mergekit_parity as mp
 from tests.catalogs import new_catalog
-from tests.fake_hub import FakeHub, Repo, serve
+from tests.fake_hub import FakeHub, Repo, serve_as_hub
 
 LAYERS = 4
 
@@ -59,13 +59,8 @@ def family(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def hub(family: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    repos = {f"acme/{n}": Repo.from_dir(family[n], f"{i + 1:040x}")
-             for i, n in enumerate(("base", "e0", "e1"))}
-    with serve(FakeHub(repos)) as h:
-        monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
-            monkeypatch.delenv(var, raising=False)
+    repos = {f"acme/{n}": Repo.from_dir(family[n]) for n in ("base", "e0", "e1")}
+    with serve_as_hub(FakeHub(repos), tmp_path / "hf-cache", monkeypatch) as h:
         yield h
 
 
