@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name is not None and name.startswith(e.name):  # an optional distribution
+            if e.name is not None and (name + ".").startswith(e.name + "."):  # its package is absent
                 continue
             raise
         module.register(sub)
