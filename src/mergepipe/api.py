@@ -12,7 +12,8 @@ or a notebook, returning typed results and raising `mergepipe.MergePipeError` su
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -150,7 +151,7 @@ class Catalog:
         base's newest calibration. Needs the `eval` extra (transformers)."""
         from mergepipe.evaluation.calibration import DEFAULT_TOKENS, calibrate
 
-        body = text.read_text(encoding="utf-8") if isinstance(text, Path) else text
+        body = read_text(text, "calibration text") if isinstance(text, Path) else text
         return calibrate(self.db, base, body, tokens or DEFAULT_TOKENS)
 
     # -- plans and merges -------------------------------------------------------------------
@@ -197,20 +198,16 @@ class Catalog:
         from mergepipe.jobs.ingest import run_ingestion
 
         tell = report or (lambda line: None)
-        try:
+        with _named(where):
             request, resolved = load_config(self.db, text, budget=_budget_text(budget),
                                             seed=seed, locate=_locate(cwd))
             for job in resolved.to_ingest:
-                with _Bars(progress, f"ingesting {job.model}", unit="B", model=job.model) as bar:
-                    try:
-                        run_ingestion(self.db, job, progress=bar.report)
-                    except MergePipeError as e:
-                        raise type(e)(f"{job.field}: {e.message}", field=job.field) from None
+                with (_Bars(progress, f"ingesting {job.model}", unit="B", model=job.model) as bar,
+                      _named(job.field, job.field)):
+                    run_ingestion(self.db, job, progress=bar.report)
                 role = ("as the base" if job.base is None else
                         f"as an expert of {job.base!r}, with delta statistics")
                 tell(f"registered {job.model!r} in the catalog {role}")
-        except MergePipeError as e:
-            raise type(e)(f"{where}: {e.message}", field=e.field) from None
         for note in resolved.config.notes:
             tell(f"note: {note}")
         if dtype:
@@ -224,15 +221,13 @@ class Catalog:
         from mergepipe.jobs import slices
         from mergepipe.jobs.config import load_passthrough
 
-        try:
+        with _named(where):
             request = load_passthrough(self.db, text, locate=_locate(cwd), seed=seed,
                                        dtype=None if dtype is None else
                                        normalize_dtype(dtype, "output_dtype"))
             if request is None:
                 return None
             tokenizer = slices.tokenizer_plan(text, request)
-        except MergePipeError as e:
-            raise type(e)(f"{where}: {e.message}", field=e.field) from None
         for note in request.slice_config.notes:
             (report or (lambda line: None))(f"note: {note}")
         return request, tokenizer
@@ -248,8 +243,7 @@ class Catalog:
         `budget_search` says how it was found."""
         from mergepipe.jobs.planning import plan_merge
 
-        req, _, fields = self._request_of(request, fields, progress=progress, cwd=cwd,
-                                          report=report)
+        req, _ = self._request_of(request, fields, progress=progress, cwd=cwd, report=report)
         target = _target(target_deviation, fields)
         if target is None:
             return plan_merge(self.db, req)
@@ -258,11 +252,11 @@ class Catalog:
     def _request_of(self, request: MergeRequest | str | Path | dict[str, Any] | None,
                     fields: dict[str, Any], *, progress: bool | ProgressFn,
                     cwd: str | Path | None, report: Callable[[str], None] | None
-                    ) -> tuple[MergeRequest, TokenizerPlan | None, dict[str, Any]]:
-        """The request of a MergeRequest, of request()'s fields or of a config (its tokenizer
-        plan too), and the fields that remain to check a target deviation against."""
+                    ) -> tuple[MergeRequest, TokenizerPlan | None]:
+        """The request of a MergeRequest, of request()'s fields or of a config (and its
+        tokenizer plan)."""
         if request is None or isinstance(request, MergeRequest):
-            return request or self.request(**fields), None, fields
+            return request or self.request(**fields), None
         _config_fields(fields)
         text, where = _config_text(request)
         req, tokenizer = self._config(text, where, budget=fields.get("budget"),
@@ -271,7 +265,7 @@ class Catalog:
                                       report=report)
         if fields.get("strategy"):
             req = replace(req, strategy=fields["strategy"])
-        return req, tokenizer, {k: v for k, v in fields.items() if k == "budget"}
+        return req, tokenizer
 
     def for_deviation(self, request: MergeRequest, target_deviation: float
                       ) -> tuple[MergeRequest, Plan]:
@@ -317,8 +311,8 @@ class Catalog:
                            "expert delta; the budget does not apply")
                 return self._merge(copied[0], out, name=name, overwrite=overwrite,
                                    threads=threads, progress=progress, tokenizer=copied[1])
-        req, tokenizer, fields = self._request_of(request, fields, progress=progress, cwd=cwd,
-                                                  report=report)
+        req, tokenizer = self._request_of(request, fields, progress=progress, cwd=cwd,
+                                          report=report)
         target = _target(target_deviation, fields)
         if target is not None:
             req = self.for_deviation(req, target)[0]
@@ -419,6 +413,15 @@ class _Bars:
             self._bar.close()
 
 
+@contextmanager
+def _named(where: str, field: str | None = None) -> Iterator[None]:
+    """A MergePipeError's message prefixed with `where` (its field: `field`, else its own)."""
+    try:
+        yield
+    except MergePipeError as e:
+        raise type(e)(f"{where}: {e.message}", field=field or e.field) from None
+
+
 def _experts(experts: str | Sequence[str | tuple[str, float] | dict[str, Any]]
              ) -> str | list[dict[str, Any]]:
     """The CLI's text as it is; names, (name, weight) pairs and request dicts as dicts."""
@@ -475,11 +478,14 @@ def _config_text(config: str | Path | dict[str, Any]) -> tuple[str, str]:
 
         return yaml.safe_dump(config, sort_keys=False), "config"
     if isinstance(config, Path) or ("\n" not in config and config.endswith((".yml", ".yaml"))):
-        path = Path(config)
-        try:
-            return path.read_text(), str(path)
-        except (OSError, UnicodeDecodeError) as e:
-            why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-            raise InvalidRequest(f"{path}: cannot read the config ({why})",
-                                 field="config") from None
+        return read_text(config, "config", field="config"), str(config)
     return config, "config"
+
+
+def read_text(path: str | Path, what: str, field: str = "text") -> str:
+    """A UTF-8 file's text; InvalidRequest naming the file (`what`: what it is for) if not."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        raise InvalidRequest(f"{path}: cannot read the {what} ({why})", field=field) from None

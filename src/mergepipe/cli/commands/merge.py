@@ -150,11 +150,6 @@ def print_search(search: dict[str, Any]) -> None:
           f"{below} (grid {search['resolution']:g}, {search['plans']} plans)")
 
 
-def with_strategy(request: MergeRequest, args: argparse.Namespace) -> MergeRequest:
-    """--strategy applied to a request from a config file."""
-    return dataclasses.replace(request, strategy=args.strategy)
-
-
 def run(args: argparse.Namespace) -> int:
     request = None if args.config else request_from_args(args)
     if args.out is None:
@@ -163,25 +158,29 @@ def run(args: argparse.Namespace) -> int:
     if request is None or needs_torch(request):
         preload.start("torch")  # while the catalog opens
     from mergepipe.cli.beside import in_server, open_catalog
+    from mergepipe.cli.mergekit_cli import config_options
 
     with_engine(args)
+    output = {"out": args.out, "name": args.name, "overwrite": args.overwrite,
+              "threads": args.threads, "progress": progress_bars(args)}
     with open_catalog(args) as cat:
-        from mergepipe.cli.mergekit_cli import config_merge, config_request
         from mergepipe.jobs.recovery import recover_interrupted
 
         if not in_server(args):  # (a server recovers its own at start-up)
             recover_interrupted(cat.db)  # merges of a killed `mergepipe merge`: we hold the file
         search = None
         if request is None and target is None:  # any config: passthrough included
-            result = config_merge(cat, args)
+            result = cat.merge(args.config, strategy=args.strategy, **output,
+                               **config_options(args))
         else:
             if request is None:
-                request = with_strategy(config_request(cat, args), args)
+                request = dataclasses.replace(
+                    cat.config(args.config, progress=output["progress"],
+                               **config_options(args)), strategy=args.strategy)
             if target is not None:  # the budget is chosen first, as POST /v1/merges does
                 request, chosen = cat.for_deviation(request, target)
                 search = chosen.budget_search
-            result = cat.merge(request, out=args.out, name=args.name, overwrite=args.overwrite,
-                               threads=args.threads, progress=progress_bars(args))
+            result = cat.merge(request, **output)
     if args.json:
         print_json(result if search is None else {**result.to_dict(), "budget_search": search})
     else:
