@@ -427,15 +427,8 @@ def _experts(experts: str | Sequence[str | tuple[str, float] | dict[str, Any]]
     """The CLI's text as it is; names, (name, weight) pairs and request dicts as dicts."""
     if isinstance(experts, str):
         return experts
-    out: list[dict[str, Any]] = []
-    for e in experts:
-        if isinstance(e, str):
-            out.append({"model": e})
-        elif isinstance(e, dict):
-            out.append(e)
-        else:
-            out.append({"model": e[0], "weight": e[1]})
-    return out
+    return [{"model": e} if isinstance(e, str) else e if isinstance(e, dict)
+            else {"model": e[0], "weight": e[1]} for e in experts]
 
 
 def _target(target: float | None, fields: dict[str, Any]) -> float | None:

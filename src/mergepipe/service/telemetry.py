@@ -72,9 +72,6 @@ class Metrics:
         self.jobs_run.labels(job.kind, status).inc()
         self.job_seconds.labels(job.kind, status).observe(seconds)
 
-    def exposition(self) -> bytes:
-        return bytes(generate_latest(self.registry))
-
 
 class _CatalogCollector(Collector):
     """Gauges read at scrape time: jobs by kind and status, queue age, SQL slots, network."""
@@ -163,4 +160,4 @@ router = APIRouter(tags=["health"])
             response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 def metrics(request: Request) -> Any:
     m: Metrics = request.app.state.metrics
-    return Response(m.exposition(), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

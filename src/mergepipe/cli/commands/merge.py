@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from mergepipe.cli import preload
 from mergepipe.cli.job_options import add_engine_arguments, with_engine
 from mergepipe.cli.main import print_json, progress_bars
+from mergepipe.cli.mergekit_cli import config_options
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import REGISTRY
@@ -88,15 +89,12 @@ def params_help() -> str:
              f"density (fraction of each delta kept, default 1) for {', '.join(sparse)}"]
     for name, by in groups.items():
         where = "; ".join(f"{', '.join(ops)}: {'|'.join(choices) + ', ' if choices else ''}"
-                          f"default {_shown(default)}" for (choices, default), ops in by.items())
+                          f"default {str(default).lower() if isinstance(default, bool) else default}"
+                          for (choices, default), ops in by.items())
         parts.append(f"{name} ({where})" + (f": {helps[name]}" if len(by) == 1 else ""))
     parts.append("utility=l2|per_tensor|coverage|stratified|activation|fisher: the planner's "
                  "block ranking (activation, fisher: after mergepipe calibrate BASE)")
     return "operator parameter, repeatable: " + "; ".join(parts)
-
-
-def _shown(v: object) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -158,7 +156,6 @@ def run(args: argparse.Namespace) -> int:
     if request is None or needs_torch(request):
         preload.start("torch")  # while the catalog opens
     from mergepipe.cli.beside import in_server, open_catalog
-    from mergepipe.cli.mergekit_cli import config_options
 
     with_engine(args)
     output = {"out": args.out, "name": args.name, "overwrite": args.overwrite,
