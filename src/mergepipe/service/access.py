@@ -7,7 +7,6 @@ import hmac
 import json
 from typing import Any
 
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mergepipe.core.errors import InvalidRequest, Unauthorized
@@ -57,7 +56,8 @@ class AccessGuard:
 
     def check(self, scope: Scope) -> None:
         s = self.settings
-        headers = Headers(scope=scope)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers") or []}
         host = headers.get("host")
         if host is not None and "*" not in s.allowed_hosts \
                 and host_name(host) not in s.allowed_hosts:
@@ -77,7 +77,7 @@ class AccessGuard:
         if scope.get("method") != "POST" or scope.get("path") not in CONFIG_POSTS \
                 or not self.settings.api_token:
             return False
-        auth = Headers(scope=scope).get("authorization", "")
+        auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         return not bearer_matches(auth, self.settings.api_token)
 
     async def _read_some(self, receive: Receive) -> tuple[list[Message], bytes, bool]:
