@@ -110,8 +110,8 @@ class Catalog:
         from mergepipe.jobs.ingest import run_ingestion
 
         job = NewIngestJob(name, kind, str(path), base, block_bytes, stats, force=force)
-        with _Bars(progress, f"ingesting {name}", unit="B", model=name) as bar:
-            return run_ingestion(self.db, job, progress=bar.report, engine=self._engine())
+        with _bars(progress, f"ingesting {name}", unit="B", model=name) as report:
+            return run_ingestion(self.db, job, progress=report, engine=self._engine())
 
     def models(self) -> list[ModelRow]:
         """Every registered model, as `mergepipe models` lists them."""
@@ -202,9 +202,9 @@ class Catalog:
             request, resolved = load_config(self.db, text, budget=_budget_text(budget),
                                             seed=seed, locate=_locate(cwd))
             for job in resolved.to_ingest:
-                with (_Bars(progress, f"ingesting {job.model}", unit="B", model=job.model) as bar,
+                with (_bars(progress, f"ingesting {job.model}", unit="B", model=job.model) as bar,
                       _named(job.field, job.field)):
-                    run_ingestion(self.db, job, progress=bar.report)
+                    run_ingestion(self.db, job, progress=bar)
                 role = ("as the base" if job.base is None else
                         f"as an expert of {job.base!r}, with delta statistics")
                 tell(f"registered {job.model!r} in the catalog {role}")
@@ -332,8 +332,8 @@ class Catalog:
             from mergepipe.jobs.reindex import TokenizerStep
 
             finish = TokenizerStep(tokenizer, req)  # on the staged output, before publishing
-        with _Bars(progress, "merging", unit="block") as bar:
-            summary = merge(self.db, req, out, output_name=name, progress=bar.report,
+        with _bars(progress, "merging", unit="block") as bar:
+            summary = merge(self.db, req, out, output_name=name, progress=bar,
                             threads=threads, overwrite=overwrite, engine=self._engine(),
                             finish=finish)
         if tokenizer is not None and finish is None:  # passthrough: its files only
@@ -382,35 +382,31 @@ class Catalog:
         return Engine.of(self.settings)
 
 
-class _Bars:
+@contextmanager
+def _bars(progress: bool | ProgressFn, label: str, unit: str,
+          model: str | None = None) -> Iterator[ProgressFn]:
     """Progress as tqdm.auto bars (widgets in a notebook), a caller's callback, or nothing."""
+    bar: Any = None
 
-    def __init__(self, progress: bool | ProgressFn, label: str, unit: str,
-                 model: str | None = None) -> None:
-        self.callback = progress if callable(progress) else None
-        self.enabled = progress is True
-        self.label, self.unit, self.model = label, unit, model
-        self._bar: Any = None
-
-    def report(self, p: Progress) -> None:
-        if self.callback is not None:  # (an ingestion's scan does not know the model's name)
-            self.callback(replace(p, model=p.model or self.model))
-        if not self.enabled:
+    def report(p: Progress) -> None:
+        nonlocal bar
+        if callable(progress):  # (an ingestion's scan does not know the model's name)
+            progress(replace(p, model=p.model or model))
+        if progress is not True:
             return
-        if self._bar is None:
+        if bar is None:
             from tqdm.auto import tqdm
-            self._bar = tqdm(total=p.total, desc=self.label, unit=self.unit, leave=False,
-                             unit_scale=self.unit == "B", unit_divisor=1024, file=sys.stderr)
-        self._bar.total = p.total
-        self._bar.n = p.done
-        self._bar.refresh()
+            bar = tqdm(total=p.total, desc=label, unit=unit, leave=False,
+                       unit_scale=unit == "B", unit_divisor=1024, file=sys.stderr)
+        bar.total = p.total
+        bar.n = p.done
+        bar.refresh()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.close()
+    try:
+        yield report
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 @contextmanager
