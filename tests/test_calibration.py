@@ -337,3 +337,26 @@ def test_column_groups_of_element_ranges_add_up_to_the_tensor() -> None:
     part = (w[2:4].astype(np.float64) ** 2).sum(axis=0)
     assert rows == pytest.approx([part[b[g]:b[g + 1]].sum() for g in range(GROUPS)], rel=1e-6)
     assert block_col_sq(flat[:7], (7,), 0) is None
+
+
+def test_an_unreadable_calibration_text_names_the_file(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """The Python API and the CLI read a calibration text file alike: InvalidRequest naming the
+    file (the API raised FileNotFoundError), one line on stderr, before the catalog is used."""
+    import mergepipe
+
+    missing, latin = tmp_path / "missing.txt", tmp_path / "latin.txt"
+    latin.write_bytes("caf\xe9".encode("latin-1"))
+    db = new_catalog(tmp_path)
+    with mergepipe.Catalog(db) as cat:
+        for path, why in ((missing, "No such file or directory"), (latin, "not UTF-8 text")):
+            with pytest.raises(InvalidRequest) as e:
+                cat.calibrate("base", path)
+            assert e.value.message == f"{path}: cannot read the calibration text ({why})"
+            assert e.value.field == "text"
+    capsys.readouterr()
+    assert main(["--catalog", str(db), "calibrate", "base", "--text", str(missing)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"mergepipe calibrate: error: {missing}: cannot read the calibration text "
+                   "(No such file or directory)"], err

@@ -12,7 +12,8 @@ or a notebook, returning typed results and raising `mergepipe.MergePipeError` su
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -109,8 +110,8 @@ class Catalog:
         from mergepipe.jobs.ingest import run_ingestion
 
         job = NewIngestJob(name, kind, str(path), base, block_bytes, stats, force=force)
-        with _Bars(progress, f"ingesting {name}", unit="B", model=name) as bar:
-            return run_ingestion(self.db, job, progress=bar.report, engine=self._engine())
+        with _bars(progress, f"ingesting {name}", unit="B", model=name) as report:
+            return run_ingestion(self.db, job, progress=report, engine=self._engine())
 
     def models(self) -> list[ModelRow]:
         """Every registered model, as `mergepipe models` lists them."""
@@ -150,7 +151,7 @@ class Catalog:
         base's newest calibration. Needs the `eval` extra (transformers)."""
         from mergepipe.evaluation.calibration import DEFAULT_TOKENS, calibrate
 
-        body = text.read_text(encoding="utf-8") if isinstance(text, Path) else text
+        body = read_text(text, "calibration text") if isinstance(text, Path) else text
         return calibrate(self.db, base, body, tokens or DEFAULT_TOKENS)
 
     # -- plans and merges -------------------------------------------------------------------
@@ -197,20 +198,16 @@ class Catalog:
         from mergepipe.jobs.ingest import run_ingestion
 
         tell = report or (lambda line: None)
-        try:
+        with _named(where):
             request, resolved = load_config(self.db, text, budget=_budget_text(budget),
                                             seed=seed, locate=_locate(cwd))
             for job in resolved.to_ingest:
-                with _Bars(progress, f"ingesting {job.model}", unit="B", model=job.model) as bar:
-                    try:
-                        run_ingestion(self.db, job, progress=bar.report)
-                    except MergePipeError as e:
-                        raise type(e)(f"{job.field}: {e.message}", field=job.field) from None
+                with (_bars(progress, f"ingesting {job.model}", unit="B", model=job.model) as bar,
+                      _named(job.field, job.field)):
+                    run_ingestion(self.db, job, progress=bar)
                 role = ("as the base" if job.base is None else
                         f"as an expert of {job.base!r}, with delta statistics")
                 tell(f"registered {job.model!r} in the catalog {role}")
-        except MergePipeError as e:
-            raise type(e)(f"{where}: {e.message}", field=e.field) from None
         for note in resolved.config.notes:
             tell(f"note: {note}")
         if dtype:
@@ -224,15 +221,13 @@ class Catalog:
         from mergepipe.jobs import slices
         from mergepipe.jobs.config import load_passthrough
 
-        try:
+        with _named(where):
             request = load_passthrough(self.db, text, locate=_locate(cwd), seed=seed,
                                        dtype=None if dtype is None else
                                        normalize_dtype(dtype, "output_dtype"))
             if request is None:
                 return None
             tokenizer = slices.tokenizer_plan(text, request)
-        except MergePipeError as e:
-            raise type(e)(f"{where}: {e.message}", field=e.field) from None
         for note in request.slice_config.notes:
             (report or (lambda line: None))(f"note: {note}")
         return request, tokenizer
@@ -248,8 +243,7 @@ class Catalog:
         `budget_search` says how it was found."""
         from mergepipe.jobs.planning import plan_merge
 
-        req, _, fields = self._request_of(request, fields, progress=progress, cwd=cwd,
-                                          report=report)
+        req, _ = self._request_of(request, fields, progress=progress, cwd=cwd, report=report)
         target = _target(target_deviation, fields)
         if target is None:
             return plan_merge(self.db, req)
@@ -258,11 +252,11 @@ class Catalog:
     def _request_of(self, request: MergeRequest | str | Path | dict[str, Any] | None,
                     fields: dict[str, Any], *, progress: bool | ProgressFn,
                     cwd: str | Path | None, report: Callable[[str], None] | None
-                    ) -> tuple[MergeRequest, TokenizerPlan | None, dict[str, Any]]:
-        """The request of a MergeRequest, of request()'s fields or of a config (its tokenizer
-        plan too), and the fields that remain to check a target deviation against."""
+                    ) -> tuple[MergeRequest, TokenizerPlan | None]:
+        """The request of a MergeRequest, of request()'s fields or of a config (and its
+        tokenizer plan)."""
         if request is None or isinstance(request, MergeRequest):
-            return request or self.request(**fields), None, fields
+            return request or self.request(**fields), None
         _config_fields(fields)
         text, where = _config_text(request)
         req, tokenizer = self._config(text, where, budget=fields.get("budget"),
@@ -271,7 +265,7 @@ class Catalog:
                                       report=report)
         if fields.get("strategy"):
             req = replace(req, strategy=fields["strategy"])
-        return req, tokenizer, {k: v for k, v in fields.items() if k == "budget"}
+        return req, tokenizer
 
     def for_deviation(self, request: MergeRequest, target_deviation: float
                       ) -> tuple[MergeRequest, Plan]:
@@ -317,8 +311,8 @@ class Catalog:
                            "expert delta; the budget does not apply")
                 return self._merge(copied[0], out, name=name, overwrite=overwrite,
                                    threads=threads, progress=progress, tokenizer=copied[1])
-        req, tokenizer, fields = self._request_of(request, fields, progress=progress, cwd=cwd,
-                                                  report=report)
+        req, tokenizer = self._request_of(request, fields, progress=progress, cwd=cwd,
+                                          report=report)
         target = _target(target_deviation, fields)
         if target is not None:
             req = self.for_deviation(req, target)[0]
@@ -338,8 +332,8 @@ class Catalog:
             from mergepipe.jobs.reindex import TokenizerStep
 
             finish = TokenizerStep(tokenizer, req)  # on the staged output, before publishing
-        with _Bars(progress, "merging", unit="block") as bar:
-            summary = merge(self.db, req, out, output_name=name, progress=bar.report,
+        with _bars(progress, "merging", unit="block") as bar:
+            summary = merge(self.db, req, out, output_name=name, progress=bar,
                             threads=threads, overwrite=overwrite, engine=self._engine(),
                             finish=finish)
         if tokenizer is not None and finish is None:  # passthrough: its files only
@@ -388,35 +382,40 @@ class Catalog:
         return Engine.of(self.settings)
 
 
-class _Bars:
+@contextmanager
+def _bars(progress: bool | ProgressFn, label: str, unit: str,
+          model: str | None = None) -> Iterator[ProgressFn]:
     """Progress as tqdm.auto bars (widgets in a notebook), a caller's callback, or nothing."""
+    bar: Any = None
 
-    def __init__(self, progress: bool | ProgressFn, label: str, unit: str,
-                 model: str | None = None) -> None:
-        self.callback = progress if callable(progress) else None
-        self.enabled = progress is True
-        self.label, self.unit, self.model = label, unit, model
-        self._bar: Any = None
-
-    def report(self, p: Progress) -> None:
-        if self.callback is not None:  # (an ingestion's scan does not know the model's name)
-            self.callback(replace(p, model=p.model or self.model))
-        if not self.enabled:
+    def report(p: Progress) -> None:
+        nonlocal bar
+        if callable(progress):  # (an ingestion's scan does not know the model's name)
+            progress(replace(p, model=p.model or model))
+        if progress is not True:
             return
-        if self._bar is None:
+        if bar is None:
             from tqdm.auto import tqdm
-            self._bar = tqdm(total=p.total, desc=self.label, unit=self.unit, leave=False,
-                             unit_scale=self.unit == "B", unit_divisor=1024, file=sys.stderr)
-        self._bar.total = p.total
-        self._bar.n = p.done
-        self._bar.refresh()
+            bar = tqdm(total=p.total, desc=label, unit=unit, leave=False,
+                       unit_scale=unit == "B", unit_divisor=1024, file=sys.stderr)
+        bar.total = p.total
+        bar.n = p.done
+        bar.refresh()
 
-    def __enter__(self) -> Self:
-        return self
+    try:
+        yield report
+    finally:
+        if bar is not None:
+            bar.close()
 
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.close()
+
+@contextmanager
+def _named(where: str, field: str | None = None) -> Iterator[None]:
+    """A MergePipeError's message prefixed with `where` (its field: `field`, else its own)."""
+    try:
+        yield
+    except MergePipeError as e:
+        raise type(e)(f"{where}: {e.message}", field=field or e.field) from None
 
 
 def _experts(experts: str | Sequence[str | tuple[str, float] | dict[str, Any]]
@@ -424,15 +423,8 @@ def _experts(experts: str | Sequence[str | tuple[str, float] | dict[str, Any]]
     """The CLI's text as it is; names, (name, weight) pairs and request dicts as dicts."""
     if isinstance(experts, str):
         return experts
-    out: list[dict[str, Any]] = []
-    for e in experts:
-        if isinstance(e, str):
-            out.append({"model": e})
-        elif isinstance(e, dict):
-            out.append(e)
-        else:
-            out.append({"model": e[0], "weight": e[1]})
-    return out
+    return [{"model": e} if isinstance(e, str) else e if isinstance(e, dict)
+            else {"model": e[0], "weight": e[1]} for e in experts]
 
 
 def _target(target: float | None, fields: dict[str, Any]) -> float | None:
@@ -475,11 +467,14 @@ def _config_text(config: str | Path | dict[str, Any]) -> tuple[str, str]:
 
         return yaml.safe_dump(config, sort_keys=False), "config"
     if isinstance(config, Path) or ("\n" not in config and config.endswith((".yml", ".yaml"))):
-        path = Path(config)
-        try:
-            return path.read_text(), str(path)
-        except (OSError, UnicodeDecodeError) as e:
-            why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-            raise InvalidRequest(f"{path}: cannot read the config ({why})",
-                                 field="config") from None
+        return read_text(config, "config", field="config"), str(config)
     return config, "config"
+
+
+def read_text(path: str | Path, what: str, field: str = "text") -> str:
+    """A UTF-8 file's text; InvalidRequest naming the file (`what`: what it is for) if not."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        raise InvalidRequest(f"{path}: cannot read the {what} ({why})", field=field) from None

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import hmac
 import io
+import itertools
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from mergepipe.core.settings import Settings
 if TYPE_CHECKING:
     import argparse
 
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+    from starlette.types import Message, Receive, Scope, Send
 
     from mergepipe.api import Catalog
     from mergepipe.catalog.db import Catalog as CatalogDatabase
@@ -216,19 +217,10 @@ class _Capture:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.chunks: list[tuple[str, str]] = []
-        self.lock = threading.Lock()
-        self.ready = asyncio.Event()
+        self.chunks: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
 
     def write(self, kind: str, text: str) -> None:
-        with self.lock:
-            self.chunks.append((kind, text))
-        self.loop.call_soon_threadsafe(self.ready.set)
-
-    def take(self) -> list[tuple[str, str]]:
-        with self.lock:
-            out, self.chunks = self.chunks, []
-        return out
+        self.loop.call_soon_threadsafe(self.chunks.put_nowait, (kind, text))
 
 
 _local = threading.local()
@@ -324,8 +316,7 @@ class CliRelay:
     """ASGI wrapper: `POST /v1/cli`, and the advertisement around the application's life."""
 
     def __init__(self, app: Any, cli: Cli, *, catalog: Path, host: str, port: int) -> None:
-        self.app: ASGIApp = app
-        self.inner, self.cli = app, cli
+        self.app, self.cli = app, cli  # the FastAPI application
         self.advert = Advert(os.getpid(), WILDCARD_HOSTS.get(host, host), port,
                              secrets.token_urlsafe(32), str(catalog), advert_path(catalog))
 
@@ -367,7 +358,7 @@ class CliRelay:
             return
         capture = _Capture(asyncio.get_running_loop())
         work = asyncio.get_running_loop().run_in_executor(
-            None, run_relayed, self.inner, doc, capture, self.cli)
+            None, run_relayed, self.app, doc, capture, self.cli)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/x-ndjson")]})
         await _stream(capture, work, send)
@@ -398,7 +389,7 @@ class CliRelay:
         if not isinstance(doc, dict):
             await _refuse(send, 400, "bad_request", "relay request is not a JSON object")
             return None
-        if not hasattr(self.inner.state, "mergepipe"):
+        if not hasattr(self.app.state, "mergepipe"):
             await _refuse(send, 503, "starting", "the server is not started yet")
             return None
         return doc
@@ -417,29 +408,20 @@ async def _body(receive: Receive) -> bytes | None:
 
 
 async def _stream(capture: _Capture, work: asyncio.Future[int], send: Send) -> None:
-    """Send what the command prints, as JSON lines, until it ends."""
-    while True:
-        done = work.done()
-        lines = [json.dumps({kind: text}) + "\n" for kind, text in _merge(capture.take())]
+    """Send what the command prints until it ends: a JSON line per run of one stream's chunks
+    (the thread's chunks are queued before its end is: none is left behind)."""
+    queue = capture.chunks
+    while not (work.done() and queue.empty()):
+        chunks = []
+        with contextlib.suppress(TimeoutError):
+            chunks.append(await asyncio.wait_for(queue.get(), 0.2))
+        while not queue.empty():
+            chunks.append(queue.get_nowait())
+        lines = [json.dumps({kind: "".join(text for _, text in run)}) + "\n"
+                 for kind, run in itertools.groupby(chunks, key=lambda c: c[0])]
         if lines:
             await send({"type": "http.response.body", "body": "".join(lines).encode(),
                         "more_body": True})
-        if done:
-            return
-        capture.ready.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(capture.ready.wait(), 0.2)
-
-
-def _merge(chunks: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Consecutive chunks of one stream as one."""
-    out: list[tuple[str, str]] = []
-    for kind, text in chunks:
-        if out and out[-1][0] == kind:
-            out[-1] = (kind, out[-1][1] + text)
-        else:
-            out.append((kind, text))
-    return out
 
 
 async def _refuse(send: Send, status: int, code: str, message: str) -> None:

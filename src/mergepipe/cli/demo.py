@@ -68,6 +68,13 @@ class Api:
                 raise RuntimeError(f"{path} still {obj['status']} after {timeout:.0f}s")
             time.sleep(0.05)
 
+    def merge(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/merges and wait for it: the merge, with its wall time (wall_s)."""
+        t0 = time.perf_counter()
+        m = self.wait(f"/v1/merges/{self.call('POST', '/v1/merges', body)['id']}")
+        m["wall_s"] = time.perf_counter() - t0
+        return m
+
 
 def start_server(root: Path, port: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, MERGEPIPE_CATALOG=str(root / "catalog.duckdb"),
@@ -139,11 +146,7 @@ def run_demo(root: Path) -> int:
                     "seed": 0, "output": {"name": f"ties-{int(b * 100)}"}}
             os.sync()  # cold reads: dirty pages cannot be evicted
             drop_page_cache(str(f) for f in (root / "family").rglob("*") if f.is_file())
-            t0 = time.perf_counter()
-            job = api.call("POST", "/v1/merges", body)
-            m = api.wait(f"/v1/merges/{job['id']}")
-            m["wall_s"] = time.perf_counter() - t0
-            results.append(m)
+            results.append(api.merge(body))
         full_out = root / "merges" / "ties-100"
         rows = []
         for b, m in zip(BUDGETS, results, strict=True):
@@ -187,20 +190,12 @@ def show_incremental(api: Api, experts: list[str]) -> None:
     """Linear merges of K-1 then K experts, from scratch and incrementally: the bytes each way."""
     k = len(experts)
     say(f"and incrementally: a linear merge of {k - 1} experts, then of {k} two ways")
-
-    def linear(names: list[str], strategy: str, output: str) -> dict[str, Any]:
-        body = {"base": "base", "experts": [{"model": n} for n in names], "operator": "linear",
-                "strategy": strategy, "output": {"name": output}}
-        t0 = time.perf_counter()
-        m: dict[str, Any] = api.wait(f"/v1/merges/{api.call('POST', '/v1/merges', body)['id']}")
-        m["wall_s"] = time.perf_counter() - t0
-        return m
-
     rows = []
     for names, strategy, output in ((experts[:-1], "scratch", f"linear-{k - 1}"),
                                     (experts, "scratch", f"linear-{k}-scratch"),
                                     (experts, "auto", f"linear-{k}-auto")):
-        m = linear(names, strategy, output)
+        m = api.merge({"base": "base", "experts": [{"model": n} for n in names],
+                       "operator": "linear", "strategy": strategy, "output": {"name": output}})
         rows.append([output, strategy, m["strategy"], m["previous_merge"] or "",
                      human_bytes(m["expert_bytes_read"]), f"{m['wall_s']:.2f}"])
     print_table(["output", "asked", "strategy", "reused merge", "expert bytes read", "wall s"],

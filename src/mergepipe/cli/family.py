@@ -107,23 +107,10 @@ class ExpertSpec:
     focus_layers: tuple[int, ...]
 
 
-def _seed(*parts: object) -> int:
-    """A 63-bit seed from any key: generation does not depend on order."""
-    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") >> 1
-
-
 def _gen(*parts: object) -> torch.Generator:
-    return torch.Generator().manual_seed(_seed(*parts))
-
-
-def _lognormal(sigma: float, *parts: object) -> float:
-    return math.exp(sigma * float(torch.randn(1, generator=_gen(*parts))))
-
-
-def _layer_of(name: str) -> int | None:
-    bits = name.split(".")
-    return int(bits[2]) if len(bits) > 2 and bits[1] == "layers" else None
+    """A generator seeded with 63 bits of any key's hash: generation does not depend on order."""
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(h, "little") >> 1)
 
 
 def _base_chunk(seed: int, name: str, shape: tuple[int, ...], r0: int, r1: int) -> torch.Tensor:
@@ -139,12 +126,13 @@ class _DeltaSource:
 
     def __init__(self, seed: int, spec: ExpertSpec, name: str, shape: tuple[int, ...]) -> None:
         self.seed, self.spec, self.name, self.shape = seed, spec, name, shape
-        layer = _layer_of(name)
+        bits = name.split(".")
+        layer = int(bits[2]) if len(bits) > 2 and bits[1] == "layers" else None
         gain = FOCUS_GAIN if layer in spec.focus_layers else 1.0
         ref = 0.05 if len(shape) == 1 else BASE_STD
         self.zero = spec.lora_like and not any(f".{t}." in name for t in LORA_TARGETS)
-        self.scale = (ref * DELTA_REL * gain
-                      * _lognormal(SCALE_SIGMA, seed, spec.index, name, "scale"))
+        noise = float(torch.randn(1, generator=_gen(seed, spec.index, name, "scale")))
+        self.scale = ref * DELTA_REL * gain * math.exp(SCALE_SIGMA * noise)  # log-normal
         self.rank = LORA_RANK if spec.lora_like else RANK
         self.a: torch.Tensor | None = None
         self.b: torch.Tensor | None = None

@@ -16,8 +16,7 @@ from mergepipe.jobs.runner import JobRunner
 from mergepipe.jobs.shared_runner import SharedJobRunner
 from mergepipe.sandbox.sql_snapshot import remove_stale
 from mergepipe.service import errors, telemetry
-from mergepipe.service.access import AccessGuard
-from mergepipe.service.limits import BodyLimit
+from mergepipe.service.access import AccessGuard, BodyLimit
 from mergepipe.service.routes import (
     calibrations,
     compare,

@@ -32,7 +32,6 @@ class BodyRequest:
 
     request: MergeRequest
     to_ingest: list[NewIngestJob] = field(default_factory=list)
-    notes: tuple[str, ...] = ()
     tokenizer: TokenizerPlan | None = None  # a merge body's config's tokenizer options
 
 
@@ -42,7 +41,7 @@ class PassthroughBody:
 
     request: PassthroughRequest
     to_ingest: list[NewIngestJob] = field(default_factory=list)
-    notes: tuple[str, ...] = ()
+    tokenizer: None = None  # the donor's tokenizer files
 
 
 def body_request(st: AppState, body: PlanIn) -> BodyRequest:
@@ -69,14 +68,19 @@ def merge_request(st: AppState, body: MergeIn) -> BodyRequest | PassthroughBody:
         if copied is not None and tokenizer_plan(body.config_yaml, copied) is not None:
             raise InvalidRequest(PASSTHROUGH_TOKENIZER, field="tokenizer")
     except MergePipeError as e:
-        key = f"config_yaml.{e.field}" if e.field else "config_yaml"
-        raise type(e)(f"config_yaml: {e.message}", field=key) from None
+        raise _in_config(e) from None
     if copied is None:
         return _config_request(st, body)
     if body.target_deviation is not None:
         raise InvalidRequest("target_deviation: passthrough copies layers and reads no expert "
                              "delta: there is no budget to choose", field="target_deviation")
-    return PassthroughBody(copied, [], copied.slice_config.notes)
+    return PassthroughBody(copied)
+
+
+def _in_config(e: MergePipeError) -> MergePipeError:
+    """An error of the body's config, named by its key under config_yaml."""
+    key = f"config_yaml.{e.field}" if e.field else "config_yaml"
+    return type(e)(f"config_yaml: {e.message}", field=key)
 
 
 def _locator(st: AppState) -> Callable[[str, str], str]:
@@ -103,11 +107,10 @@ def _config_request(st: AppState, body: PlanIn) -> BodyRequest:
     except MergePipeError as e:
         if e.field in ("budget", "seed"):
             raise
-        key = f"config_yaml.{e.field}" if e.field else "config_yaml"
-        raise type(e)(f"config_yaml: {e.message}", field=key) from None
+        raise _in_config(e) from None
     if body.output_dtype():
         request = replace(request, output_dtype=body.output_dtype())
     if body.strategy is not None:
         request = replace(request, strategy=body.strategy)
     jobs = [replace(j, field=f"config_yaml.{j.field}") for j in resolved.to_ingest]
-    return BodyRequest(request, jobs, resolved.config.notes, resolved.tokenizer)
+    return BodyRequest(request, jobs, resolved.tokenizer)

@@ -72,9 +72,6 @@ class Metrics:
         self.jobs_run.labels(job.kind, status).inc()
         self.job_seconds.labels(job.kind, status).observe(seconds)
 
-    def exposition(self) -> bytes:
-        return bytes(generate_latest(self.registry))
-
 
 class _CatalogCollector(Collector):
     """Gauges read at scrape time: jobs by kind and status, queue age, SQL slots, network."""
@@ -83,7 +80,6 @@ class _CatalogCollector(Collector):
         self.cat, self.sql_limits = cat, sql_limits
 
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("mergepipe_catalog_up", "1 when the catalog answered this scrape")
         jobs = GaugeMetricFamily("mergepipe_jobs", "Jobs in the catalog by kind and status",
                                  labels=("kind", "status"))
         age = GaugeMetricFamily("mergepipe_queue_oldest_seconds",
@@ -94,9 +90,10 @@ class _CatalogCollector(Collector):
             counts = queue.jobs_by_status(self.cat)
         except Exception as e:  # noqa: BLE001 - an unreachable catalog is a value, not an error
             log.warning("metrics: the catalog does not answer (%s)", type(e).__name__)
-            up.add_metric([], 0)
-        else:
-            up.add_metric([], 1)
+            counts = None
+        up = _gauge("mergepipe_catalog_up", "1 when the catalog answered this scrape",
+                    counts is not None)
+        if counts is not None:
             queued = {"ingest": (0, 0.0), "merge": (0, 0.0)}
             for c in counts:
                 jobs.add_metric([c.kind, c.status], c.count)
@@ -110,15 +107,11 @@ class _CatalogCollector(Collector):
         yield _gauge("mergepipe_sql_slots", "User-SQL slots of this process", slots.n)
         yield _gauge("mergepipe_sql_slots_in_use", "User-SQL slots running a query", slots.in_use)
         yield _gauge("mergepipe_sql_waiting", "User-SQL queries waiting for a slot", slots.waiting)
-        refused = GaugeMetricFamily("mergepipe_sql_refusals_total",
-                                    "User-SQL queries refused with 429 (all slots and the "
-                                    "queue busy) since the process started")
-        refused.add_metric([], slots.refusals)
-        yield refused
-        net = GaugeMetricFamily("mergepipe_network_bytes_total",
-                                "Body bytes this process fetched from remote storage (S3, HTTP)")
-        net.add_metric([], NETWORK.bytes)
-        yield net
+        yield _gauge("mergepipe_sql_refusals_total", "User-SQL queries refused with 429 (all "
+                     "slots and the queue busy) since the process started", slots.refusals)
+        yield _gauge("mergepipe_network_bytes_total",
+                     "Body bytes this process fetched from remote storage (S3, HTTP)",
+                     NETWORK.bytes)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -167,4 +160,4 @@ router = APIRouter(tags=["health"])
             response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 def metrics(request: Request) -> Any:
     m: Metrics = request.app.state.metrics
-    return Response(m.exposition(), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -28,14 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mergepipe.api import read_text
     from mergepipe.cli.beside import open_catalog
-    from mergepipe.core.errors import InvalidRequest
 
-    try:
-        text = args.text.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"{args.text}: cannot read the calibration text: "
-                             f"{getattr(e, 'strerror', None) or e}", field="text") from None
+    text = read_text(args.text, "calibration text")
     with open_catalog(args) as cat:
         row = cat.calibrate(args.base, text, tokens=args.tokens)
     if args.json:

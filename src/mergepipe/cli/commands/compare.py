@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from mergepipe.cli.main import print_json
-from mergepipe.core.errors import InvalidRequest
 
 DEFAULT_TOKENS = 2048  # evaluation.compare.DEFAULT_TOKENS (not imported on --help's path)
 
@@ -30,19 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, beside_server=True, local_paths=("text",))
 
 
-def read_text(path: Path) -> str:
-    """The text file's contents; InvalidRequest naming the file when it cannot be read."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-        raise InvalidRequest(f"{path}: cannot read the text ({why})", field="text") from None
-
-
 def run(args: argparse.Namespace) -> int:
+    from mergepipe.api import read_text
     from mergepipe.cli.beside import open_catalog
 
-    text = read_text(args.text)
+    text = read_text(args.text, "text")
     with open_catalog(args) as cat:
         r = cat.compare(args.model_a, args.model_b, text, tokens=args.tokens,
                         tokenizer=args.tokenizer)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from mergepipe.cli import preload
 from mergepipe.cli.job_options import add_engine_arguments, with_engine
 from mergepipe.cli.main import print_json, progress_bars
+from mergepipe.cli.mergekit_cli import config_options
 from mergepipe.cli.table import human_bytes
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.operators import REGISTRY
@@ -88,15 +89,12 @@ def params_help() -> str:
              f"density (fraction of each delta kept, default 1) for {', '.join(sparse)}"]
     for name, by in groups.items():
         where = "; ".join(f"{', '.join(ops)}: {'|'.join(choices) + ', ' if choices else ''}"
-                          f"default {_shown(default)}" for (choices, default), ops in by.items())
+                          f"default {str(default).lower() if isinstance(default, bool) else default}"
+                          for (choices, default), ops in by.items())
         parts.append(f"{name} ({where})" + (f": {helps[name]}" if len(by) == 1 else ""))
     parts.append("utility=l2|per_tensor|coverage|stratified|activation|fisher: the planner's "
                  "block ranking (activation, fisher: after mergepipe calibrate BASE)")
     return "operator parameter, repeatable: " + "; ".join(parts)
-
-
-def _shown(v: object) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -150,11 +148,6 @@ def print_search(search: dict[str, Any]) -> None:
           f"{below} (grid {search['resolution']:g}, {search['plans']} plans)")
 
 
-def with_strategy(request: MergeRequest, args: argparse.Namespace) -> MergeRequest:
-    """--strategy applied to a request from a config file."""
-    return dataclasses.replace(request, strategy=args.strategy)
-
-
 def run(args: argparse.Namespace) -> int:
     request = None if args.config else request_from_args(args)
     if args.out is None:
@@ -165,23 +158,26 @@ def run(args: argparse.Namespace) -> int:
     from mergepipe.cli.beside import in_server, open_catalog
 
     with_engine(args)
+    output = {"out": args.out, "name": args.name, "overwrite": args.overwrite,
+              "threads": args.threads, "progress": progress_bars(args)}
     with open_catalog(args) as cat:
-        from mergepipe.cli.mergekit_cli import config_merge, config_request
         from mergepipe.jobs.recovery import recover_interrupted
 
         if not in_server(args):  # (a server recovers its own at start-up)
             recover_interrupted(cat.db)  # merges of a killed `mergepipe merge`: we hold the file
         search = None
         if request is None and target is None:  # any config: passthrough included
-            result = config_merge(cat, args)
+            result = cat.merge(args.config, strategy=args.strategy, **output,
+                               **config_options(args))
         else:
             if request is None:
-                request = with_strategy(config_request(cat, args), args)
+                request = dataclasses.replace(
+                    cat.config(args.config, progress=output["progress"],
+                               **config_options(args)), strategy=args.strategy)
             if target is not None:  # the budget is chosen first, as POST /v1/merges does
                 request, chosen = cat.for_deviation(request, target)
                 search = chosen.budget_search
-            result = cat.merge(request, out=args.out, name=args.name, overwrite=args.overwrite,
-                               threads=args.threads, progress=progress_bars(args))
+            result = cat.merge(request, **output)
     if args.json:
         print_json(result if search is None else {**result.to_dict(), "budget_search": search})
     else:

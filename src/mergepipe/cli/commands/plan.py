@@ -12,7 +12,8 @@ from mergepipe.cli.commands.merge import (
     request_from_args,
     target_of,
 )
-from mergepipe.cli.main import print_json
+from mergepipe.cli.main import print_json, progress_bars
+from mergepipe.cli.mergekit_cli import config_options
 from mergepipe.cli.table import human_bytes, print_table
 
 
@@ -41,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     target = target_of(args)
     with open_catalog(args) as cat:
         if request is None:
-            from mergepipe.cli.mergekit_cli import config_plan  # torch: only for a config
-            plan = config_plan(cat, args, target)
+            plan = cat.plan(args.config, target_deviation=target, progress=progress_bars(args),
+                            strategy=args.strategy, **config_options(args))
         else:
             plan = cat.plan(request, target_deviation=target)
     shown = plan.blocks if args.blocks < 0 else plan.blocks[:args.blocks]

@@ -17,7 +17,7 @@ from mergepipe.executor.manifest import MANIFEST_FILE
 from mergepipe.jobs.lifecycle import remove_merge
 from mergepipe.jobs.merge import submit_merge
 from mergepipe.jobs.planning import plan_for_deviation
-from mergepipe.service.requests import BodyRequest, merge_request
+from mergepipe.service.requests import merge_request
 from mergepipe.service.schemas import (
     IdenticalTensors,
     MergeAccepted,
@@ -49,7 +49,7 @@ def start_merge(body: MergeIn, response: Response, st: State) -> dict[str, Any]:
         request, _, search = plan_for_deviation(st.cat, request, body.target_deviation)
     out = output_dir(st.settings.output_root, body.output.name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer = req.tokenizer if isinstance(req, BodyRequest) else None  # run by the merge
+    tokenizer = req.tokenizer  # the config's tokenizer options: run by the merge
     queued = submit_merge(st.cat, request, body.output.name, out, ingests=req.to_ingest,
                           max_queued=st.settings.max_queued_jobs,
                           tokenizer=None if tokenizer is None else tokenizer.document())
