@@ -124,7 +124,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     ckpt = _open(path, kind)
     stamps = _file_stamps(ckpt)
     layout = None if base is None else _BaseLayout.load(cat, base)
-    plans, scales, grid_bytes = _plan_tensors(ckpt, layout, kind, block_bytes, with_stats)
+    plans, grid_bytes = _plan_tensors(ckpt, layout, kind, block_bytes, with_stats)
     if layout is not None and with_stats and kind == "full":
         layout.check_unchanged(cat)
     _check_blocks(ckpt, plans)
@@ -143,13 +143,13 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
         kind=kind, path=ckpt.path, base=base, status="ready", error=None,
         has_stats=bool(with_stats and base is not None), block_bytes=grid_bytes,
         n_tensors=len(plans), tensor_bytes=sum(t.nbytes for t in ckpt.tensors),
-        lora_scale=_common_scale(scales), source_merge=source_merge,
+        lora_scale=_common_scale(plans), source_merge=source_merge,
         ingest_seconds=time.perf_counter() - t0, delta_rel_norm=ratio,
         delta_rel_norm_max=worst)
     # Checkpoint order; a LoRA adapter's tensors keep their base's ordinals.
     ordinals = ([layout.ordinals[p.name] for p in plans] if layout is not None and kind == "lora"
                 else list(range(len(plans))))
-    scanned = _scanned(model, ckpt, stamps, plans, results, scales, ordinals, bytes_read)
+    scanned = _scanned(model, ckpt, stamps, plans, results, ordinals, bytes_read)
     if current is not None and source_merge is None and _same_content(cat, current, scanned):
         scanned.same_as = current.name
     return scanned
@@ -169,28 +169,25 @@ def _new_version(cat: Catalog, name: str, base: str | None
 
 
 def _plan_tensors(ckpt: Checkpoint, layout: _BaseLayout | None, kind: str, block_bytes: int,
-                  with_stats: bool) -> tuple[list[TensorPlan], list[float | None], int]:
-    """(one scan plan per tensor, each tensor's LoRA scale, the block grid's bytes): a base on
-    its own grid, an expert on its base's."""
+                  with_stats: bool) -> tuple[list[TensorPlan], int]:
+    """(one scan plan per tensor, the block grid's bytes): a base on its own grid, an expert on
+    its base's."""
     if layout is None:
         plans = [TensorPlan(t.name, "hash", t, block_rows(t.shape, t.itemsize, block_bytes),
                             value_norm=True)
                  for t in ckpt.tensors]
-        return plans, [None] * len(plans), block_bytes
+        return plans, block_bytes
     if block_bytes not in (DEFAULT_BLOCK_BYTES, layout.block_bytes):
         raise InvalidRequest(
             f"experts use the block grid of their base: {layout.name!r} has blocks of "
             f"{layout.block_bytes} bytes, not {block_bytes}", field="block_bytes")
     if kind == "lora":
-        plans, scales = _lora_plans(ckpt, layout, with_stats)
-        return plans, scales, layout.block_bytes
-    plans = _expert_plans(ckpt, layout, kind, with_stats)
-    return plans, [None] * len(plans), layout.block_bytes
+        return _lora_plans(ckpt, layout, with_stats), layout.block_bytes
+    return _expert_plans(ckpt, layout, kind, with_stats), layout.block_bytes
 
 
 def _scanned(model: ModelRow, ckpt: Checkpoint, stamps: list[Stamp], plans: list[TensorPlan],
-             results: list[TensorResult], scales: list[float | None],
-             ordinals: list[int], bytes_read: int) -> ScannedModel:
+             results: list[TensorResult], ordinals: list[int], bytes_read: int) -> ScannedModel:
     """The model's rows, column-wise."""
     files = {h.path: i for i, h in enumerate(ckpt.files)}
     has_stats = model.has_stats
@@ -200,7 +197,7 @@ def _scanned(model: ModelRow, ckpt: Checkpoint, stamps: list[Stamp], plans: list
                          "mtime_ns": stamps[i].mtime_ns, "header_len": h.header_len,
                          "etag": stamps[i].etag, "version_id": stamps[i].version_id}
                         for i, h in enumerate(ckpt.files)]),
-        tensors=_columns([_tensor_row(p, results[k], files, scales[k], ordinals[k])
+        tensors=_columns([_tensor_row(p, results[k], files, ordinals[k])
                           for k, p in enumerate(plans)]),
         blocks=_columns([_block_row(p, r, i, files) for p, r in zip(plans, results, strict=True)
                          for i in range(len(p.rows))]),
@@ -445,8 +442,7 @@ def _shared_rows(t: TensorEntry, b: TensorEntry, base: str, kind: str) -> Tensor
                        t.nbytes // t.shape[0] * b.shape[0])
 
 
-def _lora_plans(ckpt: Checkpoint, base: _BaseLayout,
-                with_stats: bool) -> tuple[list[TensorPlan], list[float | None]]:
+def _lora_plans(ckpt: Checkpoint, base: _BaseLayout, with_stats: bool) -> list[TensorPlan]:
     """Plans for a LoRA adapter: the covered base tensors in base order, lora_B on the grid."""
     assert ckpt.adapter_config is not None
     targets = lora_targets(ckpt.adapter_config, ckpt.tensors,
@@ -459,11 +455,10 @@ def _lora_plans(ckpt: Checkpoint, base: _BaseLayout,
                 f"{ckpt.path}: LoRA on tensor {tg.tensor!r} is not supported: a row of it is "
                 f"larger than the base {base.name!r}'s block size ({base.block_bytes} bytes), "
                 "so its blocks are element ranges, not rows of lora_B")
-    plans = [TensorPlan(tg.tensor, "lora" if with_stats else "hash", tg.b, base.rows[tg.tensor],
-                        lora_a=Span(tg.a.file, tg.a.data_offset, tg.a.nbytes),
-                        lora_a_dtype=tg.a.dtype, lora_a_shape=tg.a.shape, lora_scale=tg.scale)
-             for tg in targets]
-    return plans, [tg.scale for tg in targets]
+    return [TensorPlan(tg.tensor, "lora" if with_stats else "hash", tg.b, base.rows[tg.tensor],
+                       lora_a=Span(tg.a.file, tg.a.data_offset, tg.a.nbytes),
+                       lora_a_dtype=tg.a.dtype, lora_a_shape=tg.a.shape, lora_scale=tg.scale)
+            for tg in targets]
 
 
 def _names(names: list[str]) -> str:
@@ -471,8 +466,8 @@ def _names(names: list[str]) -> str:
     return shown + (", ..." if len(names) > 3 else "")
 
 
-def _common_scale(scales: list[float | None]) -> float | None:
-    distinct = {s for s in scales if s is not None}
+def _common_scale(plans: list[TensorPlan]) -> float | None:
+    distinct = {p.lora_scale for p in plans if p.lora_scale is not None}
     return distinct.pop() if len(distinct) == 1 else None
 
 
@@ -484,8 +479,8 @@ def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {k: [r[k] for r in rows] for k in rows[0]}
 
 
-def _tensor_row(p: TensorPlan, r: TensorResult, files: dict[str, int], scale: float | None,
-                ordinal: int) -> dict[str, Any]:
+def _tensor_row(p: TensorPlan, r: TensorResult, files: dict[str, int], ordinal: int
+                ) -> dict[str, Any]:
     a, e = p.lora_a, p.recorded or p.entry
     return {"tensor": p.name, "ordinal": ordinal, "file_index": files[e.file],
             "dtype": e.dtype, "shape": list(e.shape),
@@ -495,7 +490,7 @@ def _tensor_row(p: TensorPlan, r: TensorResult, files: dict[str, int], scale: fl
             "lora_a_offset": a.offset if a else None, "lora_a_nbytes": a.nbytes if a else None,
             "lora_a_dtype": p.lora_a_dtype if a else None,
             "lora_a_shape": list(p.lora_a_shape) if a and p.lora_a_shape is not None else None,
-            "lora_scale": scale, "lora_a_hash": r.lora_a_hash if a else None,
+            "lora_scale": p.lora_scale, "lora_a_hash": r.lora_a_hash if a else None,
             "value_l2": r.value_l2}
 
 
@@ -549,7 +544,7 @@ def trim_grids(cat: Catalog, name: str, tensors: set[str]) -> dict[str, TrimGrid
             raise SourceChanged(f"{h.path}: changed since model {name!r} was ingested "
                                 f"({change}); re-ingest it", field="experts")
     layout = _BaseLayout.load(cat, model.base)
-    plans, _, _ = _plan_tensors(ckpt, layout, model.kind, layout.block_bytes, True)
+    plans, _ = _plan_tensors(ckpt, layout, model.kind, layout.block_bytes, True)
     plans = [p for p in plans if p.name in tensors]
     pins = [(h.path, s) for h, s in zip(ckpt.files, stamps, strict=True)]
     results, _ = scan_pinned(plans, pins, None)

@@ -17,14 +17,13 @@ from mergepipe.catalog.scan_block import (
     TensorState,
     add_scan,
     close_level,
-    lora_numel,
+    new_state,
     read_lora_a,
     refine_block,
     scan_full_block,
     scan_own_block,
     untouched_scan,
 )
-from mergepipe.catalog.stats import BlockStats, TrimThresholds
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.torch_threads import pin_torch_threads
 from mergepipe.storage.storage import RangeReader, open_reader
@@ -52,9 +51,7 @@ class FirstPass:
 
     def __init__(self, plan: TensorPlan) -> None:
         assert plan.mode == "full"
-        n = len(plan.rows)
-        self.state = TensorState(plan, -1, [""] * n, [BlockStats(0.0, 0.0, 0.0, 0)] * n,
-                            TrimThresholds(plan.entry.numel), remaining=n)
+        self.state = new_state(plan, -1)
 
     def add(self, i: int, out: BlockScan) -> None:
         """Block i's result (any order, each block once); closes level 0 after the last."""
@@ -93,6 +90,7 @@ class FirstPass:
 
 
 def default_workers() -> int:
+    """Threads of a scan (and of a merge's compute): the CPUs, at most 4."""
     return max(1, min(4, os.cpu_count() or 1))
 
 
@@ -167,11 +165,7 @@ class _Scan:
                 st.plan, st.index = plan, k
                 self._schedule_refine(st)
                 continue
-            st = TensorState(plan, k, [""] * len(plan.rows), remaining=len(plan.rows))
-            if plan.mode != "hash":
-                st.stats = [BlockStats(0.0, 0.0, 0.0, 0)] * len(plan.rows)
-                st.trim = TrimThresholds(plan.entry.numel if plan.mode != "lora"
-                                         else lora_numel(plan))
+            st = new_state(plan, k)
             if plan.lora_a is not None:  # a LoRA tensor, with or without statistics
                 st.lora_a, st.lora_a_hash = read_lora_a(plan, self.reader)
             for i in range(len(plan.rows)):

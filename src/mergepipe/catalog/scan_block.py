@@ -112,6 +112,20 @@ class TensorState:
     value_sumsq: float = 0.0  # plan.value_norm: the sum of squares of the values so far
 
 
+def new_state(plan: TensorPlan, index: int) -> TensorState:
+    """A tensor's state before its first block (no statistics for a hash-only scan)."""
+    n = len(plan.rows)
+    st = TensorState(plan, index, [""] * n, remaining=n)
+    if plan.mode != "hash":
+        st.stats = [BlockStats(0.0, 0.0, 0.0, 0)] * n
+        numel = plan.entry.numel
+        if plan.mode == "lora":
+            assert plan.lora_a_shape is not None
+            numel = plan.entry.shape[0] * plan.lora_a_shape[1]
+        st.trim = TrimThresholds(numel)
+    return st
+
+
 def add_scan(st: TensorState, i: int, out: BlockScan) -> None:
     """Take one block's first-pass result into its tensor's state."""
     h, stats, (counts, mixed), cached = out
@@ -305,11 +319,6 @@ def read_lora_a(plan: TensorPlan, reader: RangeReader) -> tuple[torch.Tensor | N
     if has_nonfinite(raw, plan.lora_a_dtype):
         raise InvalidCheckpoint(f"{s.path}: tensor {plan.name!r}: NaN or Inf in lora_A")
     return to_float32(raw, plan.lora_a_dtype, plan.lora_a_shape), digest
-
-
-def lora_numel(plan: TensorPlan) -> int:
-    assert plan.lora_a_shape is not None
-    return plan.entry.shape[0] * plan.lora_a_shape[1]
 
 
 def has_nonfinite(raw: bytearray | memoryview, dtype: str) -> bool:

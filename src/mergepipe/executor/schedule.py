@@ -145,7 +145,7 @@ class Step:
     flat_start: int = 0  # flat index of the block's first element
     shape: tuple[int, ...] = ()  # the block's shape: (rows, *row shape), or (elements,)
     # a whole untouched one-block tensor, never read: the output is this base block's bytes,
-    # copied by the kernel and verified against its catalogued hash (executor.kernel_copy)
+    # copied by the kernel and verified against its catalogued hash (executor.writer)
     copy_from: BlockRow | None = None
     read_base: bool = True  # False exactly when copy_from is set
 

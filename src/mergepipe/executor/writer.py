@@ -1,33 +1,32 @@
-"""Write a safetensors checkpoint block by block, every byte hashed as it goes."""
+"""Write a safetensors checkpoint block by block, every byte hashed as it goes (a base tensor
+never read: copied by the kernel, read back and hashed)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import functools
 import json
 import math
 import os
 import sys
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import xxhash
 
 from mergepipe.core.errors import InvalidCheckpoint, SourceChanged
 from mergepipe.core.vocab import DTYPE_SIZES
-from mergepipe.executor.kernel_copy import copy_range, hash_back, open_source, pwrite_all
 from mergepipe.storage.checkpoint import INDEX_FILE
 from mergepipe.storage.fsconfine import current_roots
-from mergepipe.storage.safetensors_format import encode_header, torch_dtype
-
-if TYPE_CHECKING:
-    import torch
+from mergepipe.storage.safetensors_format import encode as encode  # re-exported
+from mergepipe.storage.safetensors_format import encode_header
+from mergepipe.storage.storage import open_source
 
 # Output files are new names in a fresh staging directory: never written through a planted link;
 # read-write, as kernel copies are read back to verify them.
@@ -80,6 +79,68 @@ class Writeback:
         self._dirty[fd] = n
 
 
+# -- kernel copies: an untouched one-block tensor copied from a base file (confined descriptor) by
+# the kernel, then read back and checked against the catalog's hash
+READ_BACK_BYTES = 4 << 20  # the buffer the copied bytes are read back and hashed through
+
+_NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM,
+                   errno.EBADF, errno.ETXTBSY}
+
+
+def copy_range(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int,
+               src_name: str) -> int:
+    """Copy by the kernel as far as it goes, the rest through a buffer; the bytes it copied."""
+    done = kernel_copy(src, src_offset, dst, dst_offset, nbytes)
+    copied = done
+    while done < nbytes:
+        chunk = os.pread(src, min(nbytes - done, READ_BACK_BYTES), src_offset + done)
+        if not chunk:
+            raise InvalidCheckpoint(f"{src_name}: shorter than the catalog says (wanted "
+                                    f"{nbytes} bytes at offset {src_offset}); re-ingest it")
+        pwrite_all(dst, chunk, dst_offset + done)
+        done += len(chunk)
+    return copied
+
+
+def hash_back(fd: int, offset: int, nbytes: int, hashers: Sequence[xxhash.xxh3_128]) -> None:
+    """Feed the `nbytes` at `offset` of `fd` (what was just written) to every hasher."""
+    buf = bytearray(min(nbytes, READ_BACK_BYTES))
+    view = memoryview(buf)
+    done = 0
+    while done < nbytes:
+        n = os.preadv(fd, [view[:min(nbytes - done, len(buf))]], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"output ended {nbytes - done} bytes early at offset "
+                                     f"{offset + done}")
+        for h in hashers:
+            h.update(view[:n])
+        done += n
+
+
+def kernel_copy(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int) -> int:
+    """Copy with os.copy_file_range; the bytes copied (fewer where unsupported)."""
+    copy = getattr(os, "copy_file_range", None)
+    done = 0
+    while copy is not None and done < nbytes:
+        try:
+            n = copy(src, dst, nbytes - done, src_offset + done, dst_offset + done)
+        except OSError as e:
+            if e.errno in _NO_KERNEL_COPY:
+                break
+            raise
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
 @dataclass(frozen=True)
 class OutputTensor:
     """One written tensor and the xxh3-128 of its bytes."""
@@ -101,13 +162,6 @@ class _Slot:
     numel: int
     next_elem: int  # flat index of the next element to write
     hasher: xxhash.xxh3_128
-
-
-def encode(t: torch.Tensor, dtype: str) -> memoryview:
-    import torch  # loaded by the caller's tensor already
-
-    out = t.to(torch_dtype(dtype)).contiguous()
-    return out.reshape(-1).view(torch.uint8).numpy().data
 
 
 class CheckpointWriter:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.storage import bounded_json
@@ -20,6 +22,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 CONFIG_FILE = "config.json"
 MAX_JSON_BYTES = 16 << 20  # an index or adapter config larger than this is refused
 MAX_INDEX_TENSORS = 262_144  # entries of an index's weight_map
+T = TypeVar("T")
 
 
 @dataclass
@@ -51,11 +54,12 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise InvalidCheckpoint(f"{p}: no such file or directory", field="path")
     if kind == FILE:
         return _from_files(p, [p], [], is_dir=False)
-    names = _entries(store, p)
+    names = _ask(store.entries, p, "list")
     if ADAPTER_CONFIG in names:
         return _adapter(store, p)
+    wm: dict[str, object] = {}
     if INDEX_FILE in names:
-        shards = _shards_from_index(store, p)
+        shards, wm = _shards_from_index(store, p)
     elif SINGLE_FILE in names:
         shards = [join(p, SINGLE_FILE)]
     else:
@@ -72,7 +76,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     if names.get(CONFIG_FILE) == FILE:
         _check_config(store, join(p, CONFIG_FILE))
     if INDEX_FILE in names:
-        _check_index(store, p, ckpt)
+        _check_index(p, wm, ckpt)
     return ckpt
 
 
@@ -87,21 +91,20 @@ def _check_config(store: Store, p: str) -> None:
         pass
 
 
+def _ask(call: Callable[[str], T], p: str, what: str = "open") -> T:
+    """A store's answer about `p`; its OSError as InvalidCheckpoint ("cannot open" / "list")."""
+    try:
+        return call(p)
+    except OSError as e:
+        raise InvalidCheckpoint(f"{p}: cannot {what} ({e.strerror})", field="path") from None
+
+
 def _kind(store: Store, p: str) -> str | None:
-    try:
-        return store.kind(p)
-    except OSError as e:
-        raise InvalidCheckpoint(f"{p}: cannot open ({e.strerror})", field="path") from None
+    return _ask(store.kind, p)
 
 
-def _entries(store: Store, p: str) -> dict[str, str]:
-    try:
-        return store.entries(p)
-    except OSError as e:
-        raise InvalidCheckpoint(f"{p}: cannot list ({e.strerror})", field="path") from None
-
-
-def _shards_from_index(store: Store, p: str) -> list[str]:
+def _shards_from_index(store: Store, p: str) -> tuple[list[str], dict[str, object]]:
+    """The shard files of an index, and its weight_map."""
     index_path = join(p, INDEX_FILE)
     index = _load_json(store, index_path)
     wm = index.get("weight_map")
@@ -119,13 +122,11 @@ def _shards_from_index(store: Store, p: str) -> list[str]:
         if _kind(store, s) != FILE:
             raise InvalidCheckpoint(f"{index_path}: points at missing shard {n!r}")
         shards.append(s)
-    return shards
+    return shards, wm
 
 
-def _check_index(store: Store, p: str, ckpt: Checkpoint) -> None:
+def _check_index(p: str, wm: dict[str, object], ckpt: Checkpoint) -> None:
     index_path = join(p, INDEX_FILE)
-    wm = _load_json(store, index_path)["weight_map"]
-    assert isinstance(wm, dict)  # checked by _shards_from_index
     actual = {t.name: basename(t.file) for t in ckpt.tensors}
     for name, shard in wm.items():
         if actual.get(name) != shard:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from mergepipe.core import checkpoint_limits
-from mergepipe.core.errors import InvalidCheckpoint, JobTimeout, RemoteUnavailable
+from mergepipe.core.errors import InvalidCheckpoint, JobTimeout, RemoteUnavailable, SourceChanged
 from mergepipe.core.settings import env_number
 from mergepipe.storage.locations import Url, parse_url
 from mergepipe.storage.store_types import NETWORK, FetchStats, Stamp
@@ -120,6 +120,23 @@ class RemoteConfig:
 
     def backoff(self, failures: int) -> float:
         return random.uniform(0, min(MAX_BACKOFF_S, self.backoff_s * 2 ** (failures - 1)))
+
+
+def raise_for_status(path: str, status: int, label: str, thing: str, denied_hint: str,
+                     if_match: str | None, byte_range: str | None) -> None:
+    """The error an HTTP status means (S3's too): retried (429, 5xx), missing, refused, changed
+    or truncated; any other status is left to the caller."""
+    if status == 429 or status >= 500:
+        raise Transient(label)
+    if status in (404, 410):
+        raise FileNotFoundError(errno.ENOENT, f"no such {thing} ({label})", path)
+    if status in (401, 403):
+        raise PermissionError(errno.EACCES, f"access denied ({label}): {denied_hint}", path)
+    if status == 412:
+        raise SourceChanged(f"{path} changed while it was being read (it no longer has ETag "
+                            f"{if_match}); re-ingest it")
+    if status == 416:
+        raise InvalidCheckpoint(f"{path}: truncated: the {thing} ends before {byte_range}")
 
 
 def check_size(path: str, size: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 # (core.checkpoint_limits).
 MAX_HEADER_BYTES = 16 << 20
 MAX_NAME_CHARS = 1024
-# torch's names of the float dtypes
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -95,9 +95,7 @@ def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
 def _header_bytes(path: str, reader: RangeReader | None, max_file_bytes: int
                   ) -> tuple[int, int, bytes]:
     """(the file's size, its header's length, its JSON bytes), checked against the limits."""
-    own = reader is None
-    reader = reader if reader is not None else open_reader(random_access=True)
-    try:
+    with contextlib.nullcontext(reader) if reader else open_reader(random_access=True) as reader:
         size = reader.size(path)
         if size > max_file_bytes:
             raise InvalidCheckpoint(f"{path}: {size} bytes, over the limit of "
@@ -111,9 +109,6 @@ def _header_bytes(path: str, reader: RangeReader | None, max_file_bytes: int
         if 8 + n > size:
             raise InvalidCheckpoint(f"{path}: header length {n} is larger than the file ({size} bytes)")
         return size, n, bytes(reader.read(path, 8, n))
-    finally:
-        if own:
-            reader.close()
 
 
 def _parse_header(path: str, raw: bytes) -> tuple[dict[str, Any], dict[Any, Any]]:
@@ -248,12 +243,17 @@ def decode_array_into(raw: bytes | bytearray | memoryview, dtype: str, out: np.n
     return out
 
 
-def from_float32(t: torch.Tensor, dtype: str) -> bytes:
-    """A float32 tensor -> raw bytes in `dtype` (round to nearest even, as torch does)."""
-    import torch
+def encode(t: torch.Tensor, dtype: str) -> memoryview:
+    """A float32 tensor -> its raw bytes in `dtype` (round to nearest even, as torch does)."""
+    import torch  # loaded by the caller's tensor already
 
     out = t.to(torch_dtype(dtype)).contiguous()
-    return out.view(torch.uint8).numpy().tobytes() if out.numel() else b""
+    return out.reshape(-1).view(torch.uint8).numpy().data
+
+
+def from_float32(t: torch.Tensor, dtype: str) -> bytes:
+    """`encode`'s bytes, copied."""
+    return bytes(encode(t, dtype))
 
 
 def encode_header(entries: list[tuple[str, str, tuple[int, ...]]],
