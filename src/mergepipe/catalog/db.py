@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.catalog import dialect
-from mergepipe.catalog.connection import SQL, CatalogUnavailable, Connection, Result, Row
+from mergepipe.catalog.connection import (
+    SQL,
+    CatalogUnavailable,
+    Connection,
+    Result,
+    Row,
+    first_line,
+)
 from mergepipe.catalog.duckdb_database import DuckDBDatabase, read_only_error
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import Conflict, MergePipeError
@@ -121,7 +128,7 @@ class Catalog:
                     cause = e.__cause__ if isinstance(e, CatalogUnavailable) else e
                     raise CatalogUnavailable(
                         f"cannot use the PostgreSQL catalog {dialect.display(location)}: "
-                        f"{_first_line(getattr(cause, 'orig', cause))}") from None
+                        f"{first_line(getattr(cause, 'orig', cause))}") from None
                 raise
 
     @property
@@ -205,9 +212,7 @@ class Catalog:
     def query(self, statement: str | SQL, params: Mapping[str, Any] | None = None
               ) -> list[Row]:
         """Rows of a named statement (`load_sql` name) or an SQL, with bound parameters."""
-        stmt = load_sql(statement) if isinstance(statement, str) else statement
-        with self.reader() as conn:
-            return conn.execute(stmt, dict(params or {})).rows
+        return run(self, statement, params).rows
 
     def execute(self, statement: str | SQL,
                 params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> None:
@@ -219,12 +224,15 @@ class Catalog:
 Connectable = Catalog | Connection
 
 
-def run(cat: Connectable, name: str, params: Mapping[str, Any] | None = None) -> Result:
-    """A named statement's result, on a connection or in a read transaction of its own."""
+def run(cat: Connectable, statement: str | SQL, params: Mapping[str, Any] | None = None
+        ) -> Result:
+    """A statement's result (a `load_sql` name or an SQL), on a connection or in a read
+    transaction of its own."""
+    stmt = load_sql(statement) if isinstance(statement, str) else statement
     if isinstance(cat, Catalog):
         with cat.reader() as conn:
-            return conn.execute(load_sql(name), dict(params or {}))
-    return cat.execute(load_sql(name), dict(params or {}))
+            return conn.execute(stmt, dict(params or {}))
+    return cat.execute(stmt, dict(params or {}))
 
 
 # The migrations table exists (a new catalog has none), asked the same way on both engines.
@@ -236,7 +244,7 @@ def _open_duckdb(path: Path) -> DuckDBDatabase:
     try:
         return DuckDBDatabase(path)
     except duckdb.Error as e:
-        first = _first_line(e)
+        first = first_line(e)
         if "lock" in first.lower():
             pid = re.search(r"PID (\d+)", str(e))
             holder = f"PID {pid.group(1)}" if pid else "lock held"
@@ -267,8 +275,3 @@ def outage(e: BaseException) -> CatalogUnavailable | None:
     from mergepipe.catalog.postgres_database import unavailable
 
     return unavailable(e) if isinstance(e, Exception) else None
-
-
-def _first_line(e: object) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,6 @@ class ScannedModel:
     block_stats: dict[str, list[Any]] | None
     tensor_stats: dict[str, list[Any]] | None
     bytes_read: int = 0
-    file_stamps: list[Stamp] = field(default_factory=list)  # of each file, as read
     same_as: str | None = None  # the live version holding these very bytes (nothing new)
 
     @property
@@ -205,16 +204,13 @@ def _scanned(model: ModelRow, ckpt: Checkpoint, stamps: list[Stamp], plans: list
                               for i in range(len(r.hashes))]) if has_stats else None,
         tensor_stats=_columns([_tensor_stats_row(r) for r in results]) if has_stats else None,
         bytes_read=bytes_read,
-        file_stamps=stamps,
     )
 
 
 def write_model(conn: Connection, scanned: ScannedModel, *, replace: bool = False) -> None:
     """Write every row of a scanned model in the caller's transaction; Conflict if it exists.
     The same content as the latest version: only that version's file stamps are refreshed. A
-    merge's output under a name in use: Conflict, unless `replace` (a merge with overwrite),
-    which retires the name's live versions and any live model whose files were in the output
-    directory."""
+    merge's output takes its name as `_claim_merge_name` says."""
     if scanned.same_as is not None:
         _restamp(conn, scanned)
         return

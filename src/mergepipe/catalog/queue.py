@@ -1,21 +1,16 @@
-"""The job queue in the catalog: queuing ingestions and merges (claiming their names), job rows,
-and on a shared (PostgreSQL) catalog the workers' leases: claim with SKIP LOCKED, renew, release,
-take over."""
+"""The job queue in the catalog: queuing ingestions and merges (claiming their names), job rows."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from mergepipe.catalog.connection import Connection, IntegrityError, Row, as_dataclass
 from mergepipe.catalog.db import Catalog, load_sql
-from mergepipe.catalog.fence import Fence, hold_ingest, utc_now
+from mergepipe.catalog.fence import Fence, hold_ingest
 from mergepipe.catalog.records import new_merge_id
 from mergepipe.core.errors import Conflict, MergePipeError
 from mergepipe.core.jsonable import dumps
@@ -114,7 +109,7 @@ def enqueue(cat: Catalog, *, ingests: Sequence[NewIngestJob] = (), merge: NewMer
         raise Conflict(f"the request claims a name twice: {sorted(names)}", field="name")
     with cat.transaction() as conn:
         if max_queued is not None:
-            queued = int(conn.execute(load_sql("jobs_count")).mappings().one()["queued"])
+            queued = int(conn.execute(load_sql("jobs_count")).one().queued)
             if queued + len(names) > max_queued:
                 raise TooManyJobs(f"{queued} jobs are queued (limit {max_queued}); retry when "
                                   "some finished")
@@ -124,8 +119,7 @@ def enqueue(cat: Catalog, *, ingests: Sequence[NewIngestJob] = (), merge: NewMer
             _claim(conn, merge.output_name, merge.field, in_use_ok=merge.replace)
         job_ids = [_insert_ingest(conn, j) for j in ingests]
         merge_id = _insert_merge(conn, merge) if merge is not None else None
-        claims = list(zip(ingests, job_ids, strict=True))
-        for job, job_id in claims:
+        for job, job_id in zip(ingests, job_ids, strict=True):
             _reserve(conn, job.model, job_id, job.field)
         if merge is not None and merge_id is not None:
             _reserve(conn, merge.output_name, merge_id, merge.field)
@@ -261,65 +255,3 @@ def ingest_job_row(r: Row) -> IngestJobRow:
 
 def _job(rows: list[Row]) -> IngestJobRow | None:
     return ingest_job_row(rows[0]) if rows else None
-
-
-# -- leases (shared catalogs) ------------------------------------------------------------------
-# (claim query, lease update, renew, release, id column) per kind of job
-_SQL = {
-    "ingest": ("ingest_job_claim", "ingest_job_lease", "ingest_job_renew", "ingest_job_release",
-               "job_id"),
-    "merge": ("merge_claim", "merge_lease", "merge_renew", "merge_release", "merge_id"),
-}
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """A job this worker now holds; `taken_over`: a dead worker held it while running."""
-
-    job: Job
-    taken_over: bool
-
-
-def worker_id() -> str:
-    """host:pid:random, unique among the workers of a catalog."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def claim(cat: Catalog, worker: str, lease_s: float) -> Claimed | None:
-    """Take the oldest free ingestion, else the oldest free merge, with a lease of `lease_s`;
-    None when there is none. A job whose lease expired while running goes back to queued
-    under this worker (a merge's recorded access set is cleared: its plan is made again)."""
-    now = utc_now()
-    for kind in ("ingest", "merge"):
-        find, lease, _, _, key = _SQL[kind]
-        with cat.transaction() as conn:
-            row = conn.execute(load_sql(find), {"now": now}).first()
-            if row is None:
-                continue
-            job_id = str(row[0])
-            conn.execute(load_sql(lease), {key: job_id, "worker": worker,
-                                           "until": now + timedelta(seconds=lease_s)})
-            if kind == "merge" and row[1] == "running":
-                conn.execute(load_sql("merge_plan_clear"), {"merge_id": job_id})
-                conn.execute(load_sql("merge_experts_clear"), {"merge_id": job_id})
-        return Claimed(Job(kind, job_id), taken_over=row[1] == "running")
-    return None
-
-
-def renew(cat: Catalog, job: Job, worker: str, lease_s: float) -> bool:
-    """Extend the lease; False when this worker no longer holds the job."""
-    _, _, sql, _, key = _SQL[job.kind]
-    with cat.transaction() as conn:
-        n = conn.execute(load_sql(sql), {key: job.id, "worker": worker,
-                                         "until": utc_now() + timedelta(seconds=lease_s)})
-        return n.rowcount == 1
-
-
-def release(cat: Catalog, job: Job, worker: str, retry_after_s: float = 0.0) -> None:
-    """Give a job that has not started back to the queue; no worker claims it again for
-    `retry_after_s`. A job waiting for its inputs is put back for later: claimed again at once,
-    it would still be the oldest, and a single worker would never take the ingestion of its
-    inputs queued after it."""
-    _, _, _, sql, key = _SQL[job.kind]
-    not_before = utc_now() + timedelta(seconds=retry_after_s) if retry_after_s > 0 else None
-    cat.execute(sql, {key: job.id, "worker": worker, "not_before": not_before})

@@ -37,11 +37,6 @@ INLINE_BELOW = 8 << 20  # scans of fewer bytes run in the calling thread
 Task = tuple[TensorState, int, bool]  # (tensor, block index, is a refinement pass)
 
 
-def _to_read(resumed: TensorState | None) -> bool:
-    """Whether a tensor's blocks are read: not resumed, or resumed with refinement to do."""
-    return resumed is None or resumed.trim is None or resumed.trim.pending
-
-
 class FirstPass:
     """The first pass over one "full" tensor, fed block by block from outside (the executor
     computes `scan_full_block` of each output block while it writes); `scan_tensors(resume=)`
@@ -128,9 +123,11 @@ class _Scan:
         self.plans, self.reader, self.progress, self.workers = plans, reader, progress, workers
         self.resumed = {k: r.state for k, p in enumerate(plans)
                         if (r := resume.get(p.name)) is not None and r.matches(p)}
-        # the blocks tile each tensor: their bytes in all are the tensor's (closed form)
+        # the blocks tile each tensor: their bytes in all are the tensor's (closed form); a
+        # resumed tensor is read again only for its refinement passes
         self.total = sum(p.entry.nbytes for k, p in enumerate(plans)
-                         if _to_read(self.resumed.get(k)))
+                         if (r := self.resumed.get(k)) is None or r.trim is None
+                         or r.trim.pending)
         self.done = 0
         self.results: list[TensorResult | None] = [None] * len(plans)
         self.refine: deque[Task] = deque()

@@ -48,11 +48,7 @@ def prepare(target: Path, tag: str, *, overwrite: bool = False) -> Path:
         raise InvalidRequest(f"output {target} has no directory name", field="output")
     check_target(target, overwrite=overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
-    stage = staging_dir(target, tag)
-    if os.path.lexists(stage):
-        shutil.rmtree(stage)
-    stage.mkdir()
-    return stage
+    return _fresh_dir(staging_dir(target, tag))
 
 
 def publish(stage: Path, target: Path, *, overwrite: bool = False) -> Path:
@@ -60,8 +56,8 @@ def publish(stage: Path, target: Path, *, overwrite: bool = False) -> Path:
     target = Path(target).absolute()
     for f in stage.iterdir():
         if f.is_file():
-            _fsync_path(f, os.O_RDONLY)
-    _fsync_path(stage, os.O_RDONLY)
+            _fsync_path(f)
+    _fsync_path(stage)
     check_target(target, overwrite=overwrite)
     old = None
     if target.is_dir():
@@ -76,7 +72,7 @@ def publish(stage: Path, target: Path, *, overwrite: bool = False) -> Path:
         if old is not None:
             os.rename(old, target)
         raise Conflict(f"cannot publish {target}: {e.strerror}", field="output") from None
-    _fsync_path(target.parent, os.O_RDONLY)
+    _fsync_path(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return target
@@ -98,8 +94,16 @@ def staged(target: Path, tag: str, *, overwrite: bool = False) -> Iterator[Path]
         raise
 
 
-def _fsync_path(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
+def _fresh_dir(path: Path) -> Path:
+    """An empty directory at `path` (what a dead run left there removed)."""
+    if os.path.lexists(path):
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -152,11 +156,7 @@ class S3Output:
 
     def stage(self, tag: str, *, overwrite: bool = False) -> Path:
         """The local scratch directory the output is built in (needs the output's size)."""
-        stage = stage_dir(tag)
-        if stage.exists():
-            shutil.rmtree(stage)
-        stage.mkdir(parents=True)
-        return stage
+        return _fresh_dir(stage_dir(tag))
 
     def publish(self, stage: Path, *, overwrite: bool = False) -> None:
         self.check(overwrite=overwrite)

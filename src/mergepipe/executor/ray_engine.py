@@ -26,8 +26,7 @@ from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.prepare import Prepared, output_layout
 from mergepipe.executor.side_files import copy_side_files
 from mergepipe.executor.stream import ExecutionResult, execute, output_hash
-from mergepipe.executor.writer import CheckpointWriter, OutputTensor, write_json
-from mergepipe.storage.checkpoint import INDEX_FILE
+from mergepipe.executor.writer import CheckpointWriter, OutputTensor, write_index
 from mergepipe.storage.fsconfine import confined, current_roots
 from mergepipe.storage.locations import basename
 
@@ -132,8 +131,7 @@ def execute_ray(prep: Prepared, out_dir: Path, *, address: str | None = None,
         raise BudgetViolation(f"read {result.expert_bytes_read} expert bytes, over the budget "
                               f"of {prep.plan.budget_bytes}")
     if prep.checkpoint.has_index:
-        write_json(out_dir / INDEX_FILE, {"metadata": {"total_size": total_bytes},
-                                          "weight_map": {t.name: t.file for t in result.tensors}})
+        write_index(out_dir, total_bytes, result.tensors)
     side = copy_side_files(prep.checkpoint.extra_files, out_dir, prep.out_dtype)
     result.extra_files, result.left_out_files = side.copied, side.left_out
     result.exec_seconds = time.perf_counter() - t0

@@ -190,17 +190,15 @@ class CheckpointWriter:
                     continue
                 header, spans = encode_header(tensors, (metadata or {}).get(fname))
                 size = len(header) + (spans[-1][1] if spans else 0)
+                fd = os.open(self.out_dir / fname, _NEW_FILE if region is None
+                             else os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                self._fds.append(fd)
                 if region is None:
-                    fd = os.open(self.out_dir / fname, _NEW_FILE, 0o644)
-                    self._fds.append(fd)
                     pwrite_all(fd, header, 0)
                     os.ftruncate(fd, size)
-                else:
-                    fd = os.open(self.out_dir / fname, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-                    self._fds.append(fd)
-                    if os.fstat(fd).st_size != size:
-                        raise InvalidCheckpoint(f"output file {fname} is {os.fstat(fd).st_size} "
-                                                f"bytes, not the {size} its layout needs")
+                elif os.fstat(fd).st_size != size:
+                    raise InvalidCheckpoint(f"output file {fname} is {os.fstat(fd).st_size} "
+                                            f"bytes, not the {size} its layout needs")
                 for (name, dtype, shape), (begin, end) in zip(tensors, spans, strict=True):
                     if region is None or name in region[1]:
                         self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
@@ -265,9 +263,7 @@ class CheckpointWriter:
             os.fsync(fd)
         self.abort()
         if self.write_index:
-            index = {"metadata": {"total_size": self.total_bytes},
-                     "weight_map": {t.name: t.file for t in out}}
-            write_json(self.out_dir / INDEX_FILE, index)
+            write_index(self.out_dir, self.total_bytes, out)
         return out
 
     def abort(self) -> None:
@@ -277,6 +273,12 @@ class CheckpointWriter:
                 os.close(fd)
         self._fds.clear()
         self._sources.clear()
+
+
+def write_index(out_dir: Path, total_bytes: int, tensors: list[OutputTensor]) -> None:
+    """model.safetensors.index.json of a sharded output."""
+    write_json(out_dir / INDEX_FILE, {"metadata": {"total_size": total_bytes},
+                                      "weight_map": {t.name: t.file for t in tensors}})
 
 
 def write_json(path: Path, obj: object) -> None:

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from mergepipe.catalog import queue, records
+from mergepipe.catalog import leases, queue, records
 from mergepipe.catalog.connection import CatalogUnavailable
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.fence import Fence
@@ -35,7 +35,7 @@ class SharedJobRunner(JobRunner):
 
     def __init__(self, cat: Catalog, settings: Settings) -> None:
         super().__init__(cat, settings)
-        self.worker = queue.worker_id()
+        self.worker = leases.worker_id()
         self.lease_s = settings.lease_s
         self.wake = threading.Event()
         self.held: set[Job] = set()
@@ -61,7 +61,7 @@ class SharedJobRunner(JobRunner):
     def _claim_loop(self) -> None:
         while not self.stopping.is_set():
             try:
-                got = queue.claim(self.cat, self.worker, self.lease_s)
+                got = leases.claim(self.cat, self.worker, self.lease_s)
                 self.outage.succeeded()
             except CatalogUnavailable as e:
                 self.stopping.wait(self.outage.failed(e))
@@ -75,7 +75,7 @@ class SharedJobRunner(JobRunner):
                 continue
             self._run_claimed(got)
 
-    def _run_claimed(self, got: queue.Claimed) -> None:
+    def _run_claimed(self, got: leases.Claimed) -> None:
         job = got.job
         with self.changed:
             self.held.add(job)
@@ -87,7 +87,7 @@ class SharedJobRunner(JobRunner):
                 self._clean(job)
             self._run(job)
             if self._still_queued(job):  # inputs not ingested yet: back to the queue, later
-                queue.release(self.cat, job, self.worker, retry_after_s=RETRY_S)
+                leases.release(self.cat, job, self.worker, retry_after_s=RETRY_S)
         except CatalogUnavailable as e:  # its lease expires: a worker takes it over later
             self.stopping.wait(self.outage.failed(e))
         except Exception:  # noqa: BLE001 - a worker must survive any job
@@ -139,7 +139,7 @@ class SharedJobRunner(JobRunner):
                 return
             for job in list(self.held):
                 try:
-                    if not queue.renew(self.cat, job, self.worker, self.lease_s):
+                    if not leases.renew(self.cat, job, self.worker, self.lease_s):
                         log.debug("lease of %s %s not renewed (finished or lost)", job.kind,
                                   job.id)
                 except CatalogUnavailable as e:

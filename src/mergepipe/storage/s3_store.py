@@ -96,9 +96,7 @@ class S3Store(RangedReads):
                 return FILE
             except FileNotFoundError:
                 pass
-        r = self._call(path, FetchStats(), "list_objects_v2", Bucket=url.authority,
-                       Prefix=_prefix(url), MaxKeys=1)
-        return DIR if r.get("KeyCount", 0) or not url.key else None
+        return DIR if self.any_under(path) or not url.key else None
 
     def entries(self, path: str) -> dict[str, str]:
         url = parse_url(path)
@@ -147,6 +145,7 @@ class S3Store(RangedReads):
     # -- uploads (outputs) -------------------------------------------------------------------
 
     def any_under(self, path: str) -> bool:
+        """Whether any object lies under the prefix `path` (one listing, a missing bucket too)."""
         url = parse_url(path)
         r = self._call(path, FetchStats(), "list_objects_v2", Bucket=url.authority,
                        Prefix=_prefix(url), MaxKeys=1)
