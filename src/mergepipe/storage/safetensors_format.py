@@ -198,19 +198,8 @@ def to_float32(raw: bytes | bytearray | memoryview, dtype: str,
     """Raw little-endian tensor bytes -> a float32 torch tensor (a copy, writable)."""
     import torch
 
-    if len(raw) == 0:
-        t = torch.zeros(0, dtype=torch.float32)
-        return t.reshape(shape) if shape is not None else t
-    buf = bytearray(raw) if isinstance(raw, bytes) else raw
-    if dtype == "BF16":
-        # bf16 is the top half of a float32: widening by a shift is exact and several times
-        # faster than torch's bf16 -> f32 conversion on CPU.
-        t = torch.frombuffer(buf, dtype=torch.int16).to(torch.int32).bitwise_left_shift_(16)
-        t = t.view(torch.float32)
-    elif dtype == "F32":
-        t = torch.frombuffer(buf, dtype=torch.float32).clone()
-    else:
-        t = torch.frombuffer(buf, dtype=torch_dtype(dtype)).to(torch.float32)
+    buf = bytearray(raw) if isinstance(raw, bytes) else raw  # frombuffer wants it writable
+    t = decode_into(buf, dtype, torch.empty(len(raw) // DTYPE_SIZES[dtype], dtype=torch.float32))
     return t.reshape(shape) if shape is not None else t
 
 
@@ -221,6 +210,8 @@ def decode_into(raw: bytes | bytearray | memoryview, dtype: str, out: torch.Tens
     if out.numel() == 0:
         return out
     if dtype == "BF16":
+        # bf16 is the top half of a float32: widening by a shift is exact and several times
+        # faster than torch's bf16 -> f32 conversion on CPU.
         wide = out.view(torch.int32)
         wide.copy_(torch.frombuffer(raw, dtype=torch.int16))
         wide.bitwise_left_shift_(16)
