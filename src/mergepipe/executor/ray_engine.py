@@ -111,7 +111,8 @@ def execute_ray(prep: Prepared, out_dir: Path, *, address: str | None = None,
     out_dir = Path(out_dir).absolute()
     layout = output_layout(prep)
     metadata = {basename(h.path): h.metadata for h in prep.checkpoint.files}
-    total_bytes = create_files(out_dir, layout, metadata)
+    files = CheckpointWriter(out_dir, layout, metadata=metadata)
+    files.abort()  # created, sized and closed: the regions write the data
     ray = RUNTIME.acquire(address)
     try:
         cpus = int(ray.cluster_resources().get("CPU", 1))
@@ -131,7 +132,7 @@ def execute_ray(prep: Prepared, out_dir: Path, *, address: str | None = None,
         raise BudgetViolation(f"read {result.expert_bytes_read} expert bytes, over the budget "
                               f"of {prep.plan.budget_bytes}")
     if prep.checkpoint.has_index:
-        write_index(out_dir, total_bytes, result.tensors)
+        write_index(out_dir, files.total_bytes, result.tensors)
     side = copy_side_files(prep.checkpoint.extra_files, out_dir, prep.out_dtype)
     result.extra_files, result.left_out_files = side.copied, side.left_out
     result.exec_seconds = time.perf_counter() - t0
@@ -202,12 +203,6 @@ def split_regions(layout: Layout, parts: int) -> list[Region]:
         if cur or not specs:
             regions.append(Region(len(regions), fname, tuple(cur), cur_bytes))
     return regions
-
-
-def create_files(out_dir: Path, layout: Layout, metadata: dict[str, dict[str, str]]) -> int:
-    writer = CheckpointWriter(out_dir, layout, metadata=metadata)
-    writer.abort()  # closes them: the regions write the data
-    return writer.total_bytes
 
 
 def region_prepared(prep: Prepared, region: Region) -> Prepared:

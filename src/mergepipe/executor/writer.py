@@ -55,14 +55,6 @@ def _sync_file_range() -> _Fn | None:
     return fn
 
 
-def start_writeback(fd: int) -> bool:
-    """Start the write-back of the file's dirty pages; False without sync_file_range."""
-    fn = _sync_file_range()
-    if fn is None:
-        return False
-    return fn(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0  # errors: the final fsync reports them
-
-
 class Writeback:
     """Counts the bytes written to each file; every `every` bytes, starts its write-back."""
 
@@ -73,8 +65,9 @@ class Writeback:
 
     def wrote(self, fd: int, nbytes: int) -> None:
         n = self._dirty.get(fd, 0) + nbytes
-        if n >= self.every:
-            self.started += start_writeback(fd)
+        if n >= self.every:  # errors of sync_file_range: the final fsync reports them
+            fn = _sync_file_range()
+            self.started += fn is not None and fn(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0
             n = 0
         self._dirty[fd] = n
 
@@ -89,8 +82,20 @@ _NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, er
 
 def copy_range(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int,
                src_name: str) -> int:
-    """Copy by the kernel as far as it goes, the rest through a buffer; the bytes it copied."""
-    done = kernel_copy(src, src_offset, dst, dst_offset, nbytes)
+    """Copy by the kernel (os.copy_file_range) as far as it goes, the rest through a buffer;
+    the bytes the kernel copied."""
+    copy = getattr(os, "copy_file_range", None)
+    done = 0
+    while copy is not None and done < nbytes:
+        try:
+            n = copy(src, dst, nbytes - done, src_offset + done, dst_offset + done)
+        except OSError as e:
+            if e.errno in _NO_KERNEL_COPY:
+                break
+            raise
+        if n == 0:
+            break
+        done += n
     copied = done
     while done < nbytes:
         chunk = os.pread(src, min(nbytes - done, READ_BACK_BYTES), src_offset + done)
@@ -115,23 +120,6 @@ def hash_back(fd: int, offset: int, nbytes: int, hashers: Sequence[xxhash.xxh3_1
         for h in hashers:
             h.update(view[:n])
         done += n
-
-
-def kernel_copy(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int) -> int:
-    """Copy with os.copy_file_range; the bytes copied (fewer where unsupported)."""
-    copy = getattr(os, "copy_file_range", None)
-    done = 0
-    while copy is not None and done < nbytes:
-        try:
-            n = copy(src, dst, nbytes - done, src_offset + done, dst_offset + done)
-        except OSError as e:
-            if e.errno in _NO_KERNEL_COPY:
-                break
-            raise
-        if n == 0:
-            break
-        done += n
-    return done
 
 
 def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
