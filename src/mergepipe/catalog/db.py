@@ -35,15 +35,6 @@ SQL_PACKAGES = ["mergepipe.catalog"]  # packages whose sql/NAME.sql files load_s
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
-CREATE_MIGRATIONS_TABLE = SQL("""
-CREATE TABLE IF NOT EXISTS schema_migrations (
-    version     INTEGER PRIMARY KEY,
-    name        VARCHAR NOT NULL,
-    applied_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
-)""")
-SELECT_APPLIED = SQL("SELECT version FROM schema_migrations ORDER BY version")
-INSERT_APPLIED = SQL("INSERT INTO schema_migrations (version, name) VALUES (:version, :name)")
-
 
 @cache
 def load_sql(name: str) -> SQL:
@@ -94,10 +85,6 @@ class CatalogUnreadable(MergePipeError):
     DuckDB's format, no permission)."""
 
     code = "catalog_unreadable"
-
-
-# Migrations of several servers starting at once on one PostgreSQL catalog run one at a time.
-MIGRATION_LOCK = SQL("SELECT pg_advisory_xact_lock(7305218116)")
 
 
 class Catalog:
@@ -153,9 +140,9 @@ class Catalog:
         """Whether every shipped migration is applied: two read-only queries (what opening a
         current catalog costs)."""
         with self.reader() as conn:
-            if not conn.execute(HAS_MIGRATIONS_TABLE).rows:
+            if not conn.execute(load_sql("schema_migrations_exists")).rows:
                 return False  # a new catalog
-            done = {r[0] for r in conn.execute(SELECT_APPLIED)}
+            done = {r[0] for r in conn.execute(load_sql("schema_migrations_applied"))}
         return all(version in done for version, _, _ in migrations())
 
     def migrate(self) -> list[int]:
@@ -163,17 +150,17 @@ class Catalog:
         applied_now = []
         with self.transaction() as conn:
             if self.postgres:
-                conn.execute(MIGRATION_LOCK)
-                for stmt in dialect.POSTGRES_PRELUDE:
+                conn.execute(load_sql("migration_lock"))
+                for stmt in split_statements(load_sql("postgres_prelude").text):
                     conn.execute(SQL(stmt))
-            conn.execute(CREATE_MIGRATIONS_TABLE)
-            done = {r[0] for r in conn.execute(SELECT_APPLIED)}
+            conn.execute(load_sql("schema_migrations_create"))
+            done = {r[0] for r in conn.execute(load_sql("schema_migrations_applied"))}
             for version, name, path in migrations():
                 if version in done:
                     continue
                 for stmt in split_statements(path.read_text()):
                     conn.execute(SQL(stmt))
-                conn.execute(INSERT_APPLIED, {"version": version, "name": name})
+                conn.execute(load_sql("schema_migration_insert"), {"version": version, "name": name})
                 applied_now.append(version)
         return applied_now
 
@@ -233,11 +220,6 @@ def run(cat: Connectable, statement: str | SQL, params: Mapping[str, Any] | None
         with cat.reader() as conn:
             return conn.execute(stmt, dict(params or {}))
     return cat.execute(stmt, dict(params or {}))
-
-
-# The migrations table exists (a new catalog has none), asked the same way on both engines.
-HAS_MIGRATIONS_TABLE = SQL("SELECT 1 FROM information_schema.tables "
-                           "WHERE table_name = 'schema_migrations' AND table_schema = current_schema()")
 
 
 def _open_duckdb(path: Path) -> DuckDBDatabase:

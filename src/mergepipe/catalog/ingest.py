@@ -91,8 +91,7 @@ def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None 
     """Register a checkpoint as model `name` (a base when `base` is None); its models row. An
     existing name gets a new version, unless its latest version has the very same content:
     that version is kept (its files' stamps refreshed). `guard` runs first in the transaction
-    that writes the rows (a job's fence); `scan` reads the blocks (`scan_pinned` by default);
-    `force`: register an expert even when it is far from its base (catalog.delta_norms)."""
+    that writes the rows (a job's fence); the other arguments are `scan_model`'s."""
     scanned = scan_model(cat, path, name, base=base, kind=kind, block_bytes=block_bytes,
                          with_stats=with_stats, progress=progress, source_merge=source_merge,
                          scan=scan, force=force)
@@ -114,8 +113,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     `first_passes`: the first scan pass of some tensors, already made from the same bytes (a
     merge's output, by the executor while it wrote them); those tensors are not read again,
     except for threshold refinement passes. `scan`: see ScanFn (not with `first_passes`).
-    An expert whose delta is far larger than a fine-tune's is refused unless `force`
-    (catalog.delta_norms).
+    `force`: register an expert even when it is far from its base (catalog.delta_norms).
     """
     t0 = time.perf_counter()
     _check_args(name, kind, base, block_bytes)

@@ -49,7 +49,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read the headers of every file of the checkpoint at `path` (no tensor data)."""
     p = absolute(path)
     store = store_for(p)
-    kind = _kind(store, p)
+    kind = _ask(store.kind, p)
     if kind is None:
         raise InvalidCheckpoint(f"{p}: no such file or directory", field="path")
     if kind == FILE:
@@ -99,10 +99,6 @@ def _ask(call: Callable[[str], T], p: str, what: str = "open") -> T:
         raise InvalidCheckpoint(f"{p}: cannot {what} ({e.strerror})", field="path") from None
 
 
-def _kind(store: Store, p: str) -> str | None:
-    return _ask(store.kind, p)
-
-
 def _shards_from_index(store: Store, p: str) -> tuple[list[str], dict[str, object]]:
     """The shard files of an index, and its weight_map."""
     index_path = join(p, INDEX_FILE)
@@ -119,7 +115,7 @@ def _shards_from_index(store: Store, p: str) -> tuple[list[str], dict[str, objec
         if not n or os.path.isabs(n) or "/" in n or n in (".", "..") or "\x00" in n:
             raise InvalidCheckpoint(f"{index_path}: shard {n!r} is outside the checkpoint")
         s = join(p, n)
-        if _kind(store, s) != FILE:
+        if _ask(store.kind, s) != FILE:
             raise InvalidCheckpoint(f"{index_path}: points at missing shard {n!r}")
         shards.append(s)
     return shards, wm
@@ -143,7 +139,7 @@ def _adapter(store: Store, p: str) -> Checkpoint:
     cfg_path = join(p, ADAPTER_CONFIG)
     cfg = _load_json(store, cfg_path)
     weights = join(p, ADAPTER_WEIGHTS)
-    if _kind(store, weights) != FILE:
+    if _ask(store.kind, weights) != FILE:
         raise InvalidCheckpoint(f"{p}: {ADAPTER_CONFIG} without {ADAPTER_WEIGHTS}")
     ckpt = _from_files(p, [weights], [cfg_path])
     ckpt.adapter_config = cfg
@@ -165,7 +161,7 @@ def _from_files(path: str, files: list[str], extra: list[str], *, is_dir: bool =
 
 
 def _load_json(store: Store, p: str) -> dict[str, object]:
-    if _kind(store, p) != FILE:  # a FIFO or a device would block or never end
+    if _ask(store.kind, p) != FILE:  # a FIFO or a device would block or never end
         raise InvalidCheckpoint(f"{p}: not a regular file")
     try:
         data = bounded_json.loads(store.read_bytes(p, MAX_JSON_BYTES).decode())

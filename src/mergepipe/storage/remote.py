@@ -90,10 +90,6 @@ def remote_scope(roots: Sequence[str] | None, limit_s: float | None
 class Transient(Exception):
     """A failure worth retrying: a timeout, a reset connection, a truncated body, 429 or 5xx."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
 
 @dataclass(frozen=True)
 class RemoteConfig:
@@ -164,7 +160,7 @@ def with_retries(what: str, cfg: RemoteConfig, stats: FetchStats, attempt: Calla
             failures = 1 if now > seen else failures + 1
             seen = now
             if failures >= cfg.attempts:
-                raise RemoteUnavailable(f"{what}: {e.reason}; gave up after {failures} "
+                raise RemoteUnavailable(f"{what}: {e}; gave up after {failures} "
                                         "attempts in a row") from None
             stats.add(retries=1)
             time.sleep(scope.cap(cfg.backoff(failures)))
