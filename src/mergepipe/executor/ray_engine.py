@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -270,13 +271,10 @@ def _in_layout(layout: Layout, by_name: dict[str, OutputTensor]) -> list[OutputT
 def _expert_counters(parts: list[ExecutionResult]
                      ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     """The regions' expert fetch statistics and expert bytes by model, summed."""
-    fetched: dict[str, dict[str, int]] = {}
-    by_model: dict[str, int] = {}
+    fetched: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    by_model: Counter[str] = Counter()
     for r in parts:
         for m, st in r.expert_fetch_by_model.items():
-            acc = fetched.setdefault(m, {})
-            for k, v in st.items():
-                acc[k] = acc.get(k, 0) + v
-        for m, n in r.expert_bytes_by_model.items():
-            by_model[m] = by_model.get(m, 0) + n
-    return fetched, by_model
+            fetched[m].update(st)
+        by_model.update(r.expert_bytes_by_model)
+    return {m: dict(c) for m, c in fetched.items()}, dict(by_model)
