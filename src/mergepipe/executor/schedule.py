@@ -119,10 +119,7 @@ class Prefetcher:
         return out
 
     def close(self) -> None:
-        for futures in self._pending.values():
-            for f in futures:
-                f.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)  # reads not started: cancelled
         self._pending.clear()
 
     def __enter__(self) -> Prefetcher:
