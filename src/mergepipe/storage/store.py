@@ -79,14 +79,13 @@ class LocalStore:
                 raise OSError(0, "not a regular file")
             if st.st_size > limit:
                 raise OSError(0, f"{st.st_size} bytes, over the limit of {limit}")
-            data = b""
-            while chunk := os.read(fd, 1 << 20):
-                data += chunk
-                if len(data) > limit:
-                    raise OSError(0, f"over the limit of {limit} bytes")
-            return data
+            with open(fd, "rb", closefd=False) as f:
+                data = f.read(limit + 1)  # one that grew while read: refused
         finally:
             os.close(fd)
+        if len(data) > limit:
+            raise OSError(0, f"over the limit of {limit} bytes")
+        return data
 
 
 _REMOTE_CLASSES = {"s3": ("mergepipe.storage.s3_store", "S3Store"),
