@@ -4,16 +4,15 @@ utility=activation). docs/catalog.md#calibrations."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from mergepipe.catalog.connection import Connection, IntegrityError, Row
-from mergepipe.catalog.db import Catalog, load_sql
+from mergepipe.catalog.db import Connectable, load_sql, run
 from mergepipe.core.errors import Conflict
-
-Connectable = Catalog | Connection
 
 
 @dataclass(frozen=True)
@@ -29,11 +28,8 @@ class CalibrationRow:
     created_at: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan's and the API's form (the id and what identifies the run)."""
-        return {"calibration_id": self.calibration_id, "model": self.model,
-                "text_sha256": self.text_sha256, "tokens": self.tokens,
-                "fallback_rms": self.fallback_rms, "fallback_fisher": self.fallback_fisher,
-                "created_at": self.created_at}
+        """The plan's and the API's form."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -89,32 +85,25 @@ def _row(r: Row) -> CalibrationRow:
                           None if created is None else str(created))
 
 
-def _conn_execute(cat: Connectable, name: str, params: dict[str, Any]) -> list[Row]:
-    if isinstance(cat, Catalog):
-        with cat.reader() as conn:
-            return list(conn.execute(load_sql(name), params).all())
-    return list(cat.execute(load_sql(name), params).all())
-
-
 def get_calibration(cat: Connectable, cid: str) -> CalibrationRow | None:
-    rows = _conn_execute(cat, "calibration_get", {"calibration_id": cid})
-    return _row(rows[0]) if rows else None
+    row = run(cat, "calibration_get", {"calibration_id": cid}).first()
+    return None if row is None else _row(row)
 
 
 def latest_calibration(cat: Connectable, model: str) -> CalibrationRow | None:
     """The newest calibration of `model` (a model key), or None."""
-    rows = _conn_execute(cat, "calibration_latest", {"model": model})
-    return _row(rows[0]) if rows else None
+    row = run(cat, "calibration_latest", {"model": model}).first()
+    return None if row is None else _row(row)
 
 
 def calibration_vectors(cat: Connectable, cid: str) -> dict[str, ChannelRms]:
     """The channel RMS vectors of a calibration, by tensor."""
     return {str(r[0]): ChannelRms(str(r[0]), [float(v) for v in r[1]],
                                   [float(v) for v in r[2]])
-            for r in _conn_execute(cat, "calibration_rms_get", {"calibration_id": cid})}
+            for r in run(cat, "calibration_rms_get", {"calibration_id": cid})}
 
 
 def calibration_fisher(cat: Connectable, cid: str) -> dict[tuple[str, int], list[float]]:
     """The Fisher diagonal of a calibration, by (tensor, block index)."""
     return {(str(r[0]), int(r[1])): [float(v) for v in r[2]]
-            for r in _conn_execute(cat, "calibration_blocks_get", {"calibration_id": cid})}
+            for r in run(cat, "calibration_blocks_get", {"calibration_id": cid})}

@@ -49,6 +49,12 @@ class SQL:
                            ) from None
 
 
+def first_line(e: object) -> str:
+    """The first line of an error's text (its type's name when it has none)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 class IntegrityError(Exception):
     """A statement broke a unique, primary-key or foreign-key constraint."""
 
@@ -135,17 +141,9 @@ class Result:
     def scalar_one(self) -> Any:
         return self.one()[0]
 
-    def mappings(self) -> Mappings:
-        return Mappings([r._mapping for r in self.rows])
-
-
-class Mappings(list[dict[str, Any]]):
-    """The rows as dicts of column to value."""
-
-    def one(self) -> dict[str, Any]:
-        if len(self) != 1:
-            raise LookupError(f"expected one row, the statement returned {len(self)}")
-        return self[0]
+    def mappings(self) -> list[dict[str, Any]]:
+        """The rows as dicts of column to value."""
+        return [r._mapping for r in self.rows]
 
 
 class DriverConnection(ABC):

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mergepipe.catalog import dialect
-from mergepipe.catalog.connection import SQL, CatalogUnavailable, Connection, Result, Row
+from mergepipe.catalog.connection import (
+    SQL,
+    CatalogUnavailable,
+    Connection,
+    Result,
+    Row,
+    first_line,
+)
 from mergepipe.catalog.duckdb_database import DuckDBDatabase, read_only_error
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import Conflict, MergePipeError
@@ -27,15 +34,6 @@ SCHEMA_FILE_NAME = "catalog_schema.sql"  # what the migrations, applied in order
 SQL_PACKAGES = ["mergepipe.catalog"]  # packages whose sql/NAME.sql files load_sql finds
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-
-CREATE_MIGRATIONS_TABLE = SQL("""
-CREATE TABLE IF NOT EXISTS schema_migrations (
-    version     INTEGER PRIMARY KEY,
-    name        VARCHAR NOT NULL,
-    applied_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
-)""")
-SELECT_APPLIED = SQL("SELECT version FROM schema_migrations ORDER BY version")
-INSERT_APPLIED = SQL("INSERT INTO schema_migrations (version, name) VALUES (:version, :name)")
 
 
 @cache
@@ -89,10 +87,6 @@ class CatalogUnreadable(MergePipeError):
     code = "catalog_unreadable"
 
 
-# Migrations of several servers starting at once on one PostgreSQL catalog run one at a time.
-MIGRATION_LOCK = SQL("SELECT pg_advisory_xact_lock(7305218116)")
-
-
 class Catalog:
     """A catalog database. Threads share it; each `transaction()` uses its own connection.
 
@@ -121,7 +115,7 @@ class Catalog:
                     cause = e.__cause__ if isinstance(e, CatalogUnavailable) else e
                     raise CatalogUnavailable(
                         f"cannot use the PostgreSQL catalog {dialect.display(location)}: "
-                        f"{_first_line(getattr(cause, 'orig', cause))}") from None
+                        f"{first_line(getattr(cause, 'orig', cause))}") from None
                 raise
 
     @property
@@ -146,9 +140,9 @@ class Catalog:
         """Whether every shipped migration is applied: two read-only queries (what opening a
         current catalog costs)."""
         with self.reader() as conn:
-            if not conn.execute(HAS_MIGRATIONS_TABLE).rows:
+            if not conn.execute(load_sql("schema_migrations_exists")).rows:
                 return False  # a new catalog
-            done = {r[0] for r in conn.execute(SELECT_APPLIED)}
+            done = {r[0] for r in conn.execute(load_sql("schema_migrations_applied"))}
         return all(version in done for version, _, _ in migrations())
 
     def migrate(self) -> list[int]:
@@ -156,17 +150,17 @@ class Catalog:
         applied_now = []
         with self.transaction() as conn:
             if self.postgres:
-                conn.execute(MIGRATION_LOCK)
-                for stmt in dialect.POSTGRES_PRELUDE:
+                conn.execute(load_sql("migration_lock"))
+                for stmt in split_statements(load_sql("postgres_prelude").text):
                     conn.execute(SQL(stmt))
-            conn.execute(CREATE_MIGRATIONS_TABLE)
-            done = {r[0] for r in conn.execute(SELECT_APPLIED)}
+            conn.execute(load_sql("schema_migrations_create"))
+            done = {r[0] for r in conn.execute(load_sql("schema_migrations_applied"))}
             for version, name, path in migrations():
                 if version in done:
                     continue
                 for stmt in split_statements(path.read_text()):
                     conn.execute(SQL(stmt))
-                conn.execute(INSERT_APPLIED, {"version": version, "name": name})
+                conn.execute(load_sql("schema_migration_insert"), {"version": version, "name": name})
                 applied_now.append(version)
         return applied_now
 
@@ -205,9 +199,7 @@ class Catalog:
     def query(self, statement: str | SQL, params: Mapping[str, Any] | None = None
               ) -> list[Row]:
         """Rows of a named statement (`load_sql` name) or an SQL, with bound parameters."""
-        stmt = load_sql(statement) if isinstance(statement, str) else statement
-        with self.reader() as conn:
-            return conn.execute(stmt, dict(params or {})).rows
+        return run(self, statement, params).rows
 
     def execute(self, statement: str | SQL,
                 params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> None:
@@ -219,24 +211,22 @@ class Catalog:
 Connectable = Catalog | Connection
 
 
-def run(cat: Connectable, name: str, params: Mapping[str, Any] | None = None) -> Result:
-    """A named statement's result, on a connection or in a read transaction of its own."""
+def run(cat: Connectable, statement: str | SQL, params: Mapping[str, Any] | None = None
+        ) -> Result:
+    """A statement's result (a `load_sql` name or an SQL), on a connection or in a read
+    transaction of its own."""
+    stmt = load_sql(statement) if isinstance(statement, str) else statement
     if isinstance(cat, Catalog):
         with cat.reader() as conn:
-            return conn.execute(load_sql(name), dict(params or {}))
-    return cat.execute(load_sql(name), dict(params or {}))
-
-
-# The migrations table exists (a new catalog has none), asked the same way on both engines.
-HAS_MIGRATIONS_TABLE = SQL("SELECT 1 FROM information_schema.tables "
-                           "WHERE table_name = 'schema_migrations' AND table_schema = current_schema()")
+            return conn.execute(stmt, dict(params or {}))
+    return cat.execute(stmt, dict(params or {}))
 
 
 def _open_duckdb(path: Path) -> DuckDBDatabase:
     try:
         return DuckDBDatabase(path)
     except duckdb.Error as e:
-        first = _first_line(e)
+        first = first_line(e)
         if "lock" in first.lower():
             pid = re.search(r"PID (\d+)", str(e))
             holder = f"PID {pid.group(1)}" if pid else "lock held"
@@ -267,8 +257,3 @@ def outage(e: BaseException) -> CatalogUnavailable | None:
     from mergepipe.catalog.postgres_database import unavailable
 
     return unavailable(e) if isinstance(e, Exception) else None
-
-
-def _first_line(e: object) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -1,5 +1,6 @@
 """Every difference between the DuckDB and PostgreSQL catalogs: the rewrites every statement
-gets on PostgreSQL (`to_postgres`) and the DuckDB functions the planner uses, defined there."""
+gets on PostgreSQL (`to_postgres`); the DuckDB functions the planner uses are defined there by
+sql/postgres_prelude.sql."""
 
 from __future__ import annotations
 
@@ -22,16 +23,6 @@ _SELECT_ITEM = re.compile(r"^(?:unnest\(%\((\w+)\)s\)|%\((\w+)\)s)$")
 _LIST_CONTAINS = re.compile(r"\blist_contains\((CAST\(%\(\w+\)s AS \w+\[\]\)), ([\w.]+)\)")
 _CREATE_OR_REPLACE_TEMP = re.compile(
     r"\bCREATE\s+OR\s+REPLACE\s+TEMP(?:ORARY)?\s+TABLE\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
-
-# DuckDB functions the planner's SQL uses, defined for PostgreSQL (created with the schema).
-POSTGRES_PRELUDE = [
-    # DuckDB's len(list): the number of elements
-    """CREATE OR REPLACE FUNCTION len(anyarray) RETURNS integer LANGUAGE sql IMMUTABLE
-       AS 'SELECT cardinality($1)'""",
-    # DuckDB's sha256(varchar): lowercase hex of the UTF-8 bytes' digest
-    """CREATE OR REPLACE FUNCTION sha256(text) RETURNS text LANGUAGE sql IMMUTABLE
-       AS 'SELECT encode(sha256(convert_to($1, ''UTF8'')), ''hex'')'""",
-]
 
 
 def is_postgres(location: str | Path) -> bool:

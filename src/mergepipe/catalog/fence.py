@@ -42,6 +42,13 @@ def utc_now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
+def check_not_cancelled(conn: Connection, merge_id: str) -> None:
+    """MergeCancelled if the merge was cancelled (its run must stop and publish nothing)."""
+    row = conn.execute(load_sql("merge_status"), {"merge_id": merge_id}).first()
+    if row is not None and row[0] == "cancelled":
+        raise MergeCancelled(f"merge {merge_id} was cancelled", field="merge_id")
+
+
 def hold(conn: Connection, merge_id: str, fence: Fence | None) -> None:
     """In the caller's transaction: check that `fence` still holds the merge's lease and lock
     its row until the transaction ends (a takeover skips locked rows); LeaseLost if not, so
@@ -62,9 +69,7 @@ def _hold(conn: Connection, kind: str, job_id: str, fence: Fence | None) -> None
                                        "now": utc_now()}).first()
     if row is None:
         if kind == "merge":
-            st = conn.execute(load_sql("merge_status"), {"merge_id": job_id}).first()
-            if st is not None and st[0] == "cancelled":
-                raise MergeCancelled(f"merge {job_id} was cancelled", field=key)
+            check_not_cancelled(conn, job_id)
         log.warning("%s %s: worker %s lost its lease (taken over); its late write was "
                     "refused and the run is abandoned", kind, job_id, fence.worker)
         raise LeaseLost(f"{kind} {job_id}: worker {fence.worker} no longer holds its lease; "

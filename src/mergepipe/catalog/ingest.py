@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,6 @@ class ScannedModel:
     block_stats: dict[str, list[Any]] | None
     tensor_stats: dict[str, list[Any]] | None
     bytes_read: int = 0
-    file_stamps: list[Stamp] = field(default_factory=list)  # of each file, as read
     same_as: str | None = None  # the live version holding these very bytes (nothing new)
 
     @property
@@ -92,8 +91,7 @@ def ingest_model(cat: Catalog, path: str | Path, name: str, *, base: str | None 
     """Register a checkpoint as model `name` (a base when `base` is None); its models row. An
     existing name gets a new version, unless its latest version has the very same content:
     that version is kept (its files' stamps refreshed). `guard` runs first in the transaction
-    that writes the rows (a job's fence); `scan` reads the blocks (`scan_pinned` by default);
-    `force`: register an expert even when it is far from its base (catalog.delta_norms)."""
+    that writes the rows (a job's fence); the other arguments are `scan_model`'s."""
     scanned = scan_model(cat, path, name, base=base, kind=kind, block_bytes=block_bytes,
                          with_stats=with_stats, progress=progress, source_merge=source_merge,
                          scan=scan, force=force)
@@ -115,8 +113,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     `first_passes`: the first scan pass of some tensors, already made from the same bytes (a
     merge's output, by the executor while it wrote them); those tensors are not read again,
     except for threshold refinement passes. `scan`: see ScanFn (not with `first_passes`).
-    An expert whose delta is far larger than a fine-tune's is refused unless `force`
-    (catalog.delta_norms).
+    `force`: register an expert even when it is far from its base (catalog.delta_norms).
     """
     t0 = time.perf_counter()
     _check_args(name, kind, base, block_bytes)
@@ -124,7 +121,7 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
     ckpt = _open(path, kind)
     stamps = _file_stamps(ckpt)
     layout = None if base is None else _BaseLayout.load(cat, base)
-    plans, scales, grid_bytes = _plan_tensors(ckpt, layout, kind, block_bytes, with_stats)
+    plans, grid_bytes = _plan_tensors(ckpt, layout, kind, block_bytes, with_stats)
     if layout is not None and with_stats and kind == "full":
         layout.check_unchanged(cat)
     _check_blocks(ckpt, plans)
@@ -143,13 +140,13 @@ def scan_model(cat: Catalog, path: str | Path, name: str, *, base: str | None = 
         kind=kind, path=ckpt.path, base=base, status="ready", error=None,
         has_stats=bool(with_stats and base is not None), block_bytes=grid_bytes,
         n_tensors=len(plans), tensor_bytes=sum(t.nbytes for t in ckpt.tensors),
-        lora_scale=_common_scale(scales), source_merge=source_merge,
+        lora_scale=_common_scale(plans), source_merge=source_merge,
         ingest_seconds=time.perf_counter() - t0, delta_rel_norm=ratio,
         delta_rel_norm_max=worst)
     # Checkpoint order; a LoRA adapter's tensors keep their base's ordinals.
     ordinals = ([layout.ordinals[p.name] for p in plans] if layout is not None and kind == "lora"
                 else list(range(len(plans))))
-    scanned = _scanned(model, ckpt, stamps, plans, results, scales, ordinals, bytes_read)
+    scanned = _scanned(model, ckpt, stamps, plans, results, ordinals, bytes_read)
     if current is not None and source_merge is None and _same_content(cat, current, scanned):
         scanned.same_as = current.name
     return scanned
@@ -169,28 +166,25 @@ def _new_version(cat: Catalog, name: str, base: str | None
 
 
 def _plan_tensors(ckpt: Checkpoint, layout: _BaseLayout | None, kind: str, block_bytes: int,
-                  with_stats: bool) -> tuple[list[TensorPlan], list[float | None], int]:
-    """(one scan plan per tensor, each tensor's LoRA scale, the block grid's bytes): a base on
-    its own grid, an expert on its base's."""
+                  with_stats: bool) -> tuple[list[TensorPlan], int]:
+    """(one scan plan per tensor, the block grid's bytes): a base on its own grid, an expert on
+    its base's."""
     if layout is None:
         plans = [TensorPlan(t.name, "hash", t, block_rows(t.shape, t.itemsize, block_bytes),
                             value_norm=True)
                  for t in ckpt.tensors]
-        return plans, [None] * len(plans), block_bytes
+        return plans, block_bytes
     if block_bytes not in (DEFAULT_BLOCK_BYTES, layout.block_bytes):
         raise InvalidRequest(
             f"experts use the block grid of their base: {layout.name!r} has blocks of "
             f"{layout.block_bytes} bytes, not {block_bytes}", field="block_bytes")
     if kind == "lora":
-        plans, scales = _lora_plans(ckpt, layout, with_stats)
-        return plans, scales, layout.block_bytes
-    plans = _expert_plans(ckpt, layout, kind, with_stats)
-    return plans, [None] * len(plans), layout.block_bytes
+        return _lora_plans(ckpt, layout, with_stats), layout.block_bytes
+    return _expert_plans(ckpt, layout, kind, with_stats), layout.block_bytes
 
 
 def _scanned(model: ModelRow, ckpt: Checkpoint, stamps: list[Stamp], plans: list[TensorPlan],
-             results: list[TensorResult], scales: list[float | None],
-             ordinals: list[int], bytes_read: int) -> ScannedModel:
+             results: list[TensorResult], ordinals: list[int], bytes_read: int) -> ScannedModel:
     """The model's rows, column-wise."""
     files = {h.path: i for i, h in enumerate(ckpt.files)}
     has_stats = model.has_stats
@@ -200,7 +194,7 @@ def _scanned(model: ModelRow, ckpt: Checkpoint, stamps: list[Stamp], plans: list
                          "mtime_ns": stamps[i].mtime_ns, "header_len": h.header_len,
                          "etag": stamps[i].etag, "version_id": stamps[i].version_id}
                         for i, h in enumerate(ckpt.files)]),
-        tensors=_columns([_tensor_row(p, results[k], files, scales[k], ordinals[k])
+        tensors=_columns([_tensor_row(p, results[k], files, ordinals[k])
                           for k, p in enumerate(plans)]),
         blocks=_columns([_block_row(p, r, i, files) for p, r in zip(plans, results, strict=True)
                          for i in range(len(p.rows))]),
@@ -208,16 +202,13 @@ def _scanned(model: ModelRow, ckpt: Checkpoint, stamps: list[Stamp], plans: list
                               for i in range(len(r.hashes))]) if has_stats else None,
         tensor_stats=_columns([_tensor_stats_row(r) for r in results]) if has_stats else None,
         bytes_read=bytes_read,
-        file_stamps=stamps,
     )
 
 
 def write_model(conn: Connection, scanned: ScannedModel, *, replace: bool = False) -> None:
     """Write every row of a scanned model in the caller's transaction; Conflict if it exists.
     The same content as the latest version: only that version's file stamps are refreshed. A
-    merge's output under a name in use: Conflict, unless `replace` (a merge with overwrite),
-    which retires the name's live versions and any live model whose files were in the output
-    directory."""
+    merge's output takes its name as `_claim_merge_name` says."""
     if scanned.same_as is not None:
         _restamp(conn, scanned)
         return
@@ -445,8 +436,7 @@ def _shared_rows(t: TensorEntry, b: TensorEntry, base: str, kind: str) -> Tensor
                        t.nbytes // t.shape[0] * b.shape[0])
 
 
-def _lora_plans(ckpt: Checkpoint, base: _BaseLayout,
-                with_stats: bool) -> tuple[list[TensorPlan], list[float | None]]:
+def _lora_plans(ckpt: Checkpoint, base: _BaseLayout, with_stats: bool) -> list[TensorPlan]:
     """Plans for a LoRA adapter: the covered base tensors in base order, lora_B on the grid."""
     assert ckpt.adapter_config is not None
     targets = lora_targets(ckpt.adapter_config, ckpt.tensors,
@@ -459,11 +449,10 @@ def _lora_plans(ckpt: Checkpoint, base: _BaseLayout,
                 f"{ckpt.path}: LoRA on tensor {tg.tensor!r} is not supported: a row of it is "
                 f"larger than the base {base.name!r}'s block size ({base.block_bytes} bytes), "
                 "so its blocks are element ranges, not rows of lora_B")
-    plans = [TensorPlan(tg.tensor, "lora" if with_stats else "hash", tg.b, base.rows[tg.tensor],
-                        lora_a=Span(tg.a.file, tg.a.data_offset, tg.a.nbytes),
-                        lora_a_dtype=tg.a.dtype, lora_a_shape=tg.a.shape, lora_scale=tg.scale)
-             for tg in targets]
-    return plans, [tg.scale for tg in targets]
+    return [TensorPlan(tg.tensor, "lora" if with_stats else "hash", tg.b, base.rows[tg.tensor],
+                       lora_a=Span(tg.a.file, tg.a.data_offset, tg.a.nbytes),
+                       lora_a_dtype=tg.a.dtype, lora_a_shape=tg.a.shape, lora_scale=tg.scale)
+            for tg in targets]
 
 
 def _names(names: list[str]) -> str:
@@ -471,8 +460,8 @@ def _names(names: list[str]) -> str:
     return shown + (", ..." if len(names) > 3 else "")
 
 
-def _common_scale(scales: list[float | None]) -> float | None:
-    distinct = {s for s in scales if s is not None}
+def _common_scale(plans: list[TensorPlan]) -> float | None:
+    distinct = {p.lora_scale for p in plans if p.lora_scale is not None}
     return distinct.pop() if len(distinct) == 1 else None
 
 
@@ -484,8 +473,8 @@ def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {k: [r[k] for r in rows] for k in rows[0]}
 
 
-def _tensor_row(p: TensorPlan, r: TensorResult, files: dict[str, int], scale: float | None,
-                ordinal: int) -> dict[str, Any]:
+def _tensor_row(p: TensorPlan, r: TensorResult, files: dict[str, int], ordinal: int
+                ) -> dict[str, Any]:
     a, e = p.lora_a, p.recorded or p.entry
     return {"tensor": p.name, "ordinal": ordinal, "file_index": files[e.file],
             "dtype": e.dtype, "shape": list(e.shape),
@@ -495,7 +484,7 @@ def _tensor_row(p: TensorPlan, r: TensorResult, files: dict[str, int], scale: fl
             "lora_a_offset": a.offset if a else None, "lora_a_nbytes": a.nbytes if a else None,
             "lora_a_dtype": p.lora_a_dtype if a else None,
             "lora_a_shape": list(p.lora_a_shape) if a and p.lora_a_shape is not None else None,
-            "lora_scale": scale, "lora_a_hash": r.lora_a_hash if a else None,
+            "lora_scale": p.lora_scale, "lora_a_hash": r.lora_a_hash if a else None,
             "value_l2": r.value_l2}
 
 
@@ -549,7 +538,7 @@ def trim_grids(cat: Catalog, name: str, tensors: set[str]) -> dict[str, TrimGrid
             raise SourceChanged(f"{h.path}: changed since model {name!r} was ingested "
                                 f"({change}); re-ingest it", field="experts")
     layout = _BaseLayout.load(cat, model.base)
-    plans, _, _ = _plan_tensors(ckpt, layout, model.kind, layout.block_bytes, True)
+    plans, _ = _plan_tensors(ckpt, layout, model.kind, layout.block_bytes, True)
     plans = [p for p in plans if p.name in tensors]
     pins = [(h.path, s) for h, s in zip(ckpt.files, stamps, strict=True)]
     results, _ = scan_pinned(plans, pins, None)

@@ -16,6 +16,7 @@ from mergepipe.catalog.connection import (
     DriverConnection,
     Params,
     Result,
+    first_line,
 )
 from mergepipe.catalog.dialect import engine_url, to_postgres, unnest_rows
 from mergepipe.core.errors import CatalogReadOnly, InvalidRequest
@@ -105,10 +106,8 @@ def unavailable(e: Exception) -> CatalogUnavailable | None:
         lost = state is None or state[:2] in _OUTAGE_CLASSES or state in _OUTAGE_CODES
     if not lost:
         return None
-    text = str(orig).strip()
-    first = text.splitlines()[0] if text else type(orig).__name__
-    return CatalogUnavailable(f"the PostgreSQL catalog cannot be reached ({first}); retry "
-                              "shortly")
+    return CatalogUnavailable(f"the PostgreSQL catalog cannot be reached ({first_line(orig)}); "
+                              "retry shortly")
 
 
 @contextmanager

@@ -109,7 +109,7 @@ def enqueue(cat: Catalog, *, ingests: Sequence[NewIngestJob] = (), merge: NewMer
         raise Conflict(f"the request claims a name twice: {sorted(names)}", field="name")
     with cat.transaction() as conn:
         if max_queued is not None:
-            queued = int(conn.execute(load_sql("jobs_count")).mappings().one()["queued"])
+            queued = int(conn.execute(load_sql("jobs_count")).one().queued)
             if queued + len(names) > max_queued:
                 raise TooManyJobs(f"{queued} jobs are queued (limit {max_queued}); retry when "
                                   "some finished")
@@ -119,8 +119,7 @@ def enqueue(cat: Catalog, *, ingests: Sequence[NewIngestJob] = (), merge: NewMer
             _claim(conn, merge.output_name, merge.field, in_use_ok=merge.replace)
         job_ids = [_insert_ingest(conn, j) for j in ingests]
         merge_id = _insert_merge(conn, merge) if merge is not None else None
-        claims = list(zip(ingests, job_ids, strict=True))
-        for job, job_id in claims:
+        for job, job_id in zip(ingests, job_ids, strict=True):
             _reserve(conn, job.model, job_id, job.field)
         if merge is not None and merge_id is not None:
             _reserve(conn, merge.output_name, merge_id, merge.field)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from mergepipe.catalog.connection import Connection, Row, as_dataclass
 from mergepipe.catalog.db import Catalog, load_sql
-from mergepipe.catalog.fence import Fence, MergeCancelled, hold
+from mergepipe.catalog.fence import Fence, check_not_cancelled, hold
 from mergepipe.core.errors import Conflict, NotFound
 from mergepipe.core.jsonable import dumps, jsonable
 from mergepipe.core.progress import Progress
@@ -194,13 +194,6 @@ def record_progress(cat: Catalog, merge_id: str, p: Progress, fence: Fence | Non
         ).rowcount
         if n == 0:
             check_not_cancelled(conn, merge_id)
-
-
-def check_not_cancelled(conn: Connection, merge_id: str) -> None:
-    """MergeCancelled if the merge was cancelled (its run must stop and publish nothing)."""
-    row = conn.execute(load_sql("merge_status"), {"merge_id": merge_id}).first()
-    if row is not None and row[0] == "cancelled":
-        raise MergeCancelled(f"merge {merge_id} was cancelled", field="merge_id")
 
 
 def record_success(conn: Connection, merge_id: str, outcome: OutcomeRecord) -> None:

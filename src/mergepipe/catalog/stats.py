@@ -99,7 +99,7 @@ def scan_block(a: np.ndarray, scratch: Scratch | None = None, *, collect_mixed: 
     if isinstance(counts, np.ndarray):
         zeros, n_mixed = int(counts[0]), int(counts[1::2].sum())
     else:
-        zeros, n_mixed = _sparse_count(counts, 0), int(counts[1][counts[0] % 2 == 1].sum())
+        zeros, n_mixed = int(counts[1][counts[0] == 0].sum()), int(counts[1][counts[0] % 2 == 1].sum())
     mixed = bits[low != 0] if collect_mixed and n_mixed else None
     return BlockStats(l2, l1, max_abs, n - zeros), counts, mixed
 
@@ -109,12 +109,6 @@ def _histogram(key: np.ndarray, size: int) -> Histogram:
         keys, counts = np.unique(key, return_counts=True)
         return keys.astype(np.int64), counts.astype(np.int64)
     return np.bincount(key, minlength=size).astype(np.int64, copy=False)
-
-
-def _sparse_count(h: tuple[np.ndarray, np.ndarray], key: int) -> int:
-    keys, counts = h
-    hit = counts[keys == key]
-    return int(hit[0]) if hit.size else 0
 
 
 class _Queries:

@@ -449,7 +449,7 @@ static PyObject *py_ties(PyObject *self, PyObject *args) {
 }
 
 /* out = |decode(raw) - decode(base)| (no base: |decode(raw)|), as float32: the |delta| that
- * catalog/scan_block.py's first pass computes with torch (decode, sub_, abs_). */
+ * catalog/scan.py's first pass computes with numpy (decode, subtract, abs). */
 CLONES static void abs_delta_run(float *out, const void *raw, int code, const void *base,
                                  int base_code, Py_ssize_t n) {
     float b[TILE];

@@ -41,47 +41,6 @@ def staging_dir(target: Path, tag: str) -> Path:
     return target.parent / f".{target.name}.tmp-{tag}"
 
 
-def prepare(target: Path, tag: str, *, overwrite: bool = False) -> Path:
-    """Check the target and create an empty staging directory beside it."""
-    target = Path(target).absolute()
-    if not target.name:
-        raise InvalidRequest(f"output {target} has no directory name", field="output")
-    check_target(target, overwrite=overwrite)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    stage = staging_dir(target, tag)
-    if os.path.lexists(stage):
-        shutil.rmtree(stage)
-    stage.mkdir()
-    return stage
-
-
-def publish(stage: Path, target: Path, *, overwrite: bool = False) -> Path:
-    """fsync everything in `stage` and rename it to `target` (one step: all or nothing)."""
-    target = Path(target).absolute()
-    for f in stage.iterdir():
-        if f.is_file():
-            _fsync_path(f, os.O_RDONLY)
-    _fsync_path(stage, os.O_RDONLY)
-    check_target(target, overwrite=overwrite)
-    old = None
-    if target.is_dir():
-        if any(target.iterdir()):
-            old = target.parent / f".{target.name}.old-{stage.name.rsplit('-', 1)[-1]}"
-            os.rename(target, old)
-        else:
-            target.rmdir()
-    try:
-        os.rename(stage, target)
-    except OSError as e:
-        if old is not None:
-            os.rename(old, target)
-        raise Conflict(f"cannot publish {target}: {e.strerror}", field="output") from None
-    _fsync_path(target.parent, os.O_RDONLY)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return target
-
-
 def discard(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -89,17 +48,26 @@ def discard(path: Path) -> None:
 @contextmanager
 def staged(target: Path, tag: str, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield a staging directory; publish it on normal exit, discard it on any exception."""
-    stage = prepare(target, tag, overwrite=overwrite)
+    out = LocalOutput(target)
+    stage = out.stage(tag, overwrite=overwrite)
     try:
         yield stage
-        publish(stage, target, overwrite=overwrite)
+        out.publish(stage, overwrite=overwrite)
     except BaseException:
         discard(stage)
         raise
 
 
-def _fsync_path(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
+def _fresh_dir(path: Path) -> Path:
+    """An empty directory at `path` (what a dead run left there removed)."""
+    if os.path.lexists(path):
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -117,10 +85,37 @@ class LocalOutput:
         check_target(self.path, overwrite=overwrite)
 
     def stage(self, tag: str, *, overwrite: bool = False) -> Path:
-        return prepare(self.path, tag, overwrite=overwrite)
+        """Check the target and create an empty staging directory beside it."""
+        if not self.path.name:
+            raise InvalidRequest(f"output {self.path} has no directory name", field="output")
+        check_target(self.path, overwrite=overwrite)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return _fresh_dir(staging_dir(self.path, tag))
 
     def publish(self, stage: Path, *, overwrite: bool = False) -> None:
-        publish(stage, self.path, overwrite=overwrite)
+        """fsync everything in `stage` and rename it to the target (one step: all or nothing)."""
+        target = self.path
+        for f in stage.iterdir():
+            if f.is_file():
+                _fsync_path(f)
+        _fsync_path(stage)
+        check_target(target, overwrite=overwrite)
+        old = None
+        if target.is_dir():
+            if any(target.iterdir()):
+                old = target.parent / f".{target.name}.old-{stage.name.rsplit('-', 1)[-1]}"
+                os.rename(target, old)
+            else:
+                target.rmdir()
+        try:
+            os.rename(stage, target)
+        except OSError as e:
+            if old is not None:
+                os.rename(old, target)
+            raise Conflict(f"cannot publish {target}: {e.strerror}", field="output") from None
+        _fsync_path(target.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
     def discard(self) -> None:
         discard(self.path)
@@ -152,11 +147,7 @@ class S3Output:
 
     def stage(self, tag: str, *, overwrite: bool = False) -> Path:
         """The local scratch directory the output is built in (needs the output's size)."""
-        stage = stage_dir(tag)
-        if stage.exists():
-            shutil.rmtree(stage)
-        stage.mkdir(parents=True)
-        return stage
+        return _fresh_dir(stage_dir(tag))
 
     def publish(self, stage: Path, *, overwrite: bool = False) -> None:
         self.check(overwrite=overwrite)

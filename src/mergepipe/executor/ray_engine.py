@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,8 +27,7 @@ from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.prepare import Prepared, output_layout
 from mergepipe.executor.side_files import copy_side_files
 from mergepipe.executor.stream import ExecutionResult, execute, output_hash
-from mergepipe.executor.writer import CheckpointWriter, OutputTensor, write_json
-from mergepipe.storage.checkpoint import INDEX_FILE
+from mergepipe.executor.writer import CheckpointWriter, OutputTensor, write_index
 from mergepipe.storage.fsconfine import confined, current_roots
 from mergepipe.storage.locations import basename
 
@@ -112,7 +112,8 @@ def execute_ray(prep: Prepared, out_dir: Path, *, address: str | None = None,
     out_dir = Path(out_dir).absolute()
     layout = output_layout(prep)
     metadata = {basename(h.path): h.metadata for h in prep.checkpoint.files}
-    total_bytes = create_files(out_dir, layout, metadata)
+    files = CheckpointWriter(out_dir, layout, metadata=metadata)
+    files.abort()  # created, sized and closed: the regions write the data
     ray = RUNTIME.acquire(address)
     try:
         cpus = int(ray.cluster_resources().get("CPU", 1))
@@ -132,8 +133,7 @@ def execute_ray(prep: Prepared, out_dir: Path, *, address: str | None = None,
         raise BudgetViolation(f"read {result.expert_bytes_read} expert bytes, over the budget "
                               f"of {prep.plan.budget_bytes}")
     if prep.checkpoint.has_index:
-        write_json(out_dir / INDEX_FILE, {"metadata": {"total_size": total_bytes},
-                                          "weight_map": {t.name: t.file for t in result.tensors}})
+        write_index(out_dir, files.total_bytes, result.tensors)
     side = copy_side_files(prep.checkpoint.extra_files, out_dir, prep.out_dtype)
     result.extra_files, result.left_out_files = side.copied, side.left_out
     result.exec_seconds = time.perf_counter() - t0
@@ -206,12 +206,6 @@ def split_regions(layout: Layout, parts: int) -> list[Region]:
     return regions
 
 
-def create_files(out_dir: Path, layout: Layout, metadata: dict[str, dict[str, str]]) -> int:
-    writer = CheckpointWriter(out_dir, layout, metadata=metadata)
-    writer.abort()  # closes them: the regions write the data
-    return writer.total_bytes
-
-
 def region_prepared(prep: Prepared, region: Region) -> Prepared:
     """The prepared merge restricted to the region's tensors (no index, no side files)."""
     keep = set(region.tensors)
@@ -277,13 +271,10 @@ def _in_layout(layout: Layout, by_name: dict[str, OutputTensor]) -> list[OutputT
 def _expert_counters(parts: list[ExecutionResult]
                      ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     """The regions' expert fetch statistics and expert bytes by model, summed."""
-    fetched: dict[str, dict[str, int]] = {}
-    by_model: dict[str, int] = {}
+    fetched: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    by_model: Counter[str] = Counter()
     for r in parts:
         for m, st in r.expert_fetch_by_model.items():
-            acc = fetched.setdefault(m, {})
-            for k, v in st.items():
-                acc[k] = acc.get(k, 0) + v
-        for m, n in r.expert_bytes_by_model.items():
-            by_model[m] = by_model.get(m, 0) + n
-    return fetched, by_model
+            fetched[m].update(st)
+        by_model.update(r.expert_bytes_by_model)
+    return {m: dict(c) for m, c in fetched.items()}, dict(by_model)

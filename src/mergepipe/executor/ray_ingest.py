@@ -56,7 +56,8 @@ def scan_on_ray(plans: list[TensorPlan], pins: list[tuple[str, Stamp]],
         roots = current_roots()
         pending = [task.remote(i, [plans[k] for k in g], pins, roots)
                    for i, g in enumerate(groups)]
-        shards = _gather(ray, pending, [sum(_nbytes(plans[k]) for k in g) for g in groups],
+        # the blocks tile each tensor: their bytes in all are the tensor's
+        shards = _gather(ray, pending, [sum(plans[k].entry.nbytes for k in g) for g in groups],
                          progress)
     finally:
         RUNTIME.release()
@@ -78,10 +79,6 @@ def scan_shard(index: int, plans: list[TensorPlan], pins: list[tuple[str, Stamp]
     with confined(roots) if roots else contextlib.nullcontext():
         results, nbytes = scan_pinned(plans, pins, None, workers=1)
     return ShardScan(index, os.getpid(), results, nbytes)
-
-
-def _nbytes(p: TensorPlan) -> int:
-    return sum(p.span(i).nbytes for i in range(len(p.rows)))
 
 
 def _gather(ray: Any, pending: list[Any], sizes: list[int], progress: ProgressFn | None

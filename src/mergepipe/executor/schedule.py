@@ -119,10 +119,7 @@ class Prefetcher:
         return out
 
     def close(self) -> None:
-        for futures in self._pending.values():
-            for f in futures:
-                f.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)  # reads not started: cancelled
         self._pending.clear()
 
     def __enter__(self) -> Prefetcher:
@@ -145,7 +142,7 @@ class Step:
     flat_start: int = 0  # flat index of the block's first element
     shape: tuple[int, ...] = ()  # the block's shape: (rows, *row shape), or (elements,)
     # a whole untouched one-block tensor, never read: the output is this base block's bytes,
-    # copied by the kernel and verified against its catalogued hash (executor.kernel_copy)
+    # copied by the kernel and verified against its catalogued hash (executor.writer)
     copy_from: BlockRow | None = None
     read_base: bool = True  # False exactly when copy_from is set
 

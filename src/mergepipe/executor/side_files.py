@@ -13,13 +13,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.core.vocab import HF_DTYPE_NAMES
-from mergepipe.executor.kernel_copy import pwrite_all
-from mergepipe.executor.writer import write_json, write_new
+from mergepipe.executor.writer import pwrite_all, write_json, write_new
 from mergepipe.storage import bounded_json
 from mergepipe.storage.fsconfine import current_roots, open_confined
 from mergepipe.storage.locations import basename, is_url
@@ -114,7 +114,7 @@ def _copy_local(p: str, dst: Path, cap: int, dtype: str | None) -> str | None:
         if st.st_size > cap:
             return _too_large(st.st_size, cap)
         if dst.name == CONFIG_FILE and dtype is not None:
-            _write(dst, _read_all(fd, st.st_size, p), dtype)
+            _write(dst, b"".join(c for _, c in _chunks(fd, 0, st.st_size, p)), dtype)
         else:
             _copy_extents(fd, st.st_size, dst, p)
         return None
@@ -122,16 +122,15 @@ def _copy_local(p: str, dst: Path, cap: int, dtype: str | None) -> str | None:
         os.close(fd)
 
 
-def _read_all(fd: int, size: int, p: str) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = os.pread(fd, min(COPY_CHUNK, size - len(buf)), len(buf))
+def _chunks(fd: int, begin: int, end: int, p: str) -> Iterator[tuple[int, bytes]]:
+    """(offset, bytes) of [begin, end) of `fd`, read COPY_CHUNK at a time."""
+    pos = begin
+    while pos < end:
+        chunk = os.pread(fd, min(COPY_CHUNK, end - pos), pos)
         if not chunk:
-            break
-        buf += chunk
-    if len(buf) != size:
-        raise OSError(errno.EIO, f"changed size while read ({len(buf)} of {size} bytes)", p)
-    return bytes(buf)
+            raise OSError(errno.EIO, f"shrank while copied (ended at {pos} bytes)", p)
+        yield pos, chunk
+        pos += len(chunk)
 
 
 def _copy_extents(fd: int, size: int, dst: Path, p: str) -> None:
@@ -142,13 +141,8 @@ def _copy_extents(fd: int, size: int, dst: Path, p: str) -> None:
     try:
         os.ftruncate(out, size)
         for begin, end in _extents(fd, size):
-            pos = begin
-            while pos < end:
-                chunk = os.pread(fd, min(COPY_CHUNK, end - pos), pos)
-                if not chunk:
-                    raise OSError(errno.EIO, f"shrank while copied (ended at {pos} bytes)", p)
+            for pos, chunk in _chunks(fd, begin, end, p):
                 pwrite_all(out, chunk, pos)
-                pos += len(chunk)
         os.fsync(out)
     finally:
         os.close(out)

@@ -215,14 +215,12 @@ class _Shards:
                  [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
         renamed = {p.name: names[i] for i, p in enumerate(self.files)}
         self.written = [replace(t, file=renamed[t.file]) for t in self.written]
-        if n == 1:
-            self.files[0].rename(self.out_dir / "model.safetensors")
-            return len(self.where)
         for path, final in zip(self.files, names, strict=True):
             path.rename(self.out_dir / final)
-        index = {"metadata": {"total_size": self.total},
-                 "weight_map": {k: names[i] for k, i in self.where.items()}}
-        (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        if n > 1:
+            index = {"metadata": {"total_size": self.total},
+                     "weight_map": {k: names[i] for k, i in self.where.items()}}
+            (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         return len(self.where)
 
 

@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mergepipe.catalog.scan import FirstPass
+from mergepipe.catalog.scan import FirstPass, default_workers
 from mergepipe.core.errors import BudgetViolation
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.executor.blocks import ChunkMerger, MergedBlock
@@ -74,7 +74,7 @@ def execute(prep: Prepared, out_dir: Path, *, threads: int | None = None,
     _pin(expert_reader, prep.experts)
     _pin(base_reader, [prep.base])
     merger = ChunkMerger(prep, first_pass=first_pass)
-    n_compute = compute_threads or default_compute_threads()
+    n_compute = compute_threads or default_workers()
     _reuse_freed_buffers()
     out = _Output(BackgroundWrites(writer), merger, sum(map(len, steps)), progress,
                   expert_reader, base_reader)
@@ -183,10 +183,6 @@ def _reuse_freed_buffers() -> None:
         libc.mallopt(-1, MALLOC_TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass
-
-
-def default_compute_threads() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
 
 
 def default_threads() -> int:

@@ -1,33 +1,32 @@
-"""Write a safetensors checkpoint block by block, every byte hashed as it goes."""
+"""Write a safetensors checkpoint block by block, every byte hashed as it goes (a base tensor
+never read: copied by the kernel, read back and hashed)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import functools
 import json
 import math
 import os
 import sys
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import xxhash
 
 from mergepipe.core.errors import InvalidCheckpoint, SourceChanged
 from mergepipe.core.vocab import DTYPE_SIZES
-from mergepipe.executor.kernel_copy import copy_range, hash_back, open_source, pwrite_all
 from mergepipe.storage.checkpoint import INDEX_FILE
 from mergepipe.storage.fsconfine import current_roots
-from mergepipe.storage.safetensors_format import encode_header, torch_dtype
-
-if TYPE_CHECKING:
-    import torch
+from mergepipe.storage.safetensors_format import encode as encode  # re-exported
+from mergepipe.storage.safetensors_format import encode_header
+from mergepipe.storage.storage import open_source
 
 # Output files are new names in a fresh staging directory: never written through a planted link;
 # read-write, as kernel copies are read back to verify them.
@@ -56,14 +55,6 @@ def _sync_file_range() -> _Fn | None:
     return fn
 
 
-def start_writeback(fd: int) -> bool:
-    """Start the write-back of the file's dirty pages; False without sync_file_range."""
-    fn = _sync_file_range()
-    if fn is None:
-        return False
-    return fn(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0  # errors: the final fsync reports them
-
-
 class Writeback:
     """Counts the bytes written to each file; every `every` bytes, starts its write-back."""
 
@@ -74,10 +65,68 @@ class Writeback:
 
     def wrote(self, fd: int, nbytes: int) -> None:
         n = self._dirty.get(fd, 0) + nbytes
-        if n >= self.every:
-            self.started += start_writeback(fd)
+        if n >= self.every:  # errors of sync_file_range: the final fsync reports them
+            fn = _sync_file_range()
+            self.started += fn is not None and fn(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0
             n = 0
         self._dirty[fd] = n
+
+
+# -- kernel copies: an untouched one-block tensor copied from a base file (confined descriptor) by
+# the kernel, then read back and checked against the catalog's hash
+READ_BACK_BYTES = 4 << 20  # the buffer the copied bytes are read back and hashed through
+
+_NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM,
+                   errno.EBADF, errno.ETXTBSY}
+
+
+def copy_range(src: int, src_offset: int, dst: int, dst_offset: int, nbytes: int,
+               src_name: str) -> int:
+    """Copy by the kernel (os.copy_file_range) as far as it goes, the rest through a buffer;
+    the bytes the kernel copied."""
+    copy = getattr(os, "copy_file_range", None)
+    done = 0
+    while copy is not None and done < nbytes:
+        try:
+            n = copy(src, dst, nbytes - done, src_offset + done, dst_offset + done)
+        except OSError as e:
+            if e.errno in _NO_KERNEL_COPY:
+                break
+            raise
+        if n == 0:
+            break
+        done += n
+    copied = done
+    while done < nbytes:
+        chunk = os.pread(src, min(nbytes - done, READ_BACK_BYTES), src_offset + done)
+        if not chunk:
+            raise InvalidCheckpoint(f"{src_name}: shorter than the catalog says (wanted "
+                                    f"{nbytes} bytes at offset {src_offset}); re-ingest it")
+        pwrite_all(dst, chunk, dst_offset + done)
+        done += len(chunk)
+    return copied
+
+
+def hash_back(fd: int, offset: int, nbytes: int, hashers: Sequence[xxhash.xxh3_128]) -> None:
+    """Feed the `nbytes` at `offset` of `fd` (what was just written) to every hasher."""
+    buf = bytearray(min(nbytes, READ_BACK_BYTES))
+    view = memoryview(buf)
+    done = 0
+    while done < nbytes:
+        n = os.preadv(fd, [view[:min(nbytes - done, len(buf))]], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"output ended {nbytes - done} bytes early at offset "
+                                     f"{offset + done}")
+        for h in hashers:
+            h.update(view[:n])
+        done += n
+
+
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
 
 
 @dataclass(frozen=True)
@@ -101,13 +150,6 @@ class _Slot:
     numel: int
     next_elem: int  # flat index of the next element to write
     hasher: xxhash.xxh3_128
-
-
-def encode(t: torch.Tensor, dtype: str) -> memoryview:
-    import torch  # loaded by the caller's tensor already
-
-    out = t.to(torch_dtype(dtype)).contiguous()
-    return out.reshape(-1).view(torch.uint8).numpy().data
 
 
 class CheckpointWriter:
@@ -136,17 +178,15 @@ class CheckpointWriter:
                     continue
                 header, spans = encode_header(tensors, (metadata or {}).get(fname))
                 size = len(header) + (spans[-1][1] if spans else 0)
+                fd = os.open(self.out_dir / fname, _NEW_FILE if region is None
+                             else os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                self._fds.append(fd)
                 if region is None:
-                    fd = os.open(self.out_dir / fname, _NEW_FILE, 0o644)
-                    self._fds.append(fd)
                     pwrite_all(fd, header, 0)
                     os.ftruncate(fd, size)
-                else:
-                    fd = os.open(self.out_dir / fname, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-                    self._fds.append(fd)
-                    if os.fstat(fd).st_size != size:
-                        raise InvalidCheckpoint(f"output file {fname} is {os.fstat(fd).st_size} "
-                                                f"bytes, not the {size} its layout needs")
+                elif os.fstat(fd).st_size != size:
+                    raise InvalidCheckpoint(f"output file {fname} is {os.fstat(fd).st_size} "
+                                            f"bytes, not the {size} its layout needs")
                 for (name, dtype, shape), (begin, end) in zip(tensors, spans, strict=True):
                     if region is None or name in region[1]:
                         self._slots[name] = _Slot(fname, fd, len(header) + begin, dtype, shape,
@@ -211,9 +251,7 @@ class CheckpointWriter:
             os.fsync(fd)
         self.abort()
         if self.write_index:
-            index = {"metadata": {"total_size": self.total_bytes},
-                     "weight_map": {t.name: t.file for t in out}}
-            write_json(self.out_dir / INDEX_FILE, index)
+            write_index(self.out_dir, self.total_bytes, out)
         return out
 
     def abort(self) -> None:
@@ -223,6 +261,12 @@ class CheckpointWriter:
                 os.close(fd)
         self._fds.clear()
         self._sources.clear()
+
+
+def write_index(out_dir: Path, total_bytes: int, tensors: list[OutputTensor]) -> None:
+    """model.safetensors.index.json of a sharded output."""
+    write_json(out_dir / INDEX_FILE, {"metadata": {"total_size": total_bytes},
+                                      "weight_map": {t.name: t.file for t in tensors}})
 
 
 def write_json(path: Path, obj: object) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from mergepipe.catalog import records
 from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.fence import Fence, LeaseLost, hold
+from mergepipe.catalog.fence import Fence, LeaseLost, check_not_cancelled, hold
 from mergepipe.catalog.ingest import scan_model, write_model
 from mergepipe.catalog.models import find_model, find_models
 from mergepipe.catalog.queue import NewIngestJob, NewMerge, Queued, enqueue
@@ -270,7 +270,7 @@ def publish_and_record(cat: Catalog, merge_id: str, stage: Path, out: LocalOutpu
     try:
         with _fenced(cat, merge_id, fence) as held:
             with contextlib.nullcontext(held) if held else cat.reader() as conn:
-                records.check_not_cancelled(conn, merge_id)  # cancelled: publish nothing
+                check_not_cancelled(conn, merge_id)  # cancelled: publish nothing
             out.publish(stage, overwrite=overwrite)
             published = True
             scanned = scan_model(cat, out.location, name, base=base, kind="full",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.storage import bounded_json
@@ -20,6 +22,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 CONFIG_FILE = "config.json"
 MAX_JSON_BYTES = 16 << 20  # an index or adapter config larger than this is refused
 MAX_INDEX_TENSORS = 262_144  # entries of an index's weight_map
+T = TypeVar("T")
 
 
 @dataclass
@@ -46,16 +49,17 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read the headers of every file of the checkpoint at `path` (no tensor data)."""
     p = absolute(path)
     store = store_for(p)
-    kind = _kind(store, p)
+    kind = _ask(store.kind, p)
     if kind is None:
         raise InvalidCheckpoint(f"{p}: no such file or directory", field="path")
     if kind == FILE:
         return _from_files(p, [p], [], is_dir=False)
-    names = _entries(store, p)
+    names = _ask(store.entries, p, "list")
     if ADAPTER_CONFIG in names:
         return _adapter(store, p)
+    wm: dict[str, object] = {}
     if INDEX_FILE in names:
-        shards = _shards_from_index(store, p)
+        shards, wm = _shards_from_index(store, p)
     elif SINGLE_FILE in names:
         shards = [join(p, SINGLE_FILE)]
     else:
@@ -72,7 +76,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     if names.get(CONFIG_FILE) == FILE:
         _check_config(store, join(p, CONFIG_FILE))
     if INDEX_FILE in names:
-        _check_index(store, p, ckpt)
+        _check_index(p, wm, ckpt)
     return ckpt
 
 
@@ -87,21 +91,16 @@ def _check_config(store: Store, p: str) -> None:
         pass
 
 
-def _kind(store: Store, p: str) -> str | None:
+def _ask(call: Callable[[str], T], p: str, what: str = "open") -> T:
+    """A store's answer about `p`; its OSError as InvalidCheckpoint ("cannot open" / "list")."""
     try:
-        return store.kind(p)
+        return call(p)
     except OSError as e:
-        raise InvalidCheckpoint(f"{p}: cannot open ({e.strerror})", field="path") from None
+        raise InvalidCheckpoint(f"{p}: cannot {what} ({e.strerror})", field="path") from None
 
 
-def _entries(store: Store, p: str) -> dict[str, str]:
-    try:
-        return store.entries(p)
-    except OSError as e:
-        raise InvalidCheckpoint(f"{p}: cannot list ({e.strerror})", field="path") from None
-
-
-def _shards_from_index(store: Store, p: str) -> list[str]:
+def _shards_from_index(store: Store, p: str) -> tuple[list[str], dict[str, object]]:
+    """The shard files of an index, and its weight_map."""
     index_path = join(p, INDEX_FILE)
     index = _load_json(store, index_path)
     wm = index.get("weight_map")
@@ -116,16 +115,14 @@ def _shards_from_index(store: Store, p: str) -> list[str]:
         if not n or os.path.isabs(n) or "/" in n or n in (".", "..") or "\x00" in n:
             raise InvalidCheckpoint(f"{index_path}: shard {n!r} is outside the checkpoint")
         s = join(p, n)
-        if _kind(store, s) != FILE:
+        if _ask(store.kind, s) != FILE:
             raise InvalidCheckpoint(f"{index_path}: points at missing shard {n!r}")
         shards.append(s)
-    return shards
+    return shards, wm
 
 
-def _check_index(store: Store, p: str, ckpt: Checkpoint) -> None:
+def _check_index(p: str, wm: dict[str, object], ckpt: Checkpoint) -> None:
     index_path = join(p, INDEX_FILE)
-    wm = _load_json(store, index_path)["weight_map"]
-    assert isinstance(wm, dict)  # checked by _shards_from_index
     actual = {t.name: basename(t.file) for t in ckpt.tensors}
     for name, shard in wm.items():
         if actual.get(name) != shard:
@@ -142,7 +139,7 @@ def _adapter(store: Store, p: str) -> Checkpoint:
     cfg_path = join(p, ADAPTER_CONFIG)
     cfg = _load_json(store, cfg_path)
     weights = join(p, ADAPTER_WEIGHTS)
-    if _kind(store, weights) != FILE:
+    if _ask(store.kind, weights) != FILE:
         raise InvalidCheckpoint(f"{p}: {ADAPTER_CONFIG} without {ADAPTER_WEIGHTS}")
     ckpt = _from_files(p, [weights], [cfg_path])
     ckpt.adapter_config = cfg
@@ -164,7 +161,7 @@ def _from_files(path: str, files: list[str], extra: list[str], *, is_dir: bool =
 
 
 def _load_json(store: Store, p: str) -> dict[str, object]:
-    if _kind(store, p) != FILE:  # a FIFO or a device would block or never end
+    if _ask(store.kind, p) != FILE:  # a FIFO or a device would block or never end
         raise InvalidCheckpoint(f"{p}: not a regular file")
     try:
         data = bounded_json.loads(store.read_bytes(p, MAX_JSON_BYTES).decode())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import ipaddress
 import socket
 import threading
@@ -18,7 +17,7 @@ import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from mergepipe.core.errors import Forbidden, InvalidCheckpoint, InvalidRequest, SourceChanged
+from mergepipe.core.errors import Forbidden, InvalidCheckpoint, InvalidRequest
 from mergepipe.storage.locations import Url, parse_url
 from mergepipe.storage.remote import (
     RangedBody,
@@ -28,6 +27,7 @@ from mergepipe.storage.remote import (
     Transient,
     check_size,
     current_scope,
+    raise_for_status,
     using,
     with_retries,
 )
@@ -313,19 +313,9 @@ def _check_status(path: str, method: str, headers: dict[str, str], r: Any) -> No
     """Errors by status: retried (429, 5xx), missing, refused, changed."""
     if r.status < 400 and r.status not in REDIRECTS:
         return
-    if r.status == 429 or r.status >= 500:
-        raise Transient(f"HTTP {r.status}")
-    if r.status in (404, 410):
-        raise FileNotFoundError(errno.ENOENT, f"no such file (HTTP {r.status})", path)
-    if r.status in (401, 403):
-        raise PermissionError(errno.EACCES, f"access denied (HTTP {r.status}): set "
-                              "MERGEPIPE_HTTP_TOKEN to a token that may read it", path)
-    if r.status == 412:
-        raise SourceChanged(f"{path} changed while it was being read (it no longer has "
-                            f"ETag {headers.get('If-Match')}); re-ingest it")
-    if r.status == 416:
-        raise InvalidCheckpoint(f"{path}: truncated: the file ends before "
-                                f"{headers.get('Range')}")
+    raise_for_status(path, r.status, f"HTTP {r.status}", "file",
+                     "set MERGEPIPE_HTTP_TOKEN to a token that may read it",
+                     headers.get("If-Match"), headers.get("Range"))
     raise InvalidCheckpoint(f"{path}: HTTP {r.status} to {method}")
 
 

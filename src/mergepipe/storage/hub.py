@@ -227,14 +227,8 @@ def _cached_file(snap: Snapshot, file: str) -> Path | None:
 
 
 def _pread(path: Path, offset: int, out: memoryview, stats: FetchStats) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        done = 0
-        while done < len(out):
-            n = os.preadv(fd, [out[done:]], offset + done)
-            if n == 0:
-                raise OSError(5, f"{path}: the cached file ended early")
-            done += n
-    finally:
-        os.close(fd)
+    with open(path, "rb") as f:  # a buffered readinto reads on to the end of `out` or the file
+        f.seek(offset)
+        if f.readinto(out) < len(out):
+            raise OSError(5, f"{path}: the cached file ended early")
     stats.add(nbytes=len(out), requests=1)

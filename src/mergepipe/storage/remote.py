@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from mergepipe.core import checkpoint_limits
-from mergepipe.core.errors import InvalidCheckpoint, JobTimeout, RemoteUnavailable
+from mergepipe.core.errors import InvalidCheckpoint, JobTimeout, RemoteUnavailable, SourceChanged
 from mergepipe.core.settings import env_number
 from mergepipe.storage.locations import Url, parse_url
 from mergepipe.storage.store_types import NETWORK, FetchStats, Stamp
@@ -90,10 +90,6 @@ def remote_scope(roots: Sequence[str] | None, limit_s: float | None
 class Transient(Exception):
     """A failure worth retrying: a timeout, a reset connection, a truncated body, 429 or 5xx."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
 
 @dataclass(frozen=True)
 class RemoteConfig:
@@ -122,6 +118,23 @@ class RemoteConfig:
         return random.uniform(0, min(MAX_BACKOFF_S, self.backoff_s * 2 ** (failures - 1)))
 
 
+def raise_for_status(path: str, status: int, label: str, thing: str, denied_hint: str,
+                     if_match: str | None, byte_range: str | None) -> None:
+    """The error an HTTP status means (S3's too): retried (429, 5xx), missing, refused, changed
+    or truncated; any other status is left to the caller."""
+    if status == 429 or status >= 500:
+        raise Transient(label)
+    if status in (404, 410):
+        raise FileNotFoundError(errno.ENOENT, f"no such {thing} ({label})", path)
+    if status in (401, 403):
+        raise PermissionError(errno.EACCES, f"access denied ({label}): {denied_hint}", path)
+    if status == 412:
+        raise SourceChanged(f"{path} changed while it was being read (it no longer has ETag "
+                            f"{if_match}); re-ingest it")
+    if status == 416:
+        raise InvalidCheckpoint(f"{path}: truncated: the {thing} ends before {byte_range}")
+
+
 def check_size(path: str, size: int) -> int:
     """`size` as a store claims it, refused over MERGEPIPE_MAX_FILE_BYTES before any read."""
     cap = checkpoint_limits.current().max_file_bytes
@@ -147,7 +160,7 @@ def with_retries(what: str, cfg: RemoteConfig, stats: FetchStats, attempt: Calla
             failures = 1 if now > seen else failures + 1
             seen = now
             if failures >= cfg.attempts:
-                raise RemoteUnavailable(f"{what}: {e.reason}; gave up after {failures} "
+                raise RemoteUnavailable(f"{what}: {e}; gave up after {failures} "
                                         "attempts in a row") from None
             stats.add(retries=1)
             time.sleep(scope.cap(cfg.backoff(failures)))

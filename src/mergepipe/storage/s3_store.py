@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import threading
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChanged
+from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest
 from mergepipe.storage.locations import Url, parse_url
 from mergepipe.storage.remote import (
     RangedBody,
@@ -18,6 +17,7 @@ from mergepipe.storage.remote import (
     Transient,
     check_size,
     current_scope,
+    raise_for_status,
     with_retries,
 )
 from mergepipe.storage.store_types import DIR, FILE, FetchStats, Stamp
@@ -42,6 +42,9 @@ TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTime
 DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
                 "InvalidToken", "ExpiredToken"}
 MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"}
+# the HTTP status an error code means, whatever status came with it
+_CODE_STATUS = ((503, TRANSIENT_CODES), (404, MISSING_CODES), (403, DENIED_CODES),
+                (412, {"PreconditionFailed"}), (416, {"InvalidRange"}))
 
 
 class S3Store(RangedReads):
@@ -93,9 +96,7 @@ class S3Store(RangedReads):
                 return FILE
             except FileNotFoundError:
                 pass
-        r = self._call(path, FetchStats(), "list_objects_v2", Bucket=url.authority,
-                       Prefix=_prefix(url), MaxKeys=1)
-        return DIR if r.get("KeyCount", 0) or not url.key else None
+        return DIR if self.any_under(path) or not url.key else None
 
     def entries(self, path: str) -> dict[str, str]:
         url = parse_url(path)
@@ -144,6 +145,7 @@ class S3Store(RangedReads):
     # -- uploads (outputs) -------------------------------------------------------------------
 
     def any_under(self, path: str) -> bool:
+        """Whether any object lies under the prefix `path` (one listing, a missing bucket too)."""
         url = parse_url(path)
         r = self._call(path, FetchStats(), "list_objects_v2", Bucket=url.authority,
                        Prefix=_prefix(url), MaxKeys=1)
@@ -198,18 +200,8 @@ def _raise_for(path: str, e: Any, kw: dict[str, Any]) -> NoReturn:
     code = str(err.get("Code", ""))
     status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
     label = f"HTTP {status}" + (f" {code}" if code and code != str(status) else "")
-    if code in TRANSIENT_CODES or status == 429 or status >= 500:
-        raise Transient(label)
-    if code in MISSING_CODES or status == 404:
-        what = "bucket" if code == "NoSuchBucket" else "object"
-        raise FileNotFoundError(errno.ENOENT, f"no such {what} ({label})", path)
-    if code in DENIED_CODES or status == 403:
-        raise PermissionError(errno.EACCES, f"access denied ({label}): the credentials "
-                              "in the environment may not read it", path)
-    if code == "PreconditionFailed" or status == 412:
-        raise SourceChanged(f"{path} changed while it was being read (it no longer has ETag "
-                            f"{kw.get('IfMatch')}); re-ingest it")
-    if code == "InvalidRange" or status == 416:
-        raise InvalidCheckpoint(f"{path}: truncated: the object ends before {kw.get('Range')}")
+    status = next((s for s, codes in _CODE_STATUS if code in codes), status)
+    raise_for_status(path, status, label, "bucket" if code == "NoSuchBucket" else "object",
+                     "the credentials in the environment may not read it", kw.get("IfMatch"),
+                     kw.get("Range"))
     raise InvalidCheckpoint(f"{path}: S3 error {label}: {err.get('Message', '')}")
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 # (core.checkpoint_limits).
 MAX_HEADER_BYTES = 16 << 20
 MAX_NAME_CHARS = 1024
-# torch's names of the float dtypes
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -95,9 +95,7 @@ def read_header(path: str | os.PathLike[str], reader: RangeReader | None = None
 def _header_bytes(path: str, reader: RangeReader | None, max_file_bytes: int
                   ) -> tuple[int, int, bytes]:
     """(the file's size, its header's length, its JSON bytes), checked against the limits."""
-    own = reader is None
-    reader = reader if reader is not None else open_reader(random_access=True)
-    try:
+    with contextlib.nullcontext(reader) if reader else open_reader(random_access=True) as reader:
         size = reader.size(path)
         if size > max_file_bytes:
             raise InvalidCheckpoint(f"{path}: {size} bytes, over the limit of "
@@ -111,9 +109,6 @@ def _header_bytes(path: str, reader: RangeReader | None, max_file_bytes: int
         if 8 + n > size:
             raise InvalidCheckpoint(f"{path}: header length {n} is larger than the file ({size} bytes)")
         return size, n, bytes(reader.read(path, 8, n))
-    finally:
-        if own:
-            reader.close()
 
 
 def _parse_header(path: str, raw: bytes) -> tuple[dict[str, Any], dict[Any, Any]]:
@@ -203,19 +198,8 @@ def to_float32(raw: bytes | bytearray | memoryview, dtype: str,
     """Raw little-endian tensor bytes -> a float32 torch tensor (a copy, writable)."""
     import torch
 
-    if len(raw) == 0:
-        t = torch.zeros(0, dtype=torch.float32)
-        return t.reshape(shape) if shape is not None else t
-    buf = bytearray(raw) if isinstance(raw, bytes) else raw
-    if dtype == "BF16":
-        # bf16 is the top half of a float32: widening by a shift is exact and several times
-        # faster than torch's bf16 -> f32 conversion on CPU.
-        t = torch.frombuffer(buf, dtype=torch.int16).to(torch.int32).bitwise_left_shift_(16)
-        t = t.view(torch.float32)
-    elif dtype == "F32":
-        t = torch.frombuffer(buf, dtype=torch.float32).clone()
-    else:
-        t = torch.frombuffer(buf, dtype=torch_dtype(dtype)).to(torch.float32)
+    buf = bytearray(raw) if isinstance(raw, bytes) else raw  # frombuffer wants it writable
+    t = decode_into(buf, dtype, torch.empty(len(raw) // DTYPE_SIZES[dtype], dtype=torch.float32))
     return t.reshape(shape) if shape is not None else t
 
 
@@ -226,6 +210,8 @@ def decode_into(raw: bytes | bytearray | memoryview, dtype: str, out: torch.Tens
     if out.numel() == 0:
         return out
     if dtype == "BF16":
+        # bf16 is the top half of a float32: widening by a shift is exact and several times
+        # faster than torch's bf16 -> f32 conversion on CPU.
         wide = out.view(torch.int32)
         wide.copy_(torch.frombuffer(raw, dtype=torch.int16))
         wide.bitwise_left_shift_(16)
@@ -248,12 +234,17 @@ def decode_array_into(raw: bytes | bytearray | memoryview, dtype: str, out: np.n
     return out
 
 
-def from_float32(t: torch.Tensor, dtype: str) -> bytes:
-    """A float32 tensor -> raw bytes in `dtype` (round to nearest even, as torch does)."""
-    import torch
+def encode(t: torch.Tensor, dtype: str) -> memoryview:
+    """A float32 tensor -> its raw bytes in `dtype` (round to nearest even, as torch does)."""
+    import torch  # loaded by the caller's tensor already
 
     out = t.to(torch_dtype(dtype)).contiguous()
-    return out.view(torch.uint8).numpy().tobytes() if out.numel() else b""
+    return out.reshape(-1).view(torch.uint8).numpy().data
+
+
+def from_float32(t: torch.Tensor, dtype: str) -> bytes:
+    """`encode`'s bytes, copied."""
+    return bytes(encode(t, dtype))
 
 
 def encode_header(entries: list[tuple[str, str, tuple[int, ...]]],

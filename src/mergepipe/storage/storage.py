@@ -35,18 +35,15 @@ class RangeReader:
 
     @property
     def bytes_read(self) -> int:
-        return self.local.bytes_read + self.remote.bytes_read
+        return sum(s.bytes for s in self.fetch_stats().values())
 
     @property
     def bytes_by_path(self) -> dict[str, int]:
-        return {**self.local.bytes_by_path, **self.remote.bytes_by_path}
+        return {p: s.bytes for p, s in self.fetch_stats().items()}
 
     def fetch_stats(self) -> dict[str, FetchStats]:
-        out = self.remote.fetch_stats()
-        for path, n in self.local.bytes_by_path.items():
-            out[path] = st = FetchStats()
-            st.add(nbytes=n, requests=self.local.reads[path])
-        return out
+        """Per file: bytes read (fetched), reads (requests) and retries."""
+        return {**self.local.stats, **self.remote.stats}
 
     def pin(self, path: str, stamp: Stamp) -> None:
         if is_url(path):
@@ -82,9 +79,7 @@ class LocalFileReader:
         self.roots = current_roots()  # the job's roots, captured for the reading threads
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
-        self.bytes_read = 0
-        self.bytes_by_path: dict[str, int] = {}
-        self.reads: dict[str, int] = {}
+        self.stats: dict[str, FetchStats] = {}
 
     def _fd(self, path: str) -> int:
         with self._lock:
@@ -111,9 +106,8 @@ class LocalFileReader:
                     f"{done}")
             done += got
         with self._lock:
-            self.bytes_read += n
-            self.bytes_by_path[path] = self.bytes_by_path.get(path, 0) + n
-            self.reads[path] = self.reads.get(path, 0) + 1
+            stats = self.stats.setdefault(path, FetchStats())
+        stats.add(nbytes=n, requests=1)
 
     def close(self) -> None:
         with self._lock:
@@ -127,21 +121,10 @@ class RemoteReader:
 
     def __init__(self, *, read_ahead: bool = False) -> None:
         self.scope = current_scope()
-        self._stats: dict[str, FetchStats] = {}
+        self.stats: dict[str, FetchStats] = {}
         self._pins: dict[str, Stamp] = {}
         self._lock = threading.Lock()
         self._ahead = _ReadAhead(self) if read_ahead else None
-
-    @property
-    def bytes_read(self) -> int:
-        return sum(s.bytes for s in list(self._stats.values()))
-
-    @property
-    def bytes_by_path(self) -> dict[str, int]:
-        return {p: s.bytes for p, s in list(self._stats.items())}
-
-    def fetch_stats(self) -> dict[str, FetchStats]:
-        return dict(self._stats)
 
     def pin(self, path: str, stamp: Stamp) -> None:
         with self._lock:
@@ -173,7 +156,7 @@ class RemoteReader:
     def fetch(self, path: str, offset: int, out: memoryview) -> None:
         """Fill `out` with exactly these bytes from the store (counted)."""
         with self._lock:
-            stats = self._stats.setdefault(path, FetchStats())
+            stats = self.stats.setdefault(path, FetchStats())
             pin = self._pins.get(path)
         try:
             with using(self.scope):

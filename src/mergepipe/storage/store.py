@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import stat
 import threading
@@ -78,16 +79,18 @@ class LocalStore:
                 raise OSError(0, "not a regular file")
             if st.st_size > limit:
                 raise OSError(0, f"{st.st_size} bytes, over the limit of {limit}")
-            data = b""
-            while chunk := os.read(fd, 1 << 20):
-                data += chunk
-                if len(data) > limit:
-                    raise OSError(0, f"over the limit of {limit} bytes")
-            return data
+            with open(fd, "rb", closefd=False) as f:
+                data = f.read(limit + 1)  # one that grew while read: refused
         finally:
             os.close(fd)
+        if len(data) > limit:
+            raise OSError(0, f"over the limit of {limit} bytes")
+        return data
 
 
+_REMOTE_CLASSES = {"s3": ("mergepipe.storage.s3_store", "S3Store"),
+                   "hf": ("mergepipe.storage.hub", "HubStore"),
+                   "http": ("mergepipe.storage.http_store", "HttpStore")}
 _LOCAL = LocalStore()  # not confined (the CLI); a confined job gets its own
 _remote: dict[tuple[str, RemoteConfig], RemoteStore] = {}
 _lock = threading.Lock()
@@ -112,19 +115,8 @@ def remote_store(path: str) -> RemoteStore:
         store = _remote.get((kind, cfg))
         if store is None:
             # each client library (boto3, urllib3, huggingface_hub) loads with its first URL
-            if kind == "s3":
-                from mergepipe.storage.s3_store import S3Store
-
-                store = S3Store(cfg)
-            elif kind == "hf":
-                from mergepipe.storage.hub import HubStore
-
-                store = HubStore(cfg)
-            else:
-                from mergepipe.storage.http_store import HttpStore
-
-                store = HttpStore(cfg)
-            _remote[(kind, cfg)] = store
+            module, cls = _REMOTE_CLASSES[kind]
+            store = _remote[(kind, cfg)] = getattr(importlib.import_module(module), cls)(cfg)
         return store
 
 
