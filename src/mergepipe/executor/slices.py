@@ -80,11 +80,7 @@ class _Checkpoint:
         self.where: dict[str, TensorEntry] = self.ckpt.by_name()
 
     def get(self, name: str) -> torch.Tensor:
-        t = self.where[name]
-        raw = self.reader.read(t.file, t.data_offset, t.nbytes)
-        if not raw:
-            return torch.empty(t.shape, dtype=torch_dtype(t.dtype))
-        return torch.frombuffer(raw, dtype=torch_dtype(t.dtype)).reshape(t.shape)
+        return read_tensor(self.reader, self.where[name])
 
     def layers(self) -> dict[int, list[tuple[str, str]]]:
         """layer index -> [(tensor name, name inside the layer)], in file order."""
@@ -100,6 +96,14 @@ class _Checkpoint:
 
     def side_files(self) -> list[str]:
         return [p for p in self.ckpt.extra_files if basename(p) in SIDE_FILES]
+
+
+def read_tensor(reader: RangeReader, t: TensorEntry) -> torch.Tensor:
+    """A tensor of a checkpoint, read whole by range."""
+    raw = reader.read(t.file, t.data_offset, t.nbytes)
+    if not raw:
+        return torch.empty(t.shape, dtype=torch_dtype(t.dtype))
+    return torch.frombuffer(raw, dtype=torch_dtype(t.dtype)).reshape(t.shape)
 
 
 SHARD_BYTES = 2 << 30  # tensors held in memory before a shard is written
@@ -202,7 +206,7 @@ class _Shards:
         path = self.out_dir / f".shard-{len(self.files)}.safetensors"
         save_file(self.pending, str(path), metadata={"format": "pt"})
         self.where.update(dict.fromkeys(self.pending, len(self.files)))
-        self.written += [_hashed(n, t, path.name) for n, t in self.pending.items()]
+        self.written += [hashed_tensor(n, t, path.name) for n, t in self.pending.items()]
         self.files.append(path)
         self.pending, self.size = {}, 0
 
@@ -224,7 +228,7 @@ class _Shards:
         return len(self.where)
 
 
-def _hashed(name: str, t: torch.Tensor, file: str) -> OutputTensor:
+def hashed_tensor(name: str, t: torch.Tensor, file: str) -> OutputTensor:
     """A written tensor and the xxh3-128 of its bytes (as the executor hashes its outputs)."""
     raw: Any = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""  # no copy
     return OutputTensor(name, _DTYPE_NAMES[t.dtype], tuple(t.shape), file,

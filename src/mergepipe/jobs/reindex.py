@@ -13,6 +13,7 @@ to these tensors: they are read whole, and counted apart (`vocab_bytes_read`).""
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import xxhash
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.queue import NewIngestJob
@@ -28,11 +28,10 @@ from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_tokenizer import MODEL_TOKEN, ZERO, TokenSpec, is_vocab_tensor
 from mergepipe.core.request import Budget, MergeRequest
 from mergepipe.core.vocab import DTYPE_SIZES
+from mergepipe.executor.slices import hashed_tensor, read_tensor
 from mergepipe.executor.stream import ExecutionResult, output_hash
-from mergepipe.executor.writer import OutputTensor
 from mergepipe.jobs.tokenizer import Reindex, TokenizerPlan, apply_tokenizer, model_json
 from mergepipe.storage.checkpoint import INDEX_FILE, open_checkpoint
-from mergepipe.storage.safetensors_format import torch_dtype
 from mergepipe.storage.storage import RangeReader, open_reader
 
 _TIED_HEAD, _TIED_TO = "lm_head.weight", "embed_tokens.weight"
@@ -186,10 +185,7 @@ def _read_tensor(path: str, name: str, reader: RangeReader | None = None) -> tor
     if entry is None:
         raise InvalidRequest(f"tokenizer: {path} has no tensor {name!r} to re-index",
                              field="tokenizer")
-    raw = reader.read(entry.file, entry.data_offset, entry.nbytes)
-    if not raw:
-        return torch.empty(entry.shape, dtype=torch_dtype(entry.dtype))
-    return torch.frombuffer(raw, dtype=torch_dtype(entry.dtype)).reshape(entry.shape)
+    return read_tensor(reader, entry)
 
 
 def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.Tensor]],
@@ -252,7 +248,7 @@ def _splice(stage: Path, result: ExecutionResult, merged: Mapping[str, torch.Ten
         tensors.update({k: merged[k] for k in by_file[fname]})
         (stage / fname).unlink()
         save_file(tensors, str(stage / fname), metadata=meta)
-    result.tensors = [_entry(t, merged[t.name]) if t.name in merged else t
+    result.tensors = [hashed_tensor(t.name, merged[t.name], t.file) if t.name in merged else t
                       for t in result.tensors]
     result.output_hash = output_hash(result.tensors)
     for name in merged:
@@ -261,22 +257,8 @@ def _splice(stage: Path, result: ExecutionResult, merged: Mapping[str, torch.Ten
     if index.is_file():
         doc = json.loads(index.read_text())
         doc.setdefault("metadata", {})["total_size"] = sum(
-            _nbytes(t) for t in result.tensors)
+            DTYPE_SIZES[t.dtype] * math.prod(t.shape) for t in result.tensors)
         index.write_text(json.dumps(doc, indent=2))
-
-
-def _entry(t: OutputTensor, value: torch.Tensor) -> OutputTensor:
-    assert torch_dtype(t.dtype) == value.dtype, t.name
-    data = value.contiguous().view(torch.uint8).numpy().tobytes()
-    return OutputTensor(t.name, t.dtype, tuple(value.shape), t.file,
-                        xxhash.xxh3_128(data).hexdigest())
-
-
-def _nbytes(t: OutputTensor) -> int:
-    n = DTYPE_SIZES[t.dtype]
-    for d in t.shape:
-        n *= d
-    return n
 
 
 def _set_vocab_size(path: Path, rows: int) -> None:

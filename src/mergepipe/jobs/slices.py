@@ -30,9 +30,9 @@ from mergepipe.core.mergekit_tokenizer import parse_tokenizer
 from mergepipe.core.progress import ProgressFn
 from mergepipe.executor.manifest import MANIFEST_FORMAT, lineage_entries, tensor_entries
 from mergepipe.jobs.report import MergeSummary
-from mergepipe.jobs.tokenizer import TokenizerPlan, plan_tokenizer, read_json
+from mergepipe.jobs.tokenizer import TokenizerPlan, model_json, plan_tokenizer
 from mergepipe.storage.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
-from mergepipe.storage.locations import is_url, join, parse_url
+from mergepipe.storage.locations import is_url, parse_url
 from mergepipe.storage.store import store_for
 from mergepipe.storage.store_types import Stamp
 
@@ -186,17 +186,13 @@ def _model_of(entry: object) -> object:
 def _layers(path: str, *, remote: bool = False) -> int | None:
     """The layer count of a checkpoint's config.json; None when unknown. A remote one is read
     only when `remote` (the request threads of the service do not wait on the network)."""
-    if is_url(path):
-        if not remote:
-            return None
-        try:
-            doc = json.loads(store_for(join(path, CONFIG_FILE)).read_bytes(
-                join(path, CONFIG_FILE), 1 << 20))
-        except (OSError, ValueError, MergePipeError):
-            return None
-    else:
-        doc = read_json(Path(path) / CONFIG_FILE) or {}
-    n = next((doc[k] for k in LAYER_KEYS if k in doc), None) if isinstance(doc, dict) else None
+    if is_url(path) and not remote:
+        return None
+    try:
+        doc = model_json(path, CONFIG_FILE) or {}
+    except (OSError, MergePipeError):
+        return None
+    n = next((doc[k] for k in LAYER_KEYS if k in doc), None)
     return n if isinstance(n, int) else None
 
 
