@@ -122,7 +122,16 @@ class MergekitConfig:
 
     def yaml_key(self, request_field: str | None) -> str | None:
         """A build_request field name -> the config key a user would edit."""
-        return _yaml_key(request_field, self)
+        if request_field is None:
+            return None
+        m = re.match(r"experts\[(\d+)\](.*)", request_field)
+        if m:
+            ref = self.experts[int(m.group(1))].ref
+            suffix = m.group(2).lstrip(".")
+            return ref.key.removesuffix(".model") + (f".parameters.{suffix}" if suffix else "")
+        return {"operator": "merge_method", "experts": "models", "base": "base_model",
+                "density": "parameters.density"}.get(
+            request_field, request_field.replace("params.", "parameters.", 1))
 
 
 # -- parsing (pure) ---------------------------------------------------------------------------
@@ -324,16 +333,3 @@ def _ref(value: object, key: str) -> ModelRef:
         raise InvalidRequest(f"{key}: {text!r} must be MODEL or MODEL+LORA_ADAPTER", field=key)
     return ModelRef(key, model, lora or None)
 
-
-def _yaml_key(request_field: str | None, cfg: MergekitConfig) -> str | None:
-    """A build_request field name -> the config key a user would edit."""
-    if request_field is None:
-        return None
-    m = re.match(r"experts\[(\d+)\](.*)", request_field)
-    if m:
-        ref = cfg.experts[int(m.group(1))].ref
-        suffix = m.group(2).lstrip(".")
-        return ref.key.removesuffix(".model") + (f".parameters.{suffix}" if suffix else "")
-    return {"operator": "merge_method", "experts": "models", "base": "base_model",
-            "density": "parameters.density"}.get(
-        request_field, request_field.replace("params.", "parameters.", 1))

@@ -9,9 +9,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,7 @@ from mergepipe.core.mergekit_slices import (
 )
 from mergepipe.core.mergekit_tokenizer import parse_tokenizer
 from mergepipe.core.progress import ProgressFn
-from mergepipe.executor.manifest import MANIFEST_FORMAT, lineage_entries, tensor_entries
+from mergepipe.executor.manifest import MANIFEST_FORMAT, file_entry, lineage_entries, tensor_entries
 from mergepipe.jobs.report import MergeSummary
 from mergepipe.jobs.tokenizer import TokenizerPlan, model_json, plan_tokenizer
 from mergepipe.storage.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
@@ -240,7 +239,7 @@ class PassthroughPlan:
             "tensors": self.tensors, "config": self.request.config,
             "sources": [{"model": k, "path": self.request.sources[k],
                          "registered": k in self.request.registered,
-                         "files": [_file_entry(p, s) for p, s in self.files[k].items()]}
+                         "files": [file_entry(p, s) for p, s in self.files[k].items()]}
                         for k in self.request.source_keys]}))
 
     @property
@@ -257,12 +256,6 @@ class PassthroughPlan:
             s["model"]: {f["path"]: Stamp(int(f["size"]), int(f["mtime_ns"]), f.get("etag"),
                                           f.get("version_id")) for f in s["files"]}
             for s in doc["sources"]}, int(doc["tensors"]))
-
-
-def _file_entry(path: str, s: Stamp) -> dict[str, Any]:
-    out: dict[str, Any] = {"path": path, "size": s.size, "mtime_ns": s.mtime_ns}
-    out.update({k: v for k, v in (("etag", s.etag), ("version_id", s.version_id)) if v})
-    return out
 
 
 def plan_passthrough(request: PassthroughRequest) -> PassthroughPlan:
@@ -289,11 +282,9 @@ def execute(plan: PassthroughPlan, out_dir: Path, progress: ProgressFn | None = 
     """Copy the slices into `out_dir`, reading each pinned file at its version."""
     from mergepipe.executor.slices import write_slices  # torch: only when it runs
 
-    t0 = time.perf_counter()
     req = plan.request
-    result = write_slices(req.slice_config, req.sources, out_dir, pins=plan.pins(),
-                          opened=plan.opened, progress=progress)
-    return replace(result, exec_seconds=time.perf_counter() - t0)
+    return write_slices(req.slice_config, req.sources, out_dir, pins=plan.pins(),
+                        opened=plan.opened, progress=progress)
 
 
 def lineage(plan: PassthroughPlan, output_name: str) -> list[LineageEdge]:
