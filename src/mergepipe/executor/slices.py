@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,15 @@ def read_tensor(reader: RangeReader, t: TensorEntry) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=torch_dtype(t.dtype)).reshape(t.shape)
 
 
+def edit_config(out_dir: Path, keys: Sequence[str], value: int) -> None:
+    """Set the output's config.json's first of `keys` it has (else the first) to `value`."""
+    path = out_dir / CONFIG_FILE
+    if path.is_file():
+        doc = json.loads(path.read_text())
+        doc[next((k for k in keys if k in doc), keys[0])] = value
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 SHARD_BYTES = 2 << 30  # tensors held in memory before a shard is written
 
 
@@ -132,11 +141,7 @@ def write_slices(cfg: SliceConfig, paths: Mapping[str, str], out_dir: Path, *,
     side = copy_side_files([p for p in ckpts[cfg.donor].ckpt.extra_files
                             if basename(p) in SIDE_FILES], out_dir,
                            cfg.output_dtype or DTYPE_NAMES.get(cfg.compute_dtype))
-    config = out_dir / CONFIG_FILE
-    if config.is_file():
-        doc = json.loads(config.read_text())
-        doc[next((k for k in LAYER_KEYS if k in doc), LAYER_KEYS[0])] = cfg.layers
-        config.write_text(json.dumps(doc, indent=2) + "\n")
+    edit_config(out_dir, LAYER_KEYS, cfg.layers)
     return SliceResult(cfg.layers, read, side.copied, shards.written, by_source,
                        time.perf_counter() - t0)
 

@@ -1,14 +1,9 @@
-"""The embeddings moved to the output's vocabulary (mergekit's tokenizer_source / tokenizer:),
-a step of the merge run on its staged output before the manifest.
-
-Each model's embedding tensors (embed_tokens, lm_head: the tensors indexed by token) are read
-whole from its checkpoint (a local directory or a URL such as a pinned Hub revision: byte ranges
-through the storage layer's reader), their rows moved to the output's token ids (jobs.tokenizer planned
-which row each model holds), rows a model lacks filled as mergekit fills them, and the merge's
-method run over the moved rows at full read: the moved tensors are written as small checkpoints,
-merged by the same request in a scratch catalog (the same kernels, so mergekit's bytes), and the
-results replace the staged tensors (which may gain rows). The budget of the merge does not apply
-to these tensors: they are read whole, and counted apart (`vocab_bytes_read`)."""
+"""The embeddings moved to the output's vocabulary (mergekit's tokenizer_source / tokenizer:), a
+step on the merge's staged output: each model's vocabulary tensors (embed_tokens, lm_head) read
+whole by range, their rows moved to the output's token ids (as jobs.tokenizer planned), the rows
+a model lacks filled as mergekit fills them, and the moved tensors merged by the same request
+at full read in a scratch catalog (the same kernels: mergekit's bytes), replacing the staged
+ones. The merge's budget does not apply to them (counted apart: `vocab_bytes_read`)."""
 
 from __future__ import annotations
 
@@ -28,7 +23,7 @@ from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_tokenizer import MODEL_TOKEN, ZERO, TokenSpec, is_vocab_tensor
 from mergepipe.core.request import Budget, MergeRequest
 from mergepipe.core.vocab import DTYPE_SIZES
-from mergepipe.executor.slices import hashed_tensor, read_tensor
+from mergepipe.executor.slices import edit_config, hashed_tensor, read_tensor
 from mergepipe.executor.stream import ExecutionResult, output_hash
 from mergepipe.jobs.tokenizer import Reindex, TokenizerPlan, apply_tokenizer, model_json
 from mergepipe.storage.checkpoint import INDEX_FILE, open_checkpoint
@@ -46,7 +41,29 @@ class TokenizerStep:
     request: MergeRequest
 
     def __call__(self, stage: Path, result: ExecutionResult) -> dict[str, object]:
-        record = reindex_stage(self.plan, self.request, stage, result)
+        """Replace the staged vocabulary tensors by the merge of the re-indexed ones (`result`
+        updated to match: shapes, hashes) and write the tokenizer files."""
+        reindex = self.plan.reindex
+        record: dict[str, object] = {"options": dict(self.plan.options or {})}
+        if reindex is not None:
+            staged = {t.name: t for t in result.tensors if is_vocab_tensor(t.name)}
+            dtype = self.request.params.get("compute_dtype", "float32")  # absent: the default
+            moved: dict[str, list[torch.Tensor]] = {}
+            read = 0
+            with open_reader(random_access=True) as reader:
+                for name in staged:
+                    inputs = []
+                    for m in reindex.models:
+                        t = _read_tensor(m.path, name, reader)
+                        read += t.numel() * t.element_size()
+                        inputs.append(t if dtype == "files" else t.to(getattr(torch, str(dtype))))
+                    moved[name] = move_rows(reindex, inputs)
+            merged = _merge(self.request, reindex, moved, {n: t.dtype for n, t in staged.items()})
+            _splice(stage, result, merged)
+            edit_config(stage, ("vocab_size",), reindex.rows)  # mergekit writes it too
+            resized = any(tuple(merged[n].shape) != staged[n].shape for n in merged)
+            record.update(reindex.record(), vocab_bytes_read=read, tensors=sorted(merged),
+                          resized=resized)
         record["files"] = apply_tokenizer(self.plan, stage)
         return record
 
@@ -65,34 +82,6 @@ def queued_step(request: Mapping[str, Any]) -> TokenizerStep | None:
     if doc is None:
         return None
     return TokenizerStep(TokenizerPlan.from_document(doc), MergeRequest.from_dict(dict(request)))
-
-
-def reindex_stage(plan: TokenizerPlan, request: MergeRequest, stage: Path,
-                  result: ExecutionResult) -> dict[str, object]:
-    """Replace the staged output's vocabulary tensors by the merge of the re-indexed ones
-    (`result` updated to match: shapes, hashes); what the manifest records."""
-    reindex = plan.reindex
-    record: dict[str, object] = {"options": dict(plan.options or {})}
-    if reindex is None:
-        return record
-    staged = {t.name: t for t in result.tensors if is_vocab_tensor(t.name)}
-    dtype = request.params.get("compute_dtype", "float32")  # absent: the default, float32
-    moved: dict[str, list[torch.Tensor]] = {}
-    read = 0
-    with open_reader(random_access=True) as reader:
-        for name in staged:
-            inputs = []
-            for m in reindex.models:
-                t = _read_tensor(m.path, name, reader)
-                read += t.numel() * t.element_size()
-                inputs.append(t if dtype == "files" else t.to(getattr(torch, str(dtype))))
-            moved[name] = move_rows(reindex, inputs)
-    merged = _merge(request, reindex, moved, {n: t.dtype for n, t in staged.items()})
-    _splice(stage, result, merged)
-    _set_vocab_size(stage / "config.json", reindex.rows)
-    resized = any(tuple(merged[n].shape) != staged[n].shape for n in merged)
-    return {**record, **reindex.record(), "vocab_bytes_read": read,
-            "tensors": sorted(merged), "resized": resized}
 
 
 def move_rows(plan: Reindex, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -259,11 +248,3 @@ def _splice(stage: Path, result: ExecutionResult, merged: Mapping[str, torch.Ten
         doc.setdefault("metadata", {})["total_size"] = sum(
             DTYPE_SIZES[t.dtype] * math.prod(t.shape) for t in result.tensors)
         index.write_text(json.dumps(doc, indent=2))
-
-
-def _set_vocab_size(path: Path, rows: int) -> None:
-    """config.json's vocab_size: the output's rows (mergekit writes it too)."""
-    if path.is_file():
-        doc = json.loads(path.read_text())
-        doc["vocab_size"] = rows
-        path.write_text(json.dumps(doc, indent=2) + "\n")
