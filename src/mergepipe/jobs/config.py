@@ -8,7 +8,6 @@ named by URL is a LoRA adapter is left to its ingestion job (kind `auto`).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -31,7 +30,7 @@ from mergepipe.core.mergekit_tokenizer import TokenizerOptions
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.core.vocab import AUTO
 from mergepipe.jobs import slices
-from mergepipe.jobs.slices import Locate
+from mergepipe.jobs.slices import Locate, same_path
 from mergepipe.jobs.tokenizer import TokenizerPlan, plan_tokenizer
 from mergepipe.storage.checkpoint import ADAPTER_CONFIG
 from mergepipe.storage.locations import basename, hub_id_location, is_url, join, parse_url
@@ -178,7 +177,7 @@ def _token_models(opts: TokenizerOptions, paths: dict[str, str], locate: Locate
                 where = locate(model, key)
             except MergePipeError:
                 where = None
-            same = next((t for t, p in paths.items() if where and _same_path(p, where)), None)
+            same = next((t for t, p in paths.items() if where and same_path(p, where)), None)
             if same is not None:
                 spec = replace(spec, source=replace(spec.source, model=same))
         specs.append(spec)
@@ -241,15 +240,6 @@ def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> 
         "fine-tuned from; add base_model: PATH", field="base_model")
 
 
-def _same_path(a: str, b: str) -> bool:
-    if is_url(a) or is_url(b):
-        return a == b  # both canonical (as recorded and as located)
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def has_adapter_config(path: str) -> bool:
     """Whether the checkpoint at `path` is a PEFT adapter directory (it has adapter_config.json)."""
     target = join(path, ADAPTER_CONFIG)
@@ -265,7 +255,7 @@ def _match(ref: ModelRef, models: list[ModelRow], *, base: str | None,
     if path is None:
         cands = [m for m in models if ref.text in (m.name, m.display_name)]  # name~N, name
     else:
-        cands = [m for m in models if _same_path(m.path, path)]
+        cands = [m for m in models if same_path(m.path, path)]
     right = [m for m in cands if any_base or m.base == base]
     if not right:
         if cands and path is None:
@@ -287,7 +277,7 @@ def _match(ref: ModelRef, models: list[ModelRow], *, base: str | None,
 def _pending(pending: dict[str, NewIngestJob], path: str, base: str | None) -> str | None:
     """A model already queued for ingestion from `path` with base `base`."""
     for name, job in sorted(pending.items()):
-        if job.base == base and _same_path(job.path, path):
+        if job.base == base and same_path(job.path, path):
             return name
     return None
 

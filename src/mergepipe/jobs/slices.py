@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,7 +113,7 @@ def _source(text: str, key: str, models: Sequence[ModelRow], locate: Locate) -> 
     named = [m for m in models if text in (m.name, m.display_name)]
     if not named:
         path = pinned(locate(text, key), key)
-        named = [m for m in models if m.status == "ready" and _same_path(m.path, path)]
+        named = [m for m in models if m.status == "ready" and same_path(m.path, path)]
         if not named:
             return _Source(path, path, False)
     exact = [m for m in named if m.name == text and "~" in text]  # name~N: that version
@@ -139,10 +140,14 @@ def pinned(path: str, key: str) -> str:
         raise type(e)(f"{key}: {e.message}", field=key) from None
 
 
-def _same_path(a: str, b: str) -> bool:
+def same_path(a: str, b: str) -> bool:
+    """Whether two locations are one checkpoint (URLs: both canonical, as recorded and located)."""
     if is_url(a) or is_url(b):
         return a == b
-    return Path(a).resolve() == Path(b).resolve()
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _renamed(doc: dict[Any, Any], keys: dict[str, str]) -> dict[str, Any]:
