@@ -66,12 +66,9 @@ class ResolvedConfig:
 def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
             reserved: Iterable[str] = ()) -> ResolvedConfig:
     """Match every model to a registered one (by name or path), to one queued for ingestion
-    from the same path, or make it an ingestion job of its own, the base first.
-
-    `locate(text, key)` turns a path from the config into a real path or a canonical URL
-    (default: local paths relative to the working directory, as mergekit, and any URL); the
-    service confines them to its data and remote roots. `reserved` names are not given to models ingested for the config.
-    """
+    from the same path, or make it an ingestion job of its own (named apart from `reserved`),
+    the base first. `locate(text, key)`: a path from the config as a real path or a canonical
+    URL (default: local_path; the service confines them to its data and remote roots)."""
     locate = locate or local_path
     # by name: the queued ingestions, and this config's own
     pending = {j.model: NewIngestJob(j.model, j.kind, j.path, j.base, j.block_bytes,

@@ -99,50 +99,43 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
     made only while its lease holds (docs/scale-out.md)."""
     roots = [*data_roots, *([output_root] if output_root is not None else [])]
     with confined(roots) if data_roots else contextlib.nullcontext():
-        return _run_merge(cat, merge_id, progress=progress, threads=threads,
-                          overwrite=overwrite, data_roots=data_roots, engine=engine,
-                          fence=fence, finish=finish)
-
-
-def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
-               threads: int | None, overwrite: bool,
-               data_roots: Sequence[Path], engine: Engine, fence: Fence | None,
-               finish: Finish | None = None) -> MergeSummary:
-    wall0 = time.perf_counter()
-    row = records.mark_running(cat, merge_id, fence)
-    out, name = output_for(str(row.output_path)), str(row.output_name)
-    if row.operator == PASSTHROUGH:
-        return _run_passthrough(cat, merge_id, PassthroughRequest.from_dict(row.request), out,
-                                name, wall0, overwrite=overwrite, fence=fence,
-                                data_roots=data_roots, progress=progress)
-    result: ExecutionResult | None = None
-    try:
-        request = MergeRequest.from_dict(row.request)
-        if data_roots:
-            _recheck_inputs(cat, request, data_roots)
-        t0 = time.perf_counter()
-        if finish is None or not finish.reindexes:
-            check_vocab_rows(cat, request)
-        prep = _prepare(cat, request)
-        plan_seconds = time.perf_counter() - t0
-        record = plan_record(prep, plan_seconds)
-        if finish is not None:
-            record = replace(record, document={**record.document, "tokenizer": finish.document()})
-        records.record_plan(cat, merge_id, record, fence)
-        previous = previous_of(prep.plan)
-        records.record_strategy(cat, merge_id, strategy_of(prep.plan),
-                                previous[0] if previous else None, fence)
-        result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
-                                      progress=progress, threads=threads, overwrite=overwrite,
-                                      engine=engine, fence=fence, finish=finish)
-    except LeaseLost:
-        raise  # another worker owns the merge now: record nothing
-    except BaseException as e:
-        records.record_failure(cat, merge_id, failure_message(e, "merge"),
-                               result.exec_seconds if result is not None else None, fence)
-        raise
-    return summary(merge_id, prep, result, output=out.location, output_name=name,
-                   plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
+        wall0 = time.perf_counter()
+        row = records.mark_running(cat, merge_id, fence)
+        out, name = output_for(str(row.output_path)), str(row.output_name)
+        if row.operator == PASSTHROUGH:
+            return _run_passthrough(cat, merge_id, PassthroughRequest.from_dict(row.request),
+                                    out, name, wall0, overwrite=overwrite, fence=fence,
+                                    data_roots=data_roots, progress=progress)
+        result: ExecutionResult | None = None
+        try:
+            request = MergeRequest.from_dict(row.request)
+            if data_roots:
+                _recheck_inputs(cat, request, data_roots)
+            t0 = time.perf_counter()
+            if finish is None or not finish.reindexes:
+                check_vocab_rows(cat, request)
+            prep = _prepare(cat, request)
+            plan_seconds = time.perf_counter() - t0
+            record = plan_record(prep, plan_seconds)
+            if finish is not None:
+                record = replace(record, document={**record.document,
+                                                   "tokenizer": finish.document()})
+            records.record_plan(cat, merge_id, record, fence)
+            previous = previous_of(prep.plan)
+            records.record_strategy(cat, merge_id, strategy_of(prep.plan),
+                                    previous[0] if previous else None, fence)
+            result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
+                                          progress=progress, threads=threads,
+                                          overwrite=overwrite, engine=engine, fence=fence,
+                                          finish=finish)
+        except LeaseLost:
+            raise  # another worker owns the merge now: record nothing
+        except BaseException as e:
+            records.record_failure(cat, merge_id, failure_message(e, "merge"),
+                                   result.exec_seconds if result is not None else None, fence)
+            raise
+        return summary(merge_id, prep, result, output=out.location, output_name=name,
+                       plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
 
 
 def _run_passthrough(cat: Catalog, merge_id: str, request: PassthroughRequest,

@@ -88,7 +88,11 @@ def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
         prep = stream.prepare(cat, plan)
         plan_hash, budget = plan.plan_hash, plan.budget_bytes
     expected = records.output_tensors(cat, merge_id)
-    tmp_root, target = _target(output_dir, merge_id)
+    if output_dir is None:  # a temporary folder, removed afterwards
+        tmp_root: Path | None = Path(tempfile.mkdtemp(prefix=f"mergepipe-replay-{merge_id}-"))
+        target = tmp_root / "output"
+    else:
+        tmp_root, target = None, Path(output_dir).absolute()
     try:
         with publish.staged(target, f"replay-{merge_id[2:]}") as stage:
             if copied:
@@ -126,12 +130,3 @@ def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
         base_bytes_read=read[1], budget_bytes=budget,
         output=None if tmp_root is not None else str(target),
         wall_seconds=time.perf_counter() - t0, tensors=checks)
-
-
-def _target(output_dir: Path | None, merge_id: str) -> tuple[Path | None, Path]:
-    """Where a replay writes: `output_dir`, or a temporary folder removed afterwards (its root
-    returned first, None for `output_dir`)."""
-    if output_dir is None:
-        root = Path(tempfile.mkdtemp(prefix=f"mergepipe-replay-{merge_id}-"))
-        return root, root / "output"
-    return None, Path(output_dir).absolute()
