@@ -114,13 +114,10 @@ def write_slices(cfg: SliceConfig, paths: Mapping[str, str], out_dir: Path, *,
                  shard_bytes: int = SHARD_BYTES, pins: Mapping[str, Stamp] | None = None,
                  opened: Mapping[str, Checkpoint] | None = None,
                  progress: ProgressFn | None = None) -> SliceResult:
-    """Write the merge of `cfg` into `out_dir`; `paths` maps each model as written in the config
-    to its checkpoint (a local directory or a URL). Only the tensors taken are read, by range.
-    `pins`: each file must be read at that version (SourceChanged if not); `opened`: the
-    checkpoints (headers) already read, by model; `progress`: tensors written (at most every
-    0.5 s, and the last).
-    Tensors are written in shards of about `shard_bytes` (one file, model.safetensors, when
-    they fit), so memory holds one shard at a time."""
+    """Write the merge of `cfg` into `out_dir`, reading by range only the tensors taken from
+    `paths` (each model as written -> its checkpoint). `pins`: each file must be read at that
+    version (SourceChanged if not); `opened`: the headers already read, by model. Written in
+    shards of about `shard_bytes`, so memory holds one shard at a time."""
     t0 = time.perf_counter()
     with open_reader(random_access=True) as reader:
         ckpts = {m: _Checkpoint(p, m, reader, (opened or {}).get(m)) for m, p in paths.items()}

@@ -66,10 +66,9 @@ def stored_plan(cat: Catalog, merge_id: str) -> Plan:
 
 def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
            threads: int | None = None, progress: ProgressFn | None = None) -> ReplayResult:
-    """Re-run the stored access set (a passthrough merge: copy the recorded slices again, every
-    source file read at the version recorded) into `output_dir` (default: a temporary directory
-    that is removed afterwards) and report, per tensor, whether the output hash matches the
-    stored one."""
+    """Re-run the stored access set (a passthrough merge: copy the slices again, every source
+    file read at the version recorded) into `output_dir` (default: a temporary directory) and
+    report, per tensor, whether the output hash matches the stored one."""
     t0 = time.perf_counter()
     row = records.get_merge(cat, merge_id)
     if row.status != "succeeded":

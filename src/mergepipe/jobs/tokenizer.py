@@ -195,8 +195,7 @@ def plan_tokenizer(opts: TokenizerOptions, base: str, paths: Mapping[str, str],
                              "re-indexing the embeddings is supported by merges, not here",
                              field=opts.key)
     options = {"source": source, "pad_to_multiple_of": opts.pad_to_multiple_of,
-               "tokens": [{"name": s.name, "source": asdict(s.source), "force": s.force}
-                          for s in opts.tokens]}
+               "tokens": [asdict(s) for s in opts.tokens]}
     return TokenizerPlan(src, template, tuple(added), moved, options)
 
 
