@@ -80,7 +80,6 @@ class MergekitConfig:
 
     def request_args(self, base: str, experts: list[str]) -> dict[str, Any]:
         """build_request keyword arguments, given the catalog names of the base and experts."""
-        weights = [e.weight for e in self.experts]
         params = {**self.params, "semantics": "mergekit", "compute_dtype": self.compute_dtype}
         if self.base_weight is not None:
             params["base_weight"] = self.base_weight
@@ -91,9 +90,9 @@ class MergekitConfig:
             params["tensor_params"] = per_tensor
         return {
             "base": base,
-            "experts": [{"model": n, "weight": w, **({"density": e.density}
-                                                      if e.density is not None else {})}
-                        for n, w, e in zip(experts, weights, self.experts, strict=True)],
+            "experts": [{"model": n, "weight": e.weight, **({"density": e.density}
+                                                             if e.density is not None else {})}
+                        for n, e in zip(experts, self.experts, strict=True)],
             "operator": self.operator,
             "params": params,
             "output_dtype": self.output_dtype,

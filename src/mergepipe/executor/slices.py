@@ -19,7 +19,7 @@ import xxhash
 from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChanged
 from mergepipe.core.mergekit_slices import LAYER_KEYS, Slice, SliceConfig
 from mergepipe.core.progress import Progress, ProgressFn
-from mergepipe.core.vocab import DTYPE_NAMES, HF_DTYPE_NAMES
+from mergepipe.core.vocab import HF_DTYPE_NAMES
 from mergepipe.executor.side_files import CONFIG_FILE, SIDE_FILES, copy_side_files
 from mergepipe.executor.stream import output_hash
 from mergepipe.executor.writer import OutputTensor
@@ -135,9 +135,9 @@ def write_slices(cfg: SliceConfig, paths: Mapping[str, str], out_dir: Path, *,
         by_file = reader.bytes_by_path
         read = reader.bytes_read
     by_source = {m: sum(by_file.get(f.path, 0) for f in c.ckpt.files) for m, c in ckpts.items()}
+    # (a compute dtype is given only with a written dtype, mergekit's `dtype` or `out_dtype`)
     side = copy_side_files([p for p in ckpts[cfg.donor].ckpt.extra_files
-                            if basename(p) in SIDE_FILES], out_dir,
-                           cfg.output_dtype or DTYPE_NAMES.get(cfg.compute_dtype))
+                            if basename(p) in SIDE_FILES], out_dir, cfg.output_dtype)
     edit_config(out_dir, LAYER_KEYS, cfg.layers)
     return SliceResult(cfg.layers, read, side.copied, shards.written, by_source,
                        time.perf_counter() - t0)

@@ -87,11 +87,11 @@ def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
         prep = stream.prepare(cat, plan)
         plan_hash, budget = plan.plan_hash, plan.budget_bytes
     expected = records.output_tensors(cat, merge_id)
-    if output_dir is None:  # a temporary folder, removed afterwards
-        tmp_root: Path | None = Path(tempfile.mkdtemp(prefix=f"mergepipe-replay-{merge_id}-"))
-        target = tmp_root / "output"
-    else:
-        tmp_root, target = None, Path(output_dir).absolute()
+    tmp_root: Path | None = None  # a temporary folder, removed afterwards
+    if output_dir is None:
+        tmp_root = Path(tempfile.mkdtemp(prefix=f"mergepipe-replay-{merge_id}-"))
+        output_dir = tmp_root / "output"
+    target = Path(output_dir).absolute()
     try:
         with publish.staged(target, f"replay-{merge_id[2:]}") as stage:
             if copied:
