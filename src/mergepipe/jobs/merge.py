@@ -94,9 +94,9 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
               finish: Finish | None = None) -> MergeSummary:
     """Plan, record the plan, execute, publish (output + manifest.json atomically), register the
     output as a model and record success; any failure is recorded once and raised. With data
-    roots (the service), every input file is opened beneath its root (the data roots, and the
-    output root for earlier outputs). `fence` (a worker on a shared catalog): every write is
-    made only while its lease holds (docs/scale-out.md)."""
+    roots (the service), the inputs must still lie inside them, every input file opened beneath
+    its root (the data roots, and the output root for earlier outputs). `fence` (a worker on a
+    shared catalog): every write is made only while its lease holds (docs/scale-out.md)."""
     roots = [*data_roots, *([output_root] if output_root is not None else [])]
     with confined(roots) if data_roots else contextlib.nullcontext():
         wall0 = time.perf_counter()
