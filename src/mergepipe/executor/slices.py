@@ -23,7 +23,7 @@ from mergepipe.core.vocab import HF_DTYPE_NAMES
 from mergepipe.executor.side_files import CONFIG_FILE, SIDE_FILES, copy_side_files
 from mergepipe.executor.stream import output_hash
 from mergepipe.executor.writer import OutputTensor
-from mergepipe.storage.checkpoint import Checkpoint
+from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.storage.locations import basename
 from mergepipe.storage.safetensors_format import TensorEntry, torch_dtype
 from mergepipe.storage.storage import RangeReader, open_reader
@@ -63,8 +63,6 @@ class _Checkpoint:
 
     def __init__(self, path: str, key: str, reader: RangeReader,
                  opened: Checkpoint | None = None) -> None:
-        from mergepipe.storage.checkpoint import open_checkpoint
-
         try:
             self.ckpt = opened or open_checkpoint(path)
         except InvalidCheckpoint as e:

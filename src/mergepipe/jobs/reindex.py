@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.queue import NewIngestJob
@@ -25,6 +27,8 @@ from mergepipe.core.request import Budget, MergeRequest
 from mergepipe.core.vocab import DTYPE_SIZES
 from mergepipe.executor.slices import edit_config, hashed_tensor, read_tensor
 from mergepipe.executor.stream import ExecutionResult, output_hash
+from mergepipe.jobs.ingest import run_ingestion
+from mergepipe.jobs.merge import merge
 from mergepipe.jobs.tokenizer import Reindex, TokenizerPlan, apply_tokenizer, model_json
 from mergepipe.storage.checkpoint import INDEX_FILE, open_checkpoint
 from mergepipe.storage.storage import RangeReader, open_reader
@@ -180,11 +184,6 @@ def _read_tensor(path: str, name: str, reader: RangeReader | None = None) -> tor
 def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.Tensor]],
            out_dtypes: Mapping[str, str]) -> dict[str, torch.Tensor]:
     """The request's merge of the moved tensors at full read, in a scratch catalog."""
-    from safetensors.torch import save_file
-
-    from mergepipe.jobs.ingest import run_ingestion
-    from mergepipe.jobs.merge import merge
-
     base_dir = plan.models[plan.base].path
     config = model_json(base_dir, "config.json") or {}
     with tempfile.TemporaryDirectory(prefix="mergepipe-vocab-") as tmp:
@@ -213,8 +212,6 @@ def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.
             merge(cat, sub, root / "out", output_name="out")
         finally:
             cat.close()
-        from safetensors.torch import load_file
-
         out: dict[str, torch.Tensor] = {}
         for f in sorted((root / "out").glob("*.safetensors")):
             out.update(load_file(str(f)))
@@ -223,9 +220,6 @@ def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.
 
 def _splice(stage: Path, result: ExecutionResult, merged: Mapping[str, torch.Tensor]) -> None:
     """Rewrite the staged files holding the merged tensors; `result` follows."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     by_file: dict[str, list[str]] = {}
     for t in result.tensors:
         if t.name in merged:
