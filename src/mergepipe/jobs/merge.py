@@ -102,12 +102,13 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
         wall0 = time.perf_counter()
         row = records.mark_running(cat, merge_id, fence)
         out, name = output_for(str(row.output_path)), str(row.output_name)
-        if row.operator == PASSTHROUGH:
-            return _run_passthrough(cat, merge_id, PassthroughRequest.from_dict(row.request),
-                                    out, name, wall0, overwrite=overwrite, fence=fence,
-                                    data_roots=data_roots, progress=progress)
-        result: ExecutionResult | None = None
+        copy = PassthroughRequest.from_dict(row.request) if row.operator == PASSTHROUGH else None
+        ran: list[float] = []  # a passthrough's execution seconds, recorded with a failure
         try:
+            if copy is not None:
+                return _run_passthrough(cat, merge_id, copy, out, name, wall0, ran,
+                                        overwrite=overwrite, fence=fence, data_roots=data_roots,
+                                        progress=progress)
             request = MergeRequest.from_dict(row.request)
             if data_roots:
                 _recheck_inputs(cat, request, data_roots)
@@ -132,51 +133,42 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
             raise  # another worker owns the merge now: record nothing
         except BaseException as e:
             records.record_failure(cat, merge_id, failure_message(e, "merge"),
-                                   result.exec_seconds if result is not None else None, fence)
+                                   ran[0] if ran else None, fence)
             raise
         return summary(merge_id, prep, result, output=out.location, output_name=name,
                        plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
 
 
 def _run_passthrough(cat: Catalog, merge_id: str, request: PassthroughRequest,
-                     out: LocalOutput | S3Output, name: str, wall0: float, *, overwrite: bool,
-                     fence: Fence | None, data_roots: Sequence[Path],
+                     out: LocalOutput | S3Output, name: str, wall0: float, ran: list[float], *,
+                     overwrite: bool, fence: Fence | None, data_roots: Sequence[Path],
                      progress: ProgressFn | None) -> MergeSummary:
     """A passthrough merge (jobs.slices), recorded and published as every merge is; the output
     registered as a base model."""
-    result = None
+    for key, path in request.sources.items():
+        if data_roots and not is_url(path):
+            recheck_input(path, data_roots, field=key)
+    t0 = time.perf_counter()
+    plan = slices.plan_passthrough(request)
+    plan_seconds = time.perf_counter() - t0
+    records.record_plan(cat, merge_id, slices.plan_record(plan, plan_seconds), fence)
+    records.record_strategy(cat, merge_id, "scratch", None, fence)
+    stage = out.stage(merge_id[2:] + (fence.tag if fence else ""), overwrite=overwrite)
     try:
-        for key, path in request.sources.items():
-            if data_roots and not is_url(path):
-                recheck_input(path, data_roots, field=key)
-        t0 = time.perf_counter()
-        plan = slices.plan_passthrough(request)
-        plan_seconds = time.perf_counter() - t0
-        records.record_plan(cat, merge_id, slices.plan_record(plan, plan_seconds), fence)
-        records.record_strategy(cat, merge_id, "scratch", None, fence)
-        stage = out.stage(merge_id[2:] + (fence.tag if fence else ""), overwrite=overwrite)
-        try:
-            with out_of_space_is_507(stage):
-                result = slices.execute(plan, stage,
-                                        _recorder(cat, merge_id, progress, fence))
-                hooks().merge_staged(merge_id)
-                write_manifest(stage, slices.manifest(
-                    plan, result, merge_id=merge_id, output_name=name, output_path=out.location,
-                    plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0))
-        except BaseException:
-            publish.discard(stage)
-            raise
-        done = result
-        publish_and_record(cat, merge_id, stage, out, name, base=None, first_passes={},
-                           outcome=lambda registered: slices.outcome_record(
-                               plan, done, registered, out.location),
-                           overwrite=overwrite, fence=fence)
-    except LeaseLost:
+        with out_of_space_is_507(stage):
+            result = slices.execute(plan, stage, _recorder(cat, merge_id, progress, fence))
+            ran.append(result.exec_seconds)
+            hooks().merge_staged(merge_id)
+            write_manifest(stage, slices.manifest(
+                plan, result, merge_id=merge_id, output_name=name, output_path=out.location,
+                plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0))
+    except BaseException:
+        publish.discard(stage)
         raise
-    except BaseException as e:
-        records.record_failure(cat, merge_id, failure_message(e, "merge"),
-                               result.exec_seconds if result is not None else None, fence)
-        raise
+    publish_and_record(cat, merge_id, stage, out, name, base=None, first_passes={},
+                       outcome=lambda registered: slices.outcome_record(
+                           plan, result, registered, out.location),
+                       overwrite=overwrite, fence=fence)
     return slices.summary(merge_id, plan, result, output=out.location, output_name=name,
                           plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
 
