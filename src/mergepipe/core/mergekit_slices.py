@@ -66,10 +66,6 @@ class SliceConfig:
         return resolve(chain, tensor, t)
 
 
-def has_slices(doc: dict[Any, Any]) -> bool:
-    return doc.get("slices") not in (None, [], {})
-
-
 def parse_slices(doc: dict[Any, Any]) -> SliceConfig:
     """A passthrough `slices:` config, checked; InvalidRequest naming the key and why."""
     if doc.get("models") not in (None, []):

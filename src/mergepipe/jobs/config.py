@@ -25,7 +25,7 @@ from mergepipe.core.mergekit_config import (
     load_document,
     parse_config,
 )
-from mergepipe.core.mergekit_slices import PassthroughRequest, has_slices
+from mergepipe.core.mergekit_slices import PassthroughRequest
 from mergepipe.core.mergekit_tokenizer import TokenizerOptions
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.core.vocab import AUTO
@@ -193,7 +193,7 @@ def load_config(cat: Catalog, text: str | bytes, *, budget: BudgetSpec = None,
                              "delta, so there is no budgeted plan to make; merge it (mergepipe "
                              "merge CONFIG.yml, POST /v1/merges, Catalog.merge)",
                              field="merge_method")
-    if has_slices(doc):
+    if doc.get("slices") not in (None, [], {}):
         text = slices.as_models(doc, locate or local_path)
     resolved = resolve(cat, parse_config(text), locate=locate, reserved=reserved)
     return resolved.request(budget=budget, seed=seed), resolved
