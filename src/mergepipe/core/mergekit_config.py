@@ -80,7 +80,6 @@ class MergekitConfig:
 
     def request_args(self, base: str, experts: list[str]) -> dict[str, Any]:
         """build_request keyword arguments, given the catalog names of the base and experts."""
-        weights = [e.weight for e in self.experts]
         params = {**self.params, "semantics": "mergekit", "compute_dtype": self.compute_dtype}
         if self.base_weight is not None:
             params["base_weight"] = self.base_weight
@@ -91,9 +90,9 @@ class MergekitConfig:
             params["tensor_params"] = per_tensor
         return {
             "base": base,
-            "experts": [{"model": n, "weight": w, **({"density": e.density}
-                                                      if e.density is not None else {})}
-                        for n, w, e in zip(experts, weights, self.experts, strict=True)],
+            "experts": [{"model": n, "weight": e.weight, **({"density": e.density}
+                                                             if e.density is not None else {})}
+                        for n, e in zip(experts, self.experts, strict=True)],
             "operator": self.operator,
             "params": params,
             "output_dtype": self.output_dtype,
@@ -122,7 +121,16 @@ class MergekitConfig:
 
     def yaml_key(self, request_field: str | None) -> str | None:
         """A build_request field name -> the config key a user would edit."""
-        return _yaml_key(request_field, self)
+        if request_field is None:
+            return None
+        m = re.match(r"experts\[(\d+)\](.*)", request_field)
+        if m:
+            ref = self.experts[int(m.group(1))].ref
+            suffix = m.group(2).lstrip(".")
+            return ref.key.removesuffix(".model") + (f".parameters.{suffix}" if suffix else "")
+        return {"operator": "merge_method", "experts": "models", "base": "base_model",
+                "density": "parameters.density"}.get(
+            request_field, request_field.replace("params.", "parameters.", 1))
 
 
 # -- parsing (pure) ---------------------------------------------------------------------------
@@ -324,16 +332,3 @@ def _ref(value: object, key: str) -> ModelRef:
         raise InvalidRequest(f"{key}: {text!r} must be MODEL or MODEL+LORA_ADAPTER", field=key)
     return ModelRef(key, model, lora or None)
 
-
-def _yaml_key(request_field: str | None, cfg: MergekitConfig) -> str | None:
-    """A build_request field name -> the config key a user would edit."""
-    if request_field is None:
-        return None
-    m = re.match(r"experts\[(\d+)\](.*)", request_field)
-    if m:
-        ref = cfg.experts[int(m.group(1))].ref
-        suffix = m.group(2).lstrip(".")
-        return ref.key.removesuffix(".model") + (f".parameters.{suffix}" if suffix else "")
-    return {"operator": "merge_method", "experts": "models", "base": "base_model",
-            "density": "parameters.density"}.get(
-        request_field, request_field.replace("params.", "parameters.", 1))

@@ -1,11 +1,7 @@
 """mergekit `slices:` configs (layer stacking, frankenmerges), parsed and checked; no file access.
-
-A slice takes the layers `layer_range: [a, b)` of its sources; the output stacks the slices in
-order and renumbers their layers from 0. `passthrough` copies each slice's one source (times its
-`scale` when one is given). Another method over slices is run as the `models:` config it equals:
-one slice whose sources all take every layer of their models ([0, N), checked against the models'
-config.json when they are located).
-"""
+A slice takes the layers [a, b) of its sources; the output stacks the slices and renumbers their
+layers from 0. `passthrough` copies each slice's one source (times its `scale`). Another method
+runs as the `models:` config it equals: one slice whose sources take every layer of their models."""
 
 from __future__ import annotations
 
@@ -68,10 +64,6 @@ class SliceConfig:
         one, the first that gives a value (None: copied as is)."""
         chain = [s for s in (piece.sources[0].scale, piece.scale, self.scale) if s is not None]
         return resolve(chain, tensor, t)
-
-
-def has_slices(doc: dict[Any, Any]) -> bool:
-    return doc.get("slices") not in (None, [], {})
 
 
 def parse_slices(doc: dict[Any, Any]) -> SliceConfig:
@@ -190,10 +182,8 @@ def _keys(d: dict[str, Any], allowed: set[str], key: str) -> None:
 @dataclass(frozen=True)
 class PassthroughRequest:
     """A passthrough merge as the catalog records it (merges.request): the `slices:` config with
-    every model written as its source key, and where each source is read from. A source key is
-    a registered model's name, else the source's location (a local path, or a URL pinned to its
-    Hub commit); `registered` says which keys are catalog models. No budget: copying reads no
-    expert delta, only the layers the slices take."""
+    every model written as its source key (a registered model's name, else its location: a
+    local path, or a URL pinned to its Hub commit), and where each source is read from."""
 
     config: dict[str, Any]
     sources: dict[str, str]  # source key -> local path or URL read
@@ -223,8 +213,7 @@ class PassthroughRequest:
         return {"slices": self.config["slices"]}
 
     def to_dict(self) -> dict[str, Any]:
-        """The stored form; `base` and `experts` name the sources as other merges name their
-        inputs (a job runner waits for the registered ones to be ingested)."""
+        """The stored form; `base` and `experts` name the sources as other merges' inputs."""
         keys = self.source_keys
         return {"operator": PASSTHROUGH, "base": keys[0],
                 "experts": [{"model": k} for k in keys[1:]], "config": self.config,

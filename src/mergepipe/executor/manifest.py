@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.models import FileRow, model_block_hashes
+from mergepipe.catalog.models import model_block_hashes
 from mergepipe.catalog.records import LineageEdge, lineage_edges
 from mergepipe.core.jsonable import jsonable
 from mergepipe.executor.stream import ExecutionResult, Prepared
 from mergepipe.executor.writer import write_json
 from mergepipe.planner.incremental import previous_of, strategy_of, user_request
 from mergepipe.planner.plan import Plan
+from mergepipe.storage.store_types import Stamp
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "mergepipe-manifest/1"
@@ -93,7 +94,7 @@ def build_manifest(cat: Catalog, *, merge_id: str | None, prep: Prepared, result
         "inputs": [{"model": m.name, "role": "base" if m is prep.base else "expert",
                     "kind": m.kind, "path": m.path,
                     "blocks_digest": input_digest(cat, prep, m.name),
-                    "files": [_file_entry(f) for f in m.files.values()]}
+                    "files": [file_entry(f.path, f.stamp) for f in m.files.values()]}
                    for m in (prep.base, *prep.experts)],
         "experts": [{"position": i, "model": e.model, "weight": e.weight,
                      "density": densities[i], "fallback": e.model in fallback,
@@ -115,9 +116,10 @@ def build_manifest(cat: Catalog, *, merge_id: str | None, prep: Prepared, result
     }))
 
 
-def _file_entry(f: FileRow) -> dict[str, Any]:
-    out: dict[str, Any] = {"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns}
-    out.update({k: v for k, v in (("etag", f.etag), ("version_id", f.version_id)) if v})
+def file_entry(path: str, s: Stamp) -> dict[str, Any]:
+    """An input file as the manifest and a passthrough plan record it."""
+    out: dict[str, Any] = {"path": path, "size": s.size, "mtime_ns": s.mtime_ns}
+    out.update({k: v for k, v in (("etag", s.etag), ("version_id", s.version_id)) if v})
     return out
 
 

@@ -1,19 +1,15 @@
 """Write a passthrough `slices:` merge: each output layer copied from its slice's source layer,
 renumbered from 0; the tensors outside the layers from the first slice's source (embeddings)
-or the last one's (final norm, lm_head), as mergekit takes them.
-
-The output equals mergekit's byte for byte: each tensor is read, cast to the compute dtype
-(mergekit's `dtype`, when given), multiplied by its `scale` (when one applies) and cast to the
-written dtype, the same torch operations in the same order.
-"""
+or the last one's (final norm, lm_head), as mergekit takes them. mergekit's bytes: each tensor
+cast to the compute dtype, times its `scale`, cast to the written dtype, as mergekit does."""
 
 from __future__ import annotations
 
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +23,7 @@ from mergepipe.core.vocab import HF_DTYPE_NAMES
 from mergepipe.executor.side_files import CONFIG_FILE, SIDE_FILES, copy_side_files
 from mergepipe.executor.stream import output_hash
 from mergepipe.executor.writer import OutputTensor
-from mergepipe.storage.checkpoint import Checkpoint
+from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.storage.locations import basename
 from mergepipe.storage.safetensors_format import TensorEntry, torch_dtype
 from mergepipe.storage.storage import RangeReader, open_reader
@@ -35,7 +31,7 @@ from mergepipe.storage.store import store_for
 from mergepipe.storage.store_types import Stamp
 
 _LAYER = re.compile(r"^(.*?)\.(\d+)\.(.+)$")  # the first numeric component: model.layers.N.rest
-# the components of the tensors mergekit's architectures take before the layers (embeddings)
+# the tensors mergekit's architectures take before the layers (embeddings), from the first slice
 _PRE = re.compile(r"(^|\.)(emb(?!ed_out)\w*|wte|wpe|tok_embeddings|word_embeddings|"
                   r"rotary_pos_emb|relative_pe)\.")
 
@@ -45,21 +41,20 @@ _DTYPE_NAMES = {getattr(torch, v): k for k, v in HF_DTYPE_NAMES.items()}  # torc
 
 @dataclass(frozen=True)
 class SliceResult:
-    output: str
-    tensors: int
     layers: int
     bytes_read: int  # tensor bytes read from the sources (fetched, for remote ones)
     side_files: list[str]
-    written: list[OutputTensor] = field(default_factory=list)  # with their content hashes
-    output_hash: str = ""
-    files: dict[str, Stamp] = field(default_factory=dict)  # each source file read, as read
-    bytes_by_source: dict[str, int] = field(default_factory=dict)
+    written: list[OutputTensor]  # with their content hashes
+    bytes_by_source: dict[str, int]
     exec_seconds: float = 0.0
 
-    def to_dict(self) -> dict[str, object]:
-        return {"output": self.output, "operator": "passthrough", "tensors": self.tensors,
-                "layers": self.layers, "bytes_read": self.bytes_read,
-                "side_files": self.side_files, "output_hash": self.output_hash}
+    @property
+    def tensors(self) -> int:
+        return len(self.written)
+
+    @property
+    def output_hash(self) -> str:
+        return output_hash(self.written)
 
 
 class _Checkpoint:
@@ -68,23 +63,17 @@ class _Checkpoint:
 
     def __init__(self, path: str, key: str, reader: RangeReader,
                  opened: Checkpoint | None = None) -> None:
-        from mergepipe.storage.checkpoint import open_checkpoint
-
         try:
             self.ckpt = opened or open_checkpoint(path)
         except InvalidCheckpoint as e:
             raise InvalidCheckpoint(f"{key}: {e.message}", field=key) from None
         if not self.ckpt.tensors:
             raise InvalidCheckpoint(f"{key}: {path} holds no tensor", field=key)
-        self.path, self.key, self.reader = path, key, reader
+        self.key, self.reader = key, reader
         self.where: dict[str, TensorEntry] = self.ckpt.by_name()
 
     def get(self, name: str) -> torch.Tensor:
-        t = self.where[name]
-        raw = self.reader.read(t.file, t.data_offset, t.nbytes)
-        if not raw:
-            return torch.empty(t.shape, dtype=torch_dtype(t.dtype))
-        return torch.frombuffer(raw, dtype=torch_dtype(t.dtype)).reshape(t.shape)
+        return read_tensor(self.reader, self.where[name])
 
     def layers(self) -> dict[int, list[tuple[str, str]]]:
         """layer index -> [(tensor name, name inside the layer)], in file order."""
@@ -98,8 +87,22 @@ class _Checkpoint:
     def outer(self) -> list[str]:
         return [n for n in self.where if not _LAYER.match(n)]
 
-    def side_files(self) -> list[str]:
-        return [p for p in self.ckpt.extra_files if basename(p) in SIDE_FILES]
+
+def read_tensor(reader: RangeReader, t: TensorEntry) -> torch.Tensor:
+    """A tensor of a checkpoint, read whole by range."""
+    raw = reader.read(t.file, t.data_offset, t.nbytes)
+    if not raw:
+        return torch.empty(t.shape, dtype=torch_dtype(t.dtype))
+    return torch.frombuffer(raw, dtype=torch_dtype(t.dtype)).reshape(t.shape)
+
+
+def edit_config(out_dir: Path, keys: Sequence[str], value: int) -> None:
+    """Set the output's config.json's first of `keys` it has (else the first) to `value`."""
+    path = out_dir / CONFIG_FILE
+    if path.is_file():
+        doc = json.loads(path.read_text())
+        doc[next((k for k in keys if k in doc), keys[0])] = value
+        path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 SHARD_BYTES = 2 << 30  # tensors held in memory before a shard is written
@@ -109,16 +112,14 @@ def write_slices(cfg: SliceConfig, paths: Mapping[str, str], out_dir: Path, *,
                  shard_bytes: int = SHARD_BYTES, pins: Mapping[str, Stamp] | None = None,
                  opened: Mapping[str, Checkpoint] | None = None,
                  progress: ProgressFn | None = None) -> SliceResult:
-    """Write the merge of `cfg` into `out_dir`; `paths` maps each model as written in the config
-    to its checkpoint (a local directory or a URL). Only the tensors taken are read, by range.
-    `pins`: each file must be read at that version (SourceChanged if not); `opened`: the
-    checkpoints (headers) already read, by model; `progress`: tensors written (at most every
-    0.5 s, and the last).
-    Tensors are written in shards of about `shard_bytes` (one file, model.safetensors, when
-    they fit), so memory holds one shard at a time."""
+    """Write the merge of `cfg` into `out_dir`, reading by range only the tensors taken from
+    `paths` (each model as written -> its checkpoint). `pins`: each file must be read at that
+    version (SourceChanged if not); `opened`: the headers already read, by model. Written in
+    shards of about `shard_bytes`, so memory holds one shard at a time."""
+    t0 = time.perf_counter()
     with open_reader(random_access=True) as reader:
         ckpts = {m: _Checkpoint(p, m, reader, (opened or {}).get(m)) for m, p in paths.items()}
-        files = _stamps(ckpts.values(), reader, pins or {})
+        _pin(ckpts.values(), reader, pins or {})
         out_dir.mkdir(parents=True, exist_ok=True)
         shards = _Shards(out_dir, shard_bytes)
         todo = list(_assignments(cfg, ckpts))
@@ -128,22 +129,16 @@ def write_slices(cfg: SliceConfig, paths: Mapping[str, str], out_dir: Path, *,
             if progress is not None and (i + 1 == len(todo) or time.monotonic() - told > 0.5):
                 told = time.monotonic()
                 progress(Progress(i + 1, len(todo), "blocks", base_bytes_read=reader.bytes_read))
-        count = shards.finish()
+        shards.finish()
         by_file = reader.bytes_by_path
         read = reader.bytes_read
     by_source = {m: sum(by_file.get(f.path, 0) for f in c.ckpt.files) for m, c in ckpts.items()}
-    donor = ckpts[cfg.donor]
-    dtype = cfg.output_dtype or (None if cfg.compute_dtype == "files" else
-                                 next(k for k, v in HF_DTYPE_NAMES.items()
-                                      if v == cfg.compute_dtype))
-    side = copy_side_files(donor.side_files(), out_dir, dtype)
-    config = out_dir / CONFIG_FILE
-    if config.is_file():
-        doc = json.loads(config.read_text())
-        doc[next((k for k in LAYER_KEYS if k in doc), LAYER_KEYS[0])] = cfg.layers
-        config.write_text(json.dumps(doc, indent=2) + "\n")
-    return SliceResult(str(out_dir), count, cfg.layers, read, side.copied, shards.written,
-                       output_hash(shards.written), files, by_source)
+    # (a compute dtype is given only with a written dtype, mergekit's `dtype` or `out_dtype`)
+    side = copy_side_files([p for p in ckpts[cfg.donor].ckpt.extra_files
+                            if basename(p) in SIDE_FILES], out_dir, cfg.output_dtype)
+    edit_config(out_dir, LAYER_KEYS, cfg.layers)
+    return SliceResult(cfg.layers, read, side.copied, shards.written, by_source,
+                       time.perf_counter() - t0)
 
 
 def output_count(cfg: SliceConfig, opened: Mapping[str, Checkpoint]) -> int:
@@ -154,14 +149,13 @@ def output_count(cfg: SliceConfig, opened: Mapping[str, Checkpoint]) -> int:
         return sum(1 for _ in _assignments(cfg, ckpts))
 
 
-def _stamps(ckpts: Iterable[_Checkpoint], reader: RangeReader, pins: Mapping[str, Stamp]
-            ) -> dict[str, Stamp]:
-    """Each source file as it is now (a remote one: the version its reads are pinned to);
-    SourceChanged for a file that is not the one `pins` recorded."""
-    out: dict[str, Stamp] = {}
+def _pin(ckpts: Iterable[_Checkpoint], reader: RangeReader, pins: Mapping[str, Stamp]) -> None:
+    """Pin the reads of each source file to its version now; SourceChanged for a file that is
+    not the one `pins` recorded."""
+    seen: set[str] = set()
     for c in ckpts:
         for f in c.ckpt.files:
-            if f.path in out:
+            if f.path in seen:
                 continue
             try:
                 now = store_for(f.path).stat(f.path)
@@ -172,8 +166,7 @@ def _stamps(ckpts: Iterable[_Checkpoint], reader: RangeReader, pins: Mapping[str
             if change is not None:
                 raise SourceChanged(f"{c.key}: {f.path} changed since the merge ({change})")
             reader.pin(f.path, was or now)
-            out[f.path] = was or now
-    return out
+            seen.add(f.path)
 
 
 class _Shards:
@@ -202,12 +195,12 @@ class _Shards:
         path = self.out_dir / f".shard-{len(self.files)}.safetensors"
         save_file(self.pending, str(path), metadata={"format": "pt"})
         self.where.update(dict.fromkeys(self.pending, len(self.files)))
-        self.written += [_hashed(n, t, path.name) for n, t in self.pending.items()]
+        self.written += [hashed_tensor(n, t, path.name) for n, t in self.pending.items()]
         self.files.append(path)
         self.pending, self.size = {}, 0
 
-    def finish(self) -> int:
-        """Name the shards; the number of tensors written."""
+    def finish(self) -> None:
+        """Name the shards (and write the index of several)."""
         if self.pending or not self.files:
             self._flush()
         n = len(self.files)
@@ -221,10 +214,9 @@ class _Shards:
             index = {"metadata": {"total_size": self.total},
                      "weight_map": {k: names[i] for k, i in self.where.items()}}
             (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-        return len(self.where)
 
 
-def _hashed(name: str, t: torch.Tensor, file: str) -> OutputTensor:
+def hashed_tensor(name: str, t: torch.Tensor, file: str) -> OutputTensor:
     """A written tensor and the xxh3-128 of its bytes (as the executor hashes its outputs)."""
     raw: Any = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""  # no copy
     return OutputTensor(name, _DTYPE_NAMES[t.dtype], tuple(t.shape), file,
@@ -247,10 +239,10 @@ def _assignments(cfg: SliceConfig, ckpts: Mapping[str, _Checkpoint]
                  ) -> Iterator[tuple[str, Slice, str, float, str]]:
     """(output tensor, its slice, source model, t, source tensor) for every output tensor."""
     first, last = cfg.slices[0], cfg.slices[-1]
-    head = ckpts[first.sources[0].model]
-    for name in head.outer():
-        if _is_pre(name):
-            yield name, first, first.sources[0].model, 0.0, name
+    head, tail = first.sources[0].model, last.sources[0].model
+    for name in ckpts[head].outer():
+        if _PRE.search(name):
+            yield name, first, head, 0.0, name
     index = 0
     for piece in cfg.slices:
         src = piece.sources[0]
@@ -265,13 +257,6 @@ def _assignments(cfg: SliceConfig, ckpts: Mapping[str, _Checkpoint]
                 prefix = _LAYER.match(name).group(1)  # type: ignore[union-attr]
                 yield f"{prefix}.{index}.{rest}", piece, src.model, t, name
             index += 1
-    tail_model = last.sources[0].model
-    tail = ckpts[tail_model]
-    for name in tail.outer():
-        if not _is_pre(name):
-            yield name, last, tail_model, 0.0, name
-
-
-def _is_pre(name: str) -> bool:
-    """The tensors mergekit takes before the layers (embeddings) from the first slice."""
-    return _PRE.search(name) is not None
+    for name in ckpts[tail].outer():
+        if not _PRE.search(name):
+            yield name, last, tail, 0.0, name

@@ -8,7 +8,6 @@ named by URL is a LoRA adapter is left to its ingestion job (kind `auto`).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -26,19 +25,18 @@ from mergepipe.core.mergekit_config import (
     load_document,
     parse_config,
 )
-from mergepipe.core.mergekit_slices import PassthroughRequest, has_slices
+from mergepipe.core.mergekit_slices import PassthroughRequest
 from mergepipe.core.mergekit_tokenizer import TokenizerOptions
 from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.core.vocab import AUTO
 from mergepipe.jobs import slices
+from mergepipe.jobs.slices import Locate, same_path
 from mergepipe.jobs.tokenizer import TokenizerPlan, plan_tokenizer
 from mergepipe.storage.checkpoint import ADAPTER_CONFIG
 from mergepipe.storage.locations import basename, hub_id_location, is_url, join, parse_url
 from mergepipe.storage.store import store_for
 
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
-
-Locate = Callable[[str, str], str]  # (path or URL as written, YAML key) -> real path or URL
 
 
 @dataclass
@@ -65,60 +63,48 @@ class ResolvedConfig:
                                  field=key) from None
 
 
-@dataclass
-class _Known:
-    """The models a config may match: registered ones, and those queued for ingestion."""
-
-    models: list[ModelRow]
-    pending: dict[str, NewIngestJob]  # by name: queued ingestions, and this config's own
-    taken: set[str]
-
-
 def resolve(cat: Catalog, cfg: MergekitConfig, *, locate: Locate | None = None,
             reserved: Iterable[str] = ()) -> ResolvedConfig:
     """Match every model to a registered one (by name or path), to one queued for ingestion
-    from the same path, or make it an ingestion job of its own, the base first.
-
-    `locate(text, key)` turns a path from the config into a real path or a canonical URL
-    (default: local paths relative to the working directory, as mergekit, and any URL); the
-    service confines them to its data and remote roots. `reserved` names are not given to models ingested for the config.
-    """
+    from the same path, or make it an ingestion job of its own (named apart from `reserved`),
+    the base first. `locate(text, key)`: a path from the config as a real path or a canonical
+    URL (default: local_path; the service confines them to its data and remote roots)."""
     locate = locate or local_path
+    # by name: the queued ingestions, and this config's own
     pending = {j.model: NewIngestJob(j.model, j.kind, j.path, j.base, j.block_bytes,
                                      j.with_stats) for j in queue.unfinished_ingest_models(cat)
                if j.status != "failed"}
     models = list_models(cat)
     # a queued merge's output name is claimed too: an ingestion named after it would be refused
     taken = {m.display_name for m in models} | set(pending) | set(reserved) | queue.pending_outputs(cat)
-    known = _Known(models, pending, taken)
     to_ingest: list[NewIngestJob] = []
 
     def find(ref: ModelRef, base: str | None, kind: str) -> str:
-        found = _match(ref, known.models, base=base)
+        found = _match(ref, models, base=base)
         if found is not None:
             return found
         path = locate(ref.text, ref.key)
-        found = _match(ref, known.models, base=base, path=path) or _pending(known, path, base)
+        found = _match(ref, models, base=base, path=path) or _pending(pending, path, base)
         if found is not None:
             return found
         if is_url(path):
             kind = AUTO if kind == "full" and base is not None else kind  # found by the job
         elif has_adapter_config(path):
             kind = "lora"
-        job = NewIngestJob(_free_name(path, known.taken), kind, path, base, field=ref.key)
-        known.taken.add(job.model)
-        known.pending[job.model] = job
+        job = NewIngestJob(_free_name(path, taken), kind, path, base, field=ref.key)
+        taken.add(job.model)
+        pending[job.model] = job
         to_ingest.append(job)
         return job.model
 
-    inferred = _infer_base(cfg, known.models, locate) if cfg.base is None else None
+    inferred = _infer_base(cfg, models, locate) if cfg.base is None else None
     if cfg.base is None and inferred is None:
         cfg = cfg.as_soup()  # a model soup: one of the models becomes the base
     base_name = find(cfg.base, None, "full") if cfg.base is not None else str(inferred)
     names = _experts(cfg, base_name, find)
     resolved = ResolvedConfig(cfg, base_name, names, to_ingest)
     if cfg.tokenizer is not None:
-        resolved.tokenizer = _tokenizer(cfg, resolved, known, locate)
+        resolved.tokenizer = _tokenizer(cfg, resolved, models, locate)
     return resolved
 
 
@@ -142,12 +128,12 @@ def _experts(cfg: MergekitConfig, base_name: str,
     return names
 
 
-def _tokenizer(cfg: MergekitConfig, resolved: ResolvedConfig, known: _Known, locate: Locate
-               ) -> TokenizerPlan | None:
+def _tokenizer(cfg: MergekitConfig, resolved: ResolvedConfig, models: list[ModelRow],
+               locate: Locate) -> TokenizerPlan | None:
     """The tokenizer plan of the config's options, from its models' directories (None: the
     base's files, as every merge copies them)."""
     assert cfg.tokenizer is not None
-    where = {m.name: m.path for m in known.models} | {j.model: j.path for j in resolved.to_ingest}
+    where = {m.name: m.path for m in models} | {j.model: j.path for j in resolved.to_ingest}
     # a Hub model queued unpinned (the service's URLs) is read at one commit, planned and run
     where = {n: slices.pinned(p, cfg.tokenizer.key) for n, p in where.items()}
     paths = {e.ref.text: where[n] for e, n in zip(cfg.experts, resolved.experts, strict=True)
@@ -188,7 +174,7 @@ def _token_models(opts: TokenizerOptions, paths: dict[str, str], locate: Locate
                 where = locate(model, key)
             except MergePipeError:
                 where = None
-            same = next((t for t, p in paths.items() if where and _same_path(p, where)), None)
+            same = next((t for t, p in paths.items() if where and same_path(p, where)), None)
             if same is not None:
                 spec = replace(spec, source=replace(spec.source, model=same))
         specs.append(spec)
@@ -207,7 +193,7 @@ def load_config(cat: Catalog, text: str | bytes, *, budget: BudgetSpec = None,
                              "delta, so there is no budgeted plan to make; merge it (mergepipe "
                              "merge CONFIG.yml, POST /v1/merges, Catalog.merge)",
                              field="merge_method")
-    if has_slices(doc):
+    if doc.get("slices") not in (None, [], {}):
         text = slices.as_models(doc, locate or local_path)
     resolved = resolve(cat, parse_config(text), locate=locate, reserved=reserved)
     return resolved.request(budget=budget, seed=seed), resolved
@@ -251,15 +237,6 @@ def _infer_base(cfg: MergekitConfig, models: list[ModelRow], locate: Locate) -> 
         "fine-tuned from; add base_model: PATH", field="base_model")
 
 
-def _same_path(a: str, b: str) -> bool:
-    if is_url(a) or is_url(b):
-        return a == b  # both canonical (as recorded and as located)
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def has_adapter_config(path: str) -> bool:
     """Whether the checkpoint at `path` is a PEFT adapter directory (it has adapter_config.json)."""
     target = join(path, ADAPTER_CONFIG)
@@ -275,7 +252,7 @@ def _match(ref: ModelRef, models: list[ModelRow], *, base: str | None,
     if path is None:
         cands = [m for m in models if ref.text in (m.name, m.display_name)]  # name~N, name
     else:
-        cands = [m for m in models if _same_path(m.path, path)]
+        cands = [m for m in models if same_path(m.path, path)]
     right = [m for m in cands if any_base or m.base == base]
     if not right:
         if cands and path is None:
@@ -294,10 +271,10 @@ def _match(ref: ModelRef, models: list[ModelRow], *, base: str | None,
     return sorted(ready, key=lambda m: m.name)[0].name
 
 
-def _pending(known: _Known, path: str, base: str | None) -> str | None:
+def _pending(pending: dict[str, NewIngestJob], path: str, base: str | None) -> str | None:
     """A model already queued for ingestion from `path` with base `base`."""
-    for name, job in sorted(known.pending.items()):
-        if job.base == base and _same_path(job.path, path):
+    for name, job in sorted(pending.items()):
+        if job.base == base and same_path(job.path, path):
             return name
     return None
 

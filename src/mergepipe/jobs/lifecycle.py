@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mergepipe.catalog import records
@@ -29,8 +29,7 @@ class Removal:
     kept: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "retired": self.retired, "deleted": self.deleted,
-                "kept": self.kept}
+        return asdict(self)
 
 
 def remove_model(cat: Catalog, ref: str, *, force: bool = False, delete_files: bool = False,

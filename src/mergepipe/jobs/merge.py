@@ -1,11 +1,7 @@
-"""One merge end to end: validate and queue it; then plan it once, execute, publish, record, register.
-
-The request is validated when the merge is accepted (4xx then, for the caller), and planned once,
-by the worker that runs it, against the catalog as it is then: a merge queued behind the
-ingestion of its own inputs cannot be planned earlier, and a plan made at acceptance could be
-stale by the time it runs. The plan is recorded before any weight is read, and replay
-re-executes exactly that record.
-"""
+"""One merge end to end: validated and queued when accepted (4xx then, for the caller); planned
+once by the worker that runs it, against the catalog as it is then (a merge queued behind the
+ingestion of its inputs cannot be planned earlier), the plan recorded before any weight is read
+(replay re-executes that record); then executed, published, recorded and registered."""
 
 from __future__ import annotations
 
@@ -51,20 +47,18 @@ __all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
 
 
 class Finish(Protocol):
-    """A last step on the staged output before its manifest (the tokenizer options of a
-    mergekit config: jobs.reindex.TokenizerStep). What it returns is recorded in the manifest
-    under "tokenizer" (with "resized": true, the output is registered as a model of its own,
-    not an expert of the base); its document() is recorded with the plan, for replay."""
+    """A last step on the staged output before its manifest (jobs.reindex.TokenizerStep). What
+    it returns is recorded in the manifest under "tokenizer" (with "resized": true, the output
+    is registered as a model of its own, not an expert of the base); its document() with the
+    plan, for replay; `reindexes`: whether it re-indexes the embeddings (then experts with more
+    vocabulary rows than the base may be merged: jobs.planning.check_vocab_rows)."""
 
     def __call__(self, stage: Path, result: ExecutionResult) -> Mapping[str, object]: ...
 
     def document(self) -> dict[str, Any]: ...
 
     @property
-    def reindexes(self) -> bool:
-        """Whether it re-indexes the embeddings (then experts whose vocabulary tensors have
-        more rows than the base's may be merged: jobs.planning.check_vocab_rows)."""
-        ...
+    def reindexes(self) -> bool: ...
 
 
 def submit_merge(cat: Catalog, request: MergeRequest | PassthroughRequest, output_name: str,
@@ -72,13 +66,10 @@ def submit_merge(cat: Catalog, request: MergeRequest | PassthroughRequest, outpu
                  overwrite: bool = False, ingests: Sequence[NewIngestJob] = (),
                  max_queued: int | None = None,
                  tokenizer: Mapping[str, Any] | None = None) -> Queued:
-    """Check the request against the catalog and the output, and queue the merge (with the
-    ingestions of its inputs that are not registered yet, in one transaction). A passthrough
-    request was checked against the catalog and its sources when it was resolved
-    (jobs.slices.resolve_passthrough). `tokenizer`: a mergekit config's tokenizer plan (its
-    document), queued with the request under "tokenizer": the runner passes it to run_merge as
-    its finish (jobs.reindex.queued_step); a local output, the files written beside the
-    weights."""
+    """Check the request against the catalog and the output (a passthrough request was checked
+    when jobs.slices resolved it), and queue the merge with the ingestions of its unregistered
+    inputs, in one transaction. `tokenizer`: a config's tokenizer plan (its document), queued
+    under the request's "tokenizer" and run as the merge's finish (jobs.reindex.queued_step)."""
     check_name(output_name, "output.name")  # it becomes a model: the name rule of ingestion
     out = output_for(output_dir)
     out.check(overwrite=overwrite)
@@ -103,97 +94,81 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
               finish: Finish | None = None) -> MergeSummary:
     """Plan, record the plan, execute, publish (output + manifest.json atomically), register the
     output as a model and record success; any failure is recorded once and raised. With data
-    roots (the service), the inputs must still lie inside them, and every input file is opened
-    beneath its root (the data roots, and the output root for earlier outputs). `engine`
-    executes the plan (local threads or Ray tasks: the same bytes). `fence` (a worker on a
+    roots (the service), the inputs must still lie inside them, every input file opened beneath
+    its root (the data roots, and the output root for earlier outputs). `fence` (a worker on a
     shared catalog): every write is made only while its lease holds (docs/scale-out.md)."""
     roots = [*data_roots, *([output_root] if output_root is not None else [])]
     with confined(roots) if data_roots else contextlib.nullcontext():
-        return _run_merge(cat, merge_id, progress=progress, threads=threads,
-                          overwrite=overwrite, data_roots=data_roots, engine=engine,
-                          fence=fence, finish=finish)
-
-
-def _run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None,
-               threads: int | None, overwrite: bool,
-               data_roots: Sequence[Path], engine: Engine, fence: Fence | None,
-               finish: Finish | None = None) -> MergeSummary:
-    wall0 = time.perf_counter()
-    row = records.mark_running(cat, merge_id, fence)
-    out, name = output_for(str(row.output_path)), str(row.output_name)
-    if row.operator == PASSTHROUGH:
-        return _run_passthrough(cat, merge_id, PassthroughRequest.from_dict(row.request), out,
-                                name, wall0, overwrite=overwrite, fence=fence,
-                                data_roots=data_roots, progress=progress)
-    result: ExecutionResult | None = None
-    try:
-        request = MergeRequest.from_dict(row.request)
-        if data_roots:
-            _recheck_inputs(cat, request, data_roots)
-        t0 = time.perf_counter()
-        check_vocab_rows(cat, request, reindexed=finish is not None and finish.reindexes)
-        prep = _prepare(cat, request)
-        plan_seconds = time.perf_counter() - t0
-        record = plan_record(prep, plan_seconds)
-        if finish is not None:
-            record = replace(record, document={**record.document, "tokenizer": finish.document()})
-        records.record_plan(cat, merge_id, record, fence)
-        previous = previous_of(prep.plan)
-        records.record_strategy(cat, merge_id, strategy_of(prep.plan),
-                                previous[0] if previous else None, fence)
-        result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
-                                      progress=progress, threads=threads, overwrite=overwrite,
-                                      engine=engine, fence=fence, finish=finish)
-    except LeaseLost:
-        raise  # another worker owns the merge now: record nothing
-    except BaseException as e:
-        records.record_failure(cat, merge_id, failure_message(e, "merge"),
-                               result.exec_seconds if result is not None else None, fence)
-        raise
-    return summary(merge_id, prep, result, output=out.location, output_name=name,
-                   plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
+        wall0 = time.perf_counter()
+        row = records.mark_running(cat, merge_id, fence)
+        out, name = output_for(str(row.output_path)), str(row.output_name)
+        copy = PassthroughRequest.from_dict(row.request) if row.operator == PASSTHROUGH else None
+        ran: list[float] = []  # a passthrough's execution seconds, recorded with a failure
+        try:
+            if copy is not None:
+                return _run_passthrough(cat, merge_id, copy, out, name, wall0, ran,
+                                        overwrite=overwrite, fence=fence, data_roots=data_roots,
+                                        progress=progress)
+            request = MergeRequest.from_dict(row.request)
+            if data_roots:
+                _recheck_inputs(cat, request, data_roots)
+            t0 = time.perf_counter()
+            if finish is None or not finish.reindexes:
+                check_vocab_rows(cat, request)
+            prep = _prepare(cat, request)
+            plan_seconds = time.perf_counter() - t0
+            record = plan_record(prep, plan_seconds)
+            if finish is not None:
+                record = replace(record, document={**record.document,
+                                                   "tokenizer": finish.document()})
+            records.record_plan(cat, merge_id, record, fence)
+            previous = previous_of(prep.plan)
+            records.record_strategy(cat, merge_id, strategy_of(prep.plan),
+                                    previous[0] if previous else None, fence)
+            result = _execute_and_publish(cat, merge_id, prep, out, name, plan_seconds, wall0,
+                                          progress=progress, threads=threads,
+                                          overwrite=overwrite, engine=engine, fence=fence,
+                                          finish=finish)
+        except LeaseLost:
+            raise  # another worker owns the merge now: record nothing
+        except BaseException as e:
+            records.record_failure(cat, merge_id, failure_message(e, "merge"),
+                                   ran[0] if ran else None, fence)
+            raise
+        return summary(merge_id, prep, result, output=out.location, output_name=name,
+                       plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
 
 
 def _run_passthrough(cat: Catalog, merge_id: str, request: PassthroughRequest,
-                     out: LocalOutput | S3Output, name: str, wall0: float, *, overwrite: bool,
-                     fence: Fence | None, data_roots: Sequence[Path],
+                     out: LocalOutput | S3Output, name: str, wall0: float, ran: list[float], *,
+                     overwrite: bool, fence: Fence | None, data_roots: Sequence[Path],
                      progress: ProgressFn | None) -> MergeSummary:
-    """A passthrough merge (jobs.slices): its plan (the sources pinned) recorded, its tensors
-    copied by range into a staging directory with the manifest, then published and recorded
-    as every merge is; the output registered as a base model."""
-    result = None
+    """A passthrough merge (jobs.slices), recorded and published as every merge is; the output
+    registered as a base model."""
+    for key, path in request.sources.items():
+        if data_roots and not is_url(path):
+            recheck_input(path, data_roots, field=key)
+    t0 = time.perf_counter()
+    plan = slices.plan_passthrough(request)
+    plan_seconds = time.perf_counter() - t0
+    records.record_plan(cat, merge_id, slices.plan_record(plan, plan_seconds), fence)
+    records.record_strategy(cat, merge_id, "scratch", None, fence)
+    stage = out.stage(merge_id[2:] + (fence.tag if fence else ""), overwrite=overwrite)
     try:
-        for key, path in request.sources.items():
-            if data_roots and not is_url(path):
-                recheck_input(path, data_roots, field=key)
-        t0 = time.perf_counter()
-        plan = slices.plan_passthrough(request)
-        plan_seconds = time.perf_counter() - t0
-        records.record_plan(cat, merge_id, slices.plan_record(plan, plan_seconds), fence)
-        records.record_strategy(cat, merge_id, "scratch", None, fence)
-        stage = out.stage(merge_id[2:] + (fence.tag if fence else ""), overwrite=overwrite)
-        try:
-            with out_of_space_is_507(stage):
-                result = slices.execute(plan, stage,
-                                        _recorder(cat, merge_id, progress, fence))
-                hooks().merge_staged(merge_id)
-                write_manifest(stage, slices.manifest(
-                    plan, result, merge_id=merge_id, output_name=name, output_path=out.location,
-                    plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0))
-        except BaseException:
-            publish.discard(stage)
-            raise
-        done = result
-        publish_and_record(cat, merge_id, stage, out, name, base=None, first_passes={},
-                           outcome=lambda registered: slices.outcome_record(
-                               plan, done, registered, out.location),
-                           overwrite=overwrite, fence=fence)
-    except LeaseLost:
+        with out_of_space_is_507(stage):
+            result = slices.execute(plan, stage, _recorder(cat, merge_id, progress, fence))
+            ran.append(result.exec_seconds)
+            hooks().merge_staged(merge_id)
+            write_manifest(stage, slices.manifest(
+                plan, result, merge_id=merge_id, output_name=name, output_path=out.location,
+                plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0))
+    except BaseException:
+        publish.discard(stage)
         raise
-    except BaseException as e:
-        records.record_failure(cat, merge_id, failure_message(e, "merge"),
-                               result.exec_seconds if result is not None else None, fence)
-        raise
+    publish_and_record(cat, merge_id, stage, out, name, base=None, first_passes={},
+                       outcome=lambda registered: slices.outcome_record(
+                           plan, result, registered, out.location),
+                       overwrite=overwrite, fence=fence)
     return slices.summary(merge_id, plan, result, output=out.location, output_name=name,
                           plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
 
@@ -222,8 +197,7 @@ def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,
                          plan_seconds: float, wall0: float, *, progress: ProgressFn | None,
                          threads: int | None, overwrite: bool, engine: Engine,
                          fence: Fence | None, finish: Finish | None = None) -> ExecutionResult:
-    """Execute into a staging directory (then `finish` on it), then publish and record it
-    (publish_and_record)."""
+    """Execute into a staging directory (then `finish` on it), then publish_and_record it."""
     stage = out.stage(merge_id[2:] + (fence.tag if fence else ""), overwrite=overwrite)
     finished: Mapping[str, object] | None = None
     try:
@@ -262,10 +236,9 @@ def publish_and_record(cat: Catalog, merge_id: str, stage: Path, out: LocalOutpu
                        outcome: Callable[[str], OutcomeRecord], overwrite: bool,
                        fence: Fence | None) -> None:
     """Publish the staged output, then register it as model `name` (an expert of `base` with
-    statistics, or a base model) and record the merge's outcome (`outcome(registered name)`)
-    in one transaction; an output is never left published without its record. With a fence,
-    the merge's row stays locked from before the publish to the record: a stalled run whose
-    merge was taken over publishes nothing and removes only its own staging."""
+    statistics, or a base model) and record the merge's outcome in one transaction: an output
+    is never left published without its record. With a fence, the merge's row stays locked
+    from before the publish to the record (a run whose merge was taken over publishes nothing)."""
     published = False
     try:
         with _fenced(cat, merge_id, fence) as held:
@@ -307,9 +280,8 @@ def merge(cat: Catalog, request: MergeRequest | PassthroughRequest, output_dir: 
           output_name: str | None = None, progress: ProgressFn | None = None,
           threads: int | None = None, overwrite: bool = False,
           engine: Engine = LOCAL, finish: Finish | None = None) -> MergeSummary:
-    """submit_merge + run_merge: the CLI's merge into a directory or an s3:// prefix. The
-    output name defaults to the directory's name. `finish` (not for passthrough): see
-    Finish."""
+    """submit_merge + run_merge: the CLI's merge into a directory or an s3:// prefix (the
+    output named after it by default)."""
     out = output_for(output_dir)
     merge_id = submit_merge(cat, request, output_name or basename(out.location), out.location,
                             overwrite=overwrite).merge_id
@@ -338,8 +310,7 @@ def execute_plan(cat: Catalog, plan: Plan, output_dir: Path, *, threads: int | N
 
 
 def _recheck_inputs(cat: Catalog, request: MergeRequest, data_roots: Sequence[Path]) -> None:
-    """The directories of the merge's models inside the data roots still hold no link out of
-    them (the merge reads the experts and copies the base's config files)."""
+    """The directories of the merge's models still hold no link out of the data roots."""
     fields = [("base", request.base)] + [(f"experts[{i}].model", e.model)
                                          for i, e in enumerate(request.experts)]
     for field_name, name in fields:
@@ -350,8 +321,7 @@ def _recheck_inputs(cat: Catalog, request: MergeRequest, data_roots: Sequence[Pa
 
 def _recorder(cat: Catalog, merge_id: str, user: ProgressFn | None,
               fence: Fence | None) -> ProgressFn:
-    """Record progress in the merges row (the executor calls it at most every 0.5 s); a lost
-    lease stops the run there."""
+    """Record progress in the merges row; a lost lease stops the run there."""
     def report(p: Progress) -> None:
         records.record_progress(cat, merge_id, p, fence)
         if user is not None:

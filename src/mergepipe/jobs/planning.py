@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from mergepipe.catalog import queue
@@ -39,13 +39,11 @@ def check_inputs(cat: Catalog, request: MergeRequest, pending: Collection[str] =
     return request
 
 
-def check_vocab_rows(cat: Catalog, request: MergeRequest, *, reindexed: bool) -> None:
+def check_vocab_rows(cat: Catalog, request: MergeRequest) -> None:
     """An expert's vocabulary tensor (embeddings, output head) with more rows than the base's
     (catalog.ingest records it so) is merged only by a merge that re-indexes the embeddings
     (a mergekit config's tokenizer options: jobs.reindex reads the tensors whole); otherwise
     refused, naming the expert and the tensor (mergekit fails on it too)."""
-    if reindexed:
-        return
     base = {t.name: t.shape for t in model_tensors(cat, request.base)}
     rows = find_models(cat, [e.model for e in request.experts])
     for i, e in enumerate(request.experts):
@@ -121,19 +119,16 @@ DEVIATION_STEPS = 100
 class BudgetSearch:
     """How a target deviation chose its budget (docs/deviation.md#predicted-deviation)."""
 
-    target: float
+    target_deviation: float
     fraction: float               # the budget chosen: the smallest grid point that meets target
     predicted_deviation: float    # its plan's
     below: float | None           # the grid point under it, whose plan misses the target
     below_deviation: float | None  # (None: it reads no expert byte, or it is budget 0)
+    resolution: float
     plans: int                    # plans the search made
-    resolution: float = 1 / DEVIATION_STEPS
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target_deviation": self.target, "fraction": self.fraction,
-                "predicted_deviation": self.predicted_deviation, "below": self.below,
-                "below_deviation": self.below_deviation, "resolution": self.resolution,
-                "plans": self.plans}
+        return asdict(self)
 
 
 def plan_for_deviation(cat: Catalog, request: MergeRequest, target: float
@@ -180,7 +175,7 @@ def plan_for_deviation(cat: Catalog, request: MergeRequest, target: float
             lo, lo_dev = mid, dev
     chosen = hi_plan.predicted_deviation
     assert chosen is not None
-    search = BudgetSearch(target, hi / DEVIATION_STEPS, chosen,
-                          lo / DEVIATION_STEPS if lo else None, lo_dev if lo else None, made)
+    search = BudgetSearch(target, hi / DEVIATION_STEPS, chosen, lo / DEVIATION_STEPS if lo else None,
+                          lo_dev if lo else None, 1 / DEVIATION_STEPS, made)
     hi_plan.budget_search = search.to_dict()
     return hi_req, hi_plan, search

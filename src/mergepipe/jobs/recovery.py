@@ -51,16 +51,16 @@ def clean_outputs(target: Path, merge_id: str) -> None:
     tag = merge_id[2:]  # + a claim's suffix on a shared catalog: every run's staging
     for stage in target.parent.glob(glob.escape(publish.staging_dir(target, tag).name) + "*"):
         log.warning("removing the staging directory %s of interrupted merge %s", stage, merge_id)
-        _remove(stage)
+        remove(stage)
     if _published_by(target, merge_id):
         log.warning("removing %s: merge %s published it but died before recording it",
                     target, merge_id)
-        _remove(target)
+        remove(target)
     for old in target.parent.glob(glob.escape(f".{target.name}.old-{tag}") + "*"):
         if not os.path.lexists(target) and old.is_dir() and not old.is_symlink():
             os.rename(old, target)  # the output this merge was replacing
         else:
-            _remove(old)
+            remove(old)
 
 
 def _published_by(target: Path, merge_id: str) -> bool:
@@ -74,7 +74,8 @@ def _published_by(target: Path, merge_id: str) -> bool:
     return isinstance(doc, dict) and doc.get("merge_id") == merge_id
 
 
-def _remove(p: Path) -> None:
+def remove(p: Path) -> None:
+    """Remove a directory (not through a link) or a file."""
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
     else:

@@ -1,18 +1,14 @@
-"""The embeddings moved to the output's vocabulary (mergekit's tokenizer_source / tokenizer:),
-a step of the merge run on its staged output before the manifest.
-
-Each model's embedding tensors (embed_tokens, lm_head: the tensors indexed by token) are read
-whole from its checkpoint (a local directory or a URL such as a pinned Hub revision: byte ranges
-through the storage layer's reader), their rows moved to the output's token ids (jobs.tokenizer planned
-which row each model holds), rows a model lacks filled as mergekit fills them, and the merge's
-method run over the moved rows at full read: the moved tensors are written as small checkpoints,
-merged by the same request in a scratch catalog (the same kernels, so mergekit's bytes), and the
-results replace the staged tensors (which may gain rows). The budget of the merge does not apply
-to these tensors: they are read whole, and counted apart (`vocab_bytes_read`)."""
+"""The embeddings moved to the output's vocabulary (mergekit's tokenizer_source / tokenizer:), a
+step on the merge's staged output: each model's vocabulary tensors (embed_tokens, lm_head) read
+whole by range, their rows moved to the output's token ids (as jobs.tokenizer planned), the rows
+a model lacks filled as mergekit fills them, and the moved tensors merged by the same request
+at full read in a scratch catalog (the same kernels: mergekit's bytes), replacing the staged
+ones. The merge's budget does not apply to them (counted apart: `vocab_bytes_read`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -20,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import xxhash
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.queue import NewIngestJob
@@ -28,11 +25,12 @@ from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_tokenizer import MODEL_TOKEN, ZERO, TokenSpec, is_vocab_tensor
 from mergepipe.core.request import Budget, MergeRequest
 from mergepipe.core.vocab import DTYPE_SIZES
+from mergepipe.executor.slices import edit_config, hashed_tensor, read_tensor
 from mergepipe.executor.stream import ExecutionResult, output_hash
-from mergepipe.executor.writer import OutputTensor
+from mergepipe.jobs.ingest import run_ingestion
+from mergepipe.jobs.merge import merge
 from mergepipe.jobs.tokenizer import Reindex, TokenizerPlan, apply_tokenizer, model_json
 from mergepipe.storage.checkpoint import INDEX_FILE, open_checkpoint
-from mergepipe.storage.safetensors_format import torch_dtype
 from mergepipe.storage.storage import RangeReader, open_reader
 
 _TIED_HEAD, _TIED_TO = "lm_head.weight", "embed_tokens.weight"
@@ -47,7 +45,29 @@ class TokenizerStep:
     request: MergeRequest
 
     def __call__(self, stage: Path, result: ExecutionResult) -> dict[str, object]:
-        record = reindex_stage(self.plan, self.request, stage, result)
+        """Replace the staged vocabulary tensors by the merge of the re-indexed ones (`result`
+        updated to match: shapes, hashes) and write the tokenizer files."""
+        reindex = self.plan.reindex
+        record: dict[str, object] = {"options": dict(self.plan.options or {})}
+        if reindex is not None:
+            staged = {t.name: t for t in result.tensors if is_vocab_tensor(t.name)}
+            dtype = self.request.params.get("compute_dtype", "float32")  # absent: the default
+            moved: dict[str, list[torch.Tensor]] = {}
+            read = 0
+            with open_reader(random_access=True) as reader:
+                for name in staged:
+                    inputs = []
+                    for m in reindex.models:
+                        t = _read_tensor(m.path, name, reader)
+                        read += t.numel() * t.element_size()
+                        inputs.append(t if dtype == "files" else t.to(getattr(torch, str(dtype))))
+                    moved[name] = move_rows(reindex, inputs)
+            merged = _merge(self.request, reindex, moved, {n: t.dtype for n, t in staged.items()})
+            _splice(stage, result, merged)
+            edit_config(stage, ("vocab_size",), reindex.rows)  # mergekit writes it too
+            resized = any(tuple(merged[n].shape) != staged[n].shape for n in merged)
+            record.update(reindex.record(), vocab_bytes_read=read, tensors=sorted(merged),
+                          resized=resized)
         record["files"] = apply_tokenizer(self.plan, stage)
         return record
 
@@ -66,34 +86,6 @@ def queued_step(request: Mapping[str, Any]) -> TokenizerStep | None:
     if doc is None:
         return None
     return TokenizerStep(TokenizerPlan.from_document(doc), MergeRequest.from_dict(dict(request)))
-
-
-def reindex_stage(plan: TokenizerPlan, request: MergeRequest, stage: Path,
-                  result: ExecutionResult) -> dict[str, object]:
-    """Replace the staged output's vocabulary tensors by the merge of the re-indexed ones
-    (`result` updated to match: shapes, hashes); what the manifest records."""
-    reindex = plan.reindex
-    record: dict[str, object] = {"options": dict(plan.options or {})}
-    if reindex is None:
-        return record
-    staged = {t.name: t for t in result.tensors if is_vocab_tensor(t.name)}
-    dtype = request.params.get("compute_dtype", "float32")  # absent: the default, float32
-    moved: dict[str, list[torch.Tensor]] = {}
-    read = 0
-    with open_reader(random_access=True) as reader:
-        for name in staged:
-            inputs = []
-            for m in reindex.models:
-                t = _read_tensor(m.path, name, reader)
-                read += t.numel() * t.element_size()
-                inputs.append(t if dtype == "files" else t.to(getattr(torch, str(dtype))))
-            moved[name] = move_rows(reindex, inputs)
-    merged = _merge(request, reindex, moved, {n: t.dtype for n, t in staged.items()})
-    _splice(stage, result, merged)
-    _set_vocab_size(stage / "config.json", reindex.rows)
-    resized = any(tuple(merged[n].shape) != staged[n].shape for n in merged)
-    return {**record, **reindex.record(), "vocab_bytes_read": read,
-            "tensors": sorted(merged), "resized": resized}
 
 
 def move_rows(plan: Reindex, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -186,20 +178,12 @@ def _read_tensor(path: str, name: str, reader: RangeReader | None = None) -> tor
     if entry is None:
         raise InvalidRequest(f"tokenizer: {path} has no tensor {name!r} to re-index",
                              field="tokenizer")
-    raw = reader.read(entry.file, entry.data_offset, entry.nbytes)
-    if not raw:
-        return torch.empty(entry.shape, dtype=torch_dtype(entry.dtype))
-    return torch.frombuffer(raw, dtype=torch_dtype(entry.dtype)).reshape(entry.shape)
+    return read_tensor(reader, entry)
 
 
 def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.Tensor]],
            out_dtypes: Mapping[str, str]) -> dict[str, torch.Tensor]:
     """The request's merge of the moved tensors at full read, in a scratch catalog."""
-    from safetensors.torch import save_file
-
-    from mergepipe.jobs.ingest import run_ingestion
-    from mergepipe.jobs.merge import merge
-
     base_dir = plan.models[plan.base].path
     config = model_json(base_dir, "config.json") or {}
     with tempfile.TemporaryDirectory(prefix="mergepipe-vocab-") as tmp:
@@ -228,8 +212,6 @@ def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.
             merge(cat, sub, root / "out", output_name="out")
         finally:
             cat.close()
-        from safetensors.torch import load_file
-
         out: dict[str, torch.Tensor] = {}
         for f in sorted((root / "out").glob("*.safetensors")):
             out.update(load_file(str(f)))
@@ -238,9 +220,6 @@ def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.
 
 def _splice(stage: Path, result: ExecutionResult, merged: Mapping[str, torch.Tensor]) -> None:
     """Rewrite the staged files holding the merged tensors; `result` follows."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     by_file: dict[str, list[str]] = {}
     for t in result.tensors:
         if t.name in merged:
@@ -252,7 +231,7 @@ def _splice(stage: Path, result: ExecutionResult, merged: Mapping[str, torch.Ten
         tensors.update({k: merged[k] for k in by_file[fname]})
         (stage / fname).unlink()
         save_file(tensors, str(stage / fname), metadata=meta)
-    result.tensors = [_entry(t, merged[t.name]) if t.name in merged else t
+    result.tensors = [hashed_tensor(t.name, merged[t.name], t.file) if t.name in merged else t
                       for t in result.tensors]
     result.output_hash = output_hash(result.tensors)
     for name in merged:
@@ -261,27 +240,5 @@ def _splice(stage: Path, result: ExecutionResult, merged: Mapping[str, torch.Ten
     if index.is_file():
         doc = json.loads(index.read_text())
         doc.setdefault("metadata", {})["total_size"] = sum(
-            _nbytes(t) for t in result.tensors)
+            DTYPE_SIZES[t.dtype] * math.prod(t.shape) for t in result.tensors)
         index.write_text(json.dumps(doc, indent=2))
-
-
-def _entry(t: OutputTensor, value: torch.Tensor) -> OutputTensor:
-    assert torch_dtype(t.dtype) == value.dtype, t.name
-    data = value.contiguous().view(torch.uint8).numpy().tobytes()
-    return OutputTensor(t.name, t.dtype, tuple(value.shape), t.file,
-                        xxhash.xxh3_128(data).hexdigest())
-
-
-def _nbytes(t: OutputTensor) -> int:
-    n = DTYPE_SIZES[t.dtype]
-    for d in t.shape:
-        n *= d
-    return n
-
-
-def _set_vocab_size(path: Path, rows: int) -> None:
-    """config.json's vocab_size: the output's rows (mergekit writes it too)."""
-    if path.is_file():
-        doc = json.loads(path.read_text())
-        doc["vocab_size"] = rows
-        path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -66,87 +66,66 @@ def stored_plan(cat: Catalog, merge_id: str) -> Plan:
 
 def replay(cat: Catalog, merge_id: str, output_dir: Path | None = None, *,
            threads: int | None = None, progress: ProgressFn | None = None) -> ReplayResult:
-    """Re-run the stored access set into `output_dir` (default: a temporary directory that is
-    removed afterwards) and report, per tensor, whether the output hash matches the stored one."""
+    """Re-run the stored access set (a passthrough merge: copy the slices again, every source
+    file read at the version recorded) into `output_dir` (default: a temporary directory) and
+    report, per tensor, whether the output hash matches the stored one."""
     t0 = time.perf_counter()
     row = records.get_merge(cat, merge_id)
     if row.status != "succeeded":
         raise Conflict(f"merge {merge_id} is {row.status}; only succeeded merges can be "
                        "replayed", field="merge_id")
-    if row.operator == PASSTHROUGH:
-        return _replay_passthrough(cat, row, output_dir, t0)
-    plan = stored_plan(cat, merge_id)
+    copied = row.operator == PASSTHROUGH
+    if copied:
+        if row.plan is None or row.plan_hash is None:
+            raise Conflict(f"merge {merge_id} was never planned; nothing to replay",
+                           field="merge_id")
+        copy = slices.PassthroughPlan.from_document(PassthroughRequest.from_dict(row.request),
+                                                    row.plan)
+        plan_hash, budget = copy.plan_hash, 0
+    else:
+        plan = stored_plan(cat, merge_id)
+        prep = stream.prepare(cat, plan)
+        plan_hash, budget = plan.plan_hash, plan.budget_bytes
     expected = records.output_tensors(cat, merge_id)
-    prep = stream.prepare(cat, plan)
-    tmp_root, target = _target(output_dir, merge_id)
+    tmp_root: Path | None = None  # a temporary folder, removed afterwards
+    if output_dir is None:
+        tmp_root = Path(tempfile.mkdtemp(prefix=f"mergepipe-replay-{merge_id}-"))
+        output_dir = tmp_root / "output"
+    target = Path(output_dir).absolute()
     try:
         with publish.staged(target, f"replay-{merge_id[2:]}") as stage:
-            result = stream.execute(prep, stage, threads=threads, progress=progress)
-            manifest = build_manifest(cat, merge_id=merge_id, prep=prep, result=result,
-                                      output_name=None, output_path=target, plan_seconds=None)
-            tokenizer = (row.plan or {}).get("tokenizer")
-            if tokenizer is not None:  # the config's tokenizer options, redone
-                from mergepipe.jobs.reindex import TokenizerStep  # torch: only for them
-                from mergepipe.jobs.tokenizer import TokenizerPlan
+            if copied:
+                done = slices.execute(copy, stage)
+                write_manifest(stage, slices.manifest(
+                    copy, done, merge_id=merge_id, output_name=None, output_path=str(target),
+                    plan_seconds=None, wall_seconds=None))
+                written, output_hash, read = done.written, done.output_hash, (0, done.bytes_read)
+            else:
+                result = stream.execute(prep, stage, threads=threads, progress=progress)
+                manifest = build_manifest(cat, merge_id=merge_id, prep=prep, result=result,
+                                          output_name=None, output_path=target,
+                                          plan_seconds=None)
+                tokenizer = (row.plan or {}).get("tokenizer")
+                if tokenizer is not None:  # the config's tokenizer options, redone
+                    from mergepipe.jobs.reindex import TokenizerStep  # torch: only for them
+                    from mergepipe.jobs.tokenizer import TokenizerPlan
 
-                step = TokenizerStep(TokenizerPlan.from_document(tokenizer), plan.request)
-                manifest = {**manifest, "tokenizer": step(stage, result)}
-            write_manifest(stage, manifest)
+                    step = TokenizerStep(TokenizerPlan.from_document(tokenizer), plan.request)
+                    manifest = {**manifest, "tokenizer": step(stage, result)}
+                write_manifest(stage, manifest)
+                written, output_hash = result.tensors, result.output_hash
+                read = (result.expert_bytes_read, result.base_bytes_read)
     finally:
         if tmp_root is not None:
             shutil.rmtree(tmp_root, ignore_errors=True)
-    checks = _checks(expected, {t.name: t.content_hash for t in result.tensors})
+    actual = {t.name: t.content_hash for t in written}
+    checks = [TensorCheck(n, expected.get(n), actual.get(n), expected.get(n) == actual.get(n))
+              for n in sorted(expected.keys() | actual.keys())]
     mismatches = [c.tensor for c in checks if not c.match]
     return ReplayResult(
-        merge_id=merge_id, match=not mismatches and result.output_hash == row.output_hash,
-        plan_hash=plan.plan_hash, expected_output_hash=row.output_hash,
-        output_hash=result.output_hash, n_tensors=len(checks), mismatched_tensors=mismatches,
-        expert_bytes_read=result.expert_bytes_read, base_bytes_read=result.base_bytes_read,
-        budget_bytes=plan.budget_bytes, output=None if tmp_root is not None else str(target),
-        wall_seconds=time.perf_counter() - t0, tensors=checks)
-
-
-def _checks(expected: dict[str, str], actual: dict[str, str]) -> list[TensorCheck]:
-    return [TensorCheck(name, expected.get(name), actual.get(name),
-                        expected.get(name) == actual.get(name))
-            for name in sorted(expected.keys() | actual.keys())]
-
-
-def _replay_passthrough(cat: Catalog, row: records.MergeRow, output_dir: Path | None,
-                        t0: float) -> ReplayResult:
-    """Copy the recorded slices again, every source file read at the version recorded
-    (SourceChanged when one changed), and compare the output hashes."""
-    if row.plan is None or row.plan_hash is None:
-        raise Conflict(f"merge {row.merge_id} was never planned; nothing to replay",
-                       field="merge_id")
-    plan = slices.PassthroughPlan.from_document(PassthroughRequest.from_dict(row.request),
-                                                row.plan)
-    tmp_root, target = _target(output_dir, row.merge_id)
-    try:
-        with publish.staged(target, f"replay-{row.merge_id[2:]}") as stage:
-            result = slices.execute(plan, stage)
-            write_manifest(stage, slices.manifest(
-                plan, result, merge_id=row.merge_id, output_name=None,
-                output_path=str(target), plan_seconds=None, wall_seconds=None))
-    finally:
-        if tmp_root is not None:
-            shutil.rmtree(tmp_root, ignore_errors=True)
-    checks = _checks(records.output_tensors(cat, row.merge_id),
-                     {t.name: t.content_hash for t in result.written})
-    mismatches = [c.tensor for c in checks if not c.match]
-    return ReplayResult(
-        merge_id=row.merge_id, match=not mismatches and result.output_hash == row.output_hash,
-        plan_hash=plan.plan_hash, expected_output_hash=row.output_hash,
-        output_hash=result.output_hash, n_tensors=len(checks), mismatched_tensors=mismatches,
-        expert_bytes_read=0, base_bytes_read=result.bytes_read, budget_bytes=0,
+        merge_id=merge_id, match=not mismatches and output_hash == row.output_hash,
+        plan_hash=plan_hash, expected_output_hash=row.output_hash, output_hash=output_hash,
+        n_tensors=len(checks), mismatched_tensors=mismatches, expert_bytes_read=read[0],
+        base_bytes_read=read[1], budget_bytes=budget,
         output=None if tmp_root is not None else str(target),
         wall_seconds=time.perf_counter() - t0, tensors=checks)
-
-
-def _target(output_dir: Path | None, merge_id: str) -> tuple[Path | None, Path]:
-    """Where a replay writes: `output_dir`, or a temporary folder removed afterwards (its root
-    returned first, None for `output_dir`)."""
-    if output_dir is None:
-        root = Path(tempfile.mkdtemp(prefix=f"mergepipe-replay-{merge_id}-"))
-        return root, root / "output"
-    return None, Path(output_dir).absolute()

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from mergepipe.catalog.records import (
-    LineageEdge,
     MergeExpertRow,
     OutcomeRecord,
     OutputTensorRow,
@@ -101,10 +100,4 @@ def outcome_record(prep: Prepared, result: ExecutionResult, output_name: str,
         exec_seconds=result.exec_seconds, bytes_by_model=dict(result.expert_bytes_by_model),
         tensors=[OutputTensorRow(t.name, t.dtype, tuple(t.shape), t.content_hash)
                  for t in result.tensors],
-        lineage=lineage(prep, output_name))
-
-
-def lineage(prep: Prepared, output_name: str) -> list[LineageEdge]:
-    """The user's base and experts; an incremental merge also the merge it reused (role
-    previous, weight c): the manifest's lineage too."""
-    return merge_lineage(prep.plan, output_name)
+        lineage=merge_lineage(prep.plan, output_name))

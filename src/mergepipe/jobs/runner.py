@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue as fifo
-import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ from mergepipe.core.settings import Settings
 from mergepipe.executor.engine import Engine
 from mergepipe.jobs.ingest import run_ingest_job
 from mergepipe.jobs.merge import run_merge
-from mergepipe.jobs.recovery import recover_interrupted
+from mergepipe.jobs.recovery import recover_interrupted, remove
 from mergepipe.storage.paths import temp_dirs
 from mergepipe.storage.remote import remote_scope
 
@@ -63,10 +62,7 @@ class JobRunner:
         queue.recover(self.cat)
         for tmp in temp_dirs(self.settings.output_root):
             log.warning("removing the temporary output %s of an interrupted merge", tmp)
-            if tmp.is_dir() and not tmp.is_symlink():
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                tmp.unlink(missing_ok=True)
+            remove(tmp)
 
     def stop(self, grace_s: float | None = None) -> bool:
         """Stop taking jobs; wait up to `grace_s` for running ones. True if all workers ended.

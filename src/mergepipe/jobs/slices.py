@@ -9,9 +9,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import time
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +28,11 @@ from mergepipe.core.mergekit_slices import (
 )
 from mergepipe.core.mergekit_tokenizer import parse_tokenizer
 from mergepipe.core.progress import ProgressFn
-from mergepipe.executor.manifest import MANIFEST_FORMAT, lineage_entries, tensor_entries
+from mergepipe.executor.manifest import MANIFEST_FORMAT, file_entry, lineage_entries, tensor_entries
 from mergepipe.jobs.report import MergeSummary
-from mergepipe.jobs.tokenizer import TokenizerPlan, plan_tokenizer, read_json
+from mergepipe.jobs.tokenizer import TokenizerPlan, model_json, plan_tokenizer
 from mergepipe.storage.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
-from mergepipe.storage.locations import is_url, join, parse_url
+from mergepipe.storage.locations import is_url, parse_url
 from mergepipe.storage.store import store_for
 from mergepipe.storage.store_types import Stamp
 
@@ -113,7 +113,7 @@ def _source(text: str, key: str, models: Sequence[ModelRow], locate: Locate) -> 
     named = [m for m in models if text in (m.name, m.display_name)]
     if not named:
         path = pinned(locate(text, key), key)
-        named = [m for m in models if m.status == "ready" and _same_path(m.path, path)]
+        named = [m for m in models if m.status == "ready" and same_path(m.path, path)]
         if not named:
             return _Source(path, path, False)
     exact = [m for m in named if m.name == text and "~" in text]  # name~N: that version
@@ -140,10 +140,14 @@ def pinned(path: str, key: str) -> str:
         raise type(e)(f"{key}: {e.message}", field=key) from None
 
 
-def _same_path(a: str, b: str) -> bool:
+def same_path(a: str, b: str) -> bool:
+    """Whether two locations are one checkpoint (URLs: both canonical, as recorded and located)."""
     if is_url(a) or is_url(b):
         return a == b
-    return Path(a).resolve() == Path(b).resolve()
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _renamed(doc: dict[Any, Any], keys: dict[str, str]) -> dict[str, Any]:
@@ -186,17 +190,13 @@ def _model_of(entry: object) -> object:
 def _layers(path: str, *, remote: bool = False) -> int | None:
     """The layer count of a checkpoint's config.json; None when unknown. A remote one is read
     only when `remote` (the request threads of the service do not wait on the network)."""
-    if is_url(path):
-        if not remote:
-            return None
-        try:
-            doc = json.loads(store_for(join(path, CONFIG_FILE)).read_bytes(
-                join(path, CONFIG_FILE), 1 << 20))
-        except (OSError, ValueError, MergePipeError):
-            return None
-    else:
-        doc = read_json(Path(path) / CONFIG_FILE) or {}
-    n = next((doc[k] for k in LAYER_KEYS if k in doc), None) if isinstance(doc, dict) else None
+    if is_url(path) and not remote:
+        return None
+    try:
+        doc = model_json(path, CONFIG_FILE) or {}
+    except (OSError, MergePipeError):
+        return None
+    n = next((doc[k] for k in LAYER_KEYS if k in doc), None)
     return n if isinstance(n, int) else None
 
 
@@ -244,7 +244,7 @@ class PassthroughPlan:
             "tensors": self.tensors, "config": self.request.config,
             "sources": [{"model": k, "path": self.request.sources[k],
                          "registered": k in self.request.registered,
-                         "files": [_file_entry(p, s) for p, s in self.files[k].items()]}
+                         "files": [file_entry(p, s) for p, s in self.files[k].items()]}
                         for k in self.request.source_keys]}))
 
     @property
@@ -261,12 +261,6 @@ class PassthroughPlan:
             s["model"]: {f["path"]: Stamp(int(f["size"]), int(f["mtime_ns"]), f.get("etag"),
                                           f.get("version_id")) for f in s["files"]}
             for s in doc["sources"]}, int(doc["tensors"]))
-
-
-def _file_entry(path: str, s: Stamp) -> dict[str, Any]:
-    out: dict[str, Any] = {"path": path, "size": s.size, "mtime_ns": s.mtime_ns}
-    out.update({k: v for k, v in (("etag", s.etag), ("version_id", s.version_id)) if v})
-    return out
 
 
 def plan_passthrough(request: PassthroughRequest) -> PassthroughPlan:
@@ -293,11 +287,9 @@ def execute(plan: PassthroughPlan, out_dir: Path, progress: ProgressFn | None = 
     """Copy the slices into `out_dir`, reading each pinned file at its version."""
     from mergepipe.executor.slices import write_slices  # torch: only when it runs
 
-    t0 = time.perf_counter()
     req = plan.request
-    result = write_slices(req.slice_config, req.sources, out_dir, pins=plan.pins(),
-                          opened=plan.opened, progress=progress)
-    return replace(result, exec_seconds=time.perf_counter() - t0)
+    return write_slices(req.slice_config, req.sources, out_dir, pins=plan.pins(),
+                        opened=plan.opened, progress=progress)
 
 
 def lineage(plan: PassthroughPlan, output_name: str) -> list[LineageEdge]:

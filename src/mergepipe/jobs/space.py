@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,13 +30,8 @@ def output_bytes(cat: Catalog, request: MergeRequest) -> int | None:
     row = find_model(cat, request.base)
     if row is None or row.status != "ready":
         return None
-    total = 0
-    for t in model_tensors(cat, request.base):
-        numel = 1
-        for d in t.shape:
-            numel *= d
-        total += numel * DTYPE_SIZES[request.output_dtype or t.dtype]
-    return total
+    return sum(math.prod(t.shape) * DTYPE_SIZES[request.output_dtype or t.dtype]
+               for t in model_tensors(cat, request.base))
 
 
 def free_bytes(path: Path) -> tuple[Path, int]:

@@ -1,16 +1,7 @@
-"""mergekit's tokenizer options against the models' files: which tokenizer the output carries,
-its chat template, and how the embeddings move to the output's vocabulary.
-
-mergekit builds an output vocabulary (the base's, another model's, or the union of all, plus
-`tokenizer.tokens`), and before merging moves every model's embedding rows (embed_tokens,
-lm_head) to the output's token ids: a token a model lacks takes the row of the only model that
-has it, else the base's, else the mean of the models that have it, or what `tokens:` says;
-rows padded past the vocabulary take the mean row. plan_tokenizer computes the vocabulary and
-each model's rows here; jobs.reindex runs the re-indexing. The files are written beside the
-merged weights (local outputs). A model may lie at a URL (a Hub repository pinned at the commit
-its ingestion recorded): its small files are read whole through the storage layer's store (the
-local Hub cache when they are there, else ranged reads of the pinned revision, confined as every
-remote read)."""
+"""mergekit's tokenizer options against the models' files: the output's tokenizer files, its chat
+template, and its vocabulary with each model's embedding row of every token (plan_tokenizer;
+jobs.reindex moves the rows). A model at a URL (a Hub repository pinned at its ingested commit)
+has its small files read whole through the storage layer's store."""
 
 from __future__ import annotations
 
@@ -25,6 +16,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_tokenizer import (
     AUTO_TEMPLATE,
@@ -32,7 +25,6 @@ from mergepipe.core.mergekit_tokenizer import (
     MODEL_TOKEN,
     UNION,
     TokenizerOptions,
-    TokenSource,
     TokenSpec,
 )
 from mergepipe.storage.locations import is_url, join
@@ -88,11 +80,6 @@ def model_json(model: str, name: str) -> dict[str, object] | None:
     return _json(model_file(model, name))
 
 
-def read_json(path: Path) -> dict[str, object] | None:
-    """A JSON object file (None: missing, unreadable or not an object)."""
-    return _json(read_file(path))
-
-
 def _json(data: bytes | None) -> dict[str, object] | None:
     try:
         doc = json.loads(data) if data is not None else None
@@ -119,8 +106,8 @@ class Reindex:
 
     tokens: tuple[str, ...]
     rows: int
-    models: tuple[VocabModel, ...]
     base: int  # index of the base in `models`
+    models: tuple[VocabModel, ...]
     specs: tuple[TokenSpec, ...]  # tokenizer.tokens (model sources as written in the config)
 
     def record(self) -> dict[str, object]:
@@ -128,20 +115,6 @@ class Reindex:
         return {"vocabulary": len(self.tokens), "rows": self.rows,
                 "models": [m.text for m in self.models],
                 "tokens_sha256": hashlib.sha256("\n".join(self.tokens).encode()).hexdigest()}
-
-    def document(self) -> dict[str, Any]:
-        return {"tokens": list(self.tokens), "rows": self.rows, "base": self.base,
-                "models": [asdict(m) for m in self.models],
-                "specs": [asdict(s) for s in self.specs]}
-
-    @staticmethod
-    def from_document(doc: Mapping[str, Any]) -> Reindex:
-        return Reindex(tuple(doc["tokens"]), int(doc["rows"]),
-                       tuple(VocabModel(m["text"], m["path"], tuple(m["rows"]))
-                             for m in doc["models"]),
-                       int(doc["base"]),
-                       tuple(TokenSpec(s["name"], TokenSource(**s["source"]), bool(s["force"]))
-                             for s in doc["specs"]))
 
 
 @dataclass(frozen=True)
@@ -158,18 +131,14 @@ class TokenizerPlan:
 
     def document(self) -> dict[str, Any]:
         """The plan as JSON, recorded with the merge's plan (a replay redoes it)."""
-        return {"files_from": self.files_from, "chat_template": self.chat_template,
-                "added": [dict(a) for a in self.added],
-                "reindex": None if self.reindex is None else self.reindex.document(),
-                "options": dict(self.options or {})}
+        return {**_PLAN.dump_python(self, mode="json"), "options": dict(self.options or {})}
 
     @staticmethod
     def from_document(doc: Mapping[str, Any]) -> TokenizerPlan:
-        reindex = doc.get("reindex")
-        return TokenizerPlan(doc.get("files_from"), doc.get("chat_template"),
-                             tuple(doc.get("added") or ()),
-                             None if reindex is None else Reindex.from_document(reindex),
-                             doc.get("options"))
+        return _PLAN.validate_python(doc)
+
+
+_PLAN = TypeAdapter(TokenizerPlan)
 
 
 @dataclass(frozen=True)
@@ -215,7 +184,7 @@ def plan_tokenizer(opts: TokenizerOptions, base: str, paths: Mapping[str, str],
     names = list(order) or [*(t for t in named if t != base_text), base_text]
     models = tuple(_rows(t, named[t], toks[t], base_tok, tokens, opts.key) for t in names)
     specs = tuple(_check_spec(s, toks, models, tokens) for s in opts.tokens)
-    moved: Reindex | None = Reindex(tuple(tokens), rows, models, names.index(base_text), specs)
+    moved: Reindex | None = Reindex(tuple(tokens), rows, names.index(base_text), models, specs)
     if all(_identity(m, rows) for m in models) and not any(s.force for s in specs):
         moved = None  # every model already holds the output's tokens at their ids
     if moved is not None and reindex:
@@ -226,8 +195,7 @@ def plan_tokenizer(opts: TokenizerOptions, base: str, paths: Mapping[str, str],
                              "re-indexing the embeddings is supported by merges, not here",
                              field=opts.key)
     options = {"source": source, "pad_to_multiple_of": opts.pad_to_multiple_of,
-               "tokens": [{"name": s.name, "source": asdict(s.source), "force": s.force}
-                          for s in opts.tokens]}
+               "tokens": [asdict(s) for s in opts.tokens]}
     return TokenizerPlan(src, template, tuple(added), moved, options)
 
 
