@@ -67,12 +67,15 @@ class DuckDBConnection(DriverConnection):
 
 
 class DuckDBDatabase:
-    """The catalog file, opened once; each transaction gets a connection of its own."""
+    """The catalog file (or the SQL sandbox's read-only snapshot of it, with the sandbox's
+    config), opened once; each transaction gets a connection of its own."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, read_only: bool = False,
+                 config: dict[str, str | int | bool] | None = None) -> None:
         self.path = path
         # No file or network access from SQL: the catalog's SQL reads only the catalog.
-        self.db = duckdb.connect(str(path), config={"enable_external_access": False})
+        self.db = duckdb.connect(str(path), read_only=read_only,
+                                 config=config or {"enable_external_access": False})
         self._lock = threading.Lock()  # DuckDB's parent connection is not for threads
         self._released = threading.Condition(self._lock)
         self._open: set[duckdb.DuckDBPyConnection] = set()  # handed out, interruptible

@@ -103,8 +103,8 @@ class SqlSnapshot:
         remove_stale()
         self.dir = Path(tempfile.mkdtemp(prefix=PREFIX))
         self._lock_fd = _hold_lock(self.dir)
-        self.path = self.dir / "snapshot.duckdb"
         self.version = 0
+        self.path = self._file(0)
         self._stamp: tuple[int, ...] | None = None
         self._begun = -1.0  # time.monotonic() when the current copy's catalog state was read
         self._lock = threading.Lock()
@@ -123,8 +123,16 @@ class SqlSnapshot:
                     self._write()
                     self._stamp = stamp
                     self.version += 1
+                    self.path = self._file(self.version)
+                    # the copy before stays for callers that are just opening it
+                    self._file(self.version - 2).unlink(missing_ok=True)
                 self._begun = begun
             return self.path, self.version
+
+    def _file(self, version: int) -> Path:
+        """Each copy has a name of its own: DuckDB shares one open database per path in a
+        process, so a query still running on an older copy never makes a new query see it."""
+        return self.dir / f"snapshot-{version}.duckdb"
 
     def _write(self) -> None:
         """Copy every table and view, in one read transaction of the catalog, into a new file
@@ -144,7 +152,7 @@ class SqlSnapshot:
             finally:
                 dst.close()
                 src.close()
-        os.replace(tmp, self.path)
+        os.replace(tmp, self._file(self.version + 1))
 
 
 class _Stream:

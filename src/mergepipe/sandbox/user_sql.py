@@ -1,6 +1,6 @@
-"""User SQL over the catalog: on DuckDB checked, then run under SqlLimits on a connection of its
-own (in this process for the CLI, in a worker process over a snapshot for the server); on
-PostgreSQL in a read-only reader role (readonly_pg.py)."""
+"""User SQL over the catalog: on DuckDB checked (sql_guard.py), then run under SqlLimits on a
+read-only snapshot of the catalog (in this process for the CLI and the Python API, in a worker
+process for the server); on PostgreSQL in a read-only reader role (readonly_pg.py)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,22 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from mergepipe.catalog.db import Catalog
+from mergepipe.catalog.duckdb_database import DuckDBDatabase
+from mergepipe.catalog.duckdb_module import duckdb
+from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.sql_limits import SqlLimits
 from mergepipe.sandbox.readonly_pg import run_readonly_postgres
 from mergepipe.sandbox.sql_exec import (
-    SELECT_TABLES,
-    check_all,
+    catalog_tables,
     check_time_left,
     run_on,
-    set_engine_limits,
+    sandbox_config,
     time_limit_error,
 )
+from mergepipe.sandbox.sql_guard import check_query
 from mergepipe.sandbox.sql_procs import POOL
 from mergepipe.sandbox.sql_slots import slots_for
+from mergepipe.sandbox.sql_snapshot import snapshot_for
 
 # How long past its time limit the caller waits for a query's answer before it gets the
 # time-limit error anyway (the query then ends, or is interrupted, in its own thread).
@@ -71,23 +75,26 @@ def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dic
 
 
 def _run_checked(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
-    """In the slot's thread (the catalog's close() waits for it), on a connection of its own
-    with the engine limits set (database-wide in DuckDB), closed whatever the query did."""
+    """In the slot's thread, on the sandbox's own database: this process's snapshot of the
+    catalog, opened read-only with sandbox_config (its limits there only, the catalog's
+    settings untouched), closed whatever the query did."""
     check_time_left(deadline, limits)
-    with cat.duckdb_reader() as raw:
-        tables = {str(r[0]).lower() for r in raw.execute(SELECT_TABLES).fetchall()}
-        check_all(raw, sql, tables)
-    with cat.duckdb_connection() as own:
-        set_engine_limits(own, limits)
-        return run_on(own, sql, limits, deadline)
+    path, _ = snapshot_for(cat).current()
+    try:
+        db = DuckDBDatabase(path, read_only=True, config=sandbox_config(limits))
+    except duckdb.Error as e:  # e.g. other limits while a query with the old ones still runs
+        raise InvalidRequest(f"query failed: {str(e).strip().splitlines()[0]}",
+                             field="sql") from None
+    try:
+        with db.own_cursor() as own:
+            check_query(own, sql, catalog_tables(own))
+            return run_on(own, sql, limits, deadline)
+    finally:
+        db.dispose(0)
 
 
 def _isolated(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
     """A DuckDB query in a worker process, over a snapshot of the catalog's tables."""
-    # the server's: the snapshot's Arrow copy needs the whole duckdb package, which the
-    # CLI's `sql` does not load (0.05 s)
-    from mergepipe.sandbox.sql_snapshot import snapshot_for
-
     check_time_left(deadline, limits)
     path, version = snapshot_for(cat).current()
     return POOL.run(str(path), version, sql, limits, deadline)
