@@ -147,8 +147,10 @@ class SqlSnapshot:
             dst = duckdb.connect(str(tmp), config={"threads": 1, "memory_limit": "256MiB"})
             try:
                 src.execute("BEGIN TRANSACTION READ ONLY")
+                dst.execute("BEGIN TRANSACTION")  # one commit for all tables (0.1 s less)
                 for (name,) in src.execute(SELECT_TABLES).fetchall():
                     _copy_table(src, dst, str(name))
+                dst.execute("COMMIT")
             finally:
                 dst.close()
                 src.close()

@@ -5,6 +5,7 @@ process for the server); on PostgreSQL in a read-only reader role (readonly_pg.p
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -13,7 +14,6 @@ from mergepipe.catalog.duckdb_database import DuckDBDatabase
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.sql_limits import SqlLimits
-from mergepipe.sandbox.readonly_pg import run_readonly_postgres
 from mergepipe.sandbox.sql_exec import (
     catalog_tables,
     check_time_left,
@@ -35,7 +35,7 @@ def run_user_sql(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
     """{columns, rows, truncated} of one read-only SELECT in this process (the CLI: a user's
     query there can only hurt the user's own process)."""
     if cat.postgres:
-        return run_readonly_postgres(cat, sql, limits)
+        return _postgres()(cat, sql, limits)
     return run_readonly(cat, sql, limits)
 
 
@@ -50,13 +50,21 @@ async def run_user_sql_async(cat: Catalog, sql: str, limits: SqlLimits) -> dict[
     await slots.acquire_async(deadline)
     if cat.postgres:
         return await asyncio.wrap_future(
-            slots.start(lambda: run_readonly_postgres(cat, sql, limits)))
+            slots.start(lambda: _postgres()(cat, sql, limits)))
     fut = slots.start(lambda: _isolated(cat, sql, limits, deadline))
     try:
         return await asyncio.wait_for(asyncio.wrap_future(fut), max(
             0.0, deadline + DEADLINE_GRACE_S - time.monotonic()))
     except TimeoutError:
         raise time_limit_error(limits) from None
+
+
+def _postgres() -> Callable[[Catalog, str, SqlLimits], dict[str, Any]]:
+    """readonly_pg's runner, imported on first use: its parser (sqlglot, 0.3 s to import) is
+    for PostgreSQL catalogs only."""
+    from mergepipe.sandbox.readonly_pg import run_readonly_postgres
+
+    return run_readonly_postgres
 
 
 def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dict[str, Any]:
