@@ -68,7 +68,8 @@ def test_every_duckdb_function_off_the_list_is_refused() -> None:
     names = {str(r[0]).lower() for r in raw.execute(
         "SELECT DISTINCT function_name FROM duckdb_functions() "
         "WHERE function_type IN ('scalar', 'aggregate', 'macro', 'window')").fetchall()}
-    assert names | {"unnest"} > ALLOWED and len(names - ALLOWED) > 300  # both sides are real
+    # both sides are real (a listed name an older DuckDB lacks fails in its binder)
+    assert len(ALLOWED & names) > 0.9 * len(ALLOWED) and len(names - ALLOWED) > 300
     for name in sorted(names - ALLOWED):
         quoted = '"' + name.replace('"', '""') + '"'
         with pytest.raises(InvalidRequest, match=re.escape(f"{name}()")):
