@@ -47,6 +47,10 @@ def read_only_error(path: Path, e: BaseException) -> CatalogReadOnly | None:
         f"or immutable (a read-only mount, chattr +i, no write permission). Make it writable (chattr -i, remount read-write, fix the owner){restart}")
 
 
+# DuckDB's settings at connect, as its Python API types them.
+Config = dict[str, str | bool | int | float | list[str]]
+
+
 class DuckDBConnection(DriverConnection):
     """One DuckDB connection to the catalog, in one transaction."""
 
@@ -70,12 +74,12 @@ class DuckDBDatabase:
     """The catalog file (or the SQL sandbox's read-only snapshot of it, with the sandbox's
     config), opened once; each transaction gets a connection of its own."""
 
-    def __init__(self, path: Path, read_only: bool = False,
-                 config: dict[str, str | int | bool] | None = None) -> None:
+    def __init__(self, path: Path, read_only: bool = False, config: Config | None = None
+                 ) -> None:
         self.path = path
         # No file or network access from SQL: the catalog's SQL reads only the catalog.
-        self.db = duckdb.connect(str(path), read_only=read_only,
-                                 config=config or {"enable_external_access": False})
+        default: Config = {"enable_external_access": False}
+        self.db = duckdb.connect(str(path), read_only=read_only, config=config or default)
         self._lock = threading.Lock()  # DuckDB's parent connection is not for threads
         self._released = threading.Condition(self._lock)
         self._open: set[duckdb.DuckDBPyConnection] = set()  # handed out, interruptible

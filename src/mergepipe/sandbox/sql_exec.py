@@ -8,12 +8,15 @@ import contextlib
 import json
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.jsonable import jsonable
 from mergepipe.core.sql_limits import SqlLimits
+
+if TYPE_CHECKING:
+    from mergepipe.catalog.duckdb_database import Config
 
 # A query that gets its slot with less time than this left is not started.
 MIN_RUN_S = 0.05
@@ -35,7 +38,7 @@ def check_time_left(deadline: float, limits: SqlLimits) -> None:
         raise time_limit_error(limits)
 
 
-def sandbox_config(limits: SqlLimits) -> dict[str, str | int | bool]:
+def sandbox_config(limits: SqlLimits) -> Config:
     """DuckDB's settings for the sandbox's own database (a read-only snapshot of the catalog):
     the limits of `limits`, no file or network access, no extension loading, no Python objects
     as tables, and the configuration locked (no query can change it)."""
