@@ -10,15 +10,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.duckdb_database import DuckDBDatabase
-from mergepipe.catalog.duckdb_module import duckdb
-from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.sql_limits import SqlLimits
 from mergepipe.sandbox.sql_exec import (
     catalog_tables,
     check_time_left,
     run_on,
-    sandbox_config,
     time_limit_error,
 )
 from mergepipe.sandbox.sql_guard import check_query
@@ -85,20 +81,11 @@ def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dic
 def _run_checked(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
     """In the slot's thread, on the sandbox's own database: this process's snapshot of the
     catalog, opened read-only with sandbox_config (its limits there only, the catalog's
-    settings untouched), closed whatever the query did."""
+    settings untouched)."""
     check_time_left(deadline, limits)
-    path, _ = snapshot_for(cat).current()
-    try:
-        db = DuckDBDatabase(path, read_only=True, config=sandbox_config(limits))
-    except duckdb.Error as e:  # e.g. other limits while a query with the old ones still runs
-        raise InvalidRequest(f"query failed: {str(e).strip().splitlines()[0]}",
-                             field="sql") from None
-    try:
-        with db.own_cursor() as own:
-            check_query(own, sql, catalog_tables(own))
-            return run_on(own, sql, limits, deadline)
-    finally:
-        db.dispose(0)
+    with snapshot_for(cat).connect(limits) as own:
+        check_query(own, sql, catalog_tables(own))
+        return run_on(own, sql, limits, deadline)
 
 
 def _isolated(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
