@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,11 +16,14 @@ import duckdb
 import pytest
 
 import mergepipe
+from mergepipe.catalog.connection import SQL
+from mergepipe.catalog.db import Catalog
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.sql_limits import SqlLimits
 from mergepipe.sandbox import user_sql
 from mergepipe.sandbox.allowed_functions import ALLOWED, KEYWORD_CALLS, TABLE
 from mergepipe.sandbox.sql_guard import check_query
+from mergepipe.sandbox.sql_snapshot import snapshot_for
 from tests import catalogs, factory
 
 ON_DUCKDB = not catalogs.ON_POSTGRES
@@ -203,3 +208,26 @@ def test_the_sandbox_database_holds_without_the_guard(api: mergepipe.Catalog, tm
         assert why in str(out["rows"]), out  # the limit is the sandbox's own
     except InvalidRequest as e:
         assert why in e.message and "TOP-SECRET" not in e.message, e.message
+
+
+@duckdb_only
+def test_a_catalog_change_leaves_a_running_query_alone(tmp_path: Path) -> None:
+    """A query still running on the previous copy of the catalog ends with its answer when a
+    later query, after a write, opens the new copy (the old database closes after it)."""
+    n = 600_000_000  # about 1 s on one thread
+    with Catalog(tmp_path / "c.duckdb") as cat:
+        got: dict[str, object] = {}
+        long = threading.Thread(target=lambda: got.update(
+            a=user_sql.run_readonly(cat, f"SELECT sum(i) FROM range({n}) t(i)",
+                                    SqlLimits(timeout_s=120))))
+        long.start()
+        snap = snapshot_for(cat)
+        while long.is_alive() and not (snap._open and snap._open[1]._held):
+            time.sleep(0.01)
+        version = snap.version
+        cat.execute(SQL("INSERT INTO lineage VALUES ('c1', 'p', 'base', 1.0, 'm1')"))
+        assert user_sql.run_readonly(cat, "SELECT count(*) FROM lineage")["rows"] == [[1]]
+        assert snap.version == version + 1 and long.is_alive()  # the first still runs
+        long.join(120)
+        assert got["a"] == {"columns": ["sum(i)"], "rows": [[n * (n - 1) // 2]],
+                            "truncated": False}

@@ -150,6 +150,17 @@ class DuckDBDatabase:
             raw.begin()
             yield DuckDBConnection(raw)
 
+    def close_when_idle(self) -> None:
+        """Close the database now if no connection is handed out, else when the last one is
+        released (nothing interrupted: the calls run to their end)."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            if not self._held:
+                self._closed = True
+                self.db.close()
+
     def dispose(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Close the database: interrupt the calls still running on its connections and wait
         up to `wait_s` for their holders to release them; past that, the last release closes

@@ -128,7 +128,7 @@ class SqlSnapshot:
             with self._open_lock:
                 if self._open is None or self._open[0] != (version, config):
                     if self._open is not None:
-                        self._open[1].dispose(0)
+                        self._open[1].close_when_idle()
                         self._open = None
                     try:
                         self._open = ((version, config),
