@@ -155,9 +155,14 @@ def test_the_snapshot_is_written_whole_then_renamed(cat: Catalog, tmp_path: Path
     cat.execute(SQL(
         "INSERT INTO lineage VALUES ('c2', 'p', 'base', 1.0, 'm2')"))
     path2, version2 = snap.current()
-    assert path2 == path and version2 == version + 1
-    # no leftovers (owner.lock: the server's claim on the folder, sandbox.sql_snapshot)
-    assert sorted(p.name for p in snap.dir.iterdir()) == ["owner.lock", "snapshot.duckdb"]
+    # each copy has a name of its own (a process shares one open database per path)
+    assert version2 == version + 1 and path2 == path.with_name(f"snapshot-{version2}.duckdb")
+    # no leftovers (owner.lock: the server's claim on the folder, sandbox.sql_snapshot); the
+    # copy before stays for one more round, for callers just opening it
+    assert sorted(p.name for p in snap.dir.iterdir()) == ["owner.lock", path.name, path2.name]
+    cat.execute(SQL("INSERT INTO lineage VALUES ('c3', 'p', 'base', 1.0, 'm3')"))
+    path3, _ = snap.current()
+    assert sorted(p.name for p in snap.dir.iterdir()) == ["owner.lock", path2.name, path3.name]
 
 
 def test_the_snapshot_copy_survives_other_connections_ending(

@@ -47,6 +47,10 @@ def read_only_error(path: Path, e: BaseException) -> CatalogReadOnly | None:
         f"or immutable (a read-only mount, chattr +i, no write permission). Make it writable (chattr -i, remount read-write, fix the owner){restart}")
 
 
+# DuckDB's settings at connect, as its Python API types them.
+Config = dict[str, str | bool | int | float | list[str]]
+
+
 class DuckDBConnection(DriverConnection):
     """One DuckDB connection to the catalog, in one transaction."""
 
@@ -67,12 +71,15 @@ class DuckDBConnection(DriverConnection):
 
 
 class DuckDBDatabase:
-    """The catalog file, opened once; each transaction gets a connection of its own."""
+    """The catalog file (or the SQL sandbox's read-only snapshot of it, with the sandbox's
+    config), opened once; each transaction gets a connection of its own."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, read_only: bool = False, config: Config | None = None
+                 ) -> None:
         self.path = path
         # No file or network access from SQL: the catalog's SQL reads only the catalog.
-        self.db = duckdb.connect(str(path), config={"enable_external_access": False})
+        default: Config = {"enable_external_access": False}
+        self.db = duckdb.connect(str(path), read_only=read_only, config=config or default)
         self._lock = threading.Lock()  # DuckDB's parent connection is not for threads
         self._released = threading.Condition(self._lock)
         self._open: set[duckdb.DuckDBPyConnection] = set()  # handed out, interruptible
@@ -142,6 +149,17 @@ class DuckDBDatabase:
         with self._writable(), self.own_cursor() as raw:  # its release rolls back
             raw.begin()
             yield DuckDBConnection(raw)
+
+    def close_when_idle(self) -> None:
+        """Close the database now if no connection is handed out, else when the last one is
+        released (nothing interrupted: the calls run to their end)."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            if not self._held:
+                self._closed = True
+                self.db.close()
 
     def dispose(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Close the database: interrupt the calls still running on its connections and wait

@@ -1,5 +1,6 @@
-"""One checked user query on a DuckDB connection: engine limits, interrupt at the deadline,
-rows fetched in batches under the row and byte limits (in-process and in the SQL workers)."""
+"""One checked user query on the sandbox's DuckDB connection: its settings, interrupt at the
+deadline, rows fetched in batches under the row and byte limits (in-process and in the SQL
+workers)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.jsonable import jsonable
 from mergepipe.core.sql_limits import SqlLimits
-from mergepipe.sandbox.sql_guard import check_duckdb_tree, check_readonly
+
+if TYPE_CHECKING:
+    from mergepipe.catalog.duckdb_database import Config
 
 # A query that gets its slot with less time than this left is not started.
 MIN_RUN_S = 0.05
@@ -36,29 +38,25 @@ def check_time_left(deadline: float, limits: SqlLimits) -> None:
         raise time_limit_error(limits)
 
 
-def check_all(raw: duckdb.DuckDBPyConnection, sql: str, tables: Collection[str]) -> None:
-    """Every check of the guard: sqlglot's reading, then DuckDB's own parser and tree."""
-    check_readonly(sql, tables)
-    check_duckdb_tree(raw, sql, tables)
-
-
-def engine_config(limits: SqlLimits) -> dict[str, Any]:
-    """DuckDB's database-wide settings for `limits`: memory, threads, temp size."""
+def sandbox_config(limits: SqlLimits) -> Config:
+    """DuckDB's settings for the sandbox's own database (a read-only snapshot of the catalog):
+    the limits of `limits`, no file or network access, no extension loading, no Python objects
+    as tables, and the configuration locked (no query can change it)."""
     return {"threads": int(limits.threads),
             "memory_limit": f"{int(limits.memory_bytes) >> 20}MiB",
-            "max_temp_directory_size": f"{int(limits.temp_bytes) >> 20}MiB"}
+            "max_temp_directory_size": f"{int(limits.temp_bytes) >> 20}MiB",
+            "enable_external_access": False, "autoload_known_extensions": False,
+            "autoinstall_known_extensions": False, "python_enable_replacements": False,
+            "lock_configuration": True}
 
 
-def set_engine_limits(own: duckdb.DuckDBPyConnection, limits: SqlLimits) -> None:
-    """engine_config on a connection, and no progress bar on stdout."""
-    own.execute("SET enable_progress_bar = false")
-    for name, value in engine_config(limits).items():
-        own.execute(f"SET {name} = '{value}'")  # numbers from SqlLimits (ints), not user text
+def catalog_tables(conn: duckdb.DuckDBPyConnection) -> set[str]:
+    return {str(r[0]).lower() for r in conn.execute(SELECT_TABLES).fetchall()}
 
 
 def run_on(own: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, deadline: float
            ) -> dict[str, Any]:
-    """{columns, rows, truncated} of an already checked `sql` on `own` (engine limits set),
+    """{columns, rows, truncated} of an already checked `sql` on `own` (sandbox_config),
     interrupted at `deadline` (time.monotonic)."""
     fired = threading.Event()
     done = threading.Event()

@@ -23,8 +23,8 @@ from mergepipe.sandbox.sql_exec import time_limit_error
 # limit) before it is killed.
 KILL_GRACE_S = 0.3
 # Data (RLIMIT_DATA: heap and private writable mappings, which Linux counts since 4.7) of a
-# worker besides the engine's memory limit: Python, DuckDB and sqlglot after a first query use
-# about 120 MB. RLIMIT_AS would not do: DuckDB reserves about 700 MB of address space at
+# worker besides the engine's memory limit: Python and DuckDB after a first query use about
+# 100 MB. RLIMIT_AS would not do: DuckDB reserves about 700 MB of address space at
 # connect (VmSize 110 MB -> 780 MB, VmData 26 MB -> 110 MB).
 BASE_DATA = 256 << 20
 DIED: dict[str, Any] = {}  # Worker.ask's answer when the worker ended before replying

@@ -1,5 +1,5 @@
-"""A read-only copy of the catalog's tables for the SQL workers (DuckDB lets one process open
-the catalog file), in a private temporary folder that a dead server's successor removes."""
+"""A read-only copy of the catalog's tables, the database user SQL runs on (in this process and
+in the SQL workers), in a private temporary folder that a dead server's successor removes."""
 
 from __future__ import annotations
 
@@ -12,12 +12,17 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.sandbox.sql_exec import SELECT_TABLES
+from mergepipe.catalog.duckdb_database import DuckDBDatabase
+from mergepipe.catalog.duckdb_module import duckdb as engine
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.sql_limits import SqlLimits
+from mergepipe.sandbox.sql_exec import SELECT_TABLES, sandbox_config
 
 
 def _quote(name: str) -> str:
@@ -103,12 +108,36 @@ class SqlSnapshot:
         remove_stale()
         self.dir = Path(tempfile.mkdtemp(prefix=PREFIX))
         self._lock_fd = _hold_lock(self.dir)
-        self.path = self.dir / "snapshot.duckdb"
         self.version = 0
+        self.path = self._file(0)
         self._stamp: tuple[int, ...] | None = None
         self._begun = -1.0  # time.monotonic() when the current copy's catalog state was read
         self._lock = threading.Lock()
+        self._open: tuple[object, DuckDBDatabase] | None = None  # (version, config), database
+        self._open_lock = threading.Lock()
         weakref.finalize(self, _cleanup, self.dir, self._lock_fd)
+
+    @contextlib.contextmanager
+    def connect(self, limits: SqlLimits) -> Iterator[engine.DuckDBPyConnection]:
+        """A connection of its own to the current copy, opened read-only with
+        sandbox_config(limits); the database stays open for the next query until the copy or
+        the limits change (then it closes once its last query has ended)."""
+        path, version = self.current()
+        config = sandbox_config(limits)
+        with contextlib.ExitStack() as stack:
+            with self._open_lock:
+                if self._open is None or self._open[0] != (version, config):
+                    if self._open is not None:
+                        self._open[1].close_when_idle()
+                        self._open = None
+                    try:
+                        self._open = ((version, config),
+                                      DuckDBDatabase(path, read_only=True, config=config))
+                    except engine.Error as e:  # other limits while a query with the old runs
+                        raise InvalidRequest(f"query failed: {str(e).strip().splitlines()[0]}",
+                                             field="sql") from None
+                raw = stack.enter_context(self._open[1].own_cursor())
+            yield raw
 
     def current(self) -> tuple[Path, int]:
         """(path, version) of a copy no older than the catalog at the time of the call: the
@@ -123,8 +152,16 @@ class SqlSnapshot:
                     self._write()
                     self._stamp = stamp
                     self.version += 1
+                    self.path = self._file(self.version)
+                    # the copy before stays for callers that are just opening it
+                    self._file(self.version - 2).unlink(missing_ok=True)
                 self._begun = begun
             return self.path, self.version
+
+    def _file(self, version: int) -> Path:
+        """Each copy has a name of its own: DuckDB shares one open database per path in a
+        process, so a query still running on an older copy never makes a new query see it."""
+        return self.dir / f"snapshot-{version}.duckdb"
 
     def _write(self) -> None:
         """Copy every table and view, in one read transaction of the catalog, into a new file
@@ -139,12 +176,14 @@ class SqlSnapshot:
             dst = duckdb.connect(str(tmp), config={"threads": 1, "memory_limit": "256MiB"})
             try:
                 src.execute("BEGIN TRANSACTION READ ONLY")
+                dst.execute("BEGIN TRANSACTION")  # one commit for all tables (0.1 s less)
                 for (name,) in src.execute(SELECT_TABLES).fetchall():
                     _copy_table(src, dst, str(name))
+                dst.execute("COMMIT")
             finally:
                 dst.close()
                 src.close()
-        os.replace(tmp, self.path)
+        os.replace(tmp, self._file(self.version + 1))
 
 
 class _Stream:

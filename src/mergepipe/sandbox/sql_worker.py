@@ -14,15 +14,16 @@ from typing import IO, Any
 from mergepipe.catalog.duckdb_module import duckdb
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.sql_limits import SqlLimits
-from mergepipe.sandbox.sql_exec import SELECT_TABLES, check_all, engine_config, run_on
+from mergepipe.sandbox.sql_exec import catalog_tables, run_on, sandbox_config
+from mergepipe.sandbox.sql_guard import check_query
 
 NICE = 10  # scheduling priority of the queries
 DATA_LIMIT = 0  # RLIMIT_DATA of this process (from argv)
 
 
 class Database:
-    """The snapshot this worker has open: read-only, no file or network access, the limits set
-    and locked (reopened when the parent names a newer snapshot or other limits)."""
+    """The snapshot this worker has open, with sandbox_config (reopened when the parent names a
+    newer snapshot or other limits)."""
 
     def __init__(self) -> None:
         self.key: tuple[str, int, SqlLimits] | None = None
@@ -33,11 +34,8 @@ class Database:
         if self.conn is None or self.key != (path, version, limits):
             if self.conn is not None:
                 self.conn.close()
-            self.conn = duckdb.connect(path, read_only=True, config={
-                **engine_config(limits), "enable_external_access": False})
-            self.conn.execute("SET enable_progress_bar = false")
-            self.conn.execute("SET lock_configuration = true")
-            self.tables = {str(r[0]).lower() for r in self.conn.execute(SELECT_TABLES).fetchall()}
+            self.conn = duckdb.connect(path, read_only=True, config=sandbox_config(limits))
+            self.tables = catalog_tables(self.conn)
             self.key = (path, version, limits)
         return self.conn
 
@@ -48,7 +46,7 @@ def answer(db: Database, req: dict[str, Any]) -> dict[str, Any]:
     limits = SqlLimits(**req["limits"])
     try:
         conn = db.open(str(req["db"]), int(req["version"]), limits)
-        check_all(conn, req["sql"], db.tables)
+        check_query(conn, req["sql"], db.tables)
         return {"ok": run_on(conn, req["sql"], limits, deadline)}
     except InvalidRequest as e:
         msg = e.message

@@ -1,26 +1,26 @@
-"""User SQL over the catalog: on DuckDB checked, then run under SqlLimits on a connection of its
-own (in this process for the CLI, in a worker process over a snapshot for the server); on
-PostgreSQL in a read-only reader role (readonly_pg.py)."""
+"""User SQL over the catalog: on DuckDB checked (sql_guard.py), then run under SqlLimits on a
+read-only snapshot of the catalog (in this process for the CLI and the Python API, in a worker
+process for the server); on PostgreSQL in a read-only reader role (readonly_pg.py)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.core.sql_limits import SqlLimits
-from mergepipe.sandbox.readonly_pg import run_readonly_postgres
 from mergepipe.sandbox.sql_exec import (
-    SELECT_TABLES,
-    check_all,
+    catalog_tables,
     check_time_left,
     run_on,
-    set_engine_limits,
     time_limit_error,
 )
+from mergepipe.sandbox.sql_guard import check_query
 from mergepipe.sandbox.sql_procs import POOL
 from mergepipe.sandbox.sql_slots import slots_for
+from mergepipe.sandbox.sql_snapshot import snapshot_for
 
 # How long past its time limit the caller waits for a query's answer before it gets the
 # time-limit error anyway (the query then ends, or is interrupted, in its own thread).
@@ -31,7 +31,7 @@ def run_user_sql(cat: Catalog, sql: str, limits: SqlLimits) -> dict[str, Any]:
     """{columns, rows, truncated} of one read-only SELECT in this process (the CLI: a user's
     query there can only hurt the user's own process)."""
     if cat.postgres:
-        return run_readonly_postgres(cat, sql, limits)
+        return _postgres()(cat, sql, limits)
     return run_readonly(cat, sql, limits)
 
 
@@ -46,13 +46,21 @@ async def run_user_sql_async(cat: Catalog, sql: str, limits: SqlLimits) -> dict[
     await slots.acquire_async(deadline)
     if cat.postgres:
         return await asyncio.wrap_future(
-            slots.start(lambda: run_readonly_postgres(cat, sql, limits)))
+            slots.start(lambda: _postgres()(cat, sql, limits)))
     fut = slots.start(lambda: _isolated(cat, sql, limits, deadline))
     try:
         return await asyncio.wait_for(asyncio.wrap_future(fut), max(
             0.0, deadline + DEADLINE_GRACE_S - time.monotonic()))
     except TimeoutError:
         raise time_limit_error(limits) from None
+
+
+def _postgres() -> Callable[[Catalog, str, SqlLimits], dict[str, Any]]:
+    """readonly_pg's runner, imported on first use: its parser (sqlglot, 0.3 s to import) is
+    for PostgreSQL catalogs only."""
+    from mergepipe.sandbox.readonly_pg import run_readonly_postgres
+
+    return run_readonly_postgres
 
 
 def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dict[str, Any]:
@@ -71,23 +79,17 @@ def run_readonly(cat: Catalog, sql: str, limits: SqlLimits | None = None) -> dic
 
 
 def _run_checked(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
-    """In the slot's thread (the catalog's close() waits for it), on a connection of its own
-    with the engine limits set (database-wide in DuckDB), closed whatever the query did."""
+    """In the slot's thread, on the sandbox's own database: this process's snapshot of the
+    catalog, opened read-only with sandbox_config (its limits there only, the catalog's
+    settings untouched)."""
     check_time_left(deadline, limits)
-    with cat.duckdb_reader() as raw:
-        tables = {str(r[0]).lower() for r in raw.execute(SELECT_TABLES).fetchall()}
-        check_all(raw, sql, tables)
-    with cat.duckdb_connection() as own:
-        set_engine_limits(own, limits)
+    with snapshot_for(cat).connect(limits) as own:
+        check_query(own, sql, catalog_tables(own))
         return run_on(own, sql, limits, deadline)
 
 
 def _isolated(cat: Catalog, sql: str, limits: SqlLimits, deadline: float) -> dict[str, Any]:
     """A DuckDB query in a worker process, over a snapshot of the catalog's tables."""
-    # the server's: the snapshot's Arrow copy needs the whole duckdb package, which the
-    # CLI's `sql` does not load (0.05 s)
-    from mergepipe.sandbox.sql_snapshot import snapshot_for
-
     check_time_left(deadline, limits)
     path, version = snapshot_for(cat).current()
     return POOL.run(str(path), version, sql, limits, deadline)
