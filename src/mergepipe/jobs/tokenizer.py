@@ -6,6 +6,7 @@ has its small files read whole through the storage layer's store."""
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -15,8 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
-
-from pydantic import TypeAdapter
 
 from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_tokenizer import (
@@ -131,14 +130,19 @@ class TokenizerPlan:
 
     def document(self) -> dict[str, Any]:
         """The plan as JSON, recorded with the merge's plan (a replay redoes it)."""
-        return {**_PLAN.dump_python(self, mode="json"), "options": dict(self.options or {})}
+        return {**_plan_adapter().dump_python(self, mode="json"), "options": dict(self.options or {})}
 
     @staticmethod
     def from_document(doc: Mapping[str, Any]) -> TokenizerPlan:
-        return _PLAN.validate_python(doc)
+        return _plan_adapter().validate_python(doc)
 
 
-_PLAN = TypeAdapter(TokenizerPlan)
+@functools.cache
+def _plan_adapter() -> Any:
+    # pydantic loads only when a tokenizer plan is recorded or read: ingestion and the
+    # CLI's light commands import this module and stay without it (test_startup_imports).
+    from pydantic import TypeAdapter
+    return TypeAdapter(TokenizerPlan)
 
 
 @dataclass(frozen=True)
