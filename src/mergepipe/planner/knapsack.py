@@ -154,13 +154,22 @@ def l2_bounds(conn: Connection, budget: int) -> tuple[float | None, float | None
 
 def access_set(conn: Connection, budget: int) -> tuple[list[tuple[Any, ...]], str]:
     """(model, tensor, block_index, nbytes, utility) of the selected blocks in rank order, and
-    the sha256 of the access set with the blocks' content hashes: one line per block, fields
+    the sha256 of the access set with the blocks' content hashes (`access`)."""
+    rows, digest, _ = access(conn, budget)
+    return rows, digest
+
+
+def access(conn: Connection, budget: int
+           ) -> tuple[list[tuple[Any, ...]], str, list[tuple[Any, ...]]]:
+    """`access_set`, and the rows read for it: the selected blocks' catalog fields (model,
+    tensor, block_index, nbytes, utility, content_hash, row_start, row_end, file_index,
+    byte_offset; `Plan.block_rows`). The digest is the sha256 of one line per block, fields
     separated by U+001F (model, tensor, block_index, content_hash), lines by a newline."""
     # Plain DB-API tuples: a full-budget plan has 10^5+ rows, and Row objects cost 2x.
     rows = conn.execute(load_sql("planner_access"), {"budget": budget}).tuples()
-    lines = "\n".join([f"{m}\x1f{t}\x1f{b}\x1f{h}" for m, t, b, _, _, h in rows])
+    lines = "\n".join([f"{r[0]}\x1f{r[1]}\x1f{r[2]}\x1f{r[5]}" for r in rows])
     digest = hashlib.sha256(lines.encode()).hexdigest()
-    return [r[:5] for r in rows], digest
+    return [r[:5] for r in rows], digest, rows
 
 
 def trim_rows(conn: Connection) -> list[tuple[Any, ...]]:
