@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from mergepipe.catalog.connection import Row, as_dataclass
 from mergepipe.catalog.db import Connectable, run
@@ -78,9 +78,9 @@ class LoraA:
     content_hash: str | None = None  # xxh3-128 of the raw bytes (None: ingested before 0004)
 
 
-@dataclass(frozen=True)
-class TensorRow:
-    """One registered tensor (LoRA: the lora_B matrix, plus lora_A)."""
+class TensorRow(NamedTuple):
+    """One registered tensor (LoRA: the lora_B matrix, plus lora_A). A tuple, as BlockRow: a
+    merge's check builds 10^3 of them."""
 
     name: str
     ordinal: int
@@ -101,9 +101,9 @@ class TensorRow:
         return n
 
 
-@dataclass(frozen=True)
-class BlockRow:
-    """One block: rows [row_start, row_end) of a tensor, stored at byte_offset in a file."""
+class BlockRow(NamedTuple):
+    """One block: rows [row_start, row_end) of a tensor, stored at byte_offset in a file. A
+    tuple (a frozen dataclass costs 10x as much to build, and a merge's check builds 10^4)."""
 
     tensor: str
     block_index: int
@@ -176,8 +176,7 @@ def models_tensors(cat: Connectable, names: Sequence[str], *,
 
 
 def models_blocks(cat: Connectable, names: Sequence[str]) -> dict[str, list[BlockRow]]:
-    """Every block of several models in one query, by model, tensor by tensor in checkpoint
-    order. Plain tuples: 10^4+ blocks a merge."""
+    """Every block of several models in one query, by model, each in file order."""
     blocks: dict[str, list[BlockRow]] = {n: [] for n in names}
     for model, *fields in run(cat, "models_blocks", {"models": sorted(set(names))}).tuples():
         blocks[model].append(BlockRow(*fields))
@@ -200,6 +199,17 @@ def mixed_dtype_tensors(cat: Connectable, names: Sequence[str]) -> set[str]:
     """The tensors whose dtype is not the same in all the named models (one query)."""
     return {str(r[0]) for r in run(cat, "models_mixed_dtypes",
                                    {"models": sorted(set(names))}).tuples()}
+
+
+def shape_mismatches(cat: Connectable, base: str, experts: Sequence[str]
+                     ) -> dict[str, list[tuple[str, tuple[int, ...], tuple[int, ...]]]]:
+    """By expert (LoRA adapters left out): (tensor, its shape, the base's) of each tensor whose
+    shape is not the base's tensor's of that name, in checkpoint order (one query)."""
+    out: dict[str, list[tuple[str, tuple[int, ...], tuple[int, ...]]]] = {}
+    for model, tensor, shape, base_shape in run(cat, "models_shape_mismatches", {
+            "base": base, "experts": sorted(set(experts))}).tuples():
+        out.setdefault(model, []).append((tensor, tuple(shape), tuple(base_shape)))
+    return out
 
 
 def model_block_hashes(cat: Connectable, name: str) -> list[tuple[str, int, str]]:

@@ -3,4 +3,4 @@
 SELECT tensor FROM tensors
 WHERE list_contains(CAST(:models AS VARCHAR[]), model)
 GROUP BY tensor
-HAVING COUNT(DISTINCT dtype) > 1
+HAVING MIN(dtype) <> MAX(dtype)
