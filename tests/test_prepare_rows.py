@@ -4,7 +4,8 @@
 of those names; the planner's own rows of the planned blocks (Plan.block_rows) are reused
 instead of being read again, where they were read of the same catalog and model rows. The
 dtype promotion the kernels see (ChunkMerger.input_dtype) is the one every expert tensor's row
-gives, although most of those rows are no longer loaded."""
+gives, although most of those rows are no longer loaded. The vocabulary check before planning
+reads the resized tensors only (catalog.models.shape_mismatches)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.models import model_blocks, model_tensors
+from mergepipe.catalog.models import model_blocks, model_tensors, shape_mismatches
 from mergepipe.core.request import build_request
 from mergepipe.core.vocab import HF_DTYPE_NAMES
 from mergepipe.executor import prepare as prepare_module
@@ -151,3 +153,28 @@ def test_input_dtype_is_the_promotion_of_every_full_experts_tensor(fam: Catalog,
         assert merger.input_dtype(tensor) == HF_DTYPE_NAMES[want]
     assert (merger.input_dtype(F32_TENSOR) == "float32") == ("e0" in full)
     assert merger.input_dtype("model.norm.weight") == "bfloat16"
+
+
+def test_shape_mismatches_lists_the_resized_tensors_of_full_experts(catalog: Catalog,
+                                                                    tmp_path: Path) -> None:
+    """check_vocab_rows' one query: of each expert, the tensors whose shape is not the base's,
+    in checkpoint order; a LoRA adapter (its lora_B has its own shape) and an expert with the
+    base's shapes have none."""
+    base = factory.make_base(tmp_path / "base", seed=0)
+    same = factory.make_expert(base, tmp_path / "same", seed=1)
+    weights = factory.load(base)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        weights[name] = torch.cat([weights[name], torch.zeros(4, 32)])
+    wide = factory.save_checkpoint(tmp_path / "wide", weights)
+    lora = factory.make_lora(base, tmp_path / "lora", seed=2)
+    from mergepipe.catalog.ingest import ingest_model
+
+    ingest_model(catalog, base, "base", block_bytes=BLOCK)
+    ingest_model(catalog, same, "same", base="base")
+    ingest_model(catalog, wide, "wide", base="base")
+    ingest_model(catalog, lora, "lora", base="base", kind="lora")
+    got = shape_mismatches(catalog, "base", ["lora", "same", "wide"])
+    order = [t.name for t in model_tensors(catalog, "wide")
+             if t.name in ("model.embed_tokens.weight", "lm_head.weight")]
+    assert got == {"wide": [(name, (68, 32), (64, 32)) for name in order]}
+    assert shape_mismatches(catalog, "base", ["same"]) == {}
