@@ -63,11 +63,18 @@ def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[
                  {k: acts.get(k, []) for k in ("position", "tensor", "block_index", "act")})
 
 
-def candidates_sql(region: str | None = None, utility: str = "l2") -> SQL:
+def candidates_sql(region: str | None = None, utility: str = "l2", fallback: bool = True
+                   ) -> SQL:
     """The one statement that creates the ranked candidate units (planner_candidates.sql): the
-    units and their score-per-byte order (planner_units.sql), re-ranked by the ranking pieces
-    the request asks for (planner_rank_*.sql), then costed."""
-    pieces, last = [load_sql("planner_units").text], "ranked_units"
+    units and their score-per-byte order (planner_units.sql, with the whole-tensor units of
+    experts without statistics when `fallback`), re-ranked by the ranking pieces the request
+    asks for (planner_rank_*.sql), then costed."""
+    units = load_sql("planner_units").text
+    fill = (load_sql("planner_units_fallback").text, " UNION ALL SELECT * FROM tensor_units")
+    for key, text in zip(("{tensor_units}", "{fallback_units}"), fill if fallback else ("", ""),
+                         strict=True):
+        units = units.replace(key, text)
+    pieces, last = [units], "ranked_units"
     for piece, name, wanted in (("planner_rank_diminish", "diminished", utility in STRATA),
                                 ("planner_rank_energy", "energized", utility == "tensor_energy"),
                                 ("planner_rank_group", "grouped", region is not None)):
@@ -84,15 +91,17 @@ def _compose(pieces: tuple[str, ...], last: str, group_rank: str) -> SQL:
                .replace("{group_rank}", group_rank))
 
 
-def build_candidates(conn: Connection, region: str | None = None, utility: str = "l2") -> int:
+def build_candidates(conn: Connection, region: str | None = None, utility: str = "l2",
+                     fallback: bool = True) -> int:
     """Create the ranked candidate units; returns C_full, the operator's full-read bytes.
     region ("tensor" | "block"): rank coherent groups, all experts' units of one output region
     together (PLANNING_UNITS); None: (expert, block) units one by one. utility: the ranking
     (as given to `load_request`); coverage and stratified re-rank with diminishing returns,
-    tensor_energy by the squared utility over its tensor's total.
+    tensor_energy by the squared utility over its tensor's total. fallback: False when every
+    expert has statistics (no whole-tensor units to rank).
     Refuses (InvalidRequest) an expert whose statistics miss a candidate's rows."""
     params = {"stratum": STRATA.get(utility), "region": region}
-    stmt = candidates_sql(region, utility)
+    stmt = candidates_sql(region, utility, fallback)
     conn.execute(stmt, {k: v for k, v in params.items() if k in stmt.names})
     full_read, missing = conn.execute(load_sql("planner_full_read")).one()
     if missing:

@@ -307,7 +307,8 @@ def _candidates(conn: Connection, request: MergeRequest
                           utility, resolved.rows, cal)
     unit = request.planning_unit
     return (base, models, resolved, cal, unit,
-            knapsack.build_candidates(conn, PLANNING_UNITS[unit], utility))
+            knapsack.build_candidates(conn, PLANNING_UNITS[unit], utility,
+                                      fallback=not all(m.has_stats for m in models)))
 
 
 def _calibration(conn: Connection, base: str, utility: str) -> Calibration:
