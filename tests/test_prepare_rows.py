@@ -101,6 +101,7 @@ def test_the_planners_rows_are_the_catalogs_and_are_not_read_again(
     calls = _named_queries(monkeypatch)
     reused = prepare(fam, plan)
     assert calls == []  # every planned block's row came from the planner
+    assert plan.block_rows is None  # dropped once used: not kept through the merge
     fresh = prepare(fam, replace(plan, block_rows=None))  # a plan rebuilt from its record
     assert calls == [sorted((b.model, b.tensor, b.block_index) for b in plan.blocks)]
     assert reused.selected == fresh.selected

@@ -225,6 +225,7 @@ def prepare(cat: Catalog, plan: Plan) -> Prepared:
     (base, *experts), promoted = _load_models(
         cat, [req.base, *(e.model for e in req.experts)],
         [(b.model, b.tensor, b.block_index) for b in plan.blocks], plan.block_rows)
+    plan.block_rows = None  # now in the experts' blocks: not kept twice through the merge
     _check_family(req.base, base, experts)
     for m in (base, *experts):
         m.check_files(cat)
