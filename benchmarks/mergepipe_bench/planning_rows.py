@@ -8,8 +8,9 @@ family's row counts while the checkpoints take 60 MB. Per operator of the row (b
 and ties), medians of `reps` runs on one catalog copy, wall and process CPU:
 
 * accept: `check_inputs`, the checks before a merge is queued;
-* plan: `choose_plan`; prepare: the executor's check of the plan against the catalog and files
-  (plan + prepare is what a merge reports as `plan_seconds`, everything before its first read).
+* vocab: `check_vocab_rows`, the vocabulary check a merge runs first; plan: `choose_plan`;
+  prepare: the executor's check of the plan against the catalog and files (vocab + plan +
+  prepare is what a merge reports as `plan_seconds`, everything before its first read).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from mergepipe.catalog.ingest import ingest_model
 from mergepipe.cli.family import LlamaShape, generate_family, read_family
 from mergepipe.core.request import build_request
 from mergepipe.executor.prepare import prepare
-from mergepipe.jobs.planning import check_inputs
+from mergepipe.jobs.planning import check_inputs, check_vocab_rows
 from mergepipe.planner.incremental import choose_plan
 from mergepipe.storage.grid import DEFAULT_BLOCK_BYTES
 from mergepipe_bench.large_family import BUDGET, EXPERTS, OPERATORS, SEED, SHAPE
@@ -58,7 +59,8 @@ def setup(work: Path, *, shape: LlamaShape | None = None, experts: int = EXPERTS
 
 
 def measure(catalog: Path, experts: list[str], reps: int) -> list[dict[str, Any]]:
-    """Medians of `reps` accept / plan / prepare runs per operator (after one warm-up)."""
+    """Medians of `reps` accept / vocab / plan / prepare runs per operator (after one
+    warm-up)."""
     rows = []
     with Catalog(catalog) as cat:
         for op, params in OPERATORS:
@@ -70,15 +72,17 @@ def measure(catalog: Path, experts: list[str], reps: int) -> list[dict[str, Any]
                 marks = [(time.perf_counter(), time.process_time())]
                 pinned = check_inputs(cat, req)
                 marks.append((time.perf_counter(), time.process_time()))
+                check_vocab_rows(cat, pinned)
+                marks.append((time.perf_counter(), time.process_time()))
                 plan = choose_plan(cat, pinned)
                 marks.append((time.perf_counter(), time.process_time()))
                 prepare(cat, plan)
                 marks.append((time.perf_counter(), time.process_time()))
-                for i, phase in enumerate(("accept", "plan", "prepare")):
+                for i, phase in enumerate(("accept", "vocab", "plan", "prepare")):
                     runs.setdefault(f"{phase}_s", []).append(marks[i + 1][0] - marks[i][0])
                     runs.setdefault(f"{phase}_cpu_s", []).append(marks[i + 1][1] - marks[i][1])
                 for clock, k in (("s", 0), ("cpu_s", 1)):
-                    runs.setdefault(f"plan_seconds_{clock}", []).append(marks[3][k] - marks[1][k])
+                    runs.setdefault(f"plan_seconds_{clock}", []).append(marks[4][k] - marks[1][k])
             rows.append({"operator": op, "budget": BUDGET, "runs": reps,
                          "plan_hash": plan.plan_hash, "blocks": len(plan.blocks),
                          **{k: statistics.median(v) for k, v in runs.items()}})
@@ -101,8 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     for r in measure(catalog, experts, args.reps):
         print(json.dumps(r))
         print(f"{r['operator']:7s}: plan_seconds {r['plan_seconds_s']:.3f} s wall, "
-              f"{r['plan_seconds_cpu_s']:.3f} s CPU (plan {r['plan_cpu_s']:.3f} + prepare "
-              f"{r['prepare_cpu_s']:.3f}); acceptance {r['accept_cpu_s']:.3f} s CPU")
+              f"{r['plan_seconds_cpu_s']:.3f} s CPU (vocab {r['vocab_cpu_s']:.3f} + plan "
+              f"{r['plan_cpu_s']:.3f} + prepare {r['prepare_cpu_s']:.3f}); acceptance "
+              f"{r['accept_cpu_s']:.3f} s CPU")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from mergepipe.catalog.connection import Row, as_dataclass
 from mergepipe.catalog.db import Connectable, run
@@ -78,9 +78,9 @@ class LoraA:
     content_hash: str | None = None  # xxh3-128 of the raw bytes (None: ingested before 0004)
 
 
-@dataclass(frozen=True)
-class TensorRow:
-    """One registered tensor (LoRA: the lora_B matrix, plus lora_A)."""
+class TensorRow(NamedTuple):
+    """One registered tensor (LoRA: the lora_B matrix, plus lora_A). A tuple, as BlockRow: a
+    merge's check builds 10^3 of them."""
 
     name: str
     ordinal: int
@@ -101,9 +101,9 @@ class TensorRow:
         return n
 
 
-@dataclass(frozen=True)
-class BlockRow:
-    """One block: rows [row_start, row_end) of a tensor, stored at byte_offset in a file."""
+class BlockRow(NamedTuple):
+    """One block: rows [row_start, row_end) of a tensor, stored at byte_offset in a file. A
+    tuple (a frozen dataclass costs 10x as much to build, and a merge's check builds 10^4)."""
 
     tensor: str
     block_index: int
@@ -150,33 +150,66 @@ def find_models(cat: Connectable, names: Sequence[str]) -> dict[str, ModelRow]:
     return {str(r.name): model_row(r) for r in run(cat, "models_named", {"names": list(names)})}
 
 
-def models_details(cat: Connectable, names: Sequence[str], *,
-                   whole: Collection[str] | None = None,
-                   named: Sequence[tuple[str, str, int]] = ()
-                   ) -> tuple[dict[str, list[FileRow]], dict[str, list[TensorRow]],
-                              dict[str, list[BlockRow]]]:
-    """model_files, model_tensors and model_blocks of several models in three or four queries
-    (a merge of K experts would make 3 (K + 1)). With `whole`, every block is loaded of those
-    models only; of the others, the blocks named in `named` ((model, tensor, block_index): a
-    plan's access set) that exist. Plain tuples: 10^4+ blocks a merge."""
-    params = {"models": sorted(set(names))}
+def models_files(cat: Connectable, names: Sequence[str]) -> dict[str, list[FileRow]]:
+    """The files of several models in one query, by model, each in checkpoint order."""
     files: dict[str, list[FileRow]] = {n: [] for n in names}
-    tensors: dict[str, list[TensorRow]] = {n: [] for n in names}
-    blocks: dict[str, list[BlockRow]] = {n: [] for n in names}
-    for model, *f in run(cat, "models_files", params).tuples():
+    for model, *f in run(cat, "models_files", {"models": sorted(set(names))}).tuples():
         files[model].append(FileRow(*f))
-    for model, *t in run(cat, "models_tensors", params).tuples():
+    return files
+
+
+def models_tensors(cat: Connectable, names: Sequence[str], *,
+                   only: Collection[str] | None = None, whole: Collection[str] = ()
+                   ) -> dict[str, list[TensorRow]]:
+    """The tensors of several models in one query, by model, each in checkpoint order; with
+    `only`, of the models not in `whole` just the tensors of those names."""
+    tensors: dict[str, list[TensorRow]] = {n: [] for n in names}
+    if only is None:
+        rows = run(cat, "models_tensors", {"models": sorted(set(names))}).tuples()
+    else:
+        rows = run(cat, "models_tensors_named", {
+            "whole": sorted(set(whole)), "models": sorted(set(names) - set(whole)),
+            "tensors": sorted(set(only))}).tuples()
+    for model, *t in rows:
         tensors[model].append(_tensor(t))
-    rows = run(cat, "models_blocks", params if whole is None else
-               {"models": sorted(set(whole))}).tuples()
-    if whole is not None and named:
-        rows += run(cat, "blocks_named", {
-            "models": sorted({m for m, _, _ in named}),
-            "keys": [f"{m}\x1f{t}\x1f{i}" for m, t, i in named]}).tuples()
-    for model, *fields in rows:
-        if model in blocks:
+    return tensors
+
+
+def models_blocks(cat: Connectable, names: Sequence[str]) -> dict[str, list[BlockRow]]:
+    """Every block of several models in one query, by model, each in file order."""
+    blocks: dict[str, list[BlockRow]] = {n: [] for n in names}
+    for model, *fields in run(cat, "models_blocks", {"models": sorted(set(names))}).tuples():
+        blocks[model].append(BlockRow(*fields))
+    return blocks
+
+
+def blocks_named(cat: Connectable, named: Collection[tuple[str, str, int]]
+                 ) -> dict[str, list[BlockRow]]:
+    """The blocks named by (model, tensor, block_index) that exist, by model, in no order."""
+    blocks: dict[str, list[BlockRow]] = {m: [] for m, _, _ in named}
+    if named:
+        for model, *fields in run(cat, "blocks_named", {
+                "models": sorted(blocks), "keys": [f"{m}\x1f{t}\x1f{i}" for m, t, i in named]}
+                                  ).tuples():
             blocks[model].append(BlockRow(*fields))
-    return files, tensors, blocks
+    return blocks
+
+
+def mixed_dtype_tensors(cat: Connectable, names: Sequence[str]) -> set[str]:
+    """The tensors whose dtype is not the same in all the named models (one query)."""
+    return {str(r[0]) for r in run(cat, "models_mixed_dtypes",
+                                   {"models": sorted(set(names))}).tuples()}
+
+
+def shape_mismatches(cat: Connectable, base: str, experts: Sequence[str]
+                     ) -> dict[str, list[tuple[str, tuple[int, ...], tuple[int, ...]]]]:
+    """By expert (LoRA adapters left out): (tensor, its shape, the base's) of each tensor whose
+    shape is not the base's tensor's of that name, in checkpoint order (one query)."""
+    out: dict[str, list[tuple[str, tuple[int, ...], tuple[int, ...]]]] = {}
+    for model, tensor, shape, base_shape in run(cat, "models_shape_mismatches", {
+            "base": base, "experts": sorted(set(experts))}).tuples():
+        out.setdefault(model, []).append((tensor, tuple(shape), tuple(base_shape)))
+    return out
 
 
 def model_block_hashes(cat: Connectable, name: str) -> list[tuple[str, int, str]]:

@@ -57,11 +57,10 @@ class ChunkMerger:
                       or self.req.spec.fused is None else self.req.spec)
 
     def input_dtype(self, tensor: str) -> str:
-        """The promoted dtype of the base's and full experts' tensor, as a torch name."""
-        dt = self.prep.base.tensors[tensor].dtype
-        for e in self.prep.experts:
-            if e.kind == "full" and e.tensors[tensor].dtype != dt:
-                dt = "F32"  # F32 with anything, and F16 with BF16
+        """The promoted dtype of the base's and full experts' tensor, as a torch name: the
+        base's where every full expert's is the same, else F32 (F32 with anything, and F16
+        with BF16)."""
+        dt = "F32" if tensor in self.prep.promoted else self.prep.base.tensors[tensor].dtype
         return HF_DTYPE_NAMES[dt]
 
     def load_lora_a(self, data: Mapping[Hashable, memoryview]) -> None:

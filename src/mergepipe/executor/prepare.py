@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import xxhash
 
+from mergepipe.catalog.connection import Connection
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.models import (
     BlockRow,
     FileRow,
     LoraA,
+    ModelRow,
     TensorRow,
+    blocks_named,
     find_models,
+    mixed_dtype_tensors,
     model_blocks,
-    models_details,
+    model_tensors,
+    models_blocks,
+    models_files,
+    models_tensors,
 )
 from mergepipe.catalog.reverify import reverify_file
 from mergepipe.core.errors import (
@@ -26,7 +34,7 @@ from mergepipe.core.errors import (
     SourceChanged,
 )
 from mergepipe.executor.fallback_trims import fill_fallback_trims
-from mergepipe.planner.plan import Plan
+from mergepipe.planner.plan import BlockRows, Plan
 from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.storage.locations import absolute, basename
 from mergepipe.storage.store import store_for
@@ -47,12 +55,20 @@ class ModelSource:
     # False: `blocks` holds only the blocks a plan reads (load_models(..., planned=...));
     # complete_blocks loads the rest when every block is needed (a re-verification)
     complete: bool = True
+    # False: `tensors` holds only the tensors a plan reads; complete_tensors loads the rest
+    tensors_complete: bool = True
 
     def complete_blocks(self, cat: Catalog) -> dict[tuple[str, int], BlockRow]:
         if not self.complete:
             self.blocks = {(b.tensor, b.block_index): b for b in model_blocks(cat, self.name)}
             self.complete = True
         return self.blocks
+
+    def complete_tensors(self, cat: Catalog) -> dict[str, TensorRow]:
+        if not self.tensors_complete:
+            self.tensors = {t.name: t for t in model_tensors(cat, self.name)}
+            self.tensors_complete = True
+        return self.tensors
 
     def file_path(self, index: int) -> str:
         return self.files[index].path
@@ -83,7 +99,7 @@ class ModelSource:
             change = st.change_from(f.stamp)
             if change is not None:
                 self.files[f.index] = reverify_file(cat, self.name, f, st, change,
-                                                    list(self.tensors.values()),
+                                                    list(self.complete_tensors(cat).values()),
                                                     list(self.complete_blocks(cat).values()))
 
     def verify_block(self, block: BlockRow, raw: bytes | bytearray | memoryview) -> None:
@@ -107,11 +123,21 @@ class ModelSource:
 
 
 def load_models(cat: Catalog, names: Sequence[str], *,
-                planned: Sequence[tuple[str, str, int]] | None = None) -> list[ModelSource]:
+                planned: Sequence[tuple[str, str, int]] | None = None,
+                known: BlockRows | None = None) -> list[ModelSource]:
     """Files, tensors and blocks of the named models, ready ones only; with `planned` (a plan's
-    access set) all of the first model's blocks (the base) and only the planned of the others."""
-    whole = None if planned is None else names[:1]
-    with cat.reader() as conn:  # one connection for the five queries
+    access set) all of the first model's tensors and blocks (the base) and, of the others, the
+    planned blocks and the tensors of the names planned. `known`: the planner's rows of planned
+    blocks (Plan.block_rows), used for those whose model rows are the ones it read."""
+    return _load_models(cat, names, planned, known)[0]
+
+
+def _load_models(cat: Catalog, names: Sequence[str],
+                 planned: Sequence[tuple[str, str, int]] | None, known: BlockRows | None
+                 ) -> tuple[list[ModelSource], frozenset[str]]:
+    """`load_models`, and the tensors whose dtype differs between the first model (the base)
+    and the full models among the others (Prepared.promoted)."""
+    with cat.reader() as conn:  # one connection for the queries
         rows = find_models(conn, names)
         for name in names:
             m = rows.get(name)
@@ -119,13 +145,50 @@ def load_models(cat: Catalog, names: Sequence[str], *,
                 raise NotFound(f"model {name!r} is not in the catalog", field="model")
             if m.status != "ready":
                 raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
-        files, tensors, blocks = models_details(conn, names, whole=whole, named=planned or ())
+        whole = list(names) if planned is None else list(names[:1])
+        files = models_files(conn, names)
+        tensors = models_tensors(conn, names, whole=whole, only=None if planned is None else
+                                 {t for _, t, _ in planned})
+        blocks = models_blocks(conn, whole)
+        if planned is not None:
+            usable = (known if known is not None and known.catalog == str(cat.location)
+                      else None)
+            for n, got in _planned_blocks(conn, planned, usable, rows).items():
+                if n not in whole:
+                    blocks.setdefault(n, []).extend(got)
+        full = [n for n in names[1:] if rows[n].kind == "full"]
+        promoted = frozenset(mixed_dtype_tensors(conn, [names[0], *full]) if full else ())
     out = {n: ModelSource(m.name, m.kind, m.path, m.base, m.lora_scale,
                           {f.index: f for f in files[n]}, {t.name: t for t in tensors[n]},
-                          {(b.tensor, b.block_index): b for b in blocks[n]},
-                          complete=whole is None or n in whole)
+                          {(b.tensor, b.block_index): b for b in blocks.get(n, ())},
+                          complete=n in whole, tensors_complete=n in whole)
            for n, m in rows.items()}
-    return [out[n] for n in names]
+    return [out[n] for n in names], promoted
+
+
+def _planned_blocks(conn: Connection, planned: Sequence[tuple[str, str, int]],
+                    known: BlockRows | None, rows: Mapping[str, ModelRow]
+                    ) -> dict[str, list[BlockRow]]:
+    """The catalog rows of the planned blocks, by model: from `known` (read of this catalog)
+    for the models whose rows are the ones it read, the rest in one query."""
+    have: dict[tuple[str, str, int], tuple[Any, ...]] = {}
+    if known is not None:
+        same = {n for n, c in known.created.items()
+                if c is not None and n in rows and rows[n].created_at == c}
+        have = {(r[0], r[1], r[2]): r for r in known.rows if r[0] in same}
+    out: dict[str, list[BlockRow]] = {}
+    missing = []
+    for key in planned:
+        r = have.get(key)
+        if r is None:
+            missing.append(key)
+        else:
+            out.setdefault(key[0], []).append(BlockRow(r[1], r[2], r[6], r[7], r[8], r[9], r[3],
+                                                       r[5]))
+    if missing:
+        for n, got in blocks_named(conn, missing).items():
+            out.setdefault(n, []).extend(got)
+    return out
 
 
 @dataclass
@@ -139,6 +202,9 @@ class Prepared:
     selected: dict[tuple[int, str], list[BlockRow]]  # (expert position, tensor) -> blocks
     planned_by_model: dict[str, int]
     out_dtype: str | None  # None: each tensor keeps the base's dtype
+    # the tensors whose dtype differs between the base and a full expert: their inputs'
+    # promoted dtype is F32 (ChunkMerger.input_dtype)
+    promoted: frozenset[str] = frozenset()
 
     @property
     def mergekit_arith(self) -> bool:
@@ -156,9 +222,10 @@ class Prepared:
 def prepare(cat: Catalog, plan: Plan) -> Prepared:
     """Load the inputs, check the files are unchanged and the plan fits the budget."""
     req = plan.request
-    base, *experts = load_models(cat, [req.base, *(e.model for e in req.experts)],
-                                 planned=[(b.model, b.tensor, b.block_index)
-                                          for b in plan.blocks])
+    (base, *experts), promoted = _load_models(
+        cat, [req.base, *(e.model for e in req.experts)],
+        [(b.model, b.tensor, b.block_index) for b in plan.blocks], plan.block_rows)
+    plan.block_rows = None  # now in the experts' blocks: not kept twice through the merge
     _check_family(req.base, base, experts)
     for m in (base, *experts):
         m.check_files(cat)
@@ -174,7 +241,7 @@ def prepare(cat: Catalog, plan: Plan) -> Prepared:
     if on_disk != {absolute(f.path) for f in base.files.values()}:
         raise SourceChanged(f"model {base.name!r}: the files at {base.path} are not the ones "
                             f"ingested; re-ingest {base.name!r}")
-    return Prepared(plan, base, experts, ckpt, selected, planned, req.output_dtype)
+    return Prepared(plan, base, experts, ckpt, selected, planned, req.output_dtype, promoted)
 
 
 def _check_family(ref: str, base: ModelSource, experts: list[ModelSource]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.lifecycle import resolve_keys, split_ref
-from mergepipe.catalog.models import ModelRow, find_models, model_tensors
+from mergepipe.catalog.models import ModelRow, find_models, shape_mismatches
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.core.mergekit_tokenizer import is_vocab_tensor
 from mergepipe.core.request import Budget, MergeRequest
@@ -44,18 +44,13 @@ def check_vocab_rows(cat: Catalog, request: MergeRequest) -> None:
     (catalog.ingest records it so) is merged only by a merge that re-indexes the embeddings
     (a mergekit config's tokenizer options: jobs.reindex reads the tensors whole); otherwise
     refused, naming the expert and the tensor (mergekit fails on it too)."""
-    base = {t.name: t.shape for t in model_tensors(cat, request.base)}
-    rows = find_models(cat, [e.model for e in request.experts])
+    differ = shape_mismatches(cat, request.base, [e.model for e in request.experts])
     for i, e in enumerate(request.experts):
-        row = rows.get(e.model)
-        if row is None or row.kind == "lora":
-            continue
-        for t in model_tensors(cat, e.model):
-            want = base.get(t.name)
-            if want is not None and t.shape != want and is_vocab_tensor(t.name):
+        for tensor, shape, want in differ.get(e.model, ()):
+            if is_vocab_tensor(tensor):
                 field = f"experts[{i}].model"
                 raise InvalidRequest(
-                    f"{field}: expert {e.model!r}: tensor {t.name!r} has {t.shape[0]} rows, "
+                    f"{field}: expert {e.model!r}: tensor {tensor!r} has {shape[0]} rows, "
                     f"{want[0]} in the base {request.base!r} (its vocabulary differs from "
                     "the base's): merging it needs a tokenizer option that re-indexes the "
                     "embeddings (a mergekit config's tokenizer_source: union or base)",

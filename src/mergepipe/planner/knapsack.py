@@ -63,11 +63,18 @@ def load_request(conn: Connection, experts: list[ModelInfo], rank_weights: list[
                  {k: acts.get(k, []) for k in ("position", "tensor", "block_index", "act")})
 
 
-def candidates_sql(region: str | None = None, utility: str = "l2") -> SQL:
+def candidates_sql(region: str | None = None, utility: str = "l2", fallback: bool = True
+                   ) -> SQL:
     """The one statement that creates the ranked candidate units (planner_candidates.sql): the
-    units and their score-per-byte order (planner_units.sql), re-ranked by the ranking pieces
-    the request asks for (planner_rank_*.sql), then costed."""
-    pieces, last = [load_sql("planner_units").text], "ranked_units"
+    units and their score-per-byte order (planner_units.sql, with the whole-tensor units of
+    experts without statistics when `fallback`), re-ranked by the ranking pieces the request
+    asks for (planner_rank_*.sql), then costed."""
+    units = load_sql("planner_units").text
+    fill = (load_sql("planner_units_fallback").text, " UNION ALL SELECT * FROM tensor_units")
+    for key, text in zip(("{tensor_units}", "{fallback_units}"), fill if fallback else ("", ""),
+                         strict=True):
+        units = units.replace(key, text)
+    pieces, last = [units], "ranked_units"
     for piece, name, wanted in (("planner_rank_diminish", "diminished", utility in STRATA),
                                 ("planner_rank_energy", "energized", utility == "tensor_energy"),
                                 ("planner_rank_group", "grouped", region is not None)):
@@ -84,15 +91,17 @@ def _compose(pieces: tuple[str, ...], last: str, group_rank: str) -> SQL:
                .replace("{group_rank}", group_rank))
 
 
-def build_candidates(conn: Connection, region: str | None = None, utility: str = "l2") -> int:
+def build_candidates(conn: Connection, region: str | None = None, utility: str = "l2",
+                     fallback: bool = True) -> int:
     """Create the ranked candidate units; returns C_full, the operator's full-read bytes.
     region ("tensor" | "block"): rank coherent groups, all experts' units of one output region
     together (PLANNING_UNITS); None: (expert, block) units one by one. utility: the ranking
     (as given to `load_request`); coverage and stratified re-rank with diminishing returns,
-    tensor_energy by the squared utility over its tensor's total.
+    tensor_energy by the squared utility over its tensor's total. fallback: False when every
+    expert has statistics (no whole-tensor units to rank).
     Refuses (InvalidRequest) an expert whose statistics miss a candidate's rows."""
     params = {"stratum": STRATA.get(utility), "region": region}
-    stmt = candidates_sql(region, utility)
+    stmt = candidates_sql(region, utility, fallback)
     conn.execute(stmt, {k: v for k, v in params.items() if k in stmt.names})
     full_read, missing = conn.execute(load_sql("planner_full_read")).one()
     if missing:
@@ -154,13 +163,22 @@ def l2_bounds(conn: Connection, budget: int) -> tuple[float | None, float | None
 
 def access_set(conn: Connection, budget: int) -> tuple[list[tuple[Any, ...]], str]:
     """(model, tensor, block_index, nbytes, utility) of the selected blocks in rank order, and
-    the sha256 of the access set with the blocks' content hashes: one line per block, fields
+    the sha256 of the access set with the blocks' content hashes (`access`)."""
+    rows, digest, _ = access(conn, budget)
+    return rows, digest
+
+
+def access(conn: Connection, budget: int
+           ) -> tuple[list[tuple[Any, ...]], str, list[tuple[Any, ...]]]:
+    """`access_set`, and the rows read for it: the selected blocks' catalog fields (model,
+    tensor, block_index, nbytes, utility, content_hash, row_start, row_end, file_index,
+    byte_offset; `Plan.block_rows`). The digest is the sha256 of one line per block, fields
     separated by U+001F (model, tensor, block_index, content_hash), lines by a newline."""
     # Plain DB-API tuples: a full-budget plan has 10^5+ rows, and Row objects cost 2x.
     rows = conn.execute(load_sql("planner_access"), {"budget": budget}).tuples()
-    lines = "\n".join([f"{m}\x1f{t}\x1f{b}\x1f{h}" for m, t, b, _, _, h in rows])
+    lines = "\n".join([f"{r[0]}\x1f{r[1]}\x1f{r[2]}\x1f{r[5]}" for r in rows])
     digest = hashlib.sha256(lines.encode()).hexdigest()
-    return [r[:5] for r in rows], digest
+    return [r[:5] for r in rows], digest, rows
 
 
 def trim_rows(conn: Connection) -> list[tuple[Any, ...]]:

@@ -74,6 +74,19 @@ PlannedBlock = TouchedBlock  # one expert block of the access set, as touched_bl
 
 
 @dataclass(frozen=True)
+class BlockRows:
+    """The catalog rows of a plan's blocks as the planner read them (knapsack.access: model,
+    tensor, block_index, nbytes, utility, content_hash, row_start, row_end, file_index,
+    byte_offset), so that the executor's check of the plan needs not read them again. Neither
+    recorded nor hashed. A model's blocks are written with its row and never changed, so rows
+    once read stay true for that catalog and model row (name and created_at)."""
+
+    catalog: str                       # the catalog's location
+    created: dict[str, str | None]     # model name -> its row's created_at, when read
+    rows: list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
 class ExpertPlan:
     """One expert's share of the plan."""
 
@@ -138,6 +151,8 @@ class Plan:
     # utility=activation or fisher: the calibration ranked with (catalog.calibrations.CalibrationRow's
     # dict); None otherwise
     calibration: dict[str, Any] | None = None
+    # the planner's catalog rows of `blocks` (None: a plan rebuilt from a record or made by hand)
+    block_rows: BlockRows | None = field(default=None, repr=False, compare=False)
 
     @property
     def predicted_deviation(self) -> float | None:
@@ -292,7 +307,8 @@ def _candidates(conn: Connection, request: MergeRequest
                           utility, resolved.rows, cal)
     unit = request.planning_unit
     return (base, models, resolved, cal, unit,
-            knapsack.build_candidates(conn, PLANNING_UNITS[unit], utility))
+            knapsack.build_candidates(conn, PLANNING_UNITS[unit], utility,
+                                      fallback=not all(m.has_stats for m in models)))
 
 
 def _calibration(conn: Connection, base: str, utility: str) -> Calibration:
@@ -357,7 +373,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         bound_l2, update_l2 = (knapsack.l2_bounds(conn, budget) if request.spec.additive
                                else (None, None))
         with _gc_paused():
-            rows, access_digest = knapsack.access_set(conn, budget)
+            rows, access_digest, read = knapsack.access(conn, budget)
             # C-level construction (row + rank): a full-budget plan has 10^5+ blocks.
             blocks = list(map(PlannedBlock._make, map(tuple.__add__, rows, zip(count()))))
         trim_rows = (knapsack.trim_rows(conn)
@@ -403,4 +419,5 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         omission_bound_l2=bound_l2, planning_seconds=time.perf_counter() - t0, unit=unit,
         tensor_params=resolved.values, min_useful_bytes=min_useful,
         update_bound_l2=update_l2,
-        calibration=None if cal is None else cal.row.to_dict())
+        calibration=None if cal is None else cal.row.to_dict(),
+        block_rows=BlockRows(str(cat.location), {m.name: m.created_at for m in models}, read))

@@ -13,6 +13,9 @@
 -- missing: a candidate whose statistics are incomplete (the planner refuses the request).
 -- Units carry the tensor's name (regions are matched by name: a LoRA expert's ordinals may
 -- differ), so no later statement joins the tensors again for it.
+-- The tensor_units placeholder is planner_units_fallback.sql's entry and the fallback_units
+-- one its UNION ALL, when some expert has no statistics; both are empty otherwise
+-- (knapsack.candidates_sql: DuckDB's optimizer then has a few ms less to do).
 request_tensor_stats AS (
     -- the tensor statistics a request's expert needs (ties: the trim threshold tau at its
     -- density's grid index j; per_tensor: the tensor's l2), scalars only: the 100-entry grids
@@ -55,24 +58,11 @@ block_units AS (
                              OR ts.grid_len < COALESCE(tp.trim_j, r.trim_j)
                              OR s.max_abs >= ts.tau)))
 ),
-tensor_units AS (
-    SELECT r.position, t.ordinal, t.tensor, CAST(NULL AS INTEGER) AS block_index,
-           COUNT(*) AS n_blocks, SUM(b.nbytes) AS nbytes,
-           COALESCE(t.lora_a_nbytes, 0) AS lora_a_nbytes,
-           CAST(NULL AS DOUBLE) AS utility, CAST(NULL AS DOUBLE) AS score, TRUE AS fallback,
-           CAST(NULL AS VARCHAR) AS missing
-    FROM planner_request r
-    JOIN tensors t ON t.model = r.model
-    JOIN blocks b ON b.model = t.model AND b.tensor = t.tensor
-    LEFT JOIN planner_tensor_params tp ON tp.position = r.position AND tp.tensor = t.tensor
-    WHERE NOT r.has_stats AND COALESCE(tp.rank_weight, r.rank_weight) > 0
-    GROUP BY r.position, t.ordinal, t.tensor, t.lora_a_nbytes
-),
-units AS (
+{tensor_units}units AS (
     SELECT position, ordinal, tensor, block_index, CAST(n_blocks AS BIGINT) AS n_blocks,
            CAST(nbytes AS BIGINT) AS nbytes, CAST(lora_a_nbytes AS BIGINT) AS lora_a_nbytes,
            utility, score, fallback, missing
-    FROM (SELECT * FROM block_units UNION ALL SELECT * FROM tensor_units) AS u
+    FROM (SELECT * FROM block_units{fallback_units}) AS u
 ),
 ranked_units AS (
     SELECT *,
