@@ -5,7 +5,7 @@ against 8 random plans of at least as many bytes (the largest planned bytes of t
 
     python -m mergepipe_bench.fidelity.ranking_study --family toy --dir DIR
         [--operators linear,ties] [--budgets 0.1,0.3] [--rankings l2,coverage]
-        [--planner per_tensor:group,...]
+        [--planner per_tensor:group,...] [--random N] [--seed0 S]
     python -m mergepipe_bench.fidelity.ranking_study --dir DIR --render  # the tables
 
 Families are trained once and cached under DIR (family-*, base-*); the catalog too
@@ -345,7 +345,9 @@ def main() -> None:
     p.add_argument("--operators", default=",".join(o.name for o in OPERATORS))
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     p.add_argument("--rankings", default=",".join(rankings()))
-    p.add_argument("--random", type=int, default=8)
+    p.add_argument("--random", type=int, default=8,
+                   help="random plans per cell (0: the rankings only, the random plans pooled "
+                        "from other runs at --render)")
     p.add_argument("--seed0", type=int, default=1000, help="first random plan's seed")
     p.add_argument("--planner", default="", help="comma-separated utility:unit planner plans")
     p.add_argument("--eval-per-task", type=int, default=64)
