@@ -1,4 +1,4 @@
-"""The diminishing-returns rankings (utility = coverage | stratified) on a seeded factory
+"""The rankings other than l2 (coverage, stratified, tensor_energy, region_energy) on a seeded factory
 family: deterministic, budget-sound, the standard merge at full budget, and the additive
 omission bounds hold on the executed merge whatever the order."""
 
@@ -20,7 +20,7 @@ from tests.catalogs import new_catalog
 from tests.executor_family import ingest_family
 from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
-RANKINGS = ("coverage", "stratified", "tensor_energy")
+RANKINGS = ("coverage", "stratified", "tensor_energy", "region_energy")
 EXPERTS = "e0:1.0,e1:0.5,e2:2.0"
 
 
@@ -98,7 +98,7 @@ def test_sparse_operators_full_budget_is_the_standard_merge(fam: tuple[Catalog, 
     ("breadcrumbs_ties", {"density": 0.5}, "l2", "expert_block"),
     ("ties", {"density": 0.5}, "stratified", "expert_block"),
     ("dare_ties", {"density": 0.5}, "l2", "expert_block"),
-    ("della", {"density": 0.5}, "stratified", "expert_block")])
+    ("della", {"density": 0.5}, "region_energy", "expert_block")])
 def test_default_ranking_per_operator(fam: tuple[Catalog, Path], op: str,
                                       params: dict[str, object], utility: str,
                                       unit: str) -> None:
@@ -121,7 +121,7 @@ def test_operator_listing_gives_each_operator_its_default_ranking() -> None:
     # ranking, not the parameter's global l2: else the console overrides every default
     from mergepipe.core.operators.registry import REGISTRY
     from mergepipe.service.routes.operators import operator_out
-    for op, utility in (("ties", "stratified"), ("della", "stratified"), ("linear", "per_tensor"),
+    for op, utility in (("ties", "stratified"), ("della", "region_energy"), ("linear", "per_tensor"),
                         ("task_arithmetic", "tensor_energy"), ("dare_ties", "l2"),
                         ("breadcrumbs_ties", "l2")):
         params = {p["name"]: p for p in operator_out(REGISTRY[op])["params"]}
@@ -151,3 +151,35 @@ def test_tensor_energy_order_hand_computed(catalog: Catalog) -> None:
     for k in range(1, 9):
         assert sorted(blocks("tensor_energy", f"{100 * k}B")) == sorted(order[:k])
     assert sorted(blocks("l2", "300B")) == sorted([("e0", "A", 1), ("e0", "A", 0), ("e1", "A", 0)])
+
+
+def test_region_energy_order_hand_computed(catalog: Catalog) -> None:
+    # 100-byte blocks, weights 1, della (density 0.5). Tensor A: e0 l2 3, 1; e1 2, 1 ->
+    # E_A = 9 + 1 + 4 + 1 = 15. Tensor B: e0 .2, .1; e1 .1, .1 -> E_B = .07. Score a^2 / E_t
+    # times sqrt(k) - sqrt(k - 1), k the expert's rank by a in its region (tensor, block; equal
+    # a: the l2 order, e0 first): A0 e0 9/15 = .6, e1 4/15 * .414 = .110; A1 e0 1/15 = .0667,
+    # e1 .0276; B0 e0 .04/.07 = .571, e1 .01/.07 * .414 = .0592; B1 e0 .143, e1 .0592.
+    # stratified (share of the (expert, tensor) delta) takes B1/e1 third, tensor_energy A0/e1,
+    # l2 A0/e1 second.
+    shapes = [Ten("A", [Blk(100), Blk(100)]), Ten("B", [Blk(100), Blk(100)])]
+    add_model(catalog, base_like("base", shapes))
+    for name, a, b in (("e0", (3, 1), (.2, .1)), ("e1", (2, 1), (.1, .1))):
+        add_model(catalog, Model(name, [Ten("A", [Blk(100, x) for x in a]),
+                                         Ten("B", [Blk(100, x) for x in b])], base="base"))
+
+    def blocks(utility: str | None, budget: str) -> list[tuple[str, str, int]]:
+        params: dict[str, object] = {"density": 0.5}
+        if utility is not None:
+            params["utility"] = utility
+        p = make_plan(catalog, build_request(base="base", experts="e0,e1", operator="della",
+                                             budget=budget, params=params))
+        return [(b.model, b.tensor, b.block_index) for b in p.blocks]
+
+    order = [("e0", "A", 0), ("e0", "B", 0), ("e0", "B", 1), ("e1", "A", 0), ("e0", "A", 1),
+             ("e1", "B", 0), ("e1", "B", 1), ("e1", "A", 1)]
+    for k in range(1, 9):
+        assert sorted(blocks("region_energy", f"{100 * k}B")) == sorted(order[:k])
+        assert sorted(blocks(None, f"{100 * k}B")) == sorted(order[:k])  # della's default
+    assert ("e1", "B", 1) in blocks("stratified", "300B")
+    assert ("e1", "A", 0) in blocks("tensor_energy", "300B")
+    assert ("e1", "A", 0) in blocks("l2", "200B")

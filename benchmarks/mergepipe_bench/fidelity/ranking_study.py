@@ -5,7 +5,7 @@ against 8 random plans of at least as many bytes (the largest planned bytes of t
 
     python -m mergepipe_bench.fidelity.ranking_study --family toy --dir DIR
         [--operators linear,ties] [--budgets 0.1,0.3] [--rankings l2,coverage]
-        [--planner per_tensor:group,...]
+        [--planner per_tensor:group,...] [--random N] [--seed0 S]
     python -m mergepipe_bench.fidelity.ranking_study --dir DIR --render  # the tables
 
 Families are trained once and cached under DIR (family-*, base-*); the catalog too
@@ -44,7 +44,8 @@ OPERATORS = (OperatorSpec("linear"), OperatorSpec("ties", {"density": 0.5}),
              OperatorSpec("task_arithmetic", {"lambda": 0.5}),
              OperatorSpec("breadcrumbs_ties", {"density": 0.5}))
 BUDGETS = (0.1, 0.2, 0.3, 0.5, 0.7)
-PLANNER_RANKINGS = ("l2", "per_tensor", "coverage", "stratified", "tensor_energy")  # params.utility values
+PLANNER_RANKINGS = ("l2", "per_tensor", "coverage", "stratified", "tensor_energy",
+                    "region_energy")  # params.utility values
 
 
 def small_deltas_family() -> FamilySpec:
@@ -122,6 +123,27 @@ def _tensor_energy(cs: list[Candidate]) -> list[Candidate]:
                     for i, c in enumerate(cs)})
 
 
+def _region_energy(cs: list[Candidate]) -> list[Candidate]:
+    """a^2 over the tensor's summed a^2 (every expert) times sqrt(k) - sqrt(k - 1), k the rank
+    by a among the experts of the region (ties: the l2 order), as
+    planner/sql/planner_rank_region_energy.sql."""
+    e: dict[str, float] = {}
+    for c in cs:
+        e[c.tensor] = e.get(c.tensor, 0.0) + c.utility ** 2
+    prior = {id(c): r for r, c in enumerate(_l2(cs))}
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, c in enumerate(cs):
+        groups.setdefault((c.tensor, c.block_index), []).append(i)
+    score: dict[int, float] = {}
+    for idx in groups.values():
+        for k, i in enumerate(sorted(idx, key=lambda i: (-cs[i].utility, prior[id(cs[i])])), 1):
+            c = cs[i]
+            share = c.utility ** 2 / e[c.tensor] if e[c.tensor] else 0.0
+            score[i] = share * (math.sqrt(k) - math.sqrt(k - 1))
+    return [cs[i] for i in sorted(range(len(cs)), key=lambda i: (
+        -score[i] / cs[i].nbytes, prior[id(cs[i])]))]
+
+
 def _dim(cs: list[Candidate], key: Callable[[Candidate], Any]) -> list[Candidate]:
     """per_tensor share times sqrt(k) - sqrt(k - 1), k the rank by share in key's group (ties:
     the per_tensor order), as planner/sql/planner_rank_diminish.sql."""
@@ -145,7 +167,7 @@ def rankings() -> dict[str, Order]:
     stratified: per region (tensor, block), experts with diminishing returns;
     coverage_exact: coverage with the exact running energy instead of the rank."""
     return {"l2": _l2, "per_tensor": _per_tensor, "energy": _energy,
-            "tensor_energy": _tensor_energy,
+            "tensor_energy": _tensor_energy, "region_energy": _region_energy,
             "coverage": lambda cs: _dim(cs, lambda c: (c.model, c.tensor)),
             "stratified": lambda cs: _dim(cs, lambda c: (c.tensor, c.block_index)),
             "coverage_exact": lambda cs: _by(cs, _marginal_sqrt(
@@ -252,7 +274,8 @@ class Study:
                     row["random_seeds"] = [seed0, seed0 + n_random - 1]
                     row["random"] = [kl(random_plan(_cap(plan, top), cands, seed0 + s), f"r{s}")
                                      for s in range(n_random)]
-                    med = statistics.median(r["kl"] for r in row["random"])
+                    # --random 0: the rankings only (random plans pooled from other runs)
+                    med = statistics.median([r["kl"] for r in row["random"]] or [math.nan])
                     msg = "  ".join(f"{k} {v['kl']:.3g}" for k, v in row["rankings"].items())
                     print(f"  {self.name} {op.name} {f}: random {med:.3g}  default "
                           f"{row['default']['kl']:.3g}  {msg}  ({time.perf_counter() - t0:.0f}s)",
@@ -322,7 +345,9 @@ def main() -> None:
     p.add_argument("--operators", default=",".join(o.name for o in OPERATORS))
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     p.add_argument("--rankings", default=",".join(rankings()))
-    p.add_argument("--random", type=int, default=8)
+    p.add_argument("--random", type=int, default=8,
+                   help="random plans per cell (0: the rankings only, the random plans pooled "
+                        "from other runs at --render)")
     p.add_argument("--seed0", type=int, default=1000, help="first random plan's seed")
     p.add_argument("--planner", default="", help="comma-separated utility:unit planner plans")
     p.add_argument("--eval-per-task", type=int, default=64)

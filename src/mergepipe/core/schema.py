@@ -278,8 +278,11 @@ LAMBDA = Param("lambda", float, 1.0, help="scale of the merged delta")
 # fisher: the KL the block's delta causes under the calibration's Fisher (planner.activation).
 # tensor_energy: a_u^2 over the summed a^2 of its tensor (every expert), per byte: each tensor's
 # omitted energy share, a quadratic model of the output change (docs/catalog.md#rankings).
+# region_energy: that share times sqrt(k) - sqrt(k - 1), k the unit's rank by a_u among the
+# experts of its output region (tensor, block): the disjoint means' version.
 UTILITY = Param("utility", str, "l2", ("l2", "per_tensor", "coverage", "stratified",
-                                       "tensor_energy", "activation", "fisher"),
+                                       "tensor_energy", "region_energy", "activation",
+                                       "fisher"),
                 help="the planner's block ranking")
 # The dtype the arithmetic runs in, and whose arithmetic: native (float32 fused kernels) or
 # mergekit's operation by operation (a mergekit config). Kept only when not the default.

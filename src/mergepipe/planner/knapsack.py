@@ -77,6 +77,8 @@ def candidates_sql(region: str | None = None, utility: str = "l2", fallback: boo
     pieces, last = [units], "ranked_units"
     for piece, name, wanted in (("planner_rank_diminish", "diminished", utility in STRATA),
                                 ("planner_rank_energy", "energized", utility == "tensor_energy"),
+                                ("planner_rank_region_energy", "region_energized",
+                                 utility == "region_energy"),
                                 ("planner_rank_group", "grouped", region is not None)):
         if wanted:
             pieces.append(load_sql(piece).text.replace("{input}", last))
@@ -97,7 +99,8 @@ def build_candidates(conn: Connection, region: str | None = None, utility: str =
     region ("tensor" | "block"): rank coherent groups, all experts' units of one output region
     together (PLANNING_UNITS); None: (expert, block) units one by one. utility: the ranking
     (as given to `load_request`); coverage and stratified re-rank with diminishing returns,
-    tensor_energy by the squared utility over its tensor's total. fallback: False when every
+    tensor_energy by the squared utility over its tensor's total, region_energy by that share
+    discounted by the unit's rank among its region's experts. fallback: False when every
     expert has statistics (no whole-tensor units to rank).
     Refuses (InvalidRequest) an expert whose statistics miss a candidate's rows."""
     params = {"stratum": STRATA.get(utility), "region": region}

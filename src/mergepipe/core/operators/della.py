@@ -87,10 +87,12 @@ SPEC = OperatorSpec(
     formula="M = B + lambda * disjoint_mean_i(w_i magprune(D_i; density_i, epsilon))",
     kernel=della, normalize_default=True, additive=False, density=True,
     params=(EPSILON, RESCALE), check=check, min_ndim=1,  # magprune ranks within rows
-    # (expert, block) units ranked stratified: the only plan below random plans of equal bytes
-    # at every budget on three families; whole-tensor groups (l2) were above them at 13 of 15
-    # (docs/FIDELITY.md, "Default rankings")
-    default_utility="stratified",
+    # (expert, block) units ranked region_energy: greedy of the summed energy share of each
+    # region in its tensor, with diminishing returns over the experts of a region (a disjoint
+    # mean of a few estimates the mean of all); below random plans of equal bytes at every
+    # budget on five families and the lowest mean at 0.3 / 0.5 (docs/FIDELITY.md, "Default
+    # rankings, third pass: della")
+    default_utility="region_energy",
     not_incremental=("della elects each entry's sign over all experts together: one expert more "
                      "can flip signs everywhere"),
     mergekit=MergekitMethod("della", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
