@@ -10,9 +10,7 @@ written by main's planner before the planning-cost work of issue 31 (commit bed2
 test checked that the cheaper planner gives every plan unchanged; it was rewritten once since,
 when the second ranking study changed three defaults (task_arithmetic, breadcrumbs_ties,
 dare_ties): 56 of 340 lines changed, all of those operators (their default ranking or unit; four
-task_arithmetic per_tensor lines only in their hash, per_tensor being no longer the default);
-and once more when della's default became region_energy (the third pass): 16 lines, all della
-(its 12 default requests; its 4 explicit stratified ones only in their hash)."""
+task_arithmetic per_tensor lines only in their hash, per_tensor being no longer the default)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Making planning cheaper changes no plan: every request of tests/plan_hash_fixture.py gives the
 plan hash, planned bytes and access set that main's planner recorded in
-tests/data/plan_hashes.json (before issue 31's planning-cost work; rewritten for the three
-defaults the second ranking study changed and for della's of the third pass:
-tests/plan_hash_fixture.py)."""
+tests/data/plan_hashes.json (before issue 31's planning-cost work; rewritten once for the three
+defaults the second ranking study changed: tests/plan_hash_fixture.py)."""
 
 from __future__ import annotations
 

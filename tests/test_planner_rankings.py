@@ -98,7 +98,7 @@ def test_sparse_operators_full_budget_is_the_standard_merge(fam: tuple[Catalog, 
     ("breadcrumbs_ties", {"density": 0.5}, "l2", "expert_block"),
     ("ties", {"density": 0.5}, "stratified", "expert_block"),
     ("dare_ties", {"density": 0.5}, "l2", "expert_block"),
-    ("della", {"density": 0.5}, "region_energy", "expert_block")])
+    ("della", {"density": 0.5}, "stratified", "expert_block")])
 def test_default_ranking_per_operator(fam: tuple[Catalog, Path], op: str,
                                       params: dict[str, object], utility: str,
                                       unit: str) -> None:
@@ -121,7 +121,7 @@ def test_operator_listing_gives_each_operator_its_default_ranking() -> None:
     # ranking, not the parameter's global l2: else the console overrides every default
     from mergepipe.core.operators.registry import REGISTRY
     from mergepipe.service.routes.operators import operator_out
-    for op, utility in (("ties", "stratified"), ("della", "region_energy"), ("linear", "per_tensor"),
+    for op, utility in (("ties", "stratified"), ("della", "stratified"), ("linear", "per_tensor"),
                         ("task_arithmetic", "tensor_energy"), ("dare_ties", "l2"),
                         ("breadcrumbs_ties", "l2")):
         params = {p["name"]: p for p in operator_out(REGISTRY[op])["params"]}
@@ -179,7 +179,6 @@ def test_region_energy_order_hand_computed(catalog: Catalog) -> None:
              ("e1", "B", 0), ("e1", "B", 1), ("e1", "A", 1)]
     for k in range(1, 9):
         assert sorted(blocks("region_energy", f"{100 * k}B")) == sorted(order[:k])
-        assert sorted(blocks(None, f"{100 * k}B")) == sorted(order[:k])  # della's default
     assert ("e1", "B", 1) in blocks("stratified", "300B")
     assert ("e1", "A", 0) in blocks("tensor_energy", "300B")
     assert ("e1", "A", 0) in blocks("l2", "200B")

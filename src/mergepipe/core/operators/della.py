@@ -87,12 +87,11 @@ SPEC = OperatorSpec(
     formula="M = B + lambda * disjoint_mean_i(w_i magprune(D_i; density_i, epsilon))",
     kernel=della, normalize_default=True, additive=False, density=True,
     params=(EPSILON, RESCALE), check=check, min_ndim=1,  # magprune ranks within rows
-    # (expert, block) units ranked region_energy: greedy of the summed energy share of each
-    # region in its tensor, with diminishing returns over the experts of a region (a disjoint
-    # mean of a few estimates the mean of all); below random plans of equal bytes at every
-    # budget on five families and the lowest mean at 0.3 / 0.5 (docs/FIDELITY.md, "Default
-    # rankings, third pass: della")
-    default_utility="region_energy",
+    # (expert, block) units ranked stratified: below random plans of equal bytes in 26 of 30
+    # cells on six families; region_energy won all 25 on the five Llama families but lost
+    # every budget on the held-out GPT-NeoX one (docs/FIDELITY.md, "Default rankings, third
+    # pass: della")
+    default_utility="stratified",
     not_incremental=("della elects each entry's sign over all experts together: one expert more "
                      "can flip signs everywhere"),
     mergekit=MergekitMethod("della", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),
