@@ -22,7 +22,7 @@ class ModelSize:
     """Dimensions and class of the tiny model (vocab is the byte-level one of tasks.py).
     arch "llama": LlamaForCausalLM (RMSNorm, SwiGLU MLP, separate q/k/v projections, no
     biases); "gpt_neox": GPTNeoXForCausalLM (LayerNorm with biases, fused query_key_value with
-    bias, GELU MLP, parallel residual, rotary on a quarter of each head)."""
+    bias, GELU MLP, parallel residual, rotary on a quarter of each head: GPT-NeoX's default)."""
 
     hidden: int = 256
     intermediate: int = 512
@@ -38,7 +38,7 @@ class ModelSize:
                 vocab_size=VOCAB_SIZE, hidden_size=self.hidden,
                 intermediate_size=self.intermediate, num_hidden_layers=self.layers,
                 num_attention_heads=self.heads, max_position_embeddings=self.max_len,
-                rotary_pct=0.25, use_parallel_residual=True, hidden_act="gelu",
+                use_parallel_residual=True, hidden_act="gelu",
                 layer_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=BOS,
                 eos_token_id=END, pad_token_id=PAD)
         if self.arch != "llama":
