@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
+from typing import Any
 
 from mergepipe.planner.plan import Plan, make_plan
 from mergepipe_bench.fidelity.random_plan import Candidate, _first_fit
@@ -42,13 +43,19 @@ def omit_plan(full: Plan, cands: list[Candidate], part: str) -> Plan:
     return _first_fit(_cap(full, sum(c.nbytes for c in keep)), cands, keep, {"omit": part})
 
 
+def _cfg(study: Study) -> Any:
+    """The study's config for OperatorRun, which reads only its out_dtype and threads (as the
+    ranking study does)."""
+    return study.cfg
+
+
 def _coverage(study: Study, op_name: str, budget: float, names: list[str], below: float) -> None:
     from mergepipe_bench.fidelity.random_plan import candidates
     from mergepipe_bench.fidelity.run import Evaluator, OperatorRun
     cat, info = study.catalog()
     op = next(o for o in OPERATORS if o.name == op_name)
     with cat:
-        run = OperatorRun(study.cfg, cat, Evaluator([]), study.work / "merges", "base",
+        run = OperatorRun(_cfg(study), cat, Evaluator([]), study.work / "merges", "base",
                           list(info["experts"]), op)
         cands = candidates(cat, make_plan(cat, run.request(1.0)))
         plan = make_plan(cat, run.request(budget))
@@ -71,7 +78,7 @@ def _omit(study: Study, ops: list[str], parts: list[str]) -> None:
     with cat:
         for name in ops:
             op = next(o for o in OPERATORS if o.name == name)
-            run = OperatorRun(study.cfg, cat, ev, work, "base", list(info["experts"]), op)
+            run = OperatorRun(_cfg(study), cat, ev, work, "base", list(info["experts"]), op)
             full = make_plan(cat, run.request(1.0))
             d, _ = run.merge(full, "full")
             full_lp, targets, _ = ev.measure(d)
