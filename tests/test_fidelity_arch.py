@@ -36,6 +36,9 @@ def test_the_neox_family_builds_a_gpt_neox_model() -> None:
     assert "gpt_neox.layers.5.input_layernorm.bias" in names  # LayerNorm with biases, 6 layers
     assert model.config.hidden_size == 192 and model.config.use_parallel_residual
     assert FAMILIES["neox"]().experts_per_task * len(FAMILIES["neox"]().tasks) >= 12
+    control = new_model(FAMILIES["neox-llama"]().size, 0)  # the same shape in the Llama class
+    assert type(control).__name__ == "LlamaForCausalLM"
+    assert (control.config.hidden_size, control.config.num_hidden_layers) == (192, 6)
 
 
 def test_an_unknown_arch_is_refused_by_name() -> None:

@@ -65,6 +65,12 @@ def neox_family() -> FamilySpec:
                       experts_per_task=4, dtype="f32", seed=6)
 
 
+def neox_llama_family() -> FamilySpec:
+    """The neox family's control: the same shape, recipe and seed in the Llama class (RMSNorm,
+    SwiGLU MLP, separate q/k/v, no biases), to tell the class from the recipe."""
+    return replace(neox_family(), size=replace(neox_family().size, arch="llama"))
+
+
 def _reseeded(make: Callable[[], FamilySpec], seed: int) -> Callable[[], FamilySpec]:
     """The same family trained from another seed (base and experts)."""
     return lambda: replace(make(), seed=seed)
@@ -73,7 +79,7 @@ def _reseeded(make: Callable[[], FamilySpec], seed: int) -> Callable[[], FamilyS
 FAMILIES: dict[str, Callable[[], FamilySpec]] = {
     "toy": toy_family, "small": small_deltas_family, "realistic": realistic_family,
     "toy-s1": _reseeded(toy_family, 1), "small-s1": _reseeded(small_deltas_family, 1),
-    "neox": neox_family}
+    "neox": neox_family, "neox-llama": neox_llama_family}
 
 Order = Callable[[list[Candidate]], list[Candidate]]
 
