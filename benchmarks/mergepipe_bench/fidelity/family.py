@@ -48,7 +48,8 @@ class FamilySpec:
                 for k in range(self.experts_per_task) for i, t in enumerate(self.tasks)]
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        d = {**asdict(self), "size": self.size.to_dict()}  # the Llama families' keys unchanged
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _pretrain_sampler(seed: int) -> Any:
@@ -71,7 +72,7 @@ def _task_sampler(task: str, seed: int, held_out: set[str]) -> Any:
 
 def base_key(spec: FamilySpec) -> str:
     """Hash of what determines the base (experts with other fine-tune settings share it)."""
-    fields = {"size": asdict(spec.size), "pretrain": asdict(spec.pretrain), "seed": spec.seed}
+    fields = {"size": spec.size.to_dict(), "pretrain": asdict(spec.pretrain), "seed": spec.seed}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -1,4 +1,5 @@
-"""The tiny byte-level Llama: its configuration, batching and a plain training loop."""
+"""The tiny byte-level LM (Llama, or GPT-NeoX for the sixth family): its configuration, batching
+and a plain training loop."""
 
 from __future__ import annotations
 
@@ -13,18 +14,35 @@ import torch
 
 from mergepipe_bench.fidelity.tasks import BOS, END, PAD, VOCAB_SIZE
 
+ARCHS = ("llama", "gpt_neox")
+
 
 @dataclass(frozen=True)
 class ModelSize:
-    """Dimensions of the tiny Llama (vocab is the byte-level one of tasks.py)."""
+    """Dimensions and class of the tiny model (vocab is the byte-level one of tasks.py).
+    arch "llama": LlamaForCausalLM (RMSNorm, SwiGLU MLP, separate q/k/v projections, no
+    biases); "gpt_neox": GPTNeoXForCausalLM (LayerNorm with biases, fused query_key_value with
+    bias, GELU MLP, parallel residual, rotary on a quarter of each head: GPT-NeoX's default)."""
 
     hidden: int = 256
     intermediate: int = 512
     layers: int = 4
     heads: int = 4
     max_len: int = 64
+    arch: str = "llama"
 
     def config(self) -> Any:
+        if self.arch == "gpt_neox":
+            from transformers import GPTNeoXConfig
+            return GPTNeoXConfig(
+                vocab_size=VOCAB_SIZE, hidden_size=self.hidden,
+                intermediate_size=self.intermediate, num_hidden_layers=self.layers,
+                num_attention_heads=self.heads, max_position_embeddings=self.max_len,
+                use_parallel_residual=True, hidden_act="gelu",
+                layer_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=BOS,
+                eos_token_id=END, pad_token_id=PAD)
+        if self.arch != "llama":
+            raise ValueError(f"ModelSize.arch: {self.arch!r} is not one of {ARCHS}")
         from transformers import LlamaConfig
         return LlamaConfig(
             vocab_size=VOCAB_SIZE, hidden_size=self.hidden, intermediate_size=self.intermediate,
@@ -33,8 +51,13 @@ class ModelSize:
             rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=END,
             pad_token_id=PAD)
 
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that name the model in cache keys: arch only when not "llama", so the
+        Llama families keep the keys (and cached folders) they had before arch existed."""
+        d = asdict(self)
+        if d["arch"] == "llama":
+            del d["arch"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -55,18 +78,18 @@ def quiet_transformers() -> None:
 
 
 def new_model(size: ModelSize, seed: int) -> Any:
-    """A freshly initialized LlamaForCausalLM (float32) from a fixed seed."""
-    from transformers import LlamaForCausalLM
+    """A freshly initialized causal LM of size.arch (float32) from a fixed seed."""
+    from transformers import AutoModelForCausalLM
     quiet_transformers()
     torch.manual_seed(seed)
-    return LlamaForCausalLM(size.config())
+    return AutoModelForCausalLM.from_config(size.config())
 
 
 def load_model(path: Path) -> Any:
-    """A saved checkpoint as a float32 model in eval mode."""
-    from transformers import LlamaForCausalLM
+    """A saved checkpoint (its config names the class) as a float32 model in eval mode."""
+    from transformers import AutoModelForCausalLM
     quiet_transformers()
-    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     return model
 

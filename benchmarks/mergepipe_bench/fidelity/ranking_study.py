@@ -32,7 +32,7 @@ from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
 from mergepipe.planner.plan import Plan, make_plan
 from mergepipe_bench.fidelity.family import FamilySpec, build_family
-from mergepipe_bench.fidelity.model import TrainSpec
+from mergepipe_bench.fidelity.model import ModelSize, TrainSpec
 from mergepipe_bench.fidelity.random_plan import Candidate, _first_fit, candidates, random_plan
 from mergepipe_bench.fidelity.ranking_verdict import load, summary
 from mergepipe_bench.fidelity.run import Evaluator, OperatorRun, OperatorSpec, machine
@@ -53,6 +53,24 @@ def small_deltas_family() -> FamilySpec:
     return FamilySpec(finetune=TrainSpec(steps=100, batch=16, lr=1e-4, warmup=10))
 
 
+def neox_family() -> FamilySpec:
+    """The sixth family: another architecture (GPT-NeoX: fused query_key_value, LayerNorm and
+    linear biases, GELU MLP, parallel residual), another shape (6 layers, hidden 192) and seed,
+    the same 4 tasks with 4 near-copies each (16 experts, other samples and seeds) fine-tuned
+    briefly at a low learning rate (small deltas, float32 as the realistic family)."""
+    return FamilySpec(size=ModelSize(hidden=192, intermediate=768, layers=6, heads=6,
+                                     arch="gpt_neox"),
+                      pretrain=TrainSpec(steps=300, batch=32, lr=2e-3),
+                      finetune=TrainSpec(steps=15, batch=16, lr=1e-5, warmup=3),
+                      experts_per_task=4, dtype="f32", seed=6)
+
+
+def neox_llama_family() -> FamilySpec:
+    """The neox family's control: the same shape, recipe and seed in the Llama class (RMSNorm,
+    SwiGLU MLP, separate q/k/v, no biases), to tell the class from the recipe."""
+    return replace(neox_family(), size=replace(neox_family().size, arch="llama"))
+
+
 def _reseeded(make: Callable[[], FamilySpec], seed: int) -> Callable[[], FamilySpec]:
     """The same family trained from another seed (base and experts)."""
     return lambda: replace(make(), seed=seed)
@@ -60,7 +78,8 @@ def _reseeded(make: Callable[[], FamilySpec], seed: int) -> Callable[[], FamilyS
 
 FAMILIES: dict[str, Callable[[], FamilySpec]] = {
     "toy": toy_family, "small": small_deltas_family, "realistic": realistic_family,
-    "toy-s1": _reseeded(toy_family, 1), "small-s1": _reseeded(small_deltas_family, 1)}
+    "toy-s1": _reseeded(toy_family, 1), "small-s1": _reseeded(small_deltas_family, 1),
+    "neox": neox_family, "neox-llama": neox_llama_family}
 
 Order = Callable[[list[Candidate]], list[Candidate]]
 
