@@ -1,0 +1,152 @@
+"""mergekit 0.1.5 parity on other architectures than Llama (tests/arch_family.py: Qwen2 with q/k/v
+biases, GPT-NeoX with fused query_key_value, LayerNorm biases and mergekit's required buffers,
+Phi-3 with fused qkv_proj / gate_up_proj, Gemma 2 with four norms per layer and tied
+embeddings). Each config runs through mergekit-yaml (a subprocess) and through MergePipe at full
+budget; the outputs must have the same tensor names, dtypes, shapes and bytes.
+
+Expected as on the Llama family (tests/test_mergekit_parity.py): linear, task_arithmetic and the
+geometric methods bit-identical; TIES and breadcrumbs bit-identical off the entries tied at a
+cut (mergekit's sort keeps an arbitrary subset there); DARE and della within mergekit's own
+seed-to-seed spread. What mergekit cannot merge on an architecture is left out and said why.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mergepipe.api import Catalog as Api
+from mergepipe.catalog.db import Catalog
+from mergepipe.core.settings import Settings
+from tests import arch_family as af
+from tests import catalogs
+from tests import geometric_parity as gp
+from tests import mergekit_parity as mp
+
+pytest.importorskip("mergekit", reason="mergekit (test extra) is the conformance reference")
+
+from tests.test_mergekit_parity_sparse import band_untied, run_seeded  # noqa: E402
+
+COMPUTE = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+GAMMA = 0.05
+# Left out, as mergekit 0.1.5 fails on them: della on GPT-NeoX (its 0-d masked_bias: della ranks
+# along a second axis; MergePipe refuses it by name), a float16 GPT-NeoX (masked_bias -1e9 is
+# -inf in float16: mergekit writes it, MergePipe refuses the non-finite output).
+SKIP = {("gpt_neox", "della"), ("gpt_neox", "float16")}
+
+
+def cases(fam: dict[str, Path], arch: str) -> dict[str, tuple[dict[str, Any], int, str]]:
+    """name -> (config, mergekit seed, how it is compared) of the sweep."""
+    out: dict[str, tuple[dict[str, Any], int, str]] = {}
+    for d in COMPUTE:
+        if (arch, d) in SKIP:
+            continue
+        out[f"linear-{d}"] = (mp.config("linear", fam, d, base_entry={"parameters": {
+            "weight": 0.0}}), 1, "exact")
+        out[f"task_arithmetic-{d}"] = (mp.config("task_arithmetic", fam, d,
+                                                 params={"lambda": 0.6}), 1, "exact")
+        out[f"ties-{d}"] = (mp.config("ties", fam, d), 1, "ties")
+        out[f"breadcrumbs-{d}"] = (mp.config("breadcrumbs", fam, d, params={"gamma": GAMMA}),
+                                   1, "band")
+        for m, p in (("slerp", {"t": 0.3}), ("nuslerp", {}), ("model_stock", {})):
+            out[f"{m}-{d}"] = (gp.config(m, fam, d, p), 1, "exact")
+    for m, p in (("dare_ties", None), ("della", {"epsilon": 0.1})):
+        if (arch, m) not in SKIP:
+            for s in (1, 2):
+                out[f"{m}-bfloat16@{s}"] = (mp.config(m, fam, "bfloat16", params=p), s, "random")
+    return out
+
+
+def _rel(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> float:
+    """rel L2 over the trained tensors (GPT-NeoX's buffers, untouched, would swamp it)."""
+    keep = [k for k in theirs if af.buffer_value(k) is None]
+    return mp.differences({k: ours[k] for k in keep}, {k: theirs[k] for k in keep})[2]
+
+
+def check(arch: str, fam, cat: Catalog, root: Path, names: list[str] | None = None
+          ) -> dict[str, str]:
+    """Run `names` (default: the whole sweep) through both tools; assert; the outcome table."""
+    todo = {n: c for n, c in cases(fam, arch).items()
+            if names is None or n.split("@")[0] in names}
+    theirs = run_seeded({n: (cfg, seed) for n, (cfg, seed, _) in todo.items()}, root / "mk")
+    table = {}
+    for name, (cfg, _, kind) in todo.items():
+        if name.endswith("@2"):
+            continue
+        case = name.removesuffix("@1")
+        summary, ours = mp.run_ours(cat, cfg, root / "ours" / case)
+        assert summary["expert_bytes_read"] == summary["full_read_bytes"], case
+        ref = theirs[name]
+        assert set(ours) == set(ref), (case, set(ours) ^ set(ref))
+        for k, t in ref.items():
+            assert (ours[k].dtype, ours[k].shape) == (t.dtype, t.shape), (case, k)
+        dtype = COMPUTE.get(case.rsplit("-", 1)[1], torch.bfloat16)
+        if kind == "random":
+            ours_vs, spread = _rel(ours, ref), _rel(theirs[f"{case}@2"], ref)
+            assert 0 < ours_vs < 1.5 * spread, (case, ours_vs, spread)
+            table[case] = f"rel L2 {ours_vs:.2e} (mergekit seed 1 vs 2: {spread:.2e})"
+            continue
+        keep = (mp.untied(fam, dtype) if kind == "ties" else
+                band_untied(fam, dtype, GAMMA) if kind == "band" else None)
+        differ, compared, _ = mp.differences(ours, ref, keep)
+        assert differ == 0, f"{arch} {case}: {differ} of {compared} entries differ"
+        table[case] = f"0 of {compared}"
+    return table
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("arch")
+    return {a: af.make_family(root / a, a) for a in af.ARCHS}
+
+
+def test_ties_on_every_architecture_gives_mergekits_bytes(families, cat, tmp_path):
+    """One TIES config in bfloat16 per architecture, all in one mergekit subprocess."""
+    cfgs = {a: (mp.config("ties", fam, "bfloat16"), 1) for a, fam in families.items()}
+    theirs = run_seeded(cfgs, tmp_path)
+    for arch, fam in families.items():
+        _, ours = mp.run_ours(cat, cfgs[arch][0], tmp_path / "ours" / arch)
+        assert set(ours) == set(theirs[arch]), arch
+        differ, compared, _ = mp.differences(ours, theirs[arch],
+                                             mp.untied(fam, torch.bfloat16))
+        assert differ == 0 and compared > 0.95 * sum(t.numel() for t in ours.values()), arch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", list(af.ARCHS))
+def test_every_method_on_the_architecture_gives_mergekits_bytes(arch, families, tmp_path):
+    cat = Catalog(catalogs.new_catalog(tmp_path, "cat"))
+    try:
+        table = check(arch, families[arch], cat, tmp_path)
+    finally:
+        cat.close()
+    print(f"CONFORMANCE {arch}: {json.dumps(table)}")
+
+
+def test_passthrough_keeps_layer_types_one_per_layer(tmp_path):
+    """A config with per-layer `layer_types` (Qwen2, Gemma 2 and 3 as transformers 5 saves
+    them): the stacked output's list follows its layers, from each slice's source, so
+    transformers loads the config (mergekit 0.1.5 fails writing it: `num_hidden_layers` (3)
+    must be equal to the number of `layer_types` (2))."""
+    fam = af.make_family(tmp_path / "fam", "qwen2")
+    for name, kinds in (("e0", ["full_attention", "sliding_attention"]),
+                        ("e1", ["sliding_attention", "full_attention"])):
+        p = fam[name] / "config.json"
+        p.write_text(json.dumps({**json.loads(p.read_text()), "layer_types": kinds}))
+    cfg = {"merge_method": "passthrough", "dtype": "bfloat16", "slices": [
+        {"sources": [{"model": str(fam["e0"]), "layer_range": [0, 2]}]},
+        {"sources": [{"model": str(fam["e1"]), "layer_range": [1, 2]}]}]}
+    cat = Catalog(catalogs.new_catalog(tmp_path, "cat"))
+    try:
+        Api.over(cat, Settings.from_env({})).merge(cfg, out=tmp_path / "out", progress=False)
+    finally:
+        cat.close()
+    doc = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert doc["num_hidden_layers"] == 3
+    assert doc["layer_types"] == ["full_attention", "sliding_attention", "full_attention"]
+    from transformers import AutoConfig
+    assert AutoConfig.from_pretrained(str(tmp_path / "out")).num_hidden_layers == 3
