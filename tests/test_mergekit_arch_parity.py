@@ -140,13 +140,21 @@ def test_passthrough_keeps_layer_types_one_per_layer(tmp_path):
     cfg = {"merge_method": "passthrough", "dtype": "bfloat16", "slices": [
         {"sources": [{"model": str(fam["e0"]), "layer_range": [0, 2]}]},
         {"sources": [{"model": str(fam["e1"]), "layer_range": [1, 2]}]}]}
+    from transformers import AutoConfig
     cat = Catalog(catalogs.new_catalog(tmp_path, "cat"))
     try:
-        Api.over(cat, Settings.from_env({})).merge(cfg, out=tmp_path / "out", progress=False)
+        api = Api.over(cat, Settings.from_env({}))
+        api.merge(cfg, out=tmp_path / "out", progress=False)
+        doc = json.loads((tmp_path / "out" / "config.json").read_text())
+        assert doc["num_hidden_layers"] == 3
+        assert doc["layer_types"] == ["full_attention", "sliding_attention", "full_attention"]
+        assert AutoConfig.from_pretrained(str(tmp_path / "out")).num_hidden_layers == 3
+        # a source without the list: the output has none (transformers derives it)
+        p = fam["e1"] / "config.json"
+        p.write_text(json.dumps({k: v for k, v in json.loads(p.read_text()).items()
+                                 if k != "layer_types"}))
+        api.merge(cfg, out=tmp_path / "out2", progress=False)
     finally:
         cat.close()
-    doc = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert doc["num_hidden_layers"] == 3
-    assert doc["layer_types"] == ["full_attention", "sliding_attention", "full_attention"]
-    from transformers import AutoConfig
-    assert AutoConfig.from_pretrained(str(tmp_path / "out")).num_hidden_layers == 3
+    assert "layer_types" not in json.loads((tmp_path / "out2" / "config.json").read_text())
+    assert len(AutoConfig.from_pretrained(str(tmp_path / "out2")).layer_types) == 3
