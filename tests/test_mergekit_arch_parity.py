@@ -72,6 +72,7 @@ def check(arch: str, fam, cat: Catalog, root: Path, names: list[str] | None = No
     """Run `names` (default: the whole sweep) through both tools; assert; the outcome table."""
     todo = {n: c for n, c in cases(fam, arch).items()
             if names is None or n.split("@")[0] in names}
+    (root / "mk").mkdir(parents=True, exist_ok=True)
     theirs = run_seeded({n: (cfg, seed) for n, (cfg, seed, _) in todo.items()}, root / "mk")
     table = {}
     for name, (cfg, _, kind) in todo.items():
@@ -158,3 +159,26 @@ def test_passthrough_keeps_layer_types_one_per_layer(tmp_path):
         cat.close()
     assert "layer_types" not in json.loads((tmp_path / "out2" / "config.json").read_text())
     assert len(AutoConfig.from_pretrained(str(tmp_path / "out2")).layer_types) == 3
+
+
+def test_a_merge_past_float16s_range_is_refused_before_anything_is_published(tmp_path):
+    """GPT-NeoX's masked_bias (-1e9, as in Pythia's files) is -inf in float16: mergekit writes
+    it so; MergePipe refuses the merge, naming the tensor and the dtype, and publishes nothing
+    (before, the output was published, found non-finite when registered as a model, and
+    removed, with an error that blamed the output file's weights)."""
+    from mergepipe.core.errors import InvalidRequest
+    fam = af.make_family(tmp_path / "fam", "gpt_neox")
+    keep_out = {"parameters": {"weight": 0.0}}  # the base out of the average
+    cat = Catalog(catalogs.new_catalog(tmp_path, "cat"))
+    try:
+        with pytest.raises(InvalidRequest) as e:
+            mp.run_ours(cat, mp.config("linear", fam, "float16", base_entry=keep_out),
+                        tmp_path / "out")
+        assert "'gpt_neox.layers.0.attention.masked_bias'" in e.value.message
+        assert "float16" in e.value.message and "nothing was published" in e.value.message
+        assert not (tmp_path / "out").exists()
+        _, ours = mp.run_ours(cat, mp.config("linear", fam, "bfloat16", base_entry=keep_out),
+                              tmp_path / "bf16")  # bfloat16 holds it
+        assert float(ours["gpt_neox.layers.0.attention.masked_bias"]) < -9e8
+    finally:
+        cat.close()
