@@ -182,3 +182,18 @@ def test_a_merge_past_float16s_range_is_refused_before_anything_is_published(tmp
         assert float(ours["gpt_neox.layers.0.attention.masked_bias"]) < -9e8
     finally:
         cat.close()
+
+
+def test_a_passthrough_past_float16s_range_is_refused_before_anything_is_published(tmp_path):
+    """The same for a passthrough copy written in float16 (before: published, then removed)."""
+    from mergepipe.core.errors import InvalidRequest
+    fam = af.make_family(tmp_path / "fam", "gpt_neox")
+    cfg = {"merge_method": "passthrough", "models": [{"model": str(fam["e0"])}],
+           "out_dtype": "float16"}
+    cat = Catalog(catalogs.new_catalog(tmp_path, "cat"))
+    try:
+        with pytest.raises(InvalidRequest, match="masked_bias'.* float16 .*nothing was published"):
+            Api.over(cat, Settings.from_env({})).merge(cfg, out=tmp_path / "out", progress=False)
+    finally:
+        cat.close()
+    assert not (tmp_path / "out").exists()

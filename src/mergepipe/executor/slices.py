@@ -22,7 +22,7 @@ from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.vocab import HF_DTYPE_NAMES
 from mergepipe.executor.side_files import CONFIG_FILE, SIDE_FILES, copy_side_files, read_config
 from mergepipe.executor.stream import output_hash
-from mergepipe.executor.writer import OutputTensor
+from mergepipe.executor.writer import OutputTensor, nonfinite_output
 from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.storage.locations import basename
 from mergepipe.storage.safetensors_format import TensorEntry, torch_dtype
@@ -208,6 +208,8 @@ class _Shards:
         self.size = self.total = 0
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise nonfinite_output(name, str(tensor.dtype).removeprefix("torch."))
         nbytes = tensor.numel() * tensor.element_size()
         if self.pending and self.size + nbytes > self.limit:
             self._flush()

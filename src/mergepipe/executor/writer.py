@@ -212,11 +212,7 @@ class CheckpointWriter:
             raise RuntimeError(f"output tensor {tensor!r}: {n} bytes at element {start} do not "
                                f"fit its shape {list(s.shape)}")
         if _nonfinite(data, s.dtype):
-            raise InvalidRequest(
-                f"output tensor {tensor!r}: the merged values include Inf or NaN in "
-                f"{HF_DTYPE_NAMES[s.dtype]} (a value past the range of the compute or output "
-                "dtype: float16 holds magnitudes up to 65504); nothing was published; merge "
-                "it in bfloat16 or float32 (dtype, out_dtype)")
+            raise nonfinite_output(tensor, HF_DTYPE_NAMES[s.dtype])
         pwrite_all(s.fd, data, s.offset + start * size)
         self.writeback.wrote(s.fd, n)
         s.hasher.update(data)
@@ -290,6 +286,14 @@ def write_new(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def nonfinite_output(tensor: str, dtype: str) -> InvalidRequest:
+    """The error of an output tensor holding Inf or NaN in `dtype` (its torch name)."""
+    return InvalidRequest(
+        f"output tensor {tensor!r}: the merged values include Inf or NaN in {dtype} (a value "
+        "past the range of the compute or output dtype: float16 holds magnitudes up to "
+        "65504); nothing was published; merge it in bfloat16 or float32 (dtype, out_dtype)")
 
 
 def _nonfinite(data: bytes | bytearray | memoryview, dtype: str) -> bool:
