@@ -36,7 +36,10 @@ GAMMA = 0.05
 # Left out, as mergekit 0.1.5 fails on them: della on GPT-NeoX (its 0-d masked_bias: della ranks
 # along a second axis; MergePipe refuses it by name), a float16 GPT-NeoX (masked_bias -1e9 is
 # -inf in float16: mergekit writes it, MergePipe refuses the non-finite output).
-SKIP = {("gpt_neox", "della"), ("gpt_neox", "float16")}
+# Stacked slices on Qwen2 and Gemma 2: mergekit fails writing the config (its per-layer
+# `layer_types` keep the source's length; test_passthrough_keeps_layer_types_one_per_layer).
+SKIP = {("gpt_neox", "della"), ("gpt_neox", "float16"), ("qwen2", "slices"),
+        ("gemma2", "slices")}
 
 
 def cases(fam: dict[str, Path], arch: str) -> dict[str, tuple[dict[str, Any], int, str]]:
@@ -54,6 +57,10 @@ def cases(fam: dict[str, Path], arch: str) -> dict[str, tuple[dict[str, Any], in
                                    1, "band")
         for m, p in (("slerp", {"t": 0.3}), ("nuslerp", {}), ("model_stock", {})):
             out[f"{m}-{d}"] = (gp.config(m, fam, d, p), 1, "exact")
+    if (arch, "slices") not in SKIP:  # 3 layers: e0's two, then e1's second
+        out["slices-bfloat16"] = ({"merge_method": "passthrough", "dtype": "bfloat16", "slices": [
+            {"sources": [{"model": str(fam["e0"]), "layer_range": [0, 2]}]},
+            {"sources": [{"model": str(fam["e1"]), "layer_range": [1, 2]}]}]}, 1, "slices")
     for m, p in (("dare_ties", None), ("della", {"epsilon": 0.1})):
         if (arch, m) not in SKIP:
             for s in (1, 2):
@@ -79,8 +86,13 @@ def check(arch: str, fam, cat: Catalog, root: Path, names: list[str] | None = No
         if name.endswith("@2"):
             continue
         case = name.removesuffix("@1")
-        summary, ours = mp.run_ours(cat, cfg, root / "ours" / case)
-        assert summary["expert_bytes_read"] == summary["full_read_bytes"], case
+        if kind == "slices":
+            Api.over(cat, Settings.from_env({})).merge(cfg, out=root / "ours" / case,
+                                                      progress=False)
+            ours = mp.load_raw(root / "ours" / case)
+        else:
+            summary, ours = mp.run_ours(cat, cfg, root / "ours" / case)
+            assert summary["expert_bytes_read"] == summary["full_read_bytes"], case
         ref = theirs[name]
         assert set(ours) == set(ref), (case, set(ours) ^ set(ref))
         for k, t in ref.items():
@@ -161,27 +173,24 @@ def test_passthrough_keeps_layer_types_one_per_layer(tmp_path):
     assert len(AutoConfig.from_pretrained(str(tmp_path / "out2")).layer_types) == 3
 
 
-def test_a_merge_past_float16s_range_is_refused_before_anything_is_published(tmp_path):
+def test_a_merge_past_float16s_range_is_refused_before_anything_is_published(families, cat,
+                                                                              tmp_path):
     """GPT-NeoX's masked_bias (-1e9, as in Pythia's files) is -inf in float16: mergekit writes
     it so; MergePipe refuses the merge, naming the tensor and the dtype, and publishes nothing
     (before, the output was published, found non-finite when registered as a model, and
     removed, with an error that blamed the output file's weights)."""
     from mergepipe.core.errors import InvalidRequest
-    fam = af.make_family(tmp_path / "fam", "gpt_neox")
+    fam = families["gpt_neox"]
     keep_out = {"parameters": {"weight": 0.0}}  # the base out of the average
-    cat = Catalog(catalogs.new_catalog(tmp_path, "cat"))
-    try:
-        with pytest.raises(InvalidRequest) as e:
-            mp.run_ours(cat, mp.config("linear", fam, "float16", base_entry=keep_out),
-                        tmp_path / "out")
-        assert "'gpt_neox.layers.0.attention.masked_bias'" in e.value.message
-        assert "float16" in e.value.message and "nothing was published" in e.value.message
-        assert not (tmp_path / "out").exists()
-        _, ours = mp.run_ours(cat, mp.config("linear", fam, "bfloat16", base_entry=keep_out),
-                              tmp_path / "bf16")  # bfloat16 holds it
-        assert float(ours["gpt_neox.layers.0.attention.masked_bias"]) < -9e8
-    finally:
-        cat.close()
+    with pytest.raises(InvalidRequest) as e:
+        mp.run_ours(cat, mp.config("linear", fam, "float16", base_entry=keep_out),
+                    tmp_path / "out")
+    assert "'gpt_neox.layers.0.attention.masked_bias'" in e.value.message
+    assert "float16" in e.value.message and "nothing was published" in e.value.message
+    assert not (tmp_path / "out").exists()
+    _, ours = mp.run_ours(cat, mp.config("linear", fam, "bfloat16", base_entry=keep_out),
+                          tmp_path / "bf16")  # bfloat16 holds it
+    assert float(ours["gpt_neox.layers.0.attention.masked_bias"]) < -9e8
 
 
 def test_a_passthrough_past_float16s_range_is_refused_before_anything_is_published(tmp_path):
@@ -197,3 +206,30 @@ def test_a_passthrough_past_float16s_range_is_refused_before_anything_is_publish
     finally:
         cat.close()
     assert not (tmp_path / "out").exists()
+
+
+def test_what_mergekit_merges_on_gpt_neox_and_mergepipe_refuses_is_named(families, cat,
+                                                                         tmp_path):
+    """Refused before anything is written, naming the tensor: della on GPT-NeoX's 0-d
+    masked_bias (mergekit 0.1.5 fails on it too: della ranks along a second axis), and
+    Pythia's BOOL causal masks (mergekit merges them as numbers; MergePipe reads F32, F16 and
+    BF16 only)."""
+    from safetensors.torch import save_file
+
+    from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest
+    fam = families["gpt_neox"]
+    with pytest.raises(InvalidRequest, match="della .*'gpt_neox.layers.0.attention.masked_bias'"
+                                             ".* shape \\[\\]"):
+        mp.run_ours(cat, mp.config("della", fam, "bfloat16", params={"epsilon": 0.1}),
+                    tmp_path / "della")
+    assert not (tmp_path / "della").exists()
+    mask = "gpt_neox.layers.1.attention.bias"
+    pythia = {k: v.to(torch.bool if k == mask else torch.bfloat16)
+              for k, v in af.weights(af.spec("gpt_neox")[0], 0).items()}
+    (tmp_path / "pythia").mkdir()
+    save_file(pythia, str(tmp_path / "pythia" / "model.safetensors"))
+    cfg = mp.config("task_arithmetic", {**fam, "base": tmp_path / "pythia"}, "bfloat16")
+    with pytest.raises(InvalidCheckpoint, match=f"pythia/model.safetensors: tensor '{mask}': "
+                                                "dtype 'BOOL' unsupported"):
+        mp.run_ours(cat, cfg, tmp_path / "ta")
+    assert not (tmp_path / "ta").exists()
