@@ -61,10 +61,12 @@ def cases(fam: dict[str, Path], arch: str) -> dict[str, tuple[dict[str, Any], in
         out["slices-bfloat16"] = ({"merge_method": "passthrough", "dtype": "bfloat16", "slices": [
             {"sources": [{"model": str(fam["e0"]), "layer_range": [0, 2]}]},
             {"sources": [{"model": str(fam["e1"]), "layer_range": [1, 2]}]}]}, 1, "slices")
-    for m, p in (("dare_ties", None), ("della", {"epsilon": 0.1})):
+    drawn: dict[str, dict[str, Any] | None] = {"dare_ties": None, "della": {"epsilon": 0.1}}
+    for m, params in drawn.items():
         if (arch, m) not in SKIP:
             for s in (1, 2):
-                out[f"{m}-bfloat16@{s}"] = (mp.config(m, fam, "bfloat16", params=p), s, "random")
+                out[f"{m}-bfloat16@{s}"] = (mp.config(m, fam, "bfloat16", params=params), s,
+                                           "random")
     return out
 
 
