@@ -84,6 +84,25 @@ def test_writer_refuses_out_of_order_and_missing_rows(tmp_path: Path) -> None:
     w.abort()
 
 
+@pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
+def test_writer_refuses_inf_and_nan_past_its_first_chunk(tmp_path: Path, dtype: str) -> None:
+    """A piece of 2^18 + 3 entries (the check runs 2^18 at a time): the finite one is written,
+    an Inf or NaN in the last entry refused, naming the tensor and the dtype."""
+    import math
+
+    from mergepipe.core.errors import InvalidRequest
+
+    n = (1 << 18) + 3
+    w = CheckpointWriter(tmp_path, [("m.safetensors", [("t", dtype, (4, n))])])
+    w.write("t", 0, encode(torch.randn(n) * 1e3, dtype))
+    for bad in (math.inf, -math.inf, math.nan):
+        x = torch.randn(n)
+        x[-1] = bad
+        with pytest.raises(InvalidRequest, match="'t': the merged values include Inf or NaN"):
+            w.write("t", n, encode(x, dtype))
+    w.abort()
+
+
 def test_extra_files_copied_and_config_dtype_updated(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

@@ -16,6 +16,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mergepipe.core.errors import InvalidCheckpoint
 from mergepipe.core.vocab import HF_DTYPE_NAMES
@@ -84,6 +85,31 @@ def copy_side_files(paths: list[str], out_dir: Path, dtype: str | None) -> SideF
         else:
             out.left_out.append({"name": name, "reason": why})
     return out
+
+
+def read_config(paths: list[str]) -> dict[str, Any] | None:
+    """The config.json among a checkpoint's side files `paths` (local or remote), as a JSON
+    object; None when it has none, or it is too large or not a JSON object."""
+    p = next((q for q in paths if basename(q) == CONFIG_FILE), None)
+    if p is None:
+        return None
+    cap = SIDE_FILES[CONFIG_FILE]
+    try:
+        if is_url(p):
+            data = store_for(p).read_bytes(p, cap)
+        else:
+            fd = open_confined(p, os.O_RDONLY | os.O_NONBLOCK, current_roots())
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
+                    return None
+                data = b"".join(c for _, c in _chunks(fd, 0, st.st_size, p))
+            finally:
+                os.close(fd)
+        doc = bounded_json.loads(data)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _too_large(size: int, cap: int) -> str:

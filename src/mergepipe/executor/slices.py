@@ -20,9 +20,9 @@ from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChang
 from mergepipe.core.mergekit_slices import LAYER_KEYS, Slice, SliceConfig
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.core.vocab import HF_DTYPE_NAMES
-from mergepipe.executor.side_files import CONFIG_FILE, SIDE_FILES, copy_side_files
+from mergepipe.executor.side_files import CONFIG_FILE, SIDE_FILES, copy_side_files, read_config
 from mergepipe.executor.stream import output_hash
-from mergepipe.executor.writer import OutputTensor
+from mergepipe.executor.writer import OutputTensor, nonfinite_output
 from mergepipe.storage.checkpoint import Checkpoint, open_checkpoint
 from mergepipe.storage.locations import basename
 from mergepipe.storage.safetensors_format import TensorEntry, torch_dtype
@@ -137,8 +137,34 @@ def write_slices(cfg: SliceConfig, paths: Mapping[str, str], out_dir: Path, *,
     side = copy_side_files([p for p in ckpts[cfg.donor].ckpt.extra_files
                             if basename(p) in SIDE_FILES], out_dir, cfg.output_dtype)
     edit_config(out_dir, LAYER_KEYS, cfg.layers)
+    _stack_layer_types(out_dir, cfg, ckpts)
     return SliceResult(cfg.layers, read, side.copied, shards.written, by_source,
                        time.perf_counter() - t0)
+
+
+LAYER_TYPES = "layer_types"  # config.json's one entry per layer (attention kind), transformers 5
+
+
+def _stack_layer_types(out_dir: Path, cfg: SliceConfig, ckpts: Mapping[str, _Checkpoint]
+                       ) -> None:
+    """The output config's `layer_types`, when it has one: each slice's source's entries of
+    its layers, in order (a list of another length than the layers fails transformers'
+    checks). A source without such a list: the key is dropped (transformers derives it)."""
+    path = out_dir / CONFIG_FILE
+    doc = json.loads(path.read_text()) if path.is_file() else None
+    if not isinstance(doc, dict) or not isinstance(doc.get(LAYER_TYPES), list):
+        return
+    stacked: list[Any] = []
+    for piece in cfg.slices:
+        src = piece.sources[0]
+        kinds = (read_config(ckpts[src.model].ckpt.extra_files) or {}).get(LAYER_TYPES)
+        if not isinstance(kinds, list) or len(kinds) < src.end:
+            del doc[LAYER_TYPES]
+            break
+        stacked += kinds[src.start:src.end]
+    else:
+        doc[LAYER_TYPES] = stacked
+    path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def output_count(cfg: SliceConfig, opened: Mapping[str, Checkpoint]) -> int:
@@ -182,6 +208,8 @@ class _Shards:
         self.size = self.total = 0
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise nonfinite_output(name, str(tensor.dtype).removeprefix("torch."))
         nbytes = tensor.numel() * tensor.element_size()
         if self.pending and self.size + nbytes > self.limit:
             self._flush()

@@ -18,10 +18,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import xxhash
 
-from mergepipe.core.errors import InvalidCheckpoint, SourceChanged
-from mergepipe.core.vocab import DTYPE_SIZES
+from mergepipe.core.errors import InvalidCheckpoint, InvalidRequest, SourceChanged
+from mergepipe.core.vocab import DTYPE_SIZES, HF_DTYPE_NAMES
 from mergepipe.storage.checkpoint import INDEX_FILE
 from mergepipe.storage.fsconfine import current_roots
 from mergepipe.storage.safetensors_format import encode as encode  # re-exported
@@ -38,6 +39,8 @@ _NEW_FILE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 WRITEBACK_EVERY = 16 << 20
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start write-out of dirty pages not yet submitted
 
+# per dtype: the integer view of its bits and the exponent mask (all ones: Inf or NaN)
+_EXPONENT = {"BF16": (np.int16, 0x7F80), "F16": (np.int16, 0x7C00), "F32": (np.int32, 0x7F800000)}
 _Fn = Callable[[int, int, int, int], int]
 
 
@@ -208,6 +211,8 @@ class CheckpointWriter:
         if n % size or start + n // size > s.numel:
             raise RuntimeError(f"output tensor {tensor!r}: {n} bytes at element {start} do not "
                                f"fit its shape {list(s.shape)}")
+        if _nonfinite(data, s.dtype):
+            raise nonfinite_output(tensor, HF_DTYPE_NAMES[s.dtype])
         pwrite_all(s.fd, data, s.offset + start * size)
         self.writeback.wrote(s.fd, n)
         s.hasher.update(data)
@@ -281,6 +286,28 @@ def write_new(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def nonfinite_output(tensor: str, dtype: str) -> InvalidRequest:
+    """The error of an output tensor holding Inf or NaN in `dtype` (its torch name)."""
+    return InvalidRequest(
+        f"output tensor {tensor!r}: the merged values include Inf or NaN in {dtype} (a value "
+        "past the range of the compute or output dtype: float16 holds magnitudes up to "
+        "65504); nothing was published; merge it in bfloat16 or float32 (dtype, out_dtype)")
+
+
+def _nonfinite(data: bytes | bytearray | memoryview, dtype: str, step: int = 1 << 18) -> bool:
+    """Whether raw little-endian floats of `dtype` hold an Inf or a NaN (checked `step`
+    entries at a time: a scratch that stays in cache, twice as fast as one pass)."""
+    int_dtype, mask = _EXPONENT[dtype]
+    bits = np.frombuffer(data, dtype=int_dtype)
+    scratch = np.empty(min(step, bits.size), dtype=int_dtype)
+    for i in range(0, bits.size, step):
+        part = scratch[:min(step, bits.size - i)]
+        np.bitwise_and(bits[i:i + step], mask, out=part)
+        if int(part.max()) == mask:
+            return True
+    return False
 
 
 class BackgroundWrites:
