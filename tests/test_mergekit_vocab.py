@@ -272,3 +272,26 @@ def test_http_merge_runs_the_tokenizer_options_as_the_cli(tmp_path: Path) -> Non
     assert sorted(ours) == sorted(ref) and all(torch.equal(ours[k], ref[k]) for k in ref)
     assert tk.tokenizer_files(out) == tk.tokenizer_files(tmp_path / "cli")
     assert tk.ids(out)["n64"] == 88
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_a_reindexed_tensor_past_its_dtype_is_refused_before_the_stage_changes(
+        tmp_path: Path, bad: float) -> None:
+    """The re-indexed vocabulary tensors are spliced into the staged output after the writer
+    ran: one holding Inf or NaN (a float16 output of rows past 65504) is refused naming the
+    tensor and its dtype, and the staged file is left as it was."""
+    from safetensors.torch import save_file
+
+    from mergepipe.executor.stream import ExecutionResult
+    from mergepipe.executor.writer import OutputTensor
+    from mergepipe.jobs.reindex import _splice
+
+    save_file({"embed": torch.zeros(4, 2, dtype=torch.float16)}, str(tmp_path / "m.safetensors"))
+    before = (tmp_path / "m.safetensors").read_bytes()
+    result = ExecutionResult([OutputTensor("embed", "F16", (4, 2), "m.safetensors", "0")], "0",
+                             0, {}, {}, 0, 0, 0, 0.0)
+    merged = torch.ones(6, 2, dtype=torch.float16)
+    merged[5, 1] = bad
+    with pytest.raises(InvalidRequest, match=r"output tensor 'embed'.*Inf or NaN in float16"):
+        _splice(tmp_path, result, {"embed": merged})
+    assert (tmp_path / "m.safetensors").read_bytes() == before

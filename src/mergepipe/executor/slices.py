@@ -195,6 +195,12 @@ def _pin(ckpts: Iterable[_Checkpoint], reader: RangeReader, pins: Mapping[str, S
             seen.add(f.path)
 
 
+def require_finite(name: str, tensor: torch.Tensor) -> None:
+    """Refuse an output tensor holding Inf or NaN before it is written (as the writer does)."""
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        raise nonfinite_output(name, str(tensor.dtype).removeprefix("torch."))
+
+
 class _Shards:
     """Output tensors written shard by shard; named model-0000i-of-0000N with an index when
     there are several (the Hugging Face layout)."""
@@ -208,8 +214,7 @@ class _Shards:
         self.size = self.total = 0
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise nonfinite_output(name, str(tensor.dtype).removeprefix("torch."))
+        require_finite(name, tensor)
         nbytes = tensor.numel() * tensor.element_size()
         if self.pending and self.size + nbytes > self.limit:
             self._flush()

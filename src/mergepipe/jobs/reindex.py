@@ -25,7 +25,7 @@ from mergepipe.core.errors import InvalidRequest
 from mergepipe.core.mergekit_tokenizer import MODEL_TOKEN, ZERO, TokenSpec, is_vocab_tensor
 from mergepipe.core.request import Budget, MergeRequest
 from mergepipe.core.vocab import DTYPE_SIZES
-from mergepipe.executor.slices import edit_config, hashed_tensor, read_tensor
+from mergepipe.executor.slices import edit_config, hashed_tensor, read_tensor, require_finite
 from mergepipe.executor.stream import ExecutionResult, output_hash
 from mergepipe.jobs.ingest import run_ingestion
 from mergepipe.jobs.merge import merge
@@ -220,6 +220,8 @@ def _merge(request: MergeRequest, plan: Reindex, moved: Mapping[str, list[torch.
 
 def _splice(stage: Path, result: ExecutionResult, merged: Mapping[str, torch.Tensor]) -> None:
     """Rewrite the staged files holding the merged tensors; `result` follows."""
+    for name, tensor in merged.items():  # refused before any staged file changes
+        require_finite(name, tensor)
     by_file: dict[str, list[str]] = {}
     for t in result.tensors:
         if t.name in merged:
