@@ -357,10 +357,10 @@ def test_per_tensor_utility_under_a_budget(cat: Catalog) -> None:
     assert keys(p) == RANKED_PER_TENSOR[:3] and p.planned_expert_bytes == 180
     # retained 1 + 2 + 1.5: less than the default plan's 6.5 (which maximizes it)
     assert p.omission_bound == pytest.approx(TOTAL_UTILITY - 4.5)
-    # tensor_energy is task_arithmetic's default: not stored in the request (nor its hash);
-    # per_tensor and l2 are
-    assert p.summary()["params"]["utility"] == "per_tensor"
-    assert "utility" not in plan(cat, "200B", utility="tensor_energy").summary()["params"]
+    # per_tensor is task_arithmetic's default: not stored in the request (nor its hash);
+    # tensor_energy and l2 are
+    assert "utility" not in p.summary()["params"]
+    assert plan(cat, "200B", utility="tensor_energy").summary()["params"]["utility"] == "tensor_energy"
     assert plan(cat, "200B", utility="l2").summary()["params"]["utility"] == "l2"
 
 
@@ -431,15 +431,14 @@ def test_coverage_gives_the_small_tensor_its_share(catalog: Catalog) -> None:
 
 
 def test_utility_param_default_and_validation(cat: Catalog) -> None:
-    # linear ranks per_tensor by default, task_arithmetic tensor_energy (issue 31)
-    for op, utility in (("task_arithmetic", "tensor_energy"), ("linear", "per_tensor")):
+    # linear and task_arithmetic rank per_tensor by default (issue 31)
+    for op, utility in (("task_arithmetic", "per_tensor"), ("linear", "per_tensor")):
         default = plan(cat, "200B", op=op, utility=None)
         explicit = plan(cat, "200B", op=op, utility=utility)
         assert "utility" not in explicit.request.params  # the default is not stored: same hash
         assert explicit.plan_hash == default.plan_hash
-        if op == "linear":
-            assert keys(default) == RANKED_PER_TENSOR[:3]
-        for other in ("l2", "coverage", "per_tensor" if op != "linear" else "tensor_energy"):
+        assert keys(default) == RANKED_PER_TENSOR[:3]
+        for other in ("l2", "coverage", "tensor_energy"):
             assert plan(cat, "200B", op=op, utility=other).plan_hash != default.plan_hash
     with pytest.raises(InvalidRequest, match="utility"):
         plan(cat, "200B", utility="relative")

@@ -128,6 +128,6 @@ def test_utility_param(db: str, capsys: pytest.CaptureFixture[str]) -> None:
                "--param", "utility=l2", "--json") == 0
     assert json.loads(capsys.readouterr().out)["params"]["utility"] == "l2"
     assert run(db, "--experts", "e0,e1", "--op", "task_arithmetic", "--budget", "200B",
-               "--param", "utility=tensor_energy", "--json") == 0
+               "--param", "utility=per_tensor", "--json") == 0
     assert "utility" not in json.loads(capsys.readouterr().out)["params"]  # its default
     assert run(db, "--experts", "e0", "--param", "utility=bogus") != 0

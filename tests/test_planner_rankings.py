@@ -94,7 +94,7 @@ def test_sparse_operators_full_budget_is_the_standard_merge(fam: tuple[Catalog, 
 
 @pytest.mark.parametrize(("op", "params", "utility", "unit"), [
     ("linear", {}, "per_tensor", "expert_block"),
-    ("task_arithmetic", {}, "tensor_energy", "expert_block"),
+    ("task_arithmetic", {}, "per_tensor", "expert_block"),
     ("breadcrumbs_ties", {"density": 0.5}, "l2", "expert_block"),
     ("ties", {"density": 0.5}, "stratified", "expert_block"),
     ("dare_ties", {"density": 0.5}, "l2", "expert_block"),
@@ -122,7 +122,7 @@ def test_operator_listing_gives_each_operator_its_default_ranking() -> None:
     from mergepipe.core.operators.registry import REGISTRY
     from mergepipe.service.routes.operators import operator_out
     for op, utility in (("ties", "stratified"), ("della", "stratified"), ("linear", "per_tensor"),
-                        ("task_arithmetic", "tensor_energy"), ("dare_ties", "l2"),
+                        ("task_arithmetic", "per_tensor"), ("dare_ties", "l2"),
                         ("breadcrumbs_ties", "l2")):
         params = {p["name"]: p for p in operator_out(REGISTRY[op])["params"]}
         assert params["utility"]["default"] == utility
