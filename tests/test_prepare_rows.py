@@ -1,11 +1,11 @@
 """What the executor's check of a plan reads from the catalog (issue 31: planning's cost).
 
-`prepare` loads the base whole, and of each expert only the blocks the plan reads and the tensors
-of those names; the planner's own rows of the planned blocks (Plan.block_rows) are reused
+`prepare` loads the base whole, and of each expert its tensors and only the blocks the plan
+reads; the planner's own rows of the planned blocks (Plan.block_rows) are reused
 instead of being read again, where they were read of the same catalog and model rows. The
 dtype promotion the kernels see (ChunkMerger.input_dtype) is the one every expert tensor's row
-gives, although most of those rows are no longer loaded. The vocabulary check before planning
-reads the resized tensors only (catalog.models.shape_mismatches)."""
+gives. The vocabulary check works on the tensor rows the executor reads anyway
+(jobs.planning.check_vocab_rows)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,20 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mergepipe.catalog.db import Catalog
-from mergepipe.catalog.models import model_blocks, model_tensors, shape_mismatches
-from mergepipe.core.request import build_request
+from mergepipe.catalog.models import model_blocks, model_tensors
+from mergepipe.core.errors import InvalidRequest
+from mergepipe.core.request import MergeRequest, build_request
 from mergepipe.core.vocab import HF_DTYPE_NAMES
 from mergepipe.executor import prepare as prepare_module
+from mergepipe.executor import stream
 from mergepipe.executor.blocks import ChunkMerger
-from mergepipe.executor.prepare import prepare
-from mergepipe.jobs.planning import check_inputs
+from mergepipe.executor.prepare import prepare, read_inputs
+from mergepipe.jobs import merge as merge_module
+from mergepipe.jobs.merge import plan_and_prepare
+from mergepipe.jobs.planning import check_inputs, check_vocab_rows
 from mergepipe.planner.incremental import choose_plan
 from mergepipe.planner.plan import Plan
+from mergepipe.storage.fsconfine import confined, current_roots
 from tests import factory
 
 BLOCK = 256  # several blocks per matrix
@@ -76,22 +81,20 @@ def test_experts_are_loaded_as_far_as_the_plan_reads_them(fam: Catalog) -> None:
     prep = prepare(fam, plan)
     read = plan.selected()
     assert 0 < len(plan.blocks) < sum(len(model_blocks(fam, m)) for m in ("e0", "e1", "d"))
-    names = {t for _, t in read}
     for e in prep.experts:
-        assert not e.complete and not e.tensors_complete
-        assert set(e.tensors) == names  # the tensors of the names the plan reads, no others
+        assert not e.complete
+        assert list(e.tensors.values()) == model_tensors(fam, e.name)
         assert set(e.blocks) == {(t, i) for (m, t), idx in read.items() if m == e.name
                                  for i in idx}
-        full = {t.name: t for t in model_tensors(fam, e.name)}
-        assert all(e.tensors[n] == full[n] for n in names)
-    assert prep.base.complete and prep.base.tensors_complete
+    assert prep.base.complete
     assert list(prep.base.tensors) == [t.name for t in model_tensors(fam, "base")]
     assert set(prep.base.blocks) == {(b.tensor, b.block_index)
                                      for b in model_blocks(fam, "base")}
     # the rest is loaded when a re-verification needs every row
     e0 = prep.experts[0]
-    assert list(e0.complete_tensors(fam)) == [t.name for t in model_tensors(fam, "e0")]
-    assert e0.tensors_complete
+    assert e0.complete_blocks(fam) == {(b.tensor, b.block_index): b
+                                       for b in model_blocks(fam, "e0")}
+    assert e0.complete
 
 
 def test_the_planners_rows_are_the_catalogs_and_are_not_read_again(
@@ -145,7 +148,7 @@ def test_input_dtype_is_the_promotion_of_every_full_experts_tensor(fam: Catalog,
     plan = _plan(fam, experts=experts, semantics="mergekit", compute_dtype="files")
     plan.blocks = [b for b in plan.blocks if b.tensor != F32_TENSOR]  # the executor runs any plan
     prep = prepare(fam, plan)
-    assert all(F32_TENSOR not in e.tensors for e in prep.experts)
+    assert all(b.tensor != F32_TENSOR for e in prep.experts for b in e.blocks.values())
     merger = ChunkMerger(prep)
     rows = {m: {t.name: t.dtype for t in model_tensors(fam, m)} for m in ("base", "e0", "e1")}
     full = [m for m in experts.split(",") if m != "d"]
@@ -156,11 +159,11 @@ def test_input_dtype_is_the_promotion_of_every_full_experts_tensor(fam: Catalog,
     assert merger.input_dtype("model.norm.weight") == "bfloat16"
 
 
-def test_shape_mismatches_lists_the_resized_tensors_of_full_experts(catalog: Catalog,
-                                                                    tmp_path: Path) -> None:
-    """check_vocab_rows' one query: of each expert, the tensors whose shape is not the base's,
-    in checkpoint order; a LoRA adapter (its lora_B has its own shape) and an expert with the
-    base's shapes have none."""
+def test_the_vocabulary_check_refuses_the_resized_tensors_of_full_experts(
+        catalog: Catalog, tmp_path: Path) -> None:
+    """check_vocab_rows, on the tensor rows the merge reads anyway: an expert whose embeddings
+    have more rows than the base's is refused naming it and the first such tensor; a LoRA
+    adapter (its lora_B has its own shape) and an expert with the base's shapes pass."""
     base = factory.make_base(tmp_path / "base", seed=0)
     same = factory.make_expert(base, tmp_path / "same", seed=1)
     weights = factory.load(base)
@@ -174,8 +177,77 @@ def test_shape_mismatches_lists_the_resized_tensors_of_full_experts(catalog: Cat
     ingest_model(catalog, same, "same", base="base")
     ingest_model(catalog, wide, "wide", base="base")
     ingest_model(catalog, lora, "lora", base="base", kind="lora")
-    got = shape_mismatches(catalog, "base", ["lora", "same", "wide"])
-    order = [t.name for t in model_tensors(catalog, "wide")
-             if t.name in ("model.embed_tokens.weight", "lm_head.weight")]
-    assert got == {"wide": [(name, (68, 32), (64, 32)) for name in order]}
-    assert shape_mismatches(catalog, "base", ["same"]) == {}
+
+    def check(experts: str) -> None:
+        req = build_request(base="base", experts=experts, operator="linear")
+        check_vocab_rows(req, read_inputs(catalog, ["base", *experts.split(",")]))
+
+    check("lora,same")
+    first = next(t.name for t in model_tensors(catalog, "wide")
+                 if t.name in ("model.embed_tokens.weight", "lm_head.weight"))
+    with pytest.raises(InvalidRequest, match=rf"experts\[2\]\.model: expert 'wide': tensor "
+                       rf"'{first}' has 68 rows, 64 in the base 'base'") as e:
+        check("lora,same,wide")
+    assert e.value.field == "experts[2].model"
+
+
+def _request(cat: Catalog, experts: str = "e0,e1,d") -> MergeRequest:
+    return check_inputs(cat, build_request(base="base", experts=experts, operator="ties",
+                                           budget=0.3))
+
+
+def test_planning_beside_the_input_reads_prepares_what_planning_then_preparing_does(
+        fam: Catalog) -> None:
+    """plan_and_prepare reads the models' rows on a second connection while the planner runs:
+    the same plan, rows, selection and promotion as the two in turn."""
+    req = _request(fam)
+    beside = plan_and_prepare(fam, req)
+    in_turn = prepare(fam, choose_plan(fam, req))
+    assert beside.plan.plan_hash == in_turn.plan.plan_hash
+    assert beside.selected == in_turn.selected and beside.promoted == in_turn.promoted
+    for a, b in zip([beside.base, *beside.experts], [in_turn.base, *in_turn.experts],
+                    strict=True):
+        assert (a.files, a.tensors, a.blocks, a.complete) == (b.files, b.tensors, b.blocks,
+                                                              b.complete)
+
+
+@pytest.mark.parametrize(("fails", "raised"), [
+    ("vocab", "refused beside"), ("planner", "refused by the planner"),
+    ("vocab,planner", "refused beside"), ("read", "read failed"),
+    ("read,planner", "refused by the planner")])
+def test_a_refusal_beside_the_planner_comes_first(fam: Catalog, monkeypatch: pytest.MonkeyPatch,
+                                                  fails: str, raised: str) -> None:
+    """The order of errors is the one of the steps run in turn: the vocabulary check's refusal
+    before the planner's (also when both fail), the planner's before the executor's reads."""
+    req = _request(fam)
+
+    def failing(message: str) -> Any:
+        def fail(*args: Any) -> Any:
+            raise InvalidRequest(message)
+        return fail
+
+    if "vocab" in fails:
+        monkeypatch.setattr(merge_module, "check_vocab_rows", failing("refused beside"))
+    if "read" in fails:
+        monkeypatch.setattr(stream, "read_inputs", failing("read failed"))
+    if "planner" in fails:
+        monkeypatch.setattr(merge_module, "choose_plan", failing("refused by the planner"))
+    with pytest.raises(InvalidRequest, match=raised):
+        plan_and_prepare(fam, req)
+
+
+def test_the_reads_beside_the_planner_run_in_the_callers_confinement(
+        fam: Catalog, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The second connection's work sees the caller's confinement roots (a worker confined to
+    its data roots stays confined there)."""
+    seen: list[tuple[str, ...] | None] = []
+    real = stream.read_inputs
+
+    def spy(cat: Catalog, names: Any) -> Any:
+        seen.append(current_roots())
+        return real(cat, names)
+
+    monkeypatch.setattr(stream, "read_inputs", spy)
+    with confined([tmp_path]):
+        plan_and_prepare(fam, _request(fam))
+    assert seen == [(str(tmp_path.resolve()),)]

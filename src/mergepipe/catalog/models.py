@@ -158,19 +158,10 @@ def models_files(cat: Connectable, names: Sequence[str]) -> dict[str, list[FileR
     return files
 
 
-def models_tensors(cat: Connectable, names: Sequence[str], *,
-                   only: Collection[str] | None = None, whole: Collection[str] = ()
-                   ) -> dict[str, list[TensorRow]]:
-    """The tensors of several models in one query, by model, each in checkpoint order; with
-    `only`, of the models not in `whole` just the tensors of those names."""
+def models_tensors(cat: Connectable, names: Sequence[str]) -> dict[str, list[TensorRow]]:
+    """The tensors of several models in one query, by model, each in checkpoint order."""
     tensors: dict[str, list[TensorRow]] = {n: [] for n in names}
-    if only is None:
-        rows = run(cat, "models_tensors", {"models": sorted(set(names))}).tuples()
-    else:
-        rows = run(cat, "models_tensors_named", {
-            "whole": sorted(set(whole)), "models": sorted(set(names) - set(whole)),
-            "tensors": sorted(set(only))}).tuples()
-    for model, *t in rows:
+    for model, *t in run(cat, "models_tensors", {"models": sorted(set(names))}).tuples():
         tensors[model].append(_tensor(t))
     return tensors
 
@@ -193,23 +184,6 @@ def blocks_named(cat: Connectable, named: Collection[tuple[str, str, int]]
                                   ).tuples():
             blocks[model].append(BlockRow(*fields))
     return blocks
-
-
-def mixed_dtype_tensors(cat: Connectable, names: Sequence[str]) -> set[str]:
-    """The tensors whose dtype is not the same in all the named models (one query)."""
-    return {str(r[0]) for r in run(cat, "models_mixed_dtypes",
-                                   {"models": sorted(set(names))}).tuples()}
-
-
-def shape_mismatches(cat: Connectable, base: str, experts: Sequence[str]
-                     ) -> dict[str, list[tuple[str, tuple[int, ...], tuple[int, ...]]]]:
-    """By expert (LoRA adapters left out): (tensor, its shape, the base's) of each tensor whose
-    shape is not the base's tensor's of that name, in checkpoint order (one query)."""
-    out: dict[str, list[tuple[str, tuple[int, ...], tuple[int, ...]]]] = {}
-    for model, tensor, shape, base_shape in run(cat, "models_shape_mismatches", {
-            "base": base, "experts": sorted(set(experts))}).tuples():
-        out.setdefault(model, []).append((tensor, tuple(shape), tuple(base_shape)))
-    return out
 
 
 def model_block_hashes(cat: Connectable, name: str) -> list[tuple[str, int, str]]:

@@ -18,9 +18,7 @@ from mergepipe.catalog.models import (
     TensorRow,
     blocks_named,
     find_models,
-    mixed_dtype_tensors,
     model_blocks,
-    model_tensors,
     models_blocks,
     models_files,
     models_tensors,
@@ -52,23 +50,15 @@ class ModelSource:
     files: dict[int, FileRow]
     tensors: dict[str, TensorRow]  # in checkpoint order
     blocks: dict[tuple[str, int], BlockRow] = field(default_factory=dict)
-    # False: `blocks` holds only the blocks a plan reads (load_models(..., planned=...));
+    # False: `blocks` holds only the blocks a plan reads (prepare);
     # complete_blocks loads the rest when every block is needed (a re-verification)
     complete: bool = True
-    # False: `tensors` holds only the tensors a plan reads; complete_tensors loads the rest
-    tensors_complete: bool = True
 
     def complete_blocks(self, cat: Catalog) -> dict[tuple[str, int], BlockRow]:
         if not self.complete:
             self.blocks = {(b.tensor, b.block_index): b for b in model_blocks(cat, self.name)}
             self.complete = True
         return self.blocks
-
-    def complete_tensors(self, cat: Catalog) -> dict[str, TensorRow]:
-        if not self.tensors_complete:
-            self.tensors = {t.name: t for t in model_tensors(cat, self.name)}
-            self.tensors_complete = True
-        return self.tensors
 
     def file_path(self, index: int) -> str:
         return self.files[index].path
@@ -99,7 +89,7 @@ class ModelSource:
             change = st.change_from(f.stamp)
             if change is not None:
                 self.files[f.index] = reverify_file(cat, self.name, f, st, change,
-                                                    list(self.complete_tensors(cat).values()),
+                                                    list(self.tensors.values()),
                                                     list(self.complete_blocks(cat).values()))
 
     def verify_block(self, block: BlockRow, raw: bytes | bytearray | memoryview) -> None:
@@ -122,51 +112,67 @@ class ModelSource:
                 f"the file changed after ingestion; re-ingest {self.name!r}")
 
 
-def load_models(cat: Catalog, names: Sequence[str], *,
-                planned: Sequence[tuple[str, str, int]] | None = None,
-                known: BlockRows | None = None) -> list[ModelSource]:
-    """Files, tensors and blocks of the named models, ready ones only; with `planned` (a plan's
-    access set) all of the first model's tensors and blocks (the base) and, of the others, the
-    planned blocks and the tensors of the names planned. `known`: the planner's rows of planned
-    blocks (Plan.block_rows), used for those whose model rows are the ones it read."""
-    return _load_models(cat, names, planned, known)[0]
+@dataclass(frozen=True)
+class Inputs:
+    """The catalog rows of a merge's models that its plan does not change (`read_inputs`): read
+    beside the planner, then checked against the plan by `prepare`."""
+
+    names: tuple[str, ...]  # the base first, then the experts
+    rows: dict[str, ModelRow]
+    files: dict[str, list[FileRow]]
+    tensors: dict[str, list[TensorRow]]  # every model's, all of its tensors
+    base_blocks: list[BlockRow]
+    promoted: frozenset[str]  # Prepared.promoted
 
 
-def _load_models(cat: Catalog, names: Sequence[str],
-                 planned: Sequence[tuple[str, str, int]] | None, known: BlockRows | None
-                 ) -> tuple[list[ModelSource], frozenset[str]]:
-    """`load_models`, and the tensors whose dtype differs between the first model (the base)
-    and the full models among the others (Prepared.promoted)."""
-    with cat.reader() as conn:  # one connection for the queries
-        rows = find_models(conn, names)
-        for name in names:
-            m = rows.get(name)
-            if m is None:
-                raise NotFound(f"model {name!r} is not in the catalog", field="model")
-            if m.status != "ready":
-                raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
-        whole = list(names) if planned is None else list(names[:1])
-        files = models_files(conn, names)
-        tensors = models_tensors(conn, names, whole=whole, only=None if planned is None else
-                                 {t for _, t, _ in planned})
-        blocks = models_blocks(conn, whole)
-        if planned is not None:
-            usable = (known if known is not None and known.catalog == str(cat.location)
-                      else None)
-            for n, got in _planned_blocks(conn, planned, usable, rows).items():
-                if n not in whole:
-                    blocks.setdefault(n, []).extend(got)
-        full = [n for n in names[1:] if rows[n].kind == "full"]
-        promoted = frozenset(mixed_dtype_tensors(conn, [names[0], *full]) if full else ())
-    out = {n: ModelSource(m.name, m.kind, m.path, m.base, m.lora_scale,
-                          {f.index: f for f in files[n]}, {t.name: t for t in tensors[n]},
-                          {(b.tensor, b.block_index): b for b in blocks.get(n, ())},
-                          complete=n in whole, tensors_complete=n in whole)
-           for n, m in rows.items()}
-    return [out[n] for n in names], promoted
+def read_inputs(cat: Catalog, names: Sequence[str]) -> Inputs:
+    """The named models' rows (ready ones only), files and tensors, and the first model's (the
+    base's) blocks, on one connection; and the tensors whose dtype differs between the base and
+    the full models among the others."""
+    with cat.reader() as conn:
+        rows = _ready_models(conn, names)
+        files, tensors = models_files(conn, names), models_tensors(conn, names)
+        base_blocks = models_blocks(conn, names[:1])[names[0]]
+    dtypes: dict[str, set[str]] = {}
+    for n in [names[0], *(n for n in names[1:] if rows[n].kind == "full")]:
+        for t in tensors[n]:
+            dtypes.setdefault(t.name, set()).add(t.dtype)
+    return Inputs(tuple(names), rows, files, tensors, base_blocks,
+                  frozenset(t for t, d in dtypes.items() if len(d) > 1))
 
 
-def _planned_blocks(conn: Connection, planned: Sequence[tuple[str, str, int]],
+def _ready_models(conn: Connection, names: Sequence[str]) -> dict[str, ModelRow]:
+    rows = find_models(conn, names)
+    for name in names:
+        m = rows.get(name)
+        if m is None:
+            raise NotFound(f"model {name!r} is not in the catalog", field="model")
+        if m.status != "ready":
+            raise InvalidRequest(f"model {name!r} is {m.status}, not ready", field="model")
+    return rows
+
+
+def _source(m: ModelRow, files: Sequence[FileRow], tensors: Sequence[TensorRow],
+            blocks: Sequence[BlockRow], *, complete: bool) -> ModelSource:
+    return ModelSource(m.name, m.kind, m.path, m.base, m.lora_scale,
+                       {f.index: f for f in files}, {t.name: t for t in tensors},
+                       {(b.tensor, b.block_index): b for b in blocks}, complete=complete)
+
+
+def _planned_sources(cat: Catalog, inputs: Inputs, planned: Sequence[tuple[str, str, int]],
+                     known: BlockRows | None) -> list[ModelSource]:
+    """The models of `inputs` as a plan reads them: the base whole, of the experts the planned
+    blocks (from `known`, the planner's rows, for the models whose rows it read; the rest in
+    one query)."""
+    usable = known if known is not None and known.catalog == str(cat.location) else None
+    got = _planned_blocks(cat, planned, usable, inputs.rows)
+    base = inputs.names[0]
+    return [_source(inputs.rows[n], inputs.files[n], inputs.tensors[n],
+                    inputs.base_blocks if n == base else got.get(n, ()), complete=n == base)
+            for n in inputs.names]
+
+
+def _planned_blocks(cat: Catalog, planned: Sequence[tuple[str, str, int]],
                     known: BlockRows | None, rows: Mapping[str, ModelRow]
                     ) -> dict[str, list[BlockRow]]:
     """The catalog rows of the planned blocks, by model: from `known` (read of this catalog)
@@ -186,7 +192,9 @@ def _planned_blocks(conn: Connection, planned: Sequence[tuple[str, str, int]],
             out.setdefault(key[0], []).append(BlockRow(r[1], r[2], r[6], r[7], r[8], r[9], r[3],
                                                        r[5]))
     if missing:
-        for n, got in blocks_named(conn, missing).items():
+        with cat.reader() as conn:
+            named = blocks_named(conn, missing)
+        for n, got in named.items():
             out.setdefault(n, []).extend(got)
     return out
 
@@ -219,12 +227,16 @@ class Prepared:
         return sum(self.planned_by_model.values())
 
 
-def prepare(cat: Catalog, plan: Plan) -> Prepared:
-    """Load the inputs, check the files are unchanged and the plan fits the budget."""
+def prepare(cat: Catalog, plan: Plan, inputs: Inputs | None = None) -> Prepared:
+    """Load the inputs, check the files are unchanged and the plan fits the budget. `inputs`:
+    the models read already (`read_inputs`, e.g. while it was planned), used if they are the
+    plan's."""
     req = plan.request
-    (base, *experts), promoted = _load_models(
-        cat, [req.base, *(e.model for e in req.experts)],
-        [(b.model, b.tensor, b.block_index) for b in plan.blocks], plan.block_rows)
+    names = (req.base, *(e.model for e in req.experts))
+    if inputs is None or inputs.names != names:  # e.g. an incremental plan's executed request
+        inputs = read_inputs(cat, names)
+    base, *experts = _planned_sources(cat, inputs, [(b.model, b.tensor, b.block_index)
+                                                    for b in plan.blocks], plan.block_rows)
     plan.block_rows = None  # now in the experts' blocks: not kept twice through the merge
     _check_family(req.base, base, experts)
     for m in (base, *experts):
@@ -241,7 +253,8 @@ def prepare(cat: Catalog, plan: Plan) -> Prepared:
     if on_disk != {absolute(f.path) for f in base.files.values()}:
         raise SourceChanged(f"model {base.name!r}: the files at {base.path} are not the ones "
                             f"ingested; re-ingest {base.name!r}")
-    return Prepared(plan, base, experts, ckpt, selected, planned, req.output_dtype, promoted)
+    return Prepared(plan, base, experts, ckpt, selected, planned, req.output_dtype,
+                    inputs.promoted)
 
 
 def _check_family(ref: str, base: ModelSource, experts: list[ModelSource]) -> None:

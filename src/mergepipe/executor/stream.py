@@ -18,14 +18,21 @@ from mergepipe.catalog.scan import FirstPass, default_workers
 from mergepipe.core.errors import BudgetViolation
 from mergepipe.core.progress import Progress, ProgressFn
 from mergepipe.executor.blocks import ChunkMerger, MergedBlock
-from mergepipe.executor.prepare import ModelSource, Prepared, output_layout, prepare
+from mergepipe.executor.prepare import (
+    Inputs,
+    ModelSource,
+    Prepared,
+    output_layout,
+    prepare,
+    read_inputs,
+)
 from mergepipe.executor.schedule import BudgetCounter, Prefetcher, Step, schedule
 from mergepipe.executor.side_files import copy_side_files
 from mergepipe.executor.writer import BackgroundWrites, CheckpointWriter, OutputTensor
 from mergepipe.storage.locations import basename
 from mergepipe.storage.storage import RangeReader, open_reader
 
-__all__ = ["ExecutionResult", "Prepared", "execute", "prepare"]
+__all__ = ["ExecutionResult", "Inputs", "Prepared", "execute", "prepare", "read_inputs"]
 
 # Block-sized buffers come from the heap and are reused, not fresh mmaps that fault in every
 # page of every block (2-3 ms per MiB-sized tensor on a VM).

@@ -6,8 +6,10 @@ ingestion of its inputs cannot be planned earlier), the plan recorded before any
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,12 +40,12 @@ from mergepipe.jobs.planning import check_inputs, check_vocab_rows
 from mergepipe.jobs.report import MergeSummary, outcome_record, plan_record, summary
 from mergepipe.jobs.space import check_space, out_of_space_is_507
 from mergepipe.planner.incremental import choose_plan, previous_of, strategy_of, user_request
-from mergepipe.planner.plan import Plan
+from mergepipe.planner.plan import Plan, base_content
 from mergepipe.storage.fsconfine import confined
 from mergepipe.storage.locations import basename, is_url
 from mergepipe.storage.paths import recheck_input
 
-__all__ = ["execute_plan", "merge", "run_merge", "submit_merge"]
+__all__ = ["execute_plan", "merge", "plan_and_prepare", "run_merge", "submit_merge"]
 
 
 class Finish(Protocol):
@@ -113,9 +115,8 @@ def run_merge(cat: Catalog, merge_id: str, *, progress: ProgressFn | None = None
             if data_roots:
                 _recheck_inputs(cat, request, data_roots)
             t0 = time.perf_counter()
-            if finish is None or not finish.reindexes:
-                check_vocab_rows(cat, request)
-            prep = _prepare(cat, request)
+            prep = plan_and_prepare(cat, request,
+                                    vocab=finish is None or not finish.reindexes)
             plan_seconds = time.perf_counter() - t0
             record = plan_record(prep, plan_seconds)
             if finish is not None:
@@ -173,13 +174,40 @@ def _run_passthrough(cat: Catalog, merge_id: str, request: PassthroughRequest,
                           plan_seconds=plan_seconds, wall_seconds=time.perf_counter() - wall0)
 
 
-def _prepare(cat: Catalog, request: MergeRequest) -> Prepared:
-    """Plan by the request's strategy and check the plan against the files; with auto (asked
+def plan_and_prepare(cat: Catalog, request: MergeRequest, *, vocab: bool = True) -> Prepared:
+    """Plan by the request's strategy and check the plan against the catalog and the files
+    (what a merge reports as plan_seconds). What the plan does not change is read on a second
+    connection while the planner runs: the models' catalog rows, with check_vocab_rows
+    (`vocab`) on them, and the base's content digest (into the planner's cache). The
+    vocabulary check's refusal comes first, as if it had run before planning; with auto (asked
     for: never the default), an incremental plan whose stored merge cannot be read any more
     (moved, changed) falls back to scratch, saying why in the plan."""
-    plan = choose_plan(cat, request)
+    def read() -> tuple[stream.Inputs, InvalidRequest | None]:
+        inputs = stream.read_inputs(cat, [request.base, *(e.model for e in request.experts)])
+        base = inputs.rows[request.base]
+        with cat.reader() as conn:  # the plan hash's, cached for the planner
+            base_content(cat, conn, base.name, base.created_at)
+        try:
+            if vocab:
+                check_vocab_rows(request, inputs)
+        except InvalidRequest as refusal:
+            return inputs, refusal
+        return inputs, None
+
+    with ThreadPoolExecutor(1, thread_name_prefix="mergepipe-inputs") as pool:
+        beside = pool.submit(contextvars.copy_context().run, read)  # within the confinement
+        try:
+            plan = choose_plan(cat, request)
+        except MergePipeError:
+            refusal = _refusal(beside)
+            if refusal is not None:
+                raise refusal from None
+            raise
+        inputs, refusal = beside.result()
+    if refusal is not None:
+        raise refusal
     try:
-        return stream.prepare(cat, plan)
+        return stream.prepare(cat, plan, inputs)
     except MergePipeError as e:
         previous = previous_of(plan)
         if request.strategy != "auto" or previous is None:
@@ -189,7 +217,17 @@ def _prepare(cat: Catalog, request: MergeRequest) -> Prepared:
     plan.request = request
     assert plan.strategy is not None
     plan.strategy.update(requested="auto", incremental={"available": False, "reason": why})
-    return stream.prepare(cat, plan)
+    return stream.prepare(cat, plan, inputs)
+
+
+def _refusal(beside: Future[tuple[stream.Inputs, InvalidRequest | None]]
+             ) -> InvalidRequest | None:
+    """The vocabulary check's refusal, once the reads beside a plan that failed end; None if
+    they failed before it (the planner's error is raised then, as before they ran beside)."""
+    try:
+        return beside.result()[1]
+    except Exception:
+        return None
 
 
 def _execute_and_publish(cat: Catalog, merge_id: str, prep: Prepared,

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mergepipe.catalog import queue
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.lifecycle import resolve_keys, split_ref
-from mergepipe.catalog.models import ModelRow, find_models, shape_mismatches
+from mergepipe.catalog.models import ModelRow, find_models
 from mergepipe.core.errors import Conflict, InvalidRequest, NotFound
 from mergepipe.core.mergekit_tokenizer import is_vocab_tensor
 from mergepipe.core.request import Budget, MergeRequest
 from mergepipe.planner.incremental import choose_plan
 from mergepipe.planner.plan import Plan, check_budget_reads
 from mergepipe.planner.validate import check_request
+
+if TYPE_CHECKING:  # `mergepipe plan` imports this module: not the executor's numpy
+    from mergepipe.executor.prepare import Inputs
 
 
 def check_inputs(cat: Catalog, request: MergeRequest, pending: Collection[str] = (), *,
@@ -39,18 +42,22 @@ def check_inputs(cat: Catalog, request: MergeRequest, pending: Collection[str] =
     return request
 
 
-def check_vocab_rows(cat: Catalog, request: MergeRequest) -> None:
+def check_vocab_rows(request: MergeRequest, inputs: Inputs) -> None:
     """An expert's vocabulary tensor (embeddings, output head) with more rows than the base's
     (catalog.ingest records it so) is merged only by a merge that re-indexes the embeddings
     (a mergekit config's tokenizer options: jobs.reindex reads the tensors whole); otherwise
-    refused, naming the expert and the tensor (mergekit fails on it too)."""
-    differ = shape_mismatches(cat, request.base, [e.model for e in request.experts])
+    refused, naming the expert and the tensor (mergekit fails on it too). `inputs`: the
+    request's models (executor.prepare.read_inputs)."""
+    base = {t.name: t.shape for t in inputs.tensors[request.base]}
     for i, e in enumerate(request.experts):
-        for tensor, shape, want in differ.get(e.model, ()):
-            if is_vocab_tensor(tensor):
+        if inputs.rows[e.model].kind == "lora":
+            continue  # its lora_B has its own shape
+        for t in inputs.tensors[e.model]:
+            want = base.get(t.name)
+            if want is not None and t.shape != want and is_vocab_tensor(t.name):
                 field = f"experts[{i}].model"
                 raise InvalidRequest(
-                    f"{field}: expert {e.model!r}: tensor {tensor!r} has {shape[0]} rows, "
+                    f"{field}: expert {e.model!r}: tensor {t.name!r} has {t.shape[0]} rows, "
                     f"{want[0]} in the base {request.base!r} (its vocabulary differs from "
                     "the base's): merging it needs a tokenizer option that re-indexes the "
                     "embeddings (a mergekit config's tokenizer_source: union or base)",

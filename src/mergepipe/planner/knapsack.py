@@ -186,7 +186,7 @@ def access(conn: Connection, budget: int
 
 def trim_rows(conn: Connection) -> list[tuple[Any, ...]]:
     """(model, tensor, numel, trim_j, tau, above, tied) of every ties expert tensor."""
-    return [tuple(r) for r in conn.execute(load_sql("planner_trims"))]
+    return conn.execute(load_sql("planner_trims")).tuples()
 
 
 def base_tensors(conn: Connection, model: str) -> list[tuple[str, int]]:
@@ -198,7 +198,7 @@ def base_tensors(conn: Connection, model: str) -> list[tuple[str, int]]:
 def trim_grid_rows(conn: Connection) -> list[tuple[Any, ...]]:
     """(position, model, tensor, numel, trim_tau[], trim_above[], trim_tied[]) of every expert
     tensor with statistics: the whole 1% threshold grid (band operators, planner.bands)."""
-    return [tuple(r) for r in conn.execute(load_sql("planner_trim_grid"))]
+    return conn.execute(load_sql("planner_trim_grid")).tuples()
 
 
 def content_digest(conn: Connection, model: str) -> str:

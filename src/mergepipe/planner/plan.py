@@ -331,15 +331,15 @@ _CONTENT_DIGESTS_MAX = 256
 _CONTENT_DIGESTS_LOCK = threading.Lock()
 
 
-def base_content(cat: Catalog, conn: Connection, model: ModelInfo) -> str:
-    """sha256 of `model`'s block content hashes (knapsack.content_digest), read once per model
-    row and catalog."""
-    if model.created_at is None:  # no identity for the row: read it every time
-        return knapsack.content_digest(conn, model.name)
-    key = (str(cat.location), model.name, model.created_at)
+def base_content(cat: Catalog, conn: Connection, name: str, created_at: str | None) -> str:
+    """sha256 of the block content hashes of model `name` whose row was created at
+    `created_at` (knapsack.content_digest), read once per model row and catalog."""
+    if created_at is None:  # no identity for the row: read it every time
+        return knapsack.content_digest(conn, name)
+    key = (str(cat.location), name, created_at)
     digest = _CONTENT_DIGESTS.get(key)
     if digest is None:
-        digest = knapsack.content_digest(conn, model.name)
+        digest = knapsack.content_digest(conn, name)
         with _CONTENT_DIGESTS_LOCK:
             if len(_CONTENT_DIGESTS) >= _CONTENT_DIGESTS_MAX:
                 del _CONTENT_DIGESTS[next(iter(_CONTENT_DIGESTS))]
@@ -379,7 +379,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         trim_rows = (knapsack.trim_rows(conn)
                      if any(j is not None for j in trim_indexes(request)) else [])
         band_rows = knapsack.trim_grid_rows(conn) if request.spec.cuts else []
-        base_digest = base_content(cat, conn, base)
+        base_digest = base_content(cat, conn, base.name, base.created_at)
         # lora_A rows exist for LoRA adapters only (catalog.ingest)
         lora = (knapsack.lora_identity(conn) if any(m.kind == "lora" for m in models)
                 else {})
