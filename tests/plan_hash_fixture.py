@@ -13,7 +13,13 @@ dare_ties): 56 of 340 lines changed, all of those operators (their default ranki
 task_arithmetic per_tensor lines only in their hash, per_tensor being no longer the default);
 and once more when task_arithmetic's default went back to per_tensor (the seven-family
 verdict): 16 lines, all task_arithmetic (its 12 default requests plan per_tensor's blocks; its 4
-explicit per_tensor ones change only their hash, per_tensor being the default again)."""
+explicit per_tensor ones change only their hash, per_tensor being the default again); and once
+more when utility=auto became the default of task_arithmetic, ties, dare_ties and della (the
+regime rule): 56 lines. The 12 default requests of each of task_arithmetic, ties and della
+plan what auto chooses on this catalog's peaked updates (tensor_energy, region_energy,
+region_energy); the 20 explicit requests of those operators and dare_ties whose ranking was
+the default (per_tensor, stratified, l2) change only their hash, that ranking being no longer
+the default. dare_ties' default requests are unchanged (auto chooses l2 here)."""
 
 from __future__ import annotations
 

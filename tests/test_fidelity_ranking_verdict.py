@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mergepipe_bench.fidelity.ranking_verdict import load, verdict
+from mergepipe_bench.fidelity.ranking_verdict import add_auto, load, verdict
 
 
 def _row(rankings: dict[str, float], random: list[float], default: float) -> dict[str, Any]:
@@ -92,3 +92,21 @@ def test_runs_with_other_seeds_pool_their_random_plans(tmp_path: Path) -> None:
     (c / "ranking-toy.json").write_text(json.dumps(_res(1.0, {"0.3": again})))
     (cell,) = verdict(load([a, b, c], ["toy"]), "dare_ties", "l2").cells
     assert len(cell.random) == 6 and cell.median == pytest.approx(0.35)
+
+
+def test_auto_takes_each_familys_flat_or_peaked_ranking() -> None:
+    res = _results()
+    # toy peaked (spread 0.3): l2's plans; realistic flat (0.1): per_tensor's
+    add_auto(res, "dare_ties", ("per_tensor", "l2"), {"toy": 0.3, "realistic": 0.1}, 0.22)
+    v = verdict(res, "dare_ties", "auto")
+    got = {(c.family, c.budget): c.default for c in v.cells}
+    assert got == {("toy", "0.1"): 0.5, ("toy", "0.3"): 0.2, ("toy", "0.5"): 0.05,
+                   ("realistic", "0.3"): 0.1, ("realistic", "0.5"): 0.001}
+    assert not v.failed  # l2 wins toy, per_tensor realistic: each regime its winner
+    # geometric mean at 0.3 / 0.5 of 0.2, 0.05, 0.1, 0.001
+    assert v.mid_mean["auto"] == pytest.approx((0.2 * 0.05 * 0.1 * 0.001) ** 0.25)
+    # a family without a spread gets no auto plan: the verdict refuses it as not measured
+    res = _results()
+    add_auto(res, "dare_ties", ("per_tensor", "l2"), {"toy": 0.3}, 0.22)
+    with pytest.raises(KeyError, match="auto"):
+        verdict(res, "dare_ties", "auto")

@@ -37,8 +37,11 @@ from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 ORACLE = "1eb6e7bbea43426f751f8b532049931e95c4ef27e6ddba69408057f8b4c26fc1"
 ORACLE_31 = "950015efcc7dcf709cb0a9a9906add257e706954c3565a1896a81be6ba77ed01"
 # Then dare_ties planned by (expert, block) units (l2) instead of whole-tensor groups: ORACLE_31
-# is checked with dare_ties back on groups (only dare_ties' plans changed), ORACLE_NOW as is.
+# is checked with dare_ties back on groups (only dare_ties' plans changed), ORACLE_NOW with the
+# defaults before utility=auto (ties stratified, dare_ties l2), ORACLE_AUTO as is (auto for ties
+# and dare_ties: only their default requests' plans changed).
 ORACLE_NOW = "e0f27b2dedcd430ac7282cfda3e501c28258af1fd490967145772173af660c83"
+ORACLE_AUTO = "0f9821daab513755e634dadeff6c651c5ae6cfdd6ed71b46a22d607230d9e874"
 
 
 def _tensors(rng: random.Random, salt: int) -> list[Ten]:
@@ -92,7 +95,10 @@ def _digest(tmp_path: Path) -> str:
 
 
 def test_plan_hashes_match_the_oracle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _digest(tmp_path / "now") == ORACLE_NOW
+    assert _digest(tmp_path / "now") == ORACLE_AUTO
+    for name, utility in (("ties", "stratified"), ("dare_ties", "l2")):
+        monkeypatch.setitem(REGISTRY, name, replace(REGISTRY[name], default_utility=utility))
+    assert _digest(tmp_path / "pre-auto") == ORACLE_NOW
     monkeypatch.setitem(REGISTRY, "dare_ties",
                         replace(REGISTRY["dare_ties"], planning_unit="group"))
     assert _digest(tmp_path / "31") == ORACLE_31

@@ -42,17 +42,19 @@ def _ties_plan(db: str, capsys: pytest.CaptureFixture[str], *params: str) -> dic
     return json.loads(capsys.readouterr().out)
 
 
-def test_ties_ranks_stratified_by_default(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ties_ranks_auto_by_default(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     default = _ties_plan(db, capsys)
-    stratified = _ties_plan(db, capsys, "--param", "utility=stratified")
+    chosen = default["ranking"]["utility"]  # what auto chose, reported by the plan
+    assert chosen in ("per_tensor", "region_energy")
+    explicit = _ties_plan(db, capsys, "--param", f"utility={chosen}")
     l2 = _ties_plan(db, capsys, "--param", "utility=l2")
-    assert default["blocks"] == stratified["blocks"] != l2["blocks"]
-    assert default["plan_hash"] == stratified["plan_hash"] != l2["plan_hash"]
+    assert default["blocks"] == explicit["blocks"] != l2["blocks"]
+    assert len({default["plan_hash"], explicit["plan_hash"], l2["plan_hash"]}) == 3
     assert "utility" not in default["params"] and l2["params"]["utility"] == "l2"
 
 
 def test_json_blocks(db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    # the hand-computed ranking below is l2's (ties ranks stratified by default)
+    # the hand-computed ranking below is l2's (ties ranks auto by default)
     assert run(db, "--experts", "e0", "--op", "ties", "--param", "density=0.5",
                "--param", "utility=l2", "--budget", "0.5", "--blocks", "-1", "--json") == 0
     out = json.loads(capsys.readouterr().out)
@@ -128,6 +130,8 @@ def test_utility_param(db: str, capsys: pytest.CaptureFixture[str]) -> None:
                "--param", "utility=l2", "--json") == 0
     assert json.loads(capsys.readouterr().out)["params"]["utility"] == "l2"
     assert run(db, "--experts", "e0,e1", "--op", "task_arithmetic", "--budget", "200B",
-               "--param", "utility=per_tensor", "--json") == 0
-    assert "utility" not in json.loads(capsys.readouterr().out)["params"]  # its default
+               "--param", "utility=auto", "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "utility" not in out["params"]  # its default
+    assert out["ranking"]["utility"] in ("per_tensor", "tensor_energy")  # what auto chose
     assert run(db, "--experts", "e0", "--param", "utility=bogus") != 0

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mergepipe.catalog.db import Catalog
+from mergepipe.core.operators.registry import REGISTRY
 from mergepipe.core.request import build_request
 from mergepipe.jobs.merge import execute_plan
 from mergepipe.planner.plan import Plan, make_plan
@@ -94,23 +95,30 @@ def test_sparse_operators_full_budget_is_the_standard_merge(fam: tuple[Catalog, 
 
 @pytest.mark.parametrize(("op", "params", "utility", "unit"), [
     ("linear", {}, "per_tensor", "expert_block"),
-    ("task_arithmetic", {}, "per_tensor", "expert_block"),
+    ("task_arithmetic", {}, "auto", "expert_block"),
     ("breadcrumbs_ties", {"density": 0.5}, "l2", "expert_block"),
-    ("ties", {"density": 0.5}, "stratified", "expert_block"),
-    ("dare_ties", {"density": 0.5}, "l2", "expert_block"),
-    ("della", {"density": 0.5}, "stratified", "expert_block")])
+    ("ties", {"density": 0.5}, "auto", "expert_block"),
+    ("dare_ties", {"density": 0.5}, "auto", "expert_block"),
+    ("della", {"density": 0.5}, "auto", "expert_block")])
 def test_default_ranking_per_operator(fam: tuple[Catalog, Path], op: str,
                                       params: dict[str, object], utility: str,
                                       unit: str) -> None:
-    # the defaults of the fidelity study (docs/FIDELITY.md, "Default rankings"): a request
-    # without utility plans exactly what the explicit ranking and unit plan
+    # the defaults of the fidelity study (docs/FIDELITY.md, "The regime rule"): a request
+    # without utility plans exactly what the explicit ranking and unit plan (auto: the ranking
+    # it chose, which the plan reports)
     cat, _ = fam
     default = _plan(cat, op, 0.3, None, **params)
+    assert REGISTRY[op].default_utility == utility
+    assert (default.ranking is not None) == (utility == "auto")
+    if default.ranking is not None:
+        assert default.ranking["utility"] in REGISTRY[op].auto_utility
+        utility = default.ranking["utility"]
     explicit = _plan(cat, op, 0.3, utility, unit=unit, **params)
     assert default.unit == unit
     assert [(b.model, b.tensor, b.block_index) for b in default.blocks] == [
         (b.model, b.tensor, b.block_index) for b in explicit.blocks]
-    assert default.plan_hash == explicit.plan_hash
+    # an explicit ranking other than the default is stored in the request: another hash
+    assert (default.plan_hash == explicit.plan_hash) == (default.ranking is None)
     others = [u for u in ("l2", "per_tensor", "stratified") if u != utility]
     assert any(_plan(cat, op, 0.3, u, unit=unit, **params).plan_hash != default.plan_hash
                for u in others)
@@ -119,10 +127,9 @@ def test_default_ranking_per_operator(fam: tuple[Catalog, Path], op: str,
 def test_operator_listing_gives_each_operator_its_default_ranking() -> None:
     # GET /v1/operators (and the console, which sends the listed defaults) must show the spec's
     # ranking, not the parameter's global l2: else the console overrides every default
-    from mergepipe.core.operators.registry import REGISTRY
     from mergepipe.service.routes.operators import operator_out
-    for op, utility in (("ties", "stratified"), ("della", "stratified"), ("linear", "per_tensor"),
-                        ("task_arithmetic", "per_tensor"), ("dare_ties", "l2"),
+    for op, utility in (("ties", "auto"), ("della", "auto"), ("linear", "per_tensor"),
+                        ("task_arithmetic", "auto"), ("dare_ties", "auto"),
                         ("breadcrumbs_ties", "l2")):
         params = {p["name"]: p for p in operator_out(REGISTRY[op])["params"]}
         assert params["utility"]["default"] == utility

@@ -101,7 +101,7 @@ CASES = [
      ["--param", "gamma=0.1"], None, "params.gamma", None, "gamma applies to breadcrumbs"),
     ("wrong-choice", {"params": {"density": 0.5, "utility": "l3"}},
      ["--param", "utility=l3"], None, "params.utility", None,
-     "'coverage', 'stratified', 'tensor_energy', 'region_energy', 'activation' or 'fisher'"),
+     "'tensor_energy', 'region_energy', 'activation', 'fisher' or 'auto'"),
     ("negative-seed", {"seed": -1}, ["--seed", "-1"], None, "seed",
      None, "greater than or equal to 0"),
     ("density-off-the-grid", {"params": {"density": 0.555}}, ["--param", "density=0.555"],

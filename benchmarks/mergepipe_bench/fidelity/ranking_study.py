@@ -30,11 +30,14 @@ import torch
 
 from mergepipe.catalog.db import Catalog
 from mergepipe.catalog.ingest import ingest_model
-from mergepipe.planner.plan import Plan, make_plan
+from mergepipe.catalog.models import list_models
+from mergepipe.core.operators.registry import REGISTRY
+from mergepipe.planner import knapsack
+from mergepipe.planner.plan import FLAT_SPREAD, Plan, make_plan
 from mergepipe_bench.fidelity.family import FamilySpec, build_family
 from mergepipe_bench.fidelity.model import ModelSize, TrainSpec
 from mergepipe_bench.fidelity.random_plan import Candidate, _first_fit, candidates, random_plan
-from mergepipe_bench.fidelity.ranking_verdict import load, summary
+from mergepipe_bench.fidelity.ranking_verdict import add_auto, load, summary
 from mergepipe_bench.fidelity.run import Evaluator, OperatorRun, OperatorSpec, machine
 from mergepipe_bench.fidelity.tasks import eval_set
 from mergepipe_bench.fidelity.units import UnitsConfig, realistic_family, toy_family
@@ -76,10 +79,37 @@ def _reseeded(make: Callable[[], FamilySpec], seed: int) -> Callable[[], FamilyS
     return lambda: replace(make(), seed=seed)
 
 
+def brief_family() -> FamilySpec:
+    """Held out from the regime rule's seven families: the realistic family's brief recipe
+    (15 steps at lr 1e-5, float32) with the toy family's 4 distinct experts, no near-copies."""
+    return replace(realistic_family(), experts_per_task=1)
+
+
+def copies_family() -> FamilySpec:
+    """Held out too: the toy family's recipe (100 steps at lr 5e-4, bf16) with 3 near-copies
+    per task (12 experts), seed 2."""
+    return replace(toy_family(), experts_per_task=3, seed=2)
+
+
+def neox_brisk_family() -> FamilySpec:
+    """Held out from the shipped rule: the neox family's base and shape, experts trained as the
+    toy family's (100 steps at lr 5e-4, bf16), one per task."""
+    return replace(neox_family(), finetune=toy_family().finetune, experts_per_task=1,
+                   dtype="bf16")
+
+
+def mid_family() -> FamilySpec:
+    """Held out too: the toy base, experts at the small family's rate (100 steps at lr 1e-4) in
+    float32, 2 near-copies per task (8 experts)."""
+    return replace(small_deltas_family(), experts_per_task=2, dtype="f32")
+
+
 FAMILIES: dict[str, Callable[[], FamilySpec]] = {
     "toy": toy_family, "small": small_deltas_family, "realistic": realistic_family,
     "toy-s1": _reseeded(toy_family, 1), "small-s1": _reseeded(small_deltas_family, 1),
-    "neox": neox_family, "neox-llama": neox_llama_family}
+    "neox": neox_family, "neox-llama": neox_llama_family,
+    "brief": brief_family, "copies": copies_family, "neox-brisk": neox_brisk_family,
+    "mid": mid_family}
 
 Order = Callable[[list[Candidate]], list[Candidate]]
 
@@ -271,12 +301,8 @@ class Study:
                     cap = _cap(plan, plan.budget_bytes)
                     for k, order in ordered.items():
                         fp = _first_fit(cap, cands, order, {"order": k})
-                        if k in PLANNER_RANKINGS:  # the study's order is the planner's
-                            req = run.request(f)
-                            req = replace(req, params={**req.params, "utility": k,
-                                                       "unit": "expert_block"})
-                            if _keys(make_plan(cat, req)) != _keys(fp):
-                                raise SystemExit(f"{op.name} {f} {k}: planner plan differs")
+                        if k in PLANNER_RANKINGS:  # what the planner plans is measured
+                            fp = _planners(cat, run, f, k, fp)
                         row["rankings"][k] = kl(fp, k)
                     # "utility:unit": the planner's own plan (operators planned in groups)
                     for pv in (planner_variants if full.unit != "expert_block" else ()):
@@ -304,6 +330,37 @@ class Study:
 
     def _save(self, out: dict[str, Any]) -> None:
         (self.root / f"ranking-{self.name}.json").write_text(json.dumps(out, indent=2) + "\n")
+
+
+def _planners(cat: Catalog, run: OperatorRun, budget: float, utility: str, study: Plan) -> Plan:
+    """`study` (the study's first-fit order of `utility` at `budget`) when the planner plans
+    the same blocks, else the planner's own plan ((expert, block) units). They differ when some
+    blocks of a tensor are not candidates (ties' trim, rows the fine-tunes left alone): the
+    study's shares are over the candidates, the planner's over the whole (expert, tensor)
+    delta."""
+    req = run.request(budget)
+    plan = make_plan(cat, replace(req, params={**req.params, "utility": utility,
+                                               "unit": "expert_block"}))
+    if _keys(plan) == _keys(study):
+        return study
+    print(f"  {run.op.name} {budget} {utility}: the planner's plan differs from the study's "
+          "order; measuring the planner's", flush=True)
+    return plan
+
+
+def family_spreads(roots: list[Path], families: list[str]) -> dict[str, float | None]:
+    """Each family's delta spread (utility=auto's statistic over its experts), from the first
+    of `roots` that holds its catalog (ranking-<family>/catalog.duckdb)."""
+    out: dict[str, float | None] = {}
+    for fam in families:
+        path = next((p for r in roots if (p := r / f"ranking-{fam}" / "catalog.duckdb").exists()),
+                    None)
+        if path is None:
+            continue
+        with Catalog(path) as cat, cat.reader() as conn:
+            experts = [m.name for m in list_models(conn) if m.base is not None and m.has_stats]
+            out[fam] = knapsack.delta_spread(conn, experts)
+    return out
 
 
 def _g(x: float) -> str:
@@ -374,11 +431,19 @@ def main() -> None:
                    help="tables of DIR's results (DIR: comma-separated directories, pooled)")
     p.add_argument("--verdict", default="",
                    help="with --render: the done-when summary of these operators instead")
+    p.add_argument("--auto", action="store_true",
+                   help="with --verdict: add utility=auto's plans (\"auto\"), chosen by each "
+                        "family's delta spread from DIR's catalogs")
     a = p.parse_args()
     if a.render:
         roots = [Path(d).absolute() for d in a.dir.split(",")]
-        print(summary(load(roots, list(FAMILIES)), a.verdict.split(",")) if a.verdict
-              else render(roots, list(FAMILIES)))
+        results = load(roots, list(FAMILIES))
+        ops = a.verdict.split(",")
+        if a.auto:
+            spreads = family_spreads(roots, list(results))
+            for op in ops:
+                add_auto(results, op, REGISTRY[op].auto_utility, spreads, FLAT_SPREAD)
+        print(summary(results, ops) if a.verdict else render(roots, list(FAMILIES)))
         return
     root = Path(a.dir).absolute()
     ops = [o for o in OPERATORS if o.name in a.operators.split(",")]

@@ -280,9 +280,11 @@ LAMBDA = Param("lambda", float, 1.0, help="scale of the merged delta")
 # omitted energy share, a quadratic model of the output change (docs/catalog.md#rankings).
 # region_energy: that share times sqrt(k) - sqrt(k - 1), k the unit's rank by a_u among the
 # experts of its output region (tensor, block): the disjoint means' version.
+# auto: the operator's (flat, peaked) pair by the spread of the experts' updates over their
+# tensors (planner.plan.resolve_utility).
 UTILITY = Param("utility", str, "l2", ("l2", "per_tensor", "coverage", "stratified",
                                        "tensor_energy", "region_energy", "activation",
-                                       "fisher"),
+                                       "fisher", "auto"),
                 help="the planner's block ranking")
 # The dtype the arithmetic runs in, and whose arithmetic: native (float32 fused kernels) or
 # mergekit's operation by operation (a mergekit config). Kept only when not the default.

@@ -201,6 +201,15 @@ def trim_grid_rows(conn: Connection) -> list[tuple[Any, ...]]:
     return conn.execute(load_sql("planner_trim_grid")).tuples()
 
 
+def delta_spread(conn: Connection, models: Sequence[str]) -> float | None:
+    """utility=auto's statistic over `models` (experts with statistics): the median over them of
+    the coefficient of variation of their update's per-entry RMS across tensors, to 6 decimals
+    (DuckDB and PostgreSQL round its last bits apart, and it must choose alike on both); None
+    when none of them changes a tensor."""
+    v = conn.execute(load_sql("planner_delta_spread"), {"models": list(models)}).scalar_one()
+    return None if v is None else round(float(v), 6)
+
+
 def content_digest(conn: Connection, model: str) -> str:
     """sha256 of a model's block content hashes in checkpoint order."""
     return str(conn.execute(load_sql("planner_content_digest"), {"model": model}).scalar_one())

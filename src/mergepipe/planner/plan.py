@@ -35,6 +35,12 @@ from mergepipe.planner.weights import rank_weights, trim_indexes, trim_k
 
 register_sql_package("mergepipe.planner")
 
+# utility=auto: experts whose update's per-entry RMS varies across their tensors by a
+# coefficient of variation under this (median over the experts) have flat updates
+# (knapsack.delta_spread; measured 0.11-0.16 on brief low-rate fine-tunes, 0.29-0.36 on
+# longer ones: docs/FIDELITY.md, "The regime rule")
+FLAT_SPREAD = 0.22
+
 FALLBACK_ORDER = ("whole tensors, ranked after every block of the experts with statistics, "
                   "in checkpoint order (tensor ordinal, then expert position)")
 
@@ -151,6 +157,8 @@ class Plan:
     # utility=activation or fisher: the calibration ranked with (catalog.calibrations.CalibrationRow's
     # dict); None otherwise
     calibration: dict[str, Any] | None = None
+    # utility=auto: the ranking it chose and why (resolve_utility's dict); None otherwise
+    ranking: dict[str, Any] | None = None
     # the planner's catalog rows of `blocks` (None: a plan rebuilt from a record or made by hand)
     block_rows: BlockRows | None = field(default=None, repr=False, compare=False)
 
@@ -207,7 +215,7 @@ class Plan:
             tensor_params={(v["model"], v["tensor"]): {k: float(v[k]) for k in TENSOR_PARAMS
                                                        if k in v}
                            for v in doc.get("tensor_params") or []},
-            calibration=doc.get("calibration"))
+            calibration=doc.get("calibration"), ranking=doc.get("ranking"))
 
     def summary(self) -> dict[str, Any]:
         """The plan report (CLI --json, POST /v1/plans, the merge manifest)."""
@@ -241,6 +249,7 @@ class Plan:
             **({"tensor_params": tensor_value_rows(self.tensor_params)}
                if self.tensor_params else {}),
             **({"calibration": self.calibration} if self.calibration is not None else {}),
+            **({"ranking": self.ranking} if self.ranking is not None else {}),
         }
 
 
@@ -294,21 +303,47 @@ def empty_plan_error(budget_bytes: int, cheapest: int) -> InvalidRequest:
         f"{cheapest}B", field="budget")
 
 
-def _candidates(conn: Connection, request: MergeRequest
-                ) -> tuple[ModelInfo, list[ModelInfo], Resolved, Calibration | None, str, int]:
-    """Load the request and build its ranked candidate units: (base, experts, per-tensor
-    values, the calibration ranked with (utility=activation), planning unit, C_full)."""
+@dataclass(frozen=True)
+class Candidates:
+    """What building a request's ranked candidate units found out (`_candidates`)."""
+
+    base: ModelInfo
+    experts: list[ModelInfo]
+    resolved: Resolved  # the per-tensor values
+    calibration: Calibration | None  # the one ranked with (utility=activation, fisher)
+    unit: str  # the planning unit
+    full_read: int  # C_full
+    ranking: dict[str, Any] | None  # how utility=auto chose (resolve_utility)
+
+
+def resolve_utility(conn: Connection, request: MergeRequest, experts: list[ModelInfo]
+                    ) -> tuple[str, dict[str, Any] | None]:
+    """The ranking the request plans with, and (utility=auto) how it was chosen: the spec's
+    flat ranking when the experts' delta spread is below FLAT_SPREAD, else its peaked one."""
+    utility = str(request.params.get("utility", request.spec.default_utility))
+    if utility != "auto":
+        return utility, None
+    flat, peaked = request.spec.auto_utility
+    spread = (knapsack.delta_spread(conn, [m.name for m in experts if m.has_stats])
+              if flat != peaked else None)
+    chosen = flat if spread is not None and spread < FLAT_SPREAD else peaked
+    return chosen, {"utility": chosen, "delta_spread": spread, "flat_below": FLAT_SPREAD,
+                    "regime": "flat" if chosen == flat else "peaked"}
+
+
+def _candidates(conn: Connection, request: MergeRequest) -> Candidates:
+    """Load the request and build its ranked candidate units."""
     base, models = load_models(conn, request)
     resolved = resolve_request(request, knapsack.base_tensors(conn, base.name)
                                if request.params.get("tensor_params") else [])
-    utility = str(request.params.get("utility", request.spec.default_utility))
+    utility, ranking = resolve_utility(conn, request, models)
     cal = _calibration(conn, base.name, utility) if utility in ACTIVATION_UTILITIES else None
     knapsack.load_request(conn, models, rank_weights(request), trim_indexes(request),
                           utility, resolved.rows, cal)
     unit = request.planning_unit
-    return (base, models, resolved, cal, unit,
-            knapsack.build_candidates(conn, PLANNING_UNITS[unit], utility,
-                                      fallback=not all(m.has_stats for m in models)))
+    full_read = knapsack.build_candidates(conn, PLANNING_UNITS[unit], utility,
+                                          fallback=not all(m.has_stats for m in models))
+    return Candidates(base, models, resolved, cal, unit, full_read, ranking)
 
 
 def _calibration(conn: Connection, base: str, utility: str) -> Calibration:
@@ -351,10 +386,10 @@ def check_budget_reads(cat: Catalog, request: MergeRequest) -> None:
     """Refuse (InvalidRequest) a budget under the cheapest candidate unit, before a merge is
     queued: its plan would read no expert byte. Builds the candidates only (no knapsack)."""
     with cat.reader() as conn:
-        *_, unit, full_read = _candidates(conn, request)
-        budget = request.budget.resolve(full_read)
-        cheapest = (knapsack.cheapest_unit(conn, PLANNING_UNITS[unit] is not None)
-                    if full_read else None)
+        c = _candidates(conn, request)
+        budget = request.budget.resolve(c.full_read)
+        cheapest = (knapsack.cheapest_unit(conn, PLANNING_UNITS[c.unit] is not None)
+                    if c.full_read else None)
     if cheapest is not None and budget < cheapest:
         raise empty_plan_error(budget, cheapest)
 
@@ -363,7 +398,9 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     """Validate `request` against the catalog and choose its access set under the budget."""
     t0 = time.perf_counter()
     with cat.reader() as conn:
-        base, models, resolved, cal, unit, full_read = _candidates(conn, request)
+        c = _candidates(conn, request)
+        base, models, resolved, cal, unit, full_read = (c.base, c.experts, c.resolved,
+                                                         c.calibration, c.unit, c.full_read)
         budget = request.budget.resolve(full_read)
         grouped = PLANNING_UNITS[unit] is not None
         planned = knapsack.select(conn, budget, grouped=grouped)
@@ -419,5 +456,5 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
         omission_bound_l2=bound_l2, planning_seconds=time.perf_counter() - t0, unit=unit,
         tensor_params=resolved.values, min_useful_bytes=min_useful,
         update_bound_l2=update_l2,
-        calibration=None if cal is None else cal.row.to_dict(),
+        calibration=None if cal is None else cal.row.to_dict(), ranking=c.ranking,
         block_rows=BlockRows(str(cat.location), {m.name: m.created_at for m in models}, read))

@@ -101,6 +101,7 @@ def print_plan(s: dict[str, Any]) -> None:
     if s["fallback_experts"]:
         print(f"  fallback        {', '.join(s['fallback_experts'])}: no statistics, planned as "
               f"{s['fallback_order']}")
+    print_ranking(s.get("ranking"))
     print(f"  planning        {s['planning_seconds'] * 1000:.1f} ms")
     if s.get("strategy"):
         print_strategy(s["strategy"])
@@ -116,6 +117,17 @@ def print_plan(s: dict[str, Any]) -> None:
         print("executed terms: the stored merge times c and the changed experts")
     print_table(["expert", "kind", "weight", "density", "alpha", "blocks", "planned",
                  "full read", "ratio", "fallback"], rows)
+
+
+def print_ranking(rk: dict[str, Any] | None) -> None:
+    """The ranking utility=auto chose, and the spread it chose by (docs/catalog.md#rankings);
+    nothing for a plan with an explicit (or a fixed default) ranking."""
+    if rk is None:
+        return
+    spread = rk["delta_spread"]
+    print(f"  ranking         {rk['utility']} (utility=auto: {rk['regime']} updates"
+          + ("" if spread is None else
+             f", delta spread {spread:.3g}, flat below {rk['flat_below']:g}") + ")")
 
 
 def print_strategy(st: dict[str, Any]) -> None:

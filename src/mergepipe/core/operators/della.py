@@ -87,11 +87,11 @@ SPEC = OperatorSpec(
     formula="M = B + lambda * disjoint_mean_i(w_i magprune(D_i; density_i, epsilon))",
     kernel=della, normalize_default=True, additive=False, density=True,
     params=(EPSILON, RESCALE), check=check, min_ndim=1,  # magprune ranks within rows
-    # (expert, block) units ranked stratified: below random plans of equal bytes in 26 of 30
-    # cells on six families; region_energy won all 25 on the five Llama families but lost
-    # every budget on the held-out GPT-NeoX one (docs/FIDELITY.md, "Default rankings, third
-    # pass: della")
-    default_utility="stratified",
+    # (expert, block) units ranked by the regime rule: per_tensor for flat updates, else
+    # region_energy (the disjoint mean's output change); below random plans of equal bytes in
+    # 50 of 55 cells of eleven families (four held out), with the lowest mean KL at 0.3 / 0.5
+    # (docs/FIDELITY.md, "The regime rule")
+    default_utility="auto", auto_utility=("per_tensor", "region_energy"),
     not_incremental=("della elects each entry's sign over all experts together: one expert more "
                      "can flip signs everywhere"),
     mergekit=MergekitMethod("della", params=MERGEKIT_PARAMS, translate=rescale_from_mergekit),

@@ -32,7 +32,9 @@ SPEC = OperatorSpec(
     name="linear", title="linear (weighted average)",
     formula="M = B + lambda * sum_i (w_i / sum_j w_j) D_i",
     kernel=linear, normalize_default=True, additive=True,
-    default_utility="per_tensor",  # measured: below random plans (docs/FIDELITY.md)
+    # per_tensor in both regimes: below random plans of equal bytes in all 55 cells of eleven
+    # families (docs/FIDELITY.md, "The regime rule")
+    default_utility="per_tensor", auto_utility=("per_tensor", "per_tensor"),
     not_incremental=None,
     params=(Param("renormalize", str, "fixed", ("fixed", "selected"),
                   "selected: divide by the weights of the experts read for each block"),),

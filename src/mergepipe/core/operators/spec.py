@@ -98,8 +98,13 @@ class OperatorSpec:
     # (sign-electing / normalizing operators, whose output depends on which experts were read)
     planning_unit: str = "expert_block"
     # the planner's default block ranking (core.schema.UTILITY): "l2" = |alpha_i| ||D_itb|| per
-    # byte; "per_tensor" divides by ||D_it|| so every tensor's share counts, not its scale
+    # byte; "per_tensor" divides by ||D_it|| so every tensor's share counts, not its scale;
+    # "auto": one of auto_utility, by how the experts' updates spread over their tensors
     default_utility: str = "l2"
+    # utility=auto's rankings (flat, peaked): flat where each expert's per-entry update is about
+    # the same in every tensor, so block norms tell little about where it matters (the planner
+    # measures that spread from the catalog: planner.plan.resolve_utility); peaked otherwise
+    auto_utility: tuple[str, str] = ("per_tensor", "l2")
     # None: M - B is a fixed-coefficient sum of per-expert terms (each term a function of one
     # expert), so a stored merge can be extended by the changed experts alone
     # (planner.incremental); else why it cannot

@@ -26,11 +26,11 @@ SPEC = OperatorSpec(
     name="task_arithmetic", title="task arithmetic",
     formula="M = B + lambda * sum_i w_i D_i",
     kernel=task_arithmetic, normalize_default=False, additive=True,
-    # per_tensor: greedy of the summed share of each (expert, tensor) delta kept; over seven
-    # families it ties tensor_energy on cells beating random plans of equal bytes (32 of 35)
-    # with the lower mean at 0.3 / 0.5, and its three misses are within 8% of the random
-    # median at 0.1 where tensor_energy's are 15-150% above it (docs/FIDELITY.md)
-    default_utility="per_tensor",
+    # ranked by the regime rule: per_tensor (the summed share of each (expert, tensor) delta
+    # kept) for flat updates, else tensor_energy (a quadratic model of a sum's output
+    # change); below random plans of equal bytes in 52 of 55 cells of eleven families (four
+    # held out), with the lowest mean KL at 0.3 / 0.5 (docs/FIDELITY.md, "The regime rule")
+    default_utility="auto", auto_utility=("per_tensor", "tensor_energy"),
     not_incremental=None,
     mergekit=MergekitMethod("task_arithmetic", params={"normalize": "normalize",
                                                        "lambda": "lambda", "rescale": None}),

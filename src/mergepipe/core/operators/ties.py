@@ -96,9 +96,11 @@ SPEC = OperatorSpec(
     whole_tensor_for=whole_tensor_for, check=_check,
     # (expert, block) units: on both fidelity families they kept TIES closer to the full merge
     # than coherent groups (docs/FIDELITY.md, "Planning units"); unit=group opts in. Ranked
-    # stratified (every output region its top expert first): the only ranking below random
-    # plans of equal bytes at every budget on three families (docs/FIDELITY.md, issue 31)
-    default_utility="stratified",
+    # by the regime rule, as della: per_tensor for flat updates, else region_energy (the
+    # disjoint mean's output change); over eleven families (four held out) below random plans
+    # of equal bytes in 51 of 55 cells, with the lowest mean KL at 0.3 / 0.5
+    # (docs/FIDELITY.md, "The regime rule")
+    default_utility="auto", auto_utility=("per_tensor", "region_energy"),
     not_incremental=("TIES trims each expert at its own magnitude threshold and elects each "
                      "entry's sign over all experts together: one expert more can flip signs "
                      "everywhere"),

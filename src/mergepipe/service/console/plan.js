@@ -58,12 +58,21 @@ function readExperts(box) {
     });
 }
 
+// The ranking the plan ordered blocks by: the one utility=auto chose and why, or the one asked for.
+function rankingText(p) {
+  const r = p.ranking;
+  if (!r) return p.params.utility || "the operator's default";
+  const spread = r.delta_spread === null ? "" : `, delta spread ${num(r.delta_spread)} (flat below ${num(r.flat_below)})`;
+  return `${r.utility} (auto: ${r.regime} updates${spread})`;
+}
+
 function planFacts(p) {
   return h("dl", {class: "facts", id: "plan-facts"},
     h("dt", {}, "Budget"), h("dd", {id: "plan-budget"}, `${bytes(p.budget_bytes)} (${int(p.budget_bytes)} bytes)`),
     h("dt", {}, "Planned expert bytes"), h("dd", {id: "plan-bytes"}, `${bytes(p.planned_expert_bytes)} (${int(p.planned_expert_bytes)} bytes) = ${pct(p.touched_ratio)} of the full read`),
     h("dt", {}, "Full read"), h("dd", {id: "plan-full"}, `${bytes(p.full_read_bytes)} (${int(p.full_read_bytes)} bytes)`),
     h("dt", {}, "Blocks"), h("dd", {}, `${int(p.selected_blocks)} of ${int(p.candidate_blocks)} candidates`),
+    h("dt", {}, "Ranking"), h("dd", {id: "plan-ranking"}, rankingText(p)),
     h("dt", {}, "Omission bound"), h("dd", {id: "plan-bound"}, boundText(p)),
     h("dt", {}, "Predicted deviation"), h("dd", {id: "plan-deviation"}, deviationText(p)),
     h("dt", {}, "Plan hash"), h("dd", {}, h("code", {}, p.plan_hash.slice(0, 16))),
