@@ -83,7 +83,7 @@ def test_auto_on_an_operator_with_one_ranking_for_both_regimes_reads_no_spread(
     assert REGISTRY["linear"].default_utility == "per_tensor"
     plan = _plan(family, "linear", "f0,p0", utility="auto")
     assert plan.ranking == {"utility": "per_tensor", "delta_spread": None,
-                            "flat_below": FLAT_SPREAD, "regime": "flat"}
+                            "flat_below": FLAT_SPREAD, "regime": None}
     assert _plan(family, "linear", "f0,p0").ranking is None  # its default is not auto
 
 
@@ -102,3 +102,13 @@ def test_the_plan_report_says_which_ranking_auto_chose(family: Catalog,
     line = next(s for s in capsys.readouterr().out.splitlines() if "ranking" in s)
     assert line.split() == ["ranking", "region_energy", "(utility=auto:", "peaked", "updates,",
                             "delta", "spread", "0.25,", "flat", "below", f"{FLAT_SPREAD:g})"]
+
+
+def test_auto_without_a_spread_takes_the_peaked_ranking_and_says_so(
+        family: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = _plan(family, "della", "quiet")  # no expert changes a tensor: nothing to measure
+    assert plan.ranking == {"utility": "region_energy", "delta_spread": None,
+                            "flat_below": FLAT_SPREAD, "regime": None}
+    assert plan.full_read_bytes == 0 and not plan.blocks
+    print_plan(plan.summary())
+    assert "ranking         region_energy (utility=auto)" in capsys.readouterr().out

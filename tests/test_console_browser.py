@@ -180,7 +180,7 @@ def check_plan_explorer(page: Any, api: Api, shots: Path) -> dict[str, Any]:
     assert math.isclose(bound[-1], plan["omission_bound"], rel_tol=1e-3)
     # task_arithmetic's default, auto, says which ranking it chose
     assert page.inner_text("#plan-ranking").startswith(f"{plan['ranking']['utility']} (auto: "
-                                                       f"{plan['ranking']['regime']} updates")
+                                                       f"{plan['ranking']['regime']} updates,")
     planned_cells = cells(page, "#plan-heatmap")
     assert planned_cells == {(c["model"], c["tensor"]): c["share"] for c in plan["tensors"]}
     shoot(page, shots, "plan-explorer", full_page=True)

@@ -37,7 +37,7 @@ register_sql_package("mergepipe.planner")
 
 # utility=auto: experts whose update's per-entry RMS varies across their tensors by a
 # coefficient of variation under this (median over the experts) have flat updates
-# (knapsack.delta_spread; measured 0.11-0.16 on brief low-rate fine-tunes, 0.29-0.36 on
+# (knapsack.delta_spread; measured 0.11-0.16 on brief low-rate fine-tunes, 0.27-0.42 on
 # longer ones: docs/FIDELITY.md, "The regime rule")
 FLAT_SPREAD = 0.22
 
@@ -319,16 +319,19 @@ class Candidates:
 def resolve_utility(conn: Connection, request: MergeRequest, experts: list[ModelInfo]
                     ) -> tuple[str, dict[str, Any] | None]:
     """The ranking the request plans with, and (utility=auto) how it was chosen: the spec's
-    flat ranking when the experts' delta spread is below FLAT_SPREAD, else its peaked one."""
+    flat ranking when the experts' delta spread is below FLAT_SPREAD, else its peaked one.
+    The spread is not read when both are the same ranking; without a spread (that, or no
+    expert changes a tensor) the regime is None."""
     utility = str(request.params.get("utility", request.spec.default_utility))
     if utility != "auto":
         return utility, None
     flat, peaked = request.spec.auto_utility
     spread = (knapsack.delta_spread(conn, [m.name for m in experts if m.has_stats])
               if flat != peaked else None)
-    chosen = flat if spread is not None and spread < FLAT_SPREAD else peaked
+    regime = None if spread is None else "flat" if spread < FLAT_SPREAD else "peaked"
+    chosen = flat if regime == "flat" or flat == peaked else peaked
     return chosen, {"utility": chosen, "delta_spread": spread, "flat_below": FLAT_SPREAD,
-                    "regime": "flat" if chosen == flat else "peaked"}
+                    "regime": regime}
 
 
 def _candidates(conn: Connection, request: MergeRequest) -> Candidates:

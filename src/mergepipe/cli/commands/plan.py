@@ -124,10 +124,9 @@ def print_ranking(rk: dict[str, Any] | None) -> None:
     nothing for a plan with an explicit (or a fixed default) ranking."""
     if rk is None:
         return
-    spread = rk["delta_spread"]
-    print(f"  ranking         {rk['utility']} (utility=auto: {rk['regime']} updates"
-          + ("" if spread is None else
-             f", delta spread {spread:.3g}, flat below {rk['flat_below']:g}") + ")")
+    why = ("" if rk["regime"] is None else f": {rk['regime']} updates, delta spread "
+           f"{rk['delta_spread']:.3g}, flat below {rk['flat_below']:g}")
+    print(f"  ranking         {rk['utility']} (utility=auto{why})")
 
 
 def print_strategy(st: dict[str, Any]) -> None:

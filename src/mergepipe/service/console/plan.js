@@ -62,8 +62,8 @@ function readExperts(box) {
 function rankingText(p) {
   const r = p.ranking;
   if (!r) return p.params.utility || "the operator's default";
-  const spread = r.delta_spread === null ? "" : `, delta spread ${num(r.delta_spread)} (flat below ${num(r.flat_below)})`;
-  return `${r.utility} (auto: ${r.regime} updates${spread})`;
+  const why = r.regime === null ? "" : `: ${r.regime} updates, delta spread ${num(r.delta_spread)} (flat below ${num(r.flat_below)})`;
+  return `${r.utility} (auto${why})`;
 }
 
 function planFacts(p) {
