@@ -19,7 +19,8 @@ regime rule): 56 lines. The 12 default requests of each of task_arithmetic, ties
 plan what auto chooses on this catalog's peaked updates (tensor_energy, region_energy,
 region_energy); the 20 explicit requests of those operators and dare_ties whose ranking was
 the default (per_tensor, stratified, l2) change only their hash, that ranking being no longer
-the default. dare_ties' default requests are unchanged (auto chooses l2 here)."""
+the default. dare_ties' default requests are unchanged (auto chooses l2 here), and so are
+breadcrumbs_ties' when auto became its default too (all 340 lines the same)."""
 
 from __future__ import annotations
 

@@ -55,7 +55,8 @@ def _plan(cat: Catalog, op: str, experts: str, **params: Any) -> Any:
                                         params={**density, **params}, budget="0.5"))
 
 
-@pytest.mark.parametrize("op", ["task_arithmetic", "ties", "dare_ties", "della"])
+@pytest.mark.parametrize("op", ["task_arithmetic", "ties", "dare_ties", "della",
+                                "breadcrumbs_ties"])
 @pytest.mark.parametrize(("experts", "regime"), [("f0,f1", "flat"), ("f0,p0", "peaked"),
                                                  ("p0", "peaked")])
 def test_auto_plans_what_the_ranking_it_chose_plans(family: Catalog, op: str, experts: str,
@@ -89,9 +90,10 @@ def test_auto_on_an_operator_with_one_ranking_for_both_regimes_reads_no_spread(
 
 def test_auto_on_an_operator_without_a_measured_pair_is_per_tensor_or_l2(
         family: Catalog) -> None:
-    assert REGISTRY["breadcrumbs_ties"].auto_utility == ("per_tensor", "l2")
-    flat = _plan(family, "breadcrumbs_ties", "f0,f1", utility="auto")
-    peaked = _plan(family, "breadcrumbs_ties", "p0", utility="auto")
+    assert REGISTRY["dare_linear"].auto_utility == ("per_tensor", "l2")
+    assert REGISTRY["dare_linear"].default_utility == "l2"
+    flat = _plan(family, "dare_linear", "f0,f1", utility="auto")
+    peaked = _plan(family, "dare_linear", "p0", utility="auto")
     assert (flat.ranking or {}).get("utility") == "per_tensor"
     assert (peaked.ranking or {}).get("utility") == "l2"
 

@@ -96,7 +96,7 @@ def test_sparse_operators_full_budget_is_the_standard_merge(fam: tuple[Catalog, 
 @pytest.mark.parametrize(("op", "params", "utility", "unit"), [
     ("linear", {}, "per_tensor", "expert_block"),
     ("task_arithmetic", {}, "auto", "expert_block"),
-    ("breadcrumbs_ties", {"density": 0.5}, "l2", "expert_block"),
+    ("breadcrumbs_ties", {"density": 0.5}, "auto", "expert_block"),
     ("ties", {"density": 0.5}, "auto", "expert_block"),
     ("dare_ties", {"density": 0.5}, "auto", "expert_block"),
     ("della", {"density": 0.5}, "auto", "expert_block")])
@@ -130,7 +130,7 @@ def test_operator_listing_gives_each_operator_its_default_ranking() -> None:
     from mergepipe.service.routes.operators import operator_out
     for op, utility in (("ties", "auto"), ("della", "auto"), ("linear", "per_tensor"),
                         ("task_arithmetic", "auto"), ("dare_ties", "auto"),
-                        ("breadcrumbs_ties", "l2")):
+                        ("breadcrumbs_ties", "auto")):
         params = {p["name"]: p for p in operator_out(REGISTRY[op])["params"]}
         assert params["utility"]["default"] == utility
         assert params["unit"]["default"] == REGISTRY[op].planning_unit

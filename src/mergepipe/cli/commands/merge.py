@@ -92,10 +92,11 @@ def params_help() -> str:
                           f"default {str(default).lower() if isinstance(default, bool) else default}"
                           for (choices, default), ops in by.items())
         parts.append(f"{name} ({where})" + (f": {helps[name]}" if len(by) == 1 else ""))
+    auto = dict.fromkeys(s.name for s in REGISTRY.values() if s.default_utility == "auto")
     parts.append("utility=l2|per_tensor|coverage|stratified|tensor_energy|region_energy|"
                  "activation|fisher|auto: the planner's block ranking (activation, fisher: "
                  "after mergepipe calibrate BASE; auto: by the spread of the updates, the "
-                 "default of task_arithmetic, ties, dare_ties and della)")
+                 f"default of {', '.join(auto)})")
     return "operator parameter, repeatable: " + "; ".join(parts)
 
 
