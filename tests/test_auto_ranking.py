@@ -12,7 +12,7 @@ from mergepipe.cli.commands.plan import print_plan
 from mergepipe.core.operators.registry import REGISTRY
 from mergepipe.core.request import build_request
 from mergepipe.planner import knapsack
-from mergepipe.planner.plan import FLAT_SPREAD, make_plan
+from mergepipe.planner.plan import FLAT_SPREAD, auto_ranking, make_plan
 from tests.planner_rows import Blk, Model, Ten, add_model, base_like
 
 # numel = bytes / 2 (planner_rows writes BF16): per-entry RMS of a tensor = l2 / sqrt(numel).
@@ -114,3 +114,12 @@ def test_auto_without_a_spread_takes_the_peaked_ranking_and_says_so(
     assert plan.full_read_bytes == 0 and not plan.blocks
     print_plan(plan.summary())
     assert "ranking         region_energy (utility=auto)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("spread", "want"), [
+    (0.0, ("per_tensor", "flat")), (FLAT_SPREAD - 1e-6, ("per_tensor", "flat")),
+    (FLAT_SPREAD, ("l2", "peaked")), (2.0, ("l2", "peaked")), (None, ("l2", None))])
+def test_auto_ranking_is_flat_strictly_below_the_threshold(
+        spread: float | None, want: tuple[str, str | None]) -> None:
+    assert auto_ranking(("per_tensor", "l2"), spread) == want
+    assert auto_ranking(("stratified", "stratified"), spread)[0] == "stratified"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mergepipe.planner.plan import FLAT_SPREAD, auto_ranking
 from mergepipe_bench.fidelity.ranking_verdict import add_auto, load, verdict
 
 
@@ -96,8 +97,11 @@ def test_runs_with_other_seeds_pool_their_random_plans(tmp_path: Path) -> None:
 
 def test_auto_takes_each_familys_flat_or_peaked_ranking() -> None:
     res = _results()
-    # toy peaked (spread 0.3): l2's plans; realistic flat (0.1): per_tensor's
-    add_auto(res, "dare_ties", ("per_tensor", "l2"), {"toy": 0.3, "realistic": 0.1}, 0.22)
+    # toy peaked (spread 0.3): l2's plans; realistic flat (0.1): per_tensor's (the planner's
+    # own choice under its threshold, 0.22)
+    assert FLAT_SPREAD == 0.22
+    choose = lambda s: auto_ranking(("per_tensor", "l2"), s)[0]  # noqa: E731
+    add_auto(res, "dare_ties", choose, {"toy": 0.3, "realistic": 0.1})
     v = verdict(res, "dare_ties", "auto")
     got = {(c.family, c.budget): c.default for c in v.cells}
     assert got == {("toy", "0.1"): 0.5, ("toy", "0.3"): 0.2, ("toy", "0.5"): 0.05,
@@ -107,6 +111,6 @@ def test_auto_takes_each_familys_flat_or_peaked_ranking() -> None:
     assert v.mid_mean["auto"] == pytest.approx((0.2 * 0.05 * 0.1 * 0.001) ** 0.25)
     # a family without a spread gets no auto plan: the verdict refuses it as not measured
     res = _results()
-    add_auto(res, "dare_ties", ("per_tensor", "l2"), {"toy": 0.3}, 0.22)
+    add_auto(res, "dare_ties", choose, {"toy": 0.3})
     with pytest.raises(KeyError, match="auto"):
         verdict(res, "dare_ties", "auto")

@@ -33,7 +33,7 @@ from mergepipe.catalog.ingest import ingest_model
 from mergepipe.catalog.models import list_models
 from mergepipe.core.operators.registry import REGISTRY
 from mergepipe.planner import knapsack
-from mergepipe.planner.plan import FLAT_SPREAD, Plan, make_plan
+from mergepipe.planner.plan import Plan, auto_ranking, make_plan
 from mergepipe_bench.fidelity.family import FamilySpec, build_family
 from mergepipe_bench.fidelity.model import ModelSize, TrainSpec
 from mergepipe_bench.fidelity.random_plan import Candidate, _first_fit, candidates, random_plan
@@ -442,7 +442,8 @@ def main() -> None:
         if a.auto:
             spreads = family_spreads(roots, list(results))
             for op in ops:
-                add_auto(results, op, REGISTRY[op].auto_utility, spreads, FLAT_SPREAD)
+                pair = REGISTRY[op].auto_utility
+                add_auto(results, op, lambda s, pair=pair: auto_ranking(pair, s)[0], spreads)
         print(summary(results, ops) if a.verdict else render(roots, list(FAMILIES)))
         return
     root = Path(a.dir).absolute()

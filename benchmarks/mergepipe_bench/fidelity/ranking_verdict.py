@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,18 +145,18 @@ def load(dirs: list[Path], families: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def add_auto(results: dict[str, dict[str, Any]], operator: str, pair: tuple[str, str],
-             spreads: dict[str, float | None], flat_below: float) -> None:
+def add_auto(results: dict[str, dict[str, Any]], operator: str,
+             choose: Callable[[float], str], spreads: dict[str, float | None]) -> None:
     """Give every row of `operator` the plan utility=auto makes there, as the ranking "auto":
-    the row's plan of pair[0] (flat) where the family's delta spread is below `flat_below`,
-    else of pair[1] (peaked); a family without a spread, or a row without that ranking, gets
-    none (the verdict then refuses "auto" as not measured everywhere)."""
+    the row's plan of the ranking `choose` (the planner's choice) gives for the family's delta
+    spread; a family without a spread, or a row without that ranking, gets none (the verdict
+    then refuses "auto" as not measured everywhere)."""
     for fam, res in results.items():
         spread = spreads.get(fam)
         rec = res.get("operators", {}).get(operator)
         if rec is None or spread is None:
             continue
-        chosen = pair[0] if spread < flat_below else pair[1]
+        chosen = choose(spread)
         for row in rec["budgets"].values():
             if chosen in row["rankings"]:
                 row["rankings"]["auto"] = row["rankings"][chosen]

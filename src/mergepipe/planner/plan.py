@@ -316,6 +316,15 @@ class Candidates:
     ranking: dict[str, Any] | None  # how utility=auto chose (resolve_utility)
 
 
+def auto_ranking(pair: tuple[str, str], spread: float | None) -> tuple[str, str | None]:
+    """utility=auto's choice from an operator's (flat, peaked) pair and the experts' delta
+    spread: (ranking, regime). The regime is None without a spread (no expert changes a
+    tensor, or the pair is one ranking and the spread was not read): the peaked ranking."""
+    flat, peaked = pair
+    regime = None if spread is None else "flat" if spread < FLAT_SPREAD else "peaked"
+    return (flat if regime == "flat" or flat == peaked else peaked), regime
+
+
 def resolve_utility(conn: Connection, request: MergeRequest, experts: list[ModelInfo]
                     ) -> tuple[str, dict[str, Any] | None]:
     """The ranking the request plans with, and (utility=auto) how it was chosen: the spec's
@@ -328,8 +337,7 @@ def resolve_utility(conn: Connection, request: MergeRequest, experts: list[Model
     flat, peaked = request.spec.auto_utility
     spread = (knapsack.delta_spread(conn, [m.name for m in experts if m.has_stats])
               if flat != peaked else None)
-    regime = None if spread is None else "flat" if spread < FLAT_SPREAD else "peaked"
-    chosen = flat if regime == "flat" or flat == peaked else peaked
+    chosen, regime = auto_ranking((flat, peaked), spread)
     return chosen, {"utility": chosen, "delta_spread": spread, "flat_below": FLAT_SPREAD,
                     "regime": regime}
 
