@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mergepipe.planner.plan import FLAT_SPREAD, auto_ranking
 from mergepipe_bench.fidelity.ranking_verdict import add_auto, load, verdict
+
+from mergepipe.planner.plan import FLAT_SPREAD, auto_ranking
 
 
 def _row(rankings: dict[str, float], random: list[float], default: float) -> dict[str, Any]:
