@@ -442,8 +442,10 @@ def main() -> None:
         if a.auto:
             spreads = family_spreads(roots, list(results))
             for op in ops:
-                pair = REGISTRY[op].auto_utility
-                add_auto(results, op, lambda s, pair=pair: auto_ranking(pair, s)[0], spreads)
+                def choose(spread: float, pair: tuple[str, str] = REGISTRY[op].auto_utility
+                           ) -> str:
+                    return auto_ranking(pair, spread)[0]
+                add_auto(results, op, choose, spreads)
         print(summary(results, ops) if a.verdict else render(roots, list(FAMILIES)))
         return
     root = Path(a.dir).absolute()
