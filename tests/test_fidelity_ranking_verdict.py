@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mergepipe_bench.fidelity.ranking_verdict import add_auto, load, verdict
+from mergepipe_bench.fidelity.ranking_verdict import (
+    add_auto,
+    load,
+    spearman,
+    verdict,
+    weight_agreement,
+    weights_summary,
+)
 
 from mergepipe.planner.plan import FLAT_SPREAD, auto_ranking
 
@@ -115,3 +122,38 @@ def test_auto_takes_each_familys_flat_or_peaked_ranking() -> None:
     add_auto(res, "dare_ties", choose, {"toy": 0.3})
     with pytest.raises(KeyError, match="auto"):
         verdict(res, "dare_ties", "auto")
+
+
+def test_spearman_of_equal_and_reversed_orders() -> None:
+    a = {"x": 1.0, "y": 2.0, "z": 3.0, "w": 4.0}
+    assert spearman(a, {k: 10 * v for k, v in a.items()}) == pytest.approx(1.0)
+    assert spearman(a, {k: -v for k, v in a.items()}) == pytest.approx(-1.0)
+    # one swap of neighbours among 4: 1 - 6 * 2 / (4 * 15)
+    assert spearman(a, {"x": 1.0, "y": 3.0, "z": 2.0, "w": 4.0}) == pytest.approx(0.8)
+    assert spearman(a, {"x": 1.0}) == 0.0  # fewer than two common keys
+
+
+def _wplan(kl: float, rel: float, tensor: float) -> dict[str, float]:
+    return {"kl": kl, "rel_l2": rel, "tensor_rel": tensor}
+
+
+def test_weight_agreement_per_family_over_the_cells_with_weights() -> None:
+    random = [_wplan(0.5, 0.5, 0.5), _wplan(0.6, 0.6, 0.6), _wplan(0.7, 0.7, 0.7)]
+    res = {"copies": {"operators": {"ties": {"base_kl": 1.0, "budgets": {
+        # rel_l2 orders the plans as KL does; tensor_rel the other way round; l2 is closer
+        # than the random median (0.6) in tensor_rel and farther in KL (0.9 > 0.6)
+        "0.3": {"rankings": {"l2": _wplan(0.9, 0.9, 0.1), "per_tensor": _wplan(0.4, 0.4, 0.9)},
+                "random": random},
+        # no weights recorded (a run without --weights): left out
+        "0.5": {"rankings": {"l2": {"kl": 0.1}}, "random": [{"kl": 0.2}, {"kl": 0.3}]}}}}}}
+    (w,) = weight_agreement(res, "ties")
+    assert (w.family, w.operator) == ("copies", "ties")
+    assert w.spearman["rel_l2"] == (pytest.approx(1.0),)
+    # KL ranks: per_tensor 0, randoms 1-3, l2 4; tensor_rel ranks: l2 0, randoms 1-3,
+    # per_tensor 4: squared rank differences 16 + 16, 1 - 6 * 32 / (5 * 24) = -0.6
+    assert w.spearman["tensor_rel"] == (pytest.approx(-0.6),)
+    assert (w.closer_farther, w.rankings) == (1, 2)
+    assert weight_agreement(res, "dare_ties") == []
+    assert "| copies | ties | 1 | +1.00 [+1.00, +1.00] | -0.60 [-0.60, -0.60] | 1/2 |" in (
+        weights_summary(res, ["ties"]))
+

@@ -24,6 +24,7 @@ from mergepipe.evaluation.calibration import calibrate
 from mergepipe.planner.plan import make_plan
 from mergepipe_bench.fidelity.byte_tokenizer import save_byte_tokenizer
 from mergepipe_bench.fidelity.family import FamilySpec, build_family
+from mergepipe_bench.fidelity.ranking_verdict import spearman
 from mergepipe_bench.fidelity.run import Evaluator, OperatorSpec, _execute, machine
 from mergepipe_bench.fidelity.tasks import eval_set, task_examples
 
@@ -201,23 +202,12 @@ def _oracle(cfg: CalibrationConfig, cat: Catalog, ev: Evaluator, cands: list[Any
     print(f"    linear: leave-one-out KL of {len(cands)} blocks, {secs:.0f} s", flush=True)
     loo_order = {(c.model, c.tensor, c.block_index): -k / c.nbytes
                  for c, k in zip(cands, scores, strict=True)}
-    out["oracle"]["spearman"] = {u: _spearman(loo_order, {
+    out["oracle"]["spearman"] = {u: spearman(loo_order, {
         (b.model, b.tensor, b.block_index): b.rank for b in plan(1.0, u).blocks})
         for u in cfg.utilities}
     print(f"    rank correlation with the leave-one-out KL per byte: "
           f"{out['oracle']['spearman']}", flush=True)
     return scores
-
-
-def _spearman(a: dict[Any, float], b: dict[Any, float]) -> float:
-    """Spearman rank correlation of two orders over their common keys (ties by key order)."""
-    keys = sorted(set(a) & set(b))
-    if len(keys) < 2:
-        return 0.0
-    ra = {k: i for i, k in enumerate(sorted(keys, key=lambda k: (a[k], k)))}
-    rb = {k: i for i, k in enumerate(sorted(keys, key=lambda k: (b[k], k)))}
-    n = len(keys)
-    return 1 - 6 * sum((ra[k] - rb[k]) ** 2 for k in keys) / (n * (n * n - 1))
 
 
 def render(results: list[tuple[str, dict[str, Any]]], command: str) -> str:

@@ -86,6 +86,25 @@ def l2_deviation(full: dict[str, torch.Tensor], other: dict[str, torch.Tensor]
     return {"abs": diff ** 0.5, "rel": (diff / norm) ** 0.5}
 
 
+def weight_errors(plan: dict[str, torch.Tensor], full: dict[str, torch.Tensor],
+                  base: dict[str, torch.Tensor]) -> dict[str, float]:
+    """How far a budgeted merge's weights lie from the full merge's, over the tensors the full
+    merge changes: rel_l2 = ||M - M_full|| / ||M_full - B|| (one norm over all of them), and
+    tensor_rel = the mean over tensors of ||M_t - M_full,t||^2 / ||M_full,t - B_t||^2 (each
+    tensor's update weighing the same: the scale-free objective of tensor_energy)."""
+    err = upd = 0.0
+    shares = []
+    for k, m in full.items():
+        u = float((m.double() - base[k].double()).pow(2).sum()) if k in base else 0.0
+        if u == 0.0:
+            continue
+        e = float((plan[k].double() - m.double()).pow(2).sum())
+        err, upd = err + e, upd + u
+        shares.append(e / u)
+    return {"rel_l2": (err / upd) ** 0.5 if upd else 0.0,
+            "tensor_rel": sum(shares) / len(shares) if shares else 0.0}
+
+
 def additive_reference(base: dict[str, torch.Tensor], experts: list[dict[str, torch.Tensor]],
                        coefficients: list[float]) -> dict[str, torch.Tensor]:
     """M = B + sum_i alpha_i (E_i - B) in float32, straight from the checkpoints (no engine)."""

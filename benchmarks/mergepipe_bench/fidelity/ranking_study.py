@@ -5,8 +5,10 @@ against 8 random plans of at least as many bytes (the largest planned bytes of t
 
     python -m mergepipe_bench.fidelity.ranking_study --family toy --dir DIR
         [--operators linear,ties] [--budgets 0.1,0.3] [--rankings l2,coverage]
-        [--planner per_tensor:group,...] [--random N] [--seed0 S]
+        [--planner per_tensor:group,...] [--random N] [--seed0 S] [--weights]
     python -m mergepipe_bench.fidelity.ranking_study --dir DIR --render  # the tables
+    python -m mergepipe_bench.fidelity.ranking_study --dir DIR --render --verdict OPS --weights
+        # how well the plans' weight-space distances to the full merge order them by KL
 
 Families are trained once and cached under DIR (family-*, base-*); the catalog too
 (DIR/ranking-<family>/catalog.duckdb). Writes DIR/ranking-<family>.json.
@@ -34,10 +36,11 @@ from mergepipe.catalog.models import list_models
 from mergepipe.core.operators.registry import REGISTRY
 from mergepipe.planner import knapsack
 from mergepipe.planner.plan import Plan, auto_ranking, make_plan
+from mergepipe_bench.fidelity.evaluate import load_state, weight_errors
 from mergepipe_bench.fidelity.family import FamilySpec, build_family
 from mergepipe_bench.fidelity.model import ModelSize, TrainSpec
 from mergepipe_bench.fidelity.random_plan import Candidate, _first_fit, candidates, random_plan
-from mergepipe_bench.fidelity.ranking_verdict import add_auto, load, summary
+from mergepipe_bench.fidelity.ranking_verdict import add_auto, load, summary, weights_summary
 from mergepipe_bench.fidelity.run import Evaluator, OperatorRun, OperatorSpec, machine
 from mergepipe_bench.fidelity.tasks import eval_set
 from mergepipe_bench.fidelity.units import UnitsConfig, realistic_family, toy_family
@@ -259,7 +262,10 @@ class Study:
 
     def run(self, operators: list[OperatorSpec], budgets: list[float], names: list[str],
             n_random: int, out: dict[str, Any],
-            planner_variants: tuple[str, ...] = (), seed0: int = 1000) -> dict[str, Any]:
+            planner_variants: tuple[str, ...] = (), seed0: int = 1000,
+            weights: bool = False) -> dict[str, Any]:
+        """weights: record each plan's weight-space distance to the full merge too
+        (evaluate.weight_errors)."""
         torch.set_num_threads(self.cfg.threads)
         cat, info = self.catalog()
         experts = list(info["experts"])
@@ -267,12 +273,14 @@ class Study:
         fidelity_cfg: Any = replace(self.cfg, budgets=tuple(budgets))
         orders = {k: v for k, v in rankings().items() if k in names}
         base_lp, targets, _ = ev.measure(Path(info["base"]["path"]))
+        base_state = load_state(Path(info["base"]["path"])) if weights else {}
         with cat:
             for op in operators:
                 run = OperatorRun(fidelity_cfg, cat, ev, self.work / "merges", "base", experts, op)
                 full = make_plan(cat, run.request(1.0))
                 full_dir, _ = run.merge(full, "full")
                 full_lp, targets, _ = ev.measure(full_dir)
+                full_state = load_state(full_dir) if weights else {}
                 shutil.rmtree(full_dir, ignore_errors=True)
                 base_kl = ev.kl(full_lp, base_lp, targets)["answer"]
                 cands = candidates(cat, full)
@@ -290,14 +298,16 @@ class Study:
                     row["budget_bytes"] = plan.budget_bytes
 
                     def kl(p: Plan, tag: str, run: OperatorRun = run, full_lp: Any = full_lp,
-                           targets: Any = targets) -> dict[str, Any]:
+                           targets: Any = targets, full_state: Any = full_state
+                           ) -> dict[str, Any]:
                         d, _ = run.merge(p, tag)
                         lp, _, _ = ev.measure(d)
+                        w = weight_errors(load_state(d), full_state, base_state) if weights else {}
                         shutil.rmtree(d, ignore_errors=True)
                         k = ev.kl(full_lp, lp, targets)
                         return {"kl": k["answer"], "kl_all": k["all"],
                                 "bytes": p.planned_expert_bytes, "plan_hash": p.plan_hash,
-                                "omission_bound": p.omission_bound, "blocks": _keys(p)}
+                                "omission_bound": p.omission_bound, "blocks": _keys(p), **w}
                     cap = _cap(plan, plan.budget_bytes)
                     for k, order in ordered.items():
                         fp = _first_fit(cap, cands, order, {"order": k})
@@ -431,6 +441,9 @@ def main() -> None:
                    help="tables of DIR's results (DIR: comma-separated directories, pooled)")
     p.add_argument("--verdict", default="",
                    help="with --render: the done-when summary of these operators instead")
+    p.add_argument("--weights", action="store_true",
+                   help="record each plan's weight-space distance to the full merge; with "
+                        "--render --verdict: how well it orders the plans of a cell by KL")
     p.add_argument("--auto", action="store_true",
                    help="with --verdict: add utility=auto's plans (\"auto\"), chosen by each "
                         "family's delta spread from DIR's catalogs")
@@ -446,7 +459,8 @@ def main() -> None:
                            ) -> str:
                     return auto_ranking(pair, spread)[0]
                 add_auto(results, op, choose, spreads)
-        print(summary(results, ops) if a.verdict else render(roots, list(FAMILIES)))
+        print(weights_summary(results, ops) if a.verdict and a.weights
+              else summary(results, ops) if a.verdict else render(roots, list(FAMILIES)))
         return
     root = Path(a.dir).absolute()
     ops = [o for o in OPERATORS if o.name in a.operators.split(",")]
@@ -457,7 +471,7 @@ def main() -> None:
                 "machine": machine(), "eval_per_task": a.eval_per_task})
     Study(a.family, root, a.eval_per_task).run(
         ops, [float(x) for x in a.budgets.split(",")], a.rankings.split(","), a.random, out,
-        tuple(x for x in a.planner.split(",") if x), a.seed0)
+        tuple(x for x in a.planner.split(",") if x), a.seed0, a.weights)
 
 
 if __name__ == "__main__":

@@ -193,3 +193,74 @@ def summary(results: dict[str, dict[str, Any]], operators: list[str]) -> str:
                          f"{failed} | {'-' if mean is None else f'{mean:.3g}'} | "
                          + (f"{best[0]} {best[1]:.3g}" if best else "-") + " |")
     return "\n".join(lines)
+
+
+def spearman(a: dict[Any, float], b: dict[Any, float]) -> float:
+    """Spearman rank correlation of two scores over their common keys (ties by key order)."""
+    keys = sorted(set(a) & set(b))
+    if len(keys) < 2:
+        return 0.0
+    ra = {k: i for i, k in enumerate(sorted(keys, key=lambda k: (a[k], k)))}
+    rb = {k: i for i, k in enumerate(sorted(keys, key=lambda k: (b[k], k)))}
+    n = len(keys)
+    return 1 - 6 * sum((ra[k] - rb[k]) ** 2 for k in keys) / (n * (n * n - 1))
+
+
+WEIGHTS = ("rel_l2", "tensor_rel")  # evaluate.weight_errors, recorded by the study's --weights
+
+
+@dataclass(frozen=True)
+class WeightAgreement:
+    """How well a weight-space distance to the full merge orders one family's plans by KL."""
+
+    family: str
+    operator: str
+    spearman: dict[str, tuple[float, ...]]  # metric -> per cell, over its rankings and randoms
+    closer_farther: int  # ranking plans below the random median in tensor_rel, above it in KL
+    rankings: int        # ranking plans measured (cells x rankings)
+
+
+def weight_agreement(results: dict[str, dict[str, Any]], operator: str
+                     ) -> list[WeightAgreement]:
+    """Per family, over the cells whose plans all carry the weight-space distances."""
+    out = []
+    for fam, res in results.items():
+        rec = res.get("operators", {}).get(operator)
+        if rec is None:
+            continue
+        rho: dict[str, list[float]] = {m: [] for m in WEIGHTS}
+        odd = total = 0
+        for row in rec["budgets"].values():
+            plans = {**row["rankings"],
+                     **{f"random {i}": r for i, r in enumerate(row.get("random", []))}}
+            randoms = row.get("random", [])
+            if not randoms or not all(m in p for p in plans.values() for m in WEIGHTS):
+                continue
+            kl = {k: p["kl"] for k, p in plans.items()}
+            for m in WEIGHTS:
+                rho[m].append(spearman(kl, {k: p[m] for k, p in plans.items()}))
+            kl_med = statistics.median(r["kl"] for r in randoms)
+            w_med = statistics.median(r["tensor_rel"] for r in randoms)
+            for p in row["rankings"].values():
+                total += 1
+                odd += p["tensor_rel"] < w_med and p["kl"] > kl_med
+        if total:
+            out.append(WeightAgreement(fam, operator, {m: tuple(v) for m, v in rho.items()},
+                                       odd, total))
+    return out
+
+
+def weights_summary(results: dict[str, dict[str, Any]], operators: list[str]) -> str:
+    """Markdown: per family and operator, the Spearman correlation within a cell between KL and
+    each weight-space distance (mean over the cells [min, max]), and the ranking plans closer
+    to the full merge than the random median in tensor_rel but farther from it in KL."""
+    lines = ["| family | operator | cells | Spearman(KL, rel_l2) | Spearman(KL, tensor_rel) | "
+             "closer in weights, farther in KL |", "|---|---|---:|---:|---:|---:|"]
+    for op in operators:
+        for w in weight_agreement(results, op):
+            cols = [f"{statistics.mean(v):+.2f} [{min(v):+.2f}, {max(v):+.2f}]"
+                    for v in (w.spearman[m] for m in WEIGHTS)]
+            lines.append(f"| {w.family} | {op} | {len(w.spearman[WEIGHTS[0]])} | "
+                         f"{' | '.join(cols)} | {w.closer_farther}/{w.rankings} |")
+    return "\n".join(lines)
+
