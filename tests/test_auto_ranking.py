@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
+from mergepipe.catalog.connection import SQL
 from mergepipe.catalog.db import Catalog
 from mergepipe.cli.commands.plan import print_plan
 from mergepipe.core.operators.registry import REGISTRY
@@ -76,6 +78,34 @@ def test_auto_plans_what_the_ranking_it_chose_plans(family: Catalog, op: str, ex
     assert plan.summary()["ranking"] == plan.ranking
     assert "utility" not in plan.request.params  # the default is not stored in the request
     assert explicit.request.params["utility"] == chosen  # not the default: kept (and hashed)
+
+
+def test_each_experts_spread_is_read_once_per_model_row(
+        family: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[list[str]] = []
+    real = knapsack.expert_spreads
+
+    def counted(conn: Any, models: Any) -> dict[str, float]:
+        reads.append(sorted(models))
+        return real(conn, models)
+
+    monkeypatch.setattr(knapsack, "expert_spreads", counted)
+    first = _plan(family, "ties", "f0,p0,quiet")
+    assert reads == [["f0", "p0", "quiet"]]
+    assert first.ranking is not None and first.ranking["delta_spread"] == 0.25  # quiet: none
+    again = _plan(family, "della", "p0,f0,quiet")  # kept, the quiet expert's "none" too
+    assert reads == [["f0", "p0", "quiet"]] and again.ranking == first.ranking
+    assert _plan(family, "dare_ties", "f1,p0").ranking["delta_spread"] == 0.25
+    assert reads[1:] == [["f1"]]
+    # the name's rows written again (another created_at): its spread is read anew
+    with family.transaction() as conn:
+        for table in ("block_stats", "tensor_stats", "blocks", "tensors"):
+            conn.execute(SQL(f"DELETE FROM {table} WHERE model = 'p0'"))
+        conn.execute(SQL("DELETE FROM models WHERE name = 'p0'"))
+    time.sleep(0.01)
+    add_model(family, Model("p0", FLAT, base="B"))
+    assert _plan(family, "ties", "p0,f0").ranking["regime"] == "flat"
+    assert reads[2:] == [["p0"]]
 
 
 def test_auto_on_an_operator_with_one_ranking_for_both_regimes_reads_no_spread(

@@ -176,7 +176,7 @@ def test_the_access_digest_equals_the_catalogs_sha256_of_its_lines(
     experts = "e0,e1,f" if fallback else "e0,e1"
     req = build_request(base="B", experts=experts, operator=op, params=params, budget=budget)
     with catalog.reader() as conn:
-        c = _candidates(conn, req)
+        c = _candidates(conn, str(catalog.location), req)
         b = req.budget.resolve(c.full_read)
         knapsack.select(conn, b, grouped=c.unit != "expert_block")
         rows, digest = knapsack.access_set(conn, b)

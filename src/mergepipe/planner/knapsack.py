@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -201,13 +202,25 @@ def trim_grid_rows(conn: Connection) -> list[tuple[Any, ...]]:
     return conn.execute(load_sql("planner_trim_grid")).tuples()
 
 
+def expert_spreads(conn: Connection, models: Sequence[str]) -> dict[str, float]:
+    """utility=auto's statistic of each of `models` (experts with statistics): the coefficient
+    of variation of its update's per-entry RMS across the tensors it changes. An expert that
+    changes no tensor is absent."""
+    return {str(m): float(v) for m, v in conn.execute(load_sql("planner_delta_spread"),
+                                                      {"models": list(models)}).tuples()}
+
+
+def median_spread(spreads: Iterable[float]) -> float | None:
+    """The delta spread of a request: the median of its experts' spreads, to 6 decimals
+    (DuckDB and PostgreSQL round their last bits apart, and it must choose alike on both);
+    None when no expert changes a tensor."""
+    values = list(spreads)
+    return round(statistics.median(values), 6) if values else None
+
+
 def delta_spread(conn: Connection, models: Sequence[str]) -> float | None:
-    """utility=auto's statistic over `models` (experts with statistics): the median over them of
-    the coefficient of variation of their update's per-entry RMS across tensors, to 6 decimals
-    (DuckDB and PostgreSQL round its last bits apart, and it must choose alike on both); None
-    when none of them changes a tensor."""
-    v = conn.execute(load_sql("planner_delta_spread"), {"models": list(models)}).scalar_one()
-    return None if v is None else round(float(v), 6)
+    """The delta spread of `models` (`median_spread` of their `expert_spreads`)."""
+    return median_spread(expert_spreads(conn, models).values())
 
 
 def content_digest(conn: Connection, model: str) -> str:

@@ -325,8 +325,8 @@ def auto_ranking(pair: tuple[str, str], spread: float | None) -> tuple[str, str 
     return (flat if regime == "flat" or flat == peaked else peaked), regime
 
 
-def resolve_utility(conn: Connection, request: MergeRequest, experts: list[ModelInfo]
-                    ) -> tuple[str, dict[str, Any] | None]:
+def resolve_utility(conn: Connection, location: str, request: MergeRequest,
+                    experts: list[ModelInfo]) -> tuple[str, dict[str, Any] | None]:
     """The ranking the request plans with, and (utility=auto) how it was chosen: the spec's
     flat ranking when the experts' delta spread is below FLAT_SPREAD, else its peaked one.
     The spread is not read when both are the same ranking; without a spread (that, or no
@@ -335,19 +335,18 @@ def resolve_utility(conn: Connection, request: MergeRequest, experts: list[Model
     if utility != "auto":
         return utility, None
     flat, peaked = request.spec.auto_utility
-    spread = (knapsack.delta_spread(conn, [m.name for m in experts if m.has_stats])
-              if flat != peaked else None)
+    spread = delta_spread(conn, location, experts) if flat != peaked else None
     chosen, regime = auto_ranking((flat, peaked), spread)
     return chosen, {"utility": chosen, "delta_spread": spread, "flat_below": FLAT_SPREAD,
                     "regime": regime}
 
 
-def _candidates(conn: Connection, request: MergeRequest) -> Candidates:
-    """Load the request and build its ranked candidate units."""
+def _candidates(conn: Connection, location: str, request: MergeRequest) -> Candidates:
+    """Load the request and build its ranked candidate units (`location`: the catalog's)."""
     base, models = load_models(conn, request)
     resolved = resolve_request(request, knapsack.base_tensors(conn, base.name)
                                if request.params.get("tensor_params") else [])
-    utility, ranking = resolve_utility(conn, request, models)
+    utility, ranking = resolve_utility(conn, location, request, models)
     cal = _calibration(conn, base.name, utility) if utility in ACTIVATION_UTILITIES else None
     knapsack.load_request(conn, models, rank_weights(request), trim_indexes(request),
                           utility, resolved.rows, cal)
@@ -369,12 +368,31 @@ def _calibration(conn: Connection, base: str, utility: str) -> Calibration:
     return Calibration(row, {t: v.group_ms for t, v in vectors.items()}, fisher)
 
 
-# The base's content digest (the plan hash's base_content) per (catalog, model name, the row's
-# created_at): a model row's blocks are written with the row, in one transaction, and never
-# changed, and a name registered again is a new row; so a digest once read stays true.
-_CONTENT_DIGESTS: dict[tuple[str, str, str], str] = {}
-_CONTENT_DIGESTS_MAX = 256
-_CONTENT_DIGESTS_LOCK = threading.Lock()
+class _RowValues:
+    """Values computed from one model's catalog rows, kept per (catalog, model name, the row's
+    created_at): a model row's blocks and statistics are written with the row, in one
+    transaction, and never changed, and a name registered again is a new row; so a value once
+    computed stays true. At most `size` are kept (the oldest dropped first)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._values: dict[tuple[str, str, str], Any] = {}
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str, str]) -> Any:
+        """The value kept for `key`, or _NOT_KEPT."""
+        return self._values.get(key, _NOT_KEPT)
+
+    def put(self, key: tuple[str, str, str], value: Any) -> None:
+        with self._lock:
+            if key not in self._values and len(self._values) >= self._size:
+                del self._values[next(iter(self._values))]
+            self._values[key] = value
+
+
+_NOT_KEPT = object()
+_CONTENT_DIGESTS = _RowValues()  # the base's content digest (the plan hash's base_content)
+_EXPERT_SPREADS = _RowValues()   # an expert's spread (knapsack.expert_spreads), None: no tensor
 
 
 def base_content(cat: Catalog, conn: Connection, name: str, created_at: str | None) -> str:
@@ -384,20 +402,36 @@ def base_content(cat: Catalog, conn: Connection, name: str, created_at: str | No
         return knapsack.content_digest(conn, name)
     key = (str(cat.location), name, created_at)
     digest = _CONTENT_DIGESTS.get(key)
-    if digest is None:
+    if digest is _NOT_KEPT:
         digest = knapsack.content_digest(conn, name)
-        with _CONTENT_DIGESTS_LOCK:
-            if len(_CONTENT_DIGESTS) >= _CONTENT_DIGESTS_MAX:
-                del _CONTENT_DIGESTS[next(iter(_CONTENT_DIGESTS))]
-            _CONTENT_DIGESTS[key] = digest
-    return digest
+        _CONTENT_DIGESTS.put(key, digest)
+    return str(digest)
+
+
+def delta_spread(conn: Connection, location: str, experts: list[ModelInfo]) -> float | None:
+    """The delta spread of `experts` (those with statistics), each expert's spread read once
+    per model row and catalog (knapsack.median_spread of knapsack.expert_spreads)."""
+    known: dict[str, float | None] = {}
+    for m in experts:
+        if m.has_stats and m.created_at is not None:
+            v = _EXPERT_SPREADS.get((location, m.name, m.created_at))
+            if v is not _NOT_KEPT:
+                known[m.name] = v
+    missing = [m for m in experts if m.has_stats and m.name not in known]
+    if missing:
+        read = knapsack.expert_spreads(conn, [m.name for m in missing])
+        for m in missing:
+            known[m.name] = read.get(m.name)
+            if m.created_at is not None:
+                _EXPERT_SPREADS.put((location, m.name, m.created_at), known[m.name])
+    return knapsack.median_spread(v for v in known.values() if v is not None)
 
 
 def check_budget_reads(cat: Catalog, request: MergeRequest) -> None:
     """Refuse (InvalidRequest) a budget under the cheapest candidate unit, before a merge is
     queued: its plan would read no expert byte. Builds the candidates only (no knapsack)."""
     with cat.reader() as conn:
-        c = _candidates(conn, request)
+        c = _candidates(conn, str(cat.location), request)
         budget = request.budget.resolve(c.full_read)
         cheapest = (knapsack.cheapest_unit(conn, PLANNING_UNITS[c.unit] is not None)
                     if c.full_read else None)
@@ -409,7 +443,7 @@ def make_plan(cat: Catalog, request: MergeRequest) -> Plan:
     """Validate `request` against the catalog and choose its access set under the budget."""
     t0 = time.perf_counter()
     with cat.reader() as conn:
-        c = _candidates(conn, request)
+        c = _candidates(conn, str(cat.location), request)
         base, models, resolved, cal, unit, full_read = (c.base, c.experts, c.resolved,
                                                          c.calibration, c.unit, c.full_read)
         budget = request.budget.resolve(full_read)
