@@ -71,7 +71,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
               "planner_fill_pass_group_plain", "planner_totals",
               "planner_omission_l2", "planner_access", "planner_trims", "planner_content_digest",
               "planner_lora_identity", "planner_request_create", "planner_tensor_params_create",
-              "planner_cheapest_unit"):
+              "planner_cheapest_unit", "planner_smallest_left"):
         with contextlib.suppress(KeyError):  # (a statement of another version of the planner)
             names[load_sql(n).text] = n
     seen: Counter[str] = Counter()
@@ -135,6 +135,12 @@ def test_fill_passes_run_while_they_add_units(catalog: Catalog, counted: Counter
     assert p.planned_expert_bytes == 280
     assert ("e0", "t1", 1) in {(b.model, b.tensor, b.block_index) for b in p.blocks}
     assert fill_passes(counted) == 1
+    # 330 B: the same prefix, 90 B left; the pass takes e0/t1/1 and leaves 50 B, more than the
+    # 40 B of the smallest unit left out before it: the smallest is read again (100 B) instead
+    # of a second pass that would find nothing
+    counted.clear()
+    assert plan(catalog, "330B").planned_expert_bytes == 280
+    assert fill_passes(counted) == 1 and counted["planner_smallest_left"] == 1
 
 
 def test_the_base_digest_is_read_once_per_model_row(catalog: Catalog,

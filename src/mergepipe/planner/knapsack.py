@@ -128,7 +128,8 @@ def select(conn: Connection, budget: int, grouped: bool = False) -> int:
     """Greedy knapsack in rank order under `budget`: the prefix whose running cost fits, then
     fill passes over the leftover until one adds nothing (grouped: whole groups only, as
     `build_candidates(region=...)` ranked them). Returns the bytes planned.
-    No pass runs when the smallest unit left out is over the leftover (none could fit)."""
+    No pass runs when the smallest unit left out is over the leftover (none could fit): it is
+    read again after each pass, which costs less than a pass that finds nothing."""
     spent, smallest_left, lora = conn.execute(load_sql("planner_prefix"),
                                               {"budget": budget}).one()
     spent = int(spent)
@@ -147,6 +148,8 @@ def select(conn: Connection, budget: int, grouped: bool = False) -> int:
         if not charged:
             return spent
         spent += sum(int(c) for (c,) in charged)
+        smallest_left = conn.execute(load_sql("planner_smallest_left"),
+                                     {"budget": budget}).scalar_one()
 
 
 def totals(conn: Connection, budget: int) -> dict[int, ExpertTotals]:
