@@ -231,9 +231,8 @@ def weight_agreement(results: dict[str, dict[str, Any]], operator: str
         rho: dict[str, list[float]] = {m: [] for m in WEIGHTS}
         odd = total = 0
         for row in rec["budgets"].values():
-            plans = {**row["rankings"],
-                     **{f"random {i}": r for i, r in enumerate(row.get("random", []))}}
             randoms = row.get("random", [])
+            plans = {**row["rankings"], **{f"random {i}": r for i, r in enumerate(randoms)}}
             if not randoms or not all(m in p for p in plans.values() for m in WEIGHTS):
                 continue
             kl = {k: p["kl"] for k, p in plans.items()}
